@@ -1,0 +1,36 @@
+"""emufloat: bit-exact emulation of low-precision floating point, with rounding traces.
+
+Values are numpy arrays; formats and rounding modes are arguments, never
+global state.  See docs/emufloat.md.
+"""
+
+from .cast import decode, encode, is_representable, quantize
+from .formats import (
+    BF16,
+    E2M1,
+    E2M3,
+    E3M2,
+    E4M3FN,
+    E4M3FNUZ,
+    E5M2,
+    E5M2FNUZ,
+    FP16,
+    FP32,
+    FP64,
+    PRESETS,
+    TF32,
+    Format,
+    as_format,
+)
+from .ops import abs, add, div, fma, maximum, minimum, mul, neg, sqrt, sub  # noqa: A004
+from .rounding import MODES, Rounding, as_rounding, stochastic, stochastic_bits
+from .trace import Flag, Trace, TraceSummary, sign_test
+
+__all__ = [
+    "BF16", "E2M1", "E2M3", "E3M2", "E4M3FN", "E4M3FNUZ", "E5M2", "E5M2FNUZ", "FP16", "FP32",
+    "FP64", "PRESETS", "TF32", "Format", "as_format",
+    "MODES", "Rounding", "as_rounding", "stochastic", "stochastic_bits",
+    "decode", "encode", "is_representable", "quantize",
+    "abs", "add", "div", "fma", "maximum", "minimum", "mul", "neg", "sqrt", "sub",
+    "Flag", "Trace", "TraceSummary", "sign_test",
+]

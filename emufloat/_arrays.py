@@ -1,0 +1,129 @@
+"""Argument checking and array plumbing shared by the public functions."""
+
+from __future__ import annotations
+
+import functools
+
+import numba as nb
+import numpy as np
+
+from . import _core
+from .formats import FP64, Format, format_of_dtype
+
+
+def as_float_array(x: object, argname: str) -> np.ndarray:
+    """``x`` as a float array with a known encoding; Python scalars become float64.
+
+    Integer, boolean, complex and object arrays are refused rather than
+    converted: a cast of integers is a decision the caller should make.
+    """
+    if isinstance(x, (bool, np.bool_)):
+        raise TypeError(f"{argname}: expected floating-point values, got a bool")
+    if isinstance(x, (int, float)):
+        return np.asarray(float(x), dtype=np.float64)
+    arr = np.asarray(x)
+    if format_of_dtype(arr.dtype) is None:
+        raise TypeError(
+            f"{argname}: expected a floating-point array (float16/32/64 or an ml_dtypes "
+            f"float such as bfloat16 or float8_e4m3fn), got dtype {arr.dtype}"
+        )
+    return arr
+
+
+def source_format(arr: np.ndarray) -> Format:
+    fmt = format_of_dtype(arr.dtype)
+    assert fmt is not None
+    return fmt
+
+
+def flat_bits(arr: np.ndarray) -> np.ndarray:
+    """Contiguous flat view of the encodings of a float array."""
+    fmt = source_format(arr)
+    return np.ascontiguousarray(arr).reshape(-1).view(fmt.uint)
+
+
+def new_output(fmt: Format, n: int) -> np.ndarray:
+    """Flat buffer of encodings, which is what every kernel writes."""
+    return np.empty(n, dtype=fmt.uint)
+
+
+def finish_output(out: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
+    """Encodings as an array of the format's carrier dtype (a view when it has a dtype)."""
+    if fmt.dtype is not None:
+        return out.view(fmt.dtype).reshape(shape)
+    return decode_bits(out, fmt).astype(fmt.carrier).reshape(shape)
+
+
+@functools.cache
+def lut(fmt: Format) -> np.ndarray:
+    """float64 value of every encoding of a format of at most 16 bits."""
+    if fmt.width > 16:
+        raise ValueError("lookup tables exist for formats of at most 16 bits")
+    return _decode_kernel(np.arange(1 << fmt.width, dtype=np.int64), fmt.params)
+
+
+@nb.njit(parallel=True, cache=True)
+def _decode_kernel(bits, params):
+    out = np.empty(bits.size, np.float64)
+    for i in nb.prange(bits.size):
+        out[i] = _core.decode(np.int64(bits[i]), params)
+    return out
+
+
+def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
+    """float64 values of encodings (any integer array)."""
+    flat = np.ascontiguousarray(bits).reshape(-1)
+    if fmt.width <= 16:
+        return lut(fmt)[flat.astype(np.intp)].reshape(np.shape(bits))
+    return _decode_kernel(flat, fmt.params).reshape(np.shape(bits))
+
+
+_EMPTY_LUT = np.empty(0, np.float64)
+
+
+def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray]:
+    """(flat array, lookup table) for an arithmetic operand broadcast to ``shape``.
+
+    Narrow formats travel as their encodings plus a decode table; float32 and
+    float64 as values.  Operands must be exactly representable in FP32: the
+    exact-arithmetic core relies on it.
+    """
+    fmt = source_format(arr)
+    if fmt == FP64:
+        with np.errstate(over="ignore", invalid="ignore"):
+            ok = (arr.astype(np.float32).astype(np.float64) == arr) | np.isnan(arr)
+        if not np.all(ok):
+            bad = np.flatnonzero(~np.broadcast_to(ok, np.shape(arr)))[0]
+            raise ValueError(
+                f"{argname}: float64 values must be exactly representable in FP32 for "
+                f"arithmetic (first offender: {arr.reshape(-1)[bad]!r} at flat index {bad}); "
+                "round them first, e.g. emufloat.quantize(x, 'fp32')"
+            )
+    full = np.ascontiguousarray(np.broadcast_to(arr, shape)).reshape(-1)
+    if fmt.width <= 16:
+        return full.view(fmt.uint), lut(fmt)
+    return full, _EMPTY_LUT
+
+
+def broadcast_shape(arrays: dict[str, np.ndarray]) -> tuple[int, ...]:
+    try:
+        return np.broadcast_shapes(*(a.shape for a in arrays.values()))
+    except ValueError:
+        desc = ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
+        raise ValueError(f"operands do not broadcast together: {desc}") from None
+
+
+def check_no_nan_format(count: int, fmt: Format, argname: str) -> None:
+    if count:
+        raise ValueError(
+            f"{argname}: {count} NaN result(s) cannot be represented in {fmt.name}, "
+            "a format without NaN"
+        )
+
+
+def empty_trace_columns(n: int, tracing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    m = n if tracing else 0
+    return np.empty(m, np.float64), np.empty(m, np.float64), np.empty(m, np.uint16)
+
+
+NO_CARRY_REF = _core.NO_CARRY_REF

@@ -1,0 +1,146 @@
+"""Casts between formats in any rounding mode: quantize, encode, decode."""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from . import _arrays, _core
+from .formats import Format, as_format
+from .rounding import SR, Rounding, as_rounding, random_bits
+from .trace import Trace, _Chunk
+
+
+@nb.njit(parallel=True, cache=True)
+def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, tracing):
+    """Round each source encoding into the target format, block by block.
+
+    Untraced blocks take the vectorizable fast path and revisit only the
+    elements it declined; traced blocks take the general path throughout.
+    """
+    n = src.size
+    bad = 0
+    plan = _core.fast_plan(src_params, params, mode, srbits)
+    for blk in nb.prange((n + _core.BLOCK - 1) // _core.BLOCK):
+        lo = blk * _core.BLOCK
+        hi = min(lo + _core.BLOCK, n)
+        declined = np.empty(hi - lo, np.uint8)
+        n_declined = hi - lo
+        if tracing:
+            declined[:] = 1
+        else:
+            n_declined = 0
+            if mode == SR:
+                for i in range(lo, hi):
+                    ok, enc = _core.fast_round(np.int64(src[i]), plan, random_bits(seed, i, srbits))
+                    out[i] = enc
+                    declined[i - lo] = 1 - ok
+                    n_declined += 1 - ok
+            else:
+                for i in range(lo, hi):
+                    ok, enc = _core.fast_round(np.int64(src[i]), plan, 0)
+                    out[i] = enc
+                    declined[i - lo] = 1 - ok
+                    n_declined += 1 - ok
+        if n_declined == 0:
+            continue
+        for i in range(lo, hi):
+            if declined[i - lo] == 0:
+                continue
+            bits = np.int64(src[i])
+            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+            cls, sign, sig, exp = _core.decode_parts(bits, src_params)
+            if cls == _core.CLS_FINITE:
+                enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+            else:
+                enc, fl = _core.round_special(cls, sign, params)
+            if enc == _core.NO_NAN:
+                bad += 1
+                enc = 0
+            out[i] = enc
+            if tracing:
+                ex_hi[i] = _core.parts_f64(cls, sign, sig, exp)
+                flags[i] = fl
+    return bad
+
+
+def _cast(x, fmt, rounding, trace, label, as_bits):
+    src = _arrays.as_float_array(x, "x")
+    fmt = as_format(fmt)
+    rnd = as_rounding(rounding)
+    sfmt = _arrays.source_format(src)
+    bits = _arrays.flat_bits(src)
+    n = bits.size
+    out = _arrays.new_output(fmt, n)
+    tracing = trace is not None
+    ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
+    bad = _cast_kernel(
+        bits, sfmt.params, out, fmt.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
+        ex_hi, flags, tracing,
+    )
+    _arrays.check_no_nan_format(bad, fmt, "x")
+    result = out.reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
+    if tracing:
+        _check_trace(trace)
+        trace._record(_Chunk(
+            op="cast", fmt=fmt, rounding=rnd, operands=(src.reshape(-1).copy(),),
+            rounded=_arrays.finish_output(out.copy(), fmt, (n,)),
+            exact_hi=ex_hi, exact_lo=np.zeros(n), flags=flags, shape=src.shape, label=label,
+        ))
+    return result
+
+
+def _check_trace(trace: object) -> None:
+    if not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+
+
+def quantize(
+    x: np.ndarray | float,
+    fmt: Format | str,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
+    """Round ``x`` to ``fmt``; returns an array of the format's carrier dtype.
+
+    The carrier is the format's own dtype where it has one (``ml_dtypes.bfloat16``,
+    ``float8_e4m3fn``, numpy ``float16``...), else float32/float64 holding the
+    rounded values exactly (TF32 and custom formats).
+    """
+    return _cast(x, fmt, rounding, trace, label, as_bits=False)
+
+
+def encode(
+    x: np.ndarray | float,
+    fmt: Format | str,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
+    """Round ``x`` to ``fmt`` and return the bit patterns (smallest unsigned dtype)."""
+    return _cast(x, fmt, rounding, trace, label, as_bits=True)
+
+
+def decode(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
+    """float64 values of bit patterns of ``fmt`` (NaN for NaN encodings)."""
+    fmt = as_format(fmt)
+    arr = np.asarray(bits)
+    if arr.dtype.kind not in "ui":
+        raise TypeError(f"bits: expected an integer array of encodings, got dtype {arr.dtype}")
+    if arr.size and (arr.min() < 0 or int(arr.max()) >= (1 << fmt.width)):
+        raise ValueError(f"bits: encodings of {fmt.name} lie in [0, 2**{fmt.width}), got values outside")
+    return _arrays.decode_bits(arr, fmt)
+
+
+def is_representable(x: np.ndarray | float, fmt: Format | str) -> np.ndarray:
+    """True where ``x`` is exactly a value of ``fmt`` (NaN where the format has NaN)."""
+    fmt = as_format(fmt)
+    src = _arrays.as_float_array(x, "x")
+    v = src.astype(np.float64)
+    nan = np.isnan(v)
+    back = decode(encode(np.where(nan, 0.0, v), fmt, "rtz"), fmt)
+    same_sign = (np.signbit(back) == np.signbit(v)) | ((v == 0) & (not fmt.has_negative_zero))
+    return np.where(nan, fmt.has_nan, (back == v) & same_sign)

@@ -1,0 +1,353 @@
+"""Arithmetic in any format of at most 24 significand bits, in any rounding mode.
+
+Every op computes its exact result and rounds it once into ``fmt``.  Operands
+may be of any format that FP32 contains (bf16, fp16, fp8, tf32, fp32 arrays, or
+float64 arrays holding FP32 values), so mixed-precision steps such as
+``fma(p_bf16, v_bf16, acc_fp32, fmt="fp32")`` are one call.  Exact results come
+from error-free transformations in float64 (add, sub, mul, fma) or from
+integer long division and square root (div, sqrt); rounding is
+:func:`emufloat._core.round_pack`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+from . import _arrays, _core
+from ._core import CLS_FINITE, CLS_INF, CLS_NAN, CLS_ZERO
+from .formats import Format, as_format, format_of_dtype
+from .rounding import RDOWN, SR, Rounding, as_rounding, random_bits
+from .trace import OP_CODE, Trace, _Chunk
+
+ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
+    OP_CODE[k] for k in ("add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max")
+)
+MINNUM, MAXNUM = 100 + MIN, 100 + MAX  # NaN-ignoring variants (IEEE minimumNumber)
+
+_FP32_TRAIL = 29  # float64 significands of FP32 values end in 29 zero bits
+
+
+@nb.njit(cache=True)
+def _split(a):
+    c = 134217729.0 * a  # 2**27 + 1 (Dekker)
+    hi = c - (c - a)
+    return hi, a - hi
+
+
+@nb.njit(cache=True)
+def _two_prod(a, b):
+    p = a * b
+    ah, al = _split(a)
+    bh, bl = _split(b)
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@nb.njit(cache=True)
+def _zero_sum_sign(x, y, mode):
+    """Sign of an exactly-zero sum x + y (IEEE 754 6.3)."""
+    sx = np.signbit(x)
+    if x == 0.0 and y == 0.0 and sx == np.signbit(y):
+        return np.int64(sx)
+    return np.int64(1) if mode == RDOWN else np.int64(0)
+
+
+@nb.njit(cache=True)
+def _div_parts(x, y):
+    """sign, quotient (>= 62 bits), exponent, sticky of finite non-zero x / y."""
+    _c, sx, mx, ex = _core.f64_parts(x)
+    _c, sy, my, ey = _core.f64_parts(y)
+    mx >>= _FP32_TRAIL
+    my >>= _FP32_TRAIL
+    q1 = (mx << 38) // my
+    r1 = (mx << 38) - q1 * my
+    q2 = (r1 << 24) // my
+    r2 = (r1 << 24) - q2 * my
+    return sx ^ sy, (q1 << 24) | q2, ex - ey - 62, r2 != 0
+
+
+@nb.njit(cache=True)
+def _sqrt_parts(x):
+    """significand (~45 bits), exponent, sticky of sqrt of a finite positive x."""
+    _c, _s, m, e = _core.f64_parts(x)
+    m >>= _FP32_TRAIL
+    e += _FP32_TRAIL
+    k = 38 if (e - 38) % 2 == 0 else 37
+    big = m << k
+    r = np.int64(math.sqrt(np.float64(big)))
+    while r * r > big:
+        r -= 1
+    while (r + 1) * (r + 1) <= big:
+        r += 1
+    rem = big - r * r  # 0 <= rem <= 2r
+    # extend by 14 bits: largest d with 2 r d 2**14 + d**2 <= rem 2**28
+    d = (rem << 14) // (2 * r) + 1
+    while 2 * r * d * 16384 + d * d > (rem << 28):
+        d -= 1
+    exact = 2 * r * d * 16384 + d * d == (rem << 28)
+    return (r << 14) + d, (e - k) // 2 - 14, not exact
+
+
+@nb.njit(cache=True)
+def _minmax(op, x, y):
+    xn = np.isnan(x)
+    yn = np.isnan(y)
+    if xn or yn:
+        if op == MINNUM or op == MAXNUM:
+            return y if xn else x
+        return np.nan
+    want_max = op == MAX or op == MAXNUM
+    if x == y:  # equal, or zeros of either sign: -0 < +0
+        if want_max:
+            return y if np.signbit(x) else x
+        return x if np.signbit(x) else y
+    if want_max:
+        return x if x > y else y
+    return x if x < y else y
+
+
+@nb.njit(inline="always", cache=True)
+def _exact_sum_operands(op, x, y, z):
+    """The two addends whose exact sum is the result of add, sub, mul (y = 0) or fma."""
+    u = x * y if (op == FMA or op == MUL) else x
+    v = z if op == FMA else (-y if op == SUB else (-0.0 if op == MUL else y))
+    return u, v
+
+
+@nb.njit(parallel=True, cache=True)
+def _arith_kernel(op, a, alut, b, blut, c, clut, out, params, mode, seed, srbits,
+                  ex_hi, ex_lo, flags, tracing):
+    """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
+
+    Block by block as in the cast kernel: add, sub, mul and fma first take the
+    vectorizable fast path on their exact double-double result.
+    """
+    n = out.size
+    bad = 0
+    fast_op = op == ADD or op == SUB or op == MUL or op == FMA
+    plan = _core.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
+    mb = params[1]
+    for blk in nb.prange((n + _core.BLOCK - 1) // _core.BLOCK):
+        lo = blk * _core.BLOCK
+        hi = min(lo + _core.BLOCK, n)
+        declined = np.empty(hi - lo, np.uint8)
+        n_declined = hi - lo
+        if tracing or not fast_op:
+            declined[:] = 1
+        else:
+            n_declined = 0
+            for i in range(lo, hi):
+                z = _core.load(c, clut, i) if op == FMA else 0.0
+                u, v = _exact_sum_operands(op, _core.load(a, alut, i), _core.load(b, blut, i), z)
+                s, t = _core.two_sum(u, v)
+                rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+                ok, enc = _core.fast_round_dd(s, t, plan, mb, mode, rnd)
+                out[i] = enc
+                declined[i - lo] = 1 - ok
+                n_declined += 1 - ok
+        if n_declined == 0:
+            continue
+        for i in range(lo, hi):
+            if declined[i - lo] == 0:
+                continue
+            x = _core.load(a, alut, i)
+            y = _core.load(b, blut, i)
+            z = _core.load(c, clut, i)
+            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+            s = 0.0  # the exact result is s + t (s alone when not finite or zero)
+            t = 0.0
+            fl = np.int64(0)
+            ref = np.int64(_core.NO_CARRY_REF)
+            finite = False  # set when (sign, sig, exp, sticky) hold the exact result
+            sign = np.int64(0)
+            sig = np.int64(0)
+            exp = np.int64(0)
+            sticky = False
+            if fast_op:
+                u, v = _exact_sum_operands(op, x, y, z)
+                s, t = _core.two_sum(u, v)
+                if s == 0.0 and t == 0.0 and not (np.isnan(u) or np.isnan(v)):
+                    if op == MUL:
+                        s = u
+                    else:
+                        s = -0.0 if _zero_sum_sign(u, v, mode) else 0.0
+                elif np.isfinite(s):
+                    if op != MUL and tracing:
+                        ref = max(_core.ilogb(u), _core.ilogb(v))
+                    sign, sig, exp, sticky = _core.dd_parts(s, t)
+                    finite = True
+                else:
+                    t = 0.0
+            elif op == DIV:
+                if y != 0.0:
+                    s = x / y
+                elif x == 0.0 or np.isnan(x):
+                    s = np.nan
+                else:
+                    s = math.copysign(np.inf, x) * math.copysign(1.0, y)
+                    fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
+                if np.isfinite(s) and s != 0.0:
+                    sign, sig, exp, sticky = _div_parts(x, y)
+                    ph, pl = _two_prod(s, y)
+                    t = ((x - ph) - pl) / y
+                    finite = True
+            elif op == SQRT:
+                if x > 0.0 and np.isfinite(x):
+                    s = math.sqrt(x)
+                    sig, exp, sticky = _sqrt_parts(x)
+                    ph, pl = _two_prod(s, s)
+                    t = ((x - ph) - pl) / (2.0 * s)
+                    finite = True
+                else:
+                    s = x if (x == 0.0 or np.isnan(x) or x > 0.0) else np.nan
+            elif op == NEG:
+                s = -x
+            elif op == ABS:
+                s = math.fabs(x)
+            else:
+                s = _minmax(op, x, y)
+            cls = CLS_FINITE
+            if not finite:
+                cls, sign, sig, exp = _core.f64_parts(s)
+                finite = cls == CLS_FINITE
+                if cls == CLS_NAN:
+                    if not (np.isnan(x) or np.isnan(y) or np.isnan(z)):
+                        fl |= _core.INVALID
+                    sign = 0
+            if finite:
+                enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
+            else:
+                enc, fl2 = _core.round_special(cls, sign, params)
+            fl |= fl2
+            if enc == _core.NO_NAN:
+                bad += 1
+                enc = 0
+            out[i] = enc
+            if tracing:
+                ex_hi[i] = s
+                ex_lo[i] = t
+                flags[i] = fl
+    return bad
+
+
+_ = (CLS_INF, CLS_NAN, CLS_ZERO)  # re-exported classes used by the kernel above
+
+
+def _result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
+    if fmt is not None:
+        f = as_format(fmt)
+    else:
+        found = {format_of_dtype(a.dtype) for a in arrays.values() if a.ndim or a.dtype != np.float64}
+        found.discard(None)
+        if len(found) != 1:
+            names = ", ".join(f"{k}: {format_of_dtype(a.dtype).name}" for k, a in arrays.items())
+            raise ValueError(
+                f"fmt: cannot infer the result format from operands ({names}); "
+                "pass fmt=, e.g. fmt='bf16'"
+            )
+        f = found.pop()
+    if f.precision > 24:
+        raise ValueError(
+            f"fmt: arithmetic supports formats of at most 24 significand bits (FP32 and "
+            f"narrower); {f.name} has {f.precision}"
+        )
+    return f
+
+
+def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None):
+    arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
+    f = _result_format(fmt, arrays)
+    rnd = as_rounding(rounding)
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    shape = _arrays.broadcast_shape(arrays)
+    flat = [_arrays.operand(arr, shape, k) for k, arr in arrays.items()]
+    while len(flat) < 3:
+        flat.append(flat[0])
+    n = math.prod(shape)
+    out = _arrays.new_output(f, n)
+    tracing = trace is not None
+    ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
+    code = op_code if extra_code is None else extra_code
+    bad = _arith_kernel(
+        code, flat[0][0], flat[0][1], flat[1][0], flat[1][1], flat[2][0], flat[2][1],
+        out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing,
+    )
+    _arrays.check_no_nan_format(bad, f, op_name)
+    result = _arrays.finish_output(out, f, shape)
+    if tracing:
+        trace._record(_Chunk(
+            op=op_name, fmt=f, rounding=rnd,
+            operands=tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values()),
+            rounded=result.reshape(-1).copy(), exact_hi=ex_hi, exact_lo=ex_lo, flags=flags,
+            shape=shape, label=label,
+        ))
+    return result
+
+
+Array = np.ndarray | float
+
+
+def add(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """a + b rounded once to ``fmt`` (inferred when both operands share a format)."""
+    return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label)
+
+
+def sub(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """a - b rounded once to ``fmt``."""
+    return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label)
+
+
+def mul(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """a * b rounded once to ``fmt``."""
+    return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label)
+
+
+def div(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """a / b correctly rounded to ``fmt`` (IEEE division, not a GPU approximation)."""
+    return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label)
+
+
+def fma(a: Array, b: Array, c: Array, fmt: Format | str | None = None,
+        rounding: Rounding | str = "rne", *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """a * b + c with a single rounding to ``fmt``."""
+    return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label)
+
+
+def sqrt(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+         *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """Correctly rounded square root (NaN for negative operands, sqrt(-0) = -0)."""
+    return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label)
+
+
+def neg(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """-a (exact within a format; rounded when ``fmt`` is narrower than a's)."""
+    return _apply("neg", NEG, {"a": a}, fmt, rounding, trace, label)
+
+
+def abs(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",  # noqa: A001
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """|a| (exact within a format; rounded when ``fmt`` is narrower than a's)."""
+    return _apply("abs", ABS, {"a": a}, fmt, rounding, trace, label)
+
+
+def minimum(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+            *, propagate_nan: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """IEEE 754-2019 minimum (-0 < +0).  ``propagate_nan=False`` gives minimumNumber
+    (a NaN operand is ignored, as C ``fmin`` and PTX ``min.f32`` do)."""
+    return _apply("min", MIN, {"a": a, "b": b}, fmt, rounding, trace, label,
+                  extra_code=None if propagate_nan else MINNUM)
+
+
+def maximum(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
+            *, propagate_nan: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """IEEE 754-2019 maximum (-0 < +0).  ``propagate_nan=False`` gives maximumNumber."""
+    return _apply("max", MAX, {"a": a, "b": b}, fmt, rounding, trace, label,
+                  extra_code=None if propagate_nan else MAXNUM)

@@ -1,0 +1,270 @@
+"""Per-operation rounding traces: one event per rounded element, stored by column.
+
+A kernel called with ``trace=`` writes three columns per element (the exact
+result as a double-double ``exact_hi + exact_lo`` and the flags); operands and
+results are kept as compact copies of the arrays involved, and everything else
+(rounded value, signed error) is derived on demand.  Tracing therefore costs
+about 18 bytes per element and nothing at all when off.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+
+from . import _core
+from .formats import Format
+from .rounding import Rounding
+
+
+class Flag(enum.IntFlag):
+    """Per-event rounding flags (the ``flags`` column is a uint16 of these)."""
+
+    INEXACT = _core.INEXACT
+    TIE = _core.TIE
+    STICKY = _core.STICKY
+    CARRY = _core.CARRY
+    ROUND_CARRY = _core.ROUND_CARRY
+    AWAY = _core.AWAY
+    UNDERFLOW = _core.UNDERFLOW
+    OVERFLOW = _core.OVERFLOW
+    SUBNORMAL = _core.SUBNORMAL
+    INVALID = _core.INVALID
+    DIVZERO = _core.DIVZERO
+
+
+FLAG_DOC = {
+    "inexact": "rounded != exact",
+    "tie": "first discarded bit was 1 (an exact tie when sticky is clear)",
+    "sticky": "a discarded bit below the first was 1",
+    "carry": "exact result's binade above every operand's (significand overflow, right shift)",
+    "round_carry": "rounding up carried into the next binade",
+    "away": "|rounded| > |exact|",
+    "underflow": "tiny before rounding and inexact",
+    "overflow": "beyond max finite (became inf, NaN or max)",
+    "subnormal": "subnormal result (or flushed to zero from there)",
+    "invalid": "NaN from non-NaN operands",
+    "divzero": "finite / 0",
+}
+
+OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum")
+OP_CODE = {name: i for i, name in enumerate(OPS)}
+
+
+@dataclass
+class _Chunk:
+    op: str
+    fmt: Format
+    rounding: Rounding
+    operands: tuple[np.ndarray, ...]  # flat copies, in the dtype they were given
+    rounded: np.ndarray  # flat copy of the result, in its carrier dtype
+    exact_hi: np.ndarray
+    exact_lo: np.ndarray
+    flags: np.ndarray  # uint16
+    shape: tuple[int, ...]
+    label: str = ""
+    index: np.ndarray | None = field(default=None)  # flat element index; None = arange
+
+
+class Trace:
+    """Collects rounding events from any emufloat call given ``trace=``.
+
+    Columns (numpy arrays, one entry per event): ``op``, ``call``, ``index``,
+    ``a``, ``b``, ``c`` (operands, NaN where absent), ``exact`` (=
+    ``exact_hi``), ``exact_lo``, ``rounded``, ``error`` (= ``error_hi``),
+    ``error_lo`` and ``flags``.  ``error_hi + error_lo`` is ``rounded - exact``
+    exactly whenever a double-double can hold it (always for casts, add, sub,
+    mul and fma of FP32-or-narrower operands); for div and sqrt, whose exact
+    results are not dyadic, the exact value and error carry ~106 correct bits
+    while the flags are exact.
+    """
+
+    def __init__(self, label: str = "") -> None:
+        self.label = label
+        self._chunks: list[_Chunk] = []
+        self._cache: dict[str, np.ndarray] | None = None
+
+    # ---- recording ------------------------------------------------------------
+    def _record(self, chunk: _Chunk) -> None:
+        self._chunks.append(chunk)
+        self._cache = None
+
+    @property
+    def calls(self) -> list[tuple[str, str, str, tuple[int, ...], str]]:
+        """One (op, format, rounding, shape, label) row per recorded call."""
+        return [(c.op, c.fmt.name, str(c.rounding), c.shape, c.label) for c in self._chunks]
+
+    def __len__(self) -> int:
+        return sum(c.flags.size for c in self._chunks)
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._cache = None
+
+    # ---- columns --------------------------------------------------------------
+    def _columns(self) -> dict[str, np.ndarray]:
+        if self._cache is None:
+            cols: dict[str, list[np.ndarray]] = {k: [] for k in (
+                "op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo", "rounded", "flags")}
+            for k, ch in enumerate(self._chunks):
+                n = ch.flags.size
+                cols["op"].append(np.full(n, OP_CODE[ch.op], np.uint8))
+                cols["call"].append(np.full(n, k, np.int32))
+                cols["index"].append(np.arange(n, dtype=np.int64) if ch.index is None else ch.index)
+                for j, name in enumerate("abc"):
+                    cols[name].append(
+                        ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan))
+                cols["exact_hi"].append(ch.exact_hi)
+                cols["exact_lo"].append(ch.exact_lo)
+                cols["rounded"].append(ch.rounded.astype(np.float64))
+                cols["flags"].append(ch.flags)
+            empty = {"op": np.uint8, "call": np.int32, "index": np.int64, "flags": np.uint16}
+            out = {
+                k: (np.concatenate(v) if v else np.empty(0, empty.get(k, np.float64)))
+                for k, v in cols.items()
+            }
+            out["error_hi"], out["error_lo"] = _error_columns(
+                out["rounded"], out["exact_hi"], out["exact_lo"])
+            self._cache = out
+        return self._cache
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        aliases = {"exact": "exact_hi", "error": "error_hi"}
+        key = aliases.get(name, name)
+        if key in ("op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo",
+                   "rounded", "flags", "error_hi", "error_lo"):
+            return self._columns()[key]
+        raise AttributeError(name)
+
+    @property
+    def op_names(self) -> np.ndarray:
+        return np.array(OPS, dtype=object)[self.op]
+
+    def has(self, flag: Flag | str) -> np.ndarray:
+        """Boolean mask of events with ``flag`` set."""
+        f = Flag[flag.upper()] if isinstance(flag, str) else Flag(flag)
+        return (self.flags & np.uint16(f)) != 0
+
+    def select(self, mask: np.ndarray) -> dict[str, np.ndarray]:
+        """All columns restricted to ``mask`` (a boolean or index array)."""
+        return {k: v[mask] for k, v in self._columns().items()}
+
+    def to_dict(self) -> dict[str, np.ndarray]:
+        return dict(self._columns())
+
+    def summary(self, mask: np.ndarray | None = None) -> TraceSummary:
+        """Counts per flag, mean signed error, rounding-direction statistics."""
+        return summarize(self, mask)
+
+    def __repr__(self) -> str:
+        return f"Trace({len(self)} events from {len(self._chunks)} calls{', ' + self.label if self.label else ''})"
+
+
+def _error_columns(rounded: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """rounded - (hi + lo) as a double-double, with numpy TwoSum (exact)."""
+    def two_sum(a, b):
+        s = a + b
+        bp = s - a
+        ap = s - bp
+        return s, (a - ap) + (b - bp)
+
+    with np.errstate(invalid="ignore", over="ignore"):
+        d_hi, d_lo = two_sum(rounded, -hi)
+        e1, e2 = two_sum(d_lo, -lo)
+        e_hi, e3 = two_sum(d_hi, e1)
+        e_lo = e3 + e2
+        bad = ~np.isfinite(d_hi)
+        e_hi = np.where(bad, rounded - hi, e_hi)
+        e_lo = np.where(bad, 0.0, e_lo)
+    return e_hi, e_lo
+
+
+@nb.njit(cache=True)
+def _binom_two_sided(k: np.int64, n: np.int64) -> float:
+    """Exact two-sided sign-test p-value: P(|X - n/2| >= |k - n/2|), X ~ Bin(n, 1/2)."""
+    if n == 0:
+        return 1.0
+    lo = min(k, n - k)
+    if lo * 2 == n:
+        return 1.0
+    if n > 20_000_000:  # normal approximation with continuity correction
+        z = (n / 2.0 - lo - 0.5) / math.sqrt(n / 4.0)
+        return min(1.0, math.erfc(z / math.sqrt(2.0)))
+    # log-sum-exp of the lower tail
+    log2n = n * math.log(2.0)
+    lgn = math.lgamma(n + 1.0)
+    top = lgn - math.lgamma(lo + 1.0) - math.lgamma(n - lo + 1.0) - log2n
+    acc = 0.0
+    for i in range(lo + 1):
+        term = lgn - math.lgamma(i + 1.0) - math.lgamma(n - i + 1.0) - log2n
+        acc += math.exp(term - top)
+    return min(1.0, 2.0 * math.exp(top) * acc)
+
+
+def sign_test(n_pos: int, n_neg: int) -> float:
+    """Two-sided exact binomial sign test of "errors lean one way" (ties excluded)."""
+    if n_pos < 0 or n_neg < 0:
+        raise ValueError("sign_test: counts must be non-negative")
+    return float(_binom_two_sided(np.int64(n_pos), np.int64(n_pos + n_neg)))
+
+
+@dataclass
+class TraceSummary:
+    """What a trace says about rounding: how often each flag fired and which way errors lean."""
+
+    events: int
+    inexact: int
+    flag_counts: dict[str, int]
+    mean_error: float  # over all events (exactly summed)
+    mean_error_inexact: float
+    sum_error: float
+    positive: int
+    negative: int
+    frac_away: float  # among inexact events
+    sign_p: float
+    per_op: dict[str, int]
+
+    def __str__(self) -> str:
+        lines = [
+            f"events: {self.events}  inexact: {self.inexact}  by op: {self.per_op}",
+            f"mean signed error: {self.mean_error:.6g} (inexact only: {self.mean_error_inexact:.6g}); "
+            f"sum: {self.sum_error:.6g}",
+            f"errors > 0: {self.positive}  < 0: {self.negative}  rounded away from zero: "
+            f"{self.frac_away:.2%}  sign test p = {self.sign_p:.3g}",
+            "flags: " + ", ".join(f"{k}={v}" for k, v in self.flag_counts.items() if v),
+        ]
+        return "\n".join(lines)
+
+
+def summarize(trace: Trace, mask: np.ndarray | None = None) -> TraceSummary:
+    cols = trace.to_dict() if mask is None else trace.select(mask)
+    flags = cols["flags"]
+    eh, el = cols["error_hi"], cols["error_lo"]
+    finite = np.isfinite(eh)
+    inexact = (flags & np.uint16(Flag.INEXACT)) != 0
+    n = flags.size
+    total = math.fsum(np.concatenate([eh[finite], el[finite]])) if n else 0.0
+    n_inexact_finite = int(np.count_nonzero(inexact & finite))
+    pos = int(np.count_nonzero(finite & (eh > 0)))
+    neg = int(np.count_nonzero(finite & (eh < 0)))
+    away = int(np.count_nonzero((flags & np.uint16(Flag.AWAY)) != 0))
+    n_inexact = int(np.count_nonzero(inexact))
+    ops = cols["op"]
+    per_op = {OPS[i]: int(c) for i, c in enumerate(np.bincount(ops, minlength=len(OPS))) if c}
+    return TraceSummary(
+        events=n,
+        inexact=n_inexact,
+        flag_counts={f.name.lower(): int(np.count_nonzero((flags & np.uint16(f)) != 0)) for f in Flag},
+        mean_error=total / max(int(np.count_nonzero(finite)), 1),
+        mean_error_inexact=total / max(n_inexact_finite, 1),
+        sum_error=total,
+        positive=pos,
+        negative=neg,
+        frac_away=away / n_inexact if n_inexact else 0.0,
+        sign_p=sign_test(pos, neg),
+        per_op=per_op,
+    )

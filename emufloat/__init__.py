@@ -23,6 +23,7 @@ from .formats import (
     as_format,
 )
 from .ops import abs, add, div, fma, maximum, minimum, mul, neg, sqrt, sub  # noqa: A004
+from .reduce import sum  # noqa: A004
 from .rounding import MODES, Rounding, as_rounding, stochastic, stochastic_bits
 from .trace import Flag, Trace, TraceSummary, sign_test
 
@@ -31,6 +32,6 @@ __all__ = [
     "FP64", "PRESETS", "TF32", "Format", "as_format",
     "MODES", "Rounding", "as_rounding", "stochastic", "stochastic_bits",
     "decode", "encode", "is_representable", "quantize",
-    "abs", "add", "div", "fma", "maximum", "minimum", "mul", "neg", "sqrt", "sub",
+    "abs", "add", "div", "fma", "maximum", "minimum", "mul", "neg", "sqrt", "sub", "sum",
     "Flag", "Trace", "TraceSummary", "sign_test",
 ]

@@ -205,6 +205,25 @@ def _binom_two_sided(k: np.int64, n: np.int64) -> float:
     return min(1.0, 2.0 * math.exp(top) * acc)
 
 
+def mean_test(errors: np.ndarray) -> float:
+    """Two-sided p-value of "mean error is zero" (z-test with the sample standard deviation).
+
+    The sign test counts which way errors go; the bias of repeated maxima shows
+    up in their size (rare large negative errors against frequent small positive
+    ones), which only a test on the mean sees.  Normal approximation: use with
+    at least ~30 events.
+    """
+    e = np.asarray(errors, dtype=np.float64)
+    e = e[np.isfinite(e)]
+    if e.size < 2:
+        return 1.0
+    sd = float(np.std(e, ddof=1))
+    if sd == 0.0:
+        return 1.0 if float(np.mean(e)) == 0.0 else 0.0
+    z = abs(float(np.mean(e))) / (sd / math.sqrt(e.size))
+    return math.erfc(z / math.sqrt(2.0))
+
+
 def sign_test(n_pos: int, n_neg: int) -> float:
     """Two-sided exact binomial sign test of "errors lean one way" (ties excluded)."""
     if n_pos < 0 or n_neg < 0:
@@ -225,14 +244,15 @@ class TraceSummary:
     positive: int
     negative: int
     frac_away: float  # among inexact events
-    sign_p: float
+    sign_p: float  # sign test on the counts of positive and negative errors
+    mean_p: float  # z-test of mean error == 0
     per_op: dict[str, int]
 
     def __str__(self) -> str:
         lines = [
             f"events: {self.events}  inexact: {self.inexact}  by op: {self.per_op}",
             f"mean signed error: {self.mean_error:.6g} (inexact only: {self.mean_error_inexact:.6g}); "
-            f"sum: {self.sum_error:.6g}",
+            f"sum: {self.sum_error:.6g}; p(mean = 0) = {self.mean_p:.3g}",
             f"errors > 0: {self.positive}  < 0: {self.negative}  rounded away from zero: "
             f"{self.frac_away:.2%}  sign test p = {self.sign_p:.3g}",
             "flags: " + ", ".join(f"{k}={v}" for k, v in self.flag_counts.items() if v),
@@ -266,5 +286,6 @@ def summarize(trace: Trace, mask: np.ndarray | None = None) -> TraceSummary:
         negative=neg,
         frac_away=away / n_inexact if n_inexact else 0.0,
         sign_p=sign_test(pos, neg),
+        mean_p=mean_test(eh[finite] + el[finite]),
         per_op=per_op,
     )

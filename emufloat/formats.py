@@ -161,11 +161,8 @@ class Format:
     def ulp(self, x: float | np.ndarray) -> float | np.ndarray:
         """Spacing of the format's values at |x| (the quantum of x's binade)."""
         arr = np.abs(np.asarray(x, dtype=np.float64))
-        with np.errstate(divide="ignore"):
-            e = np.floor(np.log2(np.where(arr > 0, arr, 1.0)))
-        # log2 may land one off near binade edges: correct against exact powers.
-        e = np.where(np.ldexp(1.0, e.astype(np.int64)) > arr, e - 1, e)
-        e = np.where(np.ldexp(1.0, (e + 1).astype(np.int64)) <= arr, e + 1, e)
+        _m, e2 = np.frexp(arr)  # exact: arr = m * 2**e2 with m in [0.5, 1)
+        e = np.where(arr > 0, e2 - 1, self.emin)
         e = np.clip(e, self.emin, self.emax)
         out = np.ldexp(1.0, (e - self.man_bits).astype(np.int64))
         out = np.where(np.isfinite(arr), out, np.nan)

@@ -1,0 +1,175 @@
+"""Rounding traces: the paper's worked example, flags, exact errors, summaries."""
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import emufloat as ef
+from emufloat import Flag
+
+FP32_SUM = np.float32(-4.703990459442139)
+RESIDUAL = np.float32(FP32_SUM + np.float32(4.703125))  # exact: both lie on the 2**-21 grid
+
+
+def test_residual_is_the_papers():
+    assert float(RESIDUAL) == pytest.approx(-0.00086545944, abs=1e-11)
+    assert np.float32(np.float32(-4.703125) + RESIDUAL) == FP32_SUM
+
+
+def test_worked_example_with_residual():
+    """Qiu & Yao: the FP32 sum rounds to -4.71875, error -0.014759540557861328, away from zero."""
+    tr = ef.Trace()
+    out = ef.sum(np.float32([-2.40625, -2.296875, RESIDUAL]), "bf16", trace=tr)
+    assert float(out) == -4.71875
+    assert float(tr.error[0]) == -0.014759540557861328
+    assert float(tr.error_lo[0]) == 0.0
+    assert Fraction(float(tr.error[0])) == Fraction(-4.71875) - Fraction(float(FP32_SUM))
+    flags = Flag(int(tr.flags[0]))
+    assert flags == Flag.INEXACT | Flag.TIE | Flag.STICKY | Flag.CARRY | Flag.AWAY
+
+
+def test_worked_example_without_residual_is_an_exact_tie():
+    tr = ef.Trace()
+    out = ef.sum(np.float32([-2.40625, -2.296875]), "bf16", trace=tr)
+    assert float(out) == -4.6875
+    assert float(tr.error[0]) == 0.015625
+    assert Flag(int(tr.flags[0])) == Flag.INEXACT | Flag.TIE | Flag.CARRY
+
+
+def test_worked_example_as_fp32_adds_then_a_cast():
+    """The same numbers through separate FP32 adds: the carry shows on the add, the tie on the cast."""
+    tr = ef.Trace()
+    s = ef.add(np.float32(-2.40625), np.float32(-2.296875), "fp32", trace=tr)
+    s = ef.add(s, RESIDUAL, "fp32", trace=tr)
+    out = ef.quantize(s, "bf16", trace=tr)
+    assert float(out) == -4.71875 and s == FP32_SUM
+    assert tr.has("carry").tolist() == [True, False, False]
+    assert Flag(int(tr.flags[2])) == Flag.INEXACT | Flag.TIE | Flag.STICKY | Flag.AWAY
+    assert float(tr.error[2]) == -0.014759540557861328
+    assert tr.op_names.tolist() == ["add", "add", "cast"]
+    assert [c[0] for c in tr.calls] == ["add", "add", "cast"]
+
+
+@pytest.mark.parametrize("mode", ["rne", "rtz", "rup", "rdown", "rna", "rto"])
+def test_errors_are_exact_for_add_mul_fma(mode):
+    """error_hi + error_lo equals rounded - exact as a Fraction, even across wide exponent gaps."""
+    rng = np.random.default_rng(5)
+    n = 400
+    a = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(np.float32)
+    b = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(np.float32)
+    c = (rng.standard_normal(n) * np.exp2(rng.integers(-60, 60, n))).astype(np.float32)
+    for op, args, exact in [
+        (ef.add, (a, b), lambda i: [a[i], b[i]]),
+        (ef.mul, (a, b), lambda i: [Fraction(float(a[i])) * Fraction(float(b[i]))]),
+        (ef.fma, (a, b, c), lambda i: [Fraction(float(a[i])) * Fraction(float(b[i])), c[i]]),
+    ]:
+        tr = ef.Trace()
+        out = op(*args, "bf16", mode, trace=tr)
+        for i in range(n):
+            terms = exact(i)
+            want = Fraction(float(out[i])) - sum(Fraction(t) if isinstance(t, Fraction) else Fraction(float(t))
+                                                 for t in terms)
+            got = Fraction(float(tr.error[i])) + Fraction(float(tr.error_lo[i]))
+            assert got == want, (op.__name__, i)
+            assert bool(tr.has("inexact")[i]) == (want != 0)
+            rounded = Fraction(float(out[i]))
+            exact_value = rounded - want
+            assert bool(tr.has("away")[i]) == (abs(rounded) > abs(exact_value))
+
+
+def test_flags_carry_and_round_carry():
+    tr = ef.Trace()
+    # 1.5 + 1.5 = 3: a carry (binade of 2 above both operands'), exact.
+    ef.add(np.float32(1.5), np.float32(1.5), "bf16", trace=tr)
+    # (2 - 2**-8) rounded to bf16 rounds up into the next binade.
+    ef.quantize(np.float32(2 - 2**-9), "bf16", trace=tr)
+    assert Flag(int(tr.flags[0])) == Flag.CARRY
+    assert Flag(int(tr.flags[1])) & Flag.ROUND_CARRY
+    assert float(tr.rounded[1]) == 2.0
+
+
+def test_flags_overflow_underflow_subnormal_invalid_divzero():
+    tr = ef.Trace()
+    ef.quantize(np.float32([2.0**20, 2.0**-130, 2.0**-136, -0.0]), "bf16", trace=tr)
+    ef.quantize(np.float32([1000.0]), "e4m3fn", trace=tr)
+    ef.div(np.float32([1.0, 0.0]), np.float32([0.0, 0.0]), "fp32", trace=tr)
+    ef.sub(np.float32([np.inf]), np.float32([np.inf]), "fp32", trace=tr)
+    f = [Flag(int(v)) for v in tr.flags]
+    assert f[0] == Flag(0)  # 2**20 is exact in bf16
+    assert f[1] == Flag.SUBNORMAL  # 2**-130 is an exact bf16 subnormal
+    # 2**-136 is below half the smallest subnormal (2**-133): it underflows to zero
+    assert f[2] == Flag.SUBNORMAL | Flag.UNDERFLOW | Flag.INEXACT | Flag.STICKY
+    assert f[3] == Flag(0)
+    # 1000 = 1.111101 * 2**9 rounds up (carrying into 2**10), beyond max 448: NaN
+    assert f[4] == Flag.OVERFLOW | Flag.INEXACT | Flag.AWAY | Flag.STICKY | Flag.TIE | Flag.ROUND_CARRY
+    assert f[5] == Flag.DIVZERO and f[6] == Flag.INVALID and f[7] == Flag.INVALID
+    tr2 = ef.Trace()
+    ef.quantize(np.float32([2.0**-135 * 1.3]), "bf16", trace=tr2)
+    assert Flag(int(tr2.flags[0])) & (Flag.UNDERFLOW | Flag.SUBNORMAL | Flag.INEXACT)
+
+
+def test_operands_and_shapes_are_recorded():
+    tr = ef.Trace("demo")
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    ef.mul(a, np.float32(0.5), trace=tr, label="halve")
+    assert len(tr) == 6 and tr.calls == [("mul", "fp32", "rne", (2, 3), "halve")]
+    np.testing.assert_array_equal(tr.a, a.reshape(-1))
+    np.testing.assert_array_equal(tr.b, np.full(6, 0.5))
+    assert np.isnan(tr.c).all()
+    np.testing.assert_array_equal(tr.index, np.arange(6))
+    assert "6 events" in repr(tr)
+    tr.clear()
+    assert len(tr) == 0 and tr.summary().events == 0
+
+
+def test_summary_counts_and_tests():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(20000).astype(np.float32)
+    tr = ef.Trace()
+    ef.quantize(x, "bf16", "rtz", trace=tr)
+    s = tr.summary()
+    assert s.events == 20000 and s.inexact == int(np.count_nonzero(tr.has("inexact")))
+    assert s.frac_away == 0.0  # truncation never rounds away from zero
+    # errors point toward zero: the sign of the error is minus the sign of x, so both signs appear ~equally
+    assert s.positive + s.negative == s.inexact
+    assert s.flag_counts["tie"] == int(np.count_nonzero(tr.has(Flag.TIE)))
+    assert s.mean_error == pytest.approx(float(np.mean(tr.error + tr.error_lo)), rel=1e-9, abs=1e-18)
+    text = str(s)
+    assert "sign test" in text and "p(mean = 0)" in text
+    # rounding toward -inf leans negative: both tests reject
+    tr2 = ef.Trace()
+    ef.quantize(x, "bf16", "rdown", trace=tr2)
+    s2 = tr2.summary()
+    assert s2.positive == 0 and s2.sign_p < 1e-100 and s2.mean_p < 1e-100
+
+
+@pytest.mark.parametrize("k, n", [(0, 1), (3, 10), (10, 30), (500, 1000), (480, 1000), (4000, 10000), (7, 7)])
+def test_sign_test_matches_scipy(k, n):
+    want = stats.binomtest(k, n, 0.5).pvalue
+    assert ef.sign_test(k, n - k) == pytest.approx(want, rel=1e-9)
+
+
+def test_sign_test_rejects_bad_counts():
+    with pytest.raises(ValueError, match="non-negative"):
+        ef.sign_test(-1, 3)
+
+
+def test_trace_argument_must_be_a_trace():
+    with pytest.raises(TypeError, match="trace: expected an emufloat.Trace"):
+        ef.add(np.float32(1), np.float32(2), trace=[])
+    with pytest.raises(TypeError, match="trace: expected an emufloat.Trace"):
+        ef.quantize(np.float32(1), "bf16", trace={})
+
+
+def test_tracing_does_not_change_results():
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal(50000).astype(np.float32)
+    b = (rng.standard_normal(50000) * 1e-3).astype(np.float32)
+    for mode in ["rne", "rtz", "rto", ef.stochastic(bits=5, seed=9)]:
+        plain = ef.add(a, b, "bf16", mode)
+        traced = ef.add(a, b, "bf16", mode, trace=ef.Trace())
+        np.testing.assert_array_equal(plain.view(np.uint16), traced.view(np.uint16))
+        np.testing.assert_array_equal(ef.quantize(a, "e5m2", mode).view(np.uint8),
+                                      ef.quantize(a, "e5m2", mode, trace=ef.Trace()).view(np.uint8))

@@ -29,7 +29,7 @@ s = ef.add(terms[0], terms[1], "fp32", trace=tr, label="P1*V1 + P2*V2")
 s = ef.add(s, terms[2], "fp32", trace=tr, label="+ small terms")
 o = ef.quantize(s, "bf16", trace=tr, label="store O")
 print("2. step by step:")
-for k, (op, fmt, mode, shape, label) in enumerate(tr.calls):
+for k, (op, fmt, _mode, _shape, label) in enumerate(tr.calls):
     print(f"   {label:15s} {op:5s} -> {fmt}: exact {tr.exact[k]:.10g} rounded {tr.rounded[k]:.10g} "
           f"error {tr.error[k]:+.6g} {flags(tr, k)}")
 

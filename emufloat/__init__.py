@@ -4,6 +4,18 @@ Values are numpy arrays; formats and rounding modes are arguments, never
 global state.  See docs/emufloat.md.
 """
 
+from .accum import (
+    H100_WGMMA_BF16,
+    H100_WGMMA_FP8,
+    H100_WGMMA_FP16,
+    H100_WGMMA_TF32,
+    Exact,
+    FusedBlock,
+    Pairwise,
+    Sequential,
+    dot,
+    matmul,
+)
 from .cast import decode, encode, is_representable, quantize
 from .formats import (
     BF16,
@@ -34,4 +46,6 @@ __all__ = [
     "decode", "encode", "is_representable", "quantize",
     "abs", "add", "div", "fma", "maximum", "minimum", "mul", "neg", "sqrt", "sub", "sum",
     "Flag", "Trace", "TraceSummary", "sign_test",
+    "Exact", "FusedBlock", "Pairwise", "Sequential", "dot", "matmul",
+    "H100_WGMMA_BF16", "H100_WGMMA_FP16", "H100_WGMMA_FP8", "H100_WGMMA_TF32",
 ]

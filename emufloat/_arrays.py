@@ -81,15 +81,24 @@ def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
 _EMPTY_LUT = np.empty(0, np.float64)
 
 
-def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray]:
-    """(flat array, lookup table) for an arithmetic operand broadcast to ``shape``.
+def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """(flat array, lookup table, format params) for an operand broadcast to ``shape``.
 
     Narrow formats travel as their encodings plus a decode table; float32 and
     float64 as values.  Operands must be exactly representable in FP32: the
     exact-arithmetic core relies on it.
     """
     fmt = source_format(arr)
-    if fmt == FP64:
+    check_fp32_values(arr, argname)
+    full = np.ascontiguousarray(np.broadcast_to(arr, shape)).reshape(-1)
+    if fmt.width <= 16:
+        return full.view(fmt.uint), lut(fmt), fmt.params
+    return full, _EMPTY_LUT, fmt.params
+
+
+def check_fp32_values(arr: np.ndarray, argname: str) -> None:
+    """Refuse float64 arrays holding values FP32 cannot represent exactly."""
+    if source_format(arr) == FP64:
         with np.errstate(over="ignore", invalid="ignore"):
             ok = (arr.astype(np.float32).astype(np.float64) == arr) | np.isnan(arr)
         if not np.all(ok):
@@ -99,10 +108,6 @@ def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.n
                 f"arithmetic (first offender: {arr.reshape(-1)[bad]!r} at flat index {bad}); "
                 "round them first, e.g. emufloat.quantize(x, 'fp32')"
             )
-    full = np.ascontiguousarray(np.broadcast_to(arr, shape)).reshape(-1)
-    if fmt.width <= 16:
-        return full.view(fmt.uint), lut(fmt)
-    return full, _EMPTY_LUT
 
 
 def broadcast_shape(arrays: dict[str, np.ndarray]) -> tuple[int, ...]:

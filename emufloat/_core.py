@@ -446,3 +446,40 @@ def fast_round_dd(s, t, plan, mb, mode, rnd) -> tuple:
     low = bits & plan[6]
     calm = np.int64(mode != SR) & np.int64(low != 0) & np.int64(low != ((plan[6] + 1) >> 1))
     return ok & (np.int64(t == 0.0) | calm), enc
+
+
+@nb.njit(cache=True)
+def decode_plan(params) -> tuple:
+    """Loop-invariant constants of :func:`fast_decode` for one source format."""
+    eb, mb, bias, _spec, _subn, _ovf = params
+    return (np.int64(eb + mb), np.int64(mb), np.int64(1023 - bias), np.int64(52 - mb), (np.int64(1) << eb) - 1)
+
+
+@nb.njit(inline="always", cache=True)
+def fast_decode(bits, dplan) -> tuple:
+    """(ok, float64 value) of an encoding, branch-free; ok only for normal numbers and zeros."""
+    top = dplan[0]
+    sign = (bits >> top) & 1
+    mag = bits & ((np.int64(1) << top) - 1)
+    e = mag >> dplan[1]
+    f64 = (sign << 63) | ((mag + (dplan[2] << dplan[1])) << dplan[3])
+    value = bits_f64(f64 if mag != 0 else sign << 63)
+    ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | np.int64(mag == 0)
+    return ok, value
+
+
+def load_fast(arr, dplan, idx):  # pragma: no cover - replaced by the overload in Numba code
+    raise NotImplementedError
+
+
+@nb.extending.overload(load_fast)
+def _ol_load_fast(arr, dplan, idx):
+    """(ok, value): encodings decoded by :func:`fast_decode`, floats read as they are."""
+    if isinstance(arr.dtype, nb.types.Integer):
+        def impl_bits(arr, dplan, idx):
+            return fast_decode(np.int64(arr[idx]), dplan)
+        return impl_bits
+
+    def impl_float(arr, dplan, idx):
+        return np.int64(1), np.float64(arr[idx])
+    return impl_float

@@ -4,7 +4,8 @@ This is the reference every accumulation model is measured against, and the
 simplest model of "accumulate wide, round once to the output format" (the
 paper's model of the P·V product).  Terms must be FP32-representable; the sum
 is held in a fixed-point superaccumulator of 32-bit limbs whose least
-significant bit is 2**-149, so it is exact for up to 2**31 terms.
+significant bit is 2**-300 (below the smallest product of two FP32 values),
+so it is exact for up to 2**31 terms, and products of FP32 values too.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from .ops import _result_format
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import Trace, _Chunk
 
-_LSB = -149  # exponent of the accumulator's least significant bit
-_NLIMB = 12  # 384 bits: 2**-149 .. 2**235, room for FP32's range times 2**31 terms
+_LSB = -300  # exponent of the accumulator's least significant bit
+_NLIMB = 20  # 640 bits: 2**-300 .. 2**340, room for FP32 products times 2**31 terms
 _MASK32 = (1 << 32) - 1
 
 
@@ -179,7 +180,7 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     shape = moved.shape[:-1]
     k = moved.shape[-1]
     rows = math.prod(shape)
-    flat, lut = _arrays.operand(moved, moved.shape, "x")
+    flat, lut, _params = _arrays.operand(moved, moved.shape, "x")
     out = _arrays.new_output(f, rows)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)

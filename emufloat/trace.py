@@ -51,7 +51,7 @@ FLAG_DOC = {
     "divzero": "finite / 0",
 }
 
-OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum")
+OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum", "align", "dot_step")
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 

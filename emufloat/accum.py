@@ -1,0 +1,396 @@
+"""Accumulation models: how a dot product is summed, and the matmul built on them.
+
+A model is a small frozen value object; ``dot`` and ``matmul`` take one.
+
+* :class:`Sequential` — ``acc = round(acc + a_k * b_k)`` term by term (fused or not).
+* :class:`Pairwise` — products rounded, then summed as a balanced tree.
+* :class:`Exact` — the exact dot product, rounded once.
+* :class:`FusedBlock` — a tensor-core step: ``width`` exact products (and the
+  accumulator C when ``early_c``) aligned to the largest exponent among them,
+  cut to ``align_bits`` fraction bits below it by truncation, summed exactly,
+  and rounded once (``final_rounding``) into ``acc_fmt``; K is a chain of such
+  steps, each feeding its result in as the next step's C.
+
+The H100 presets encode what ../shared/notes/h100-numerics.md and published
+models say; ``gpu/probes`` re-derives each parameter on the hardware and the
+recorded cases in tests/data decide.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numba as nb
+import numpy as np
+
+from . import _arrays, _core
+from .formats import BF16, E4M3FN, E5M2, FP16, FP32, TF32, Format, as_format
+from .reduce import _NLIMB, _acc_add, _acc_extract
+from .rounding import RNE, Rounding, as_rounding
+from .trace import Flag, Trace, _Chunk
+
+KIND_SEQUENTIAL, KIND_PAIRWISE, KIND_EXACT, KIND_BLOCK = range(4)
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """Left-to-right accumulation in ``fmt``: one rounding per step when ``fused`` (FMA), else two."""
+
+    fmt: Format = FP32
+    rounding: Rounding = field(default_factory=Rounding)
+    fused: bool = True
+    name: str = "sequential"
+
+    def _params(self):
+        return KIND_SEQUENTIAL, int(self.fused), 0, 0, 0, 0, 0
+
+
+@dataclass(frozen=True)
+class Pairwise:
+    """Products rounded to ``fmt``, then a balanced tree of rounded adds (leaves of ``base`` terms summed in order)."""
+
+    fmt: Format = FP32
+    rounding: Rounding = field(default_factory=Rounding)
+    base: int = 1
+    name: str = "pairwise"
+
+    def _params(self):
+        return KIND_PAIRWISE, 0, self.base, 0, 0, 0, 0
+
+
+@dataclass(frozen=True)
+class Exact:
+    """The exact dot product (plus C), rounded once into ``fmt``."""
+
+    fmt: Format = FP32
+    rounding: Rounding = field(default_factory=Rounding)
+    name: str = "exact"
+
+    def _params(self):
+        return KIND_EXACT, 0, 0, 0, 0, 0, 0
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """A fused multiply-add tree of ``width`` products, as tensor cores compute it.
+
+    ``align_bits``: fraction bits kept below the largest exponent of the step
+    (products counted with their unnormalised exponent ``e_a + e_b``, so a
+    product's significand lies in [1, 4)); smaller bits are truncated from each
+    term's magnitude (no sticky).  ``early_c``: C takes part in choosing the
+    largest exponent and is cut like the products; otherwise C is added to the
+    step's rounded result with a second rounding.  ``zeros_in_max``: a zero
+    product counts as exponent ``e_a + e_b`` of its operands.  ``min_exp``:
+    products whose unnormalised exponent is below it are dropped.  The step's
+    sum is rounded with ``final_rounding`` into ``acc_fmt`` (FP32 for bf16/fp16;
+    13 fraction bits for FP8), whose values the FP32 accumulator then holds.
+    ``chunk``: for FP8, promote to a plain FP32 add every ``chunk`` products
+    (Triton's ``max_num_imprecise_acc``); 0 means never.
+    """
+
+    width: int = 16
+    align_bits: int = 25
+    final_rounding: Rounding = field(default_factory=lambda: Rounding("rtz"))
+    acc_fmt: Format = FP32
+    early_c: bool = True
+    zeros_in_max: bool = False
+    min_exp: int = -(1 << 20)
+    chunk: int = 0
+    fmt: Format = FP32
+    name: str = "fused_block"
+
+    def __post_init__(self) -> None:
+        if self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
+        if not 1 <= self.align_bits <= 40:
+            raise ValueError(f"align_bits must be from 1 to 40, got {self.align_bits}")
+        if self.chunk < 0 or (self.chunk and self.chunk % self.width):
+            raise ValueError(f"chunk must be 0 or a multiple of width ({self.width}), got {self.chunk}")
+
+    @property
+    def rounding(self) -> Rounding:
+        return self.final_rounding
+
+    def _params(self):
+        return (KIND_BLOCK, int(self.early_c), self.width, self.align_bits, int(self.zeros_in_max),
+                self.min_exp, self.chunk)
+
+
+Model = Sequential | Pairwise | Exact | FusedBlock
+
+H100_WGMMA_BF16 = FusedBlock(width=16, align_bits=25, name="h100_wgmma_bf16")
+H100_WGMMA_FP16 = FusedBlock(width=16, align_bits=25, name="h100_wgmma_fp16")
+H100_WGMMA_FP8 = FusedBlock(
+    width=32, align_bits=13, acc_fmt=Format(8, 13, name="fp32_13"), name="h100_wgmma_fp8")
+H100_WGMMA_TF32 = FusedBlock(width=8, align_bits=25, name="h100_wgmma_tf32")
+PRESETS: dict[str, Model] = {
+    m.name: m for m in (H100_WGMMA_BF16, H100_WGMMA_FP16, H100_WGMMA_FP8, H100_WGMMA_TF32)
+}
+INPUT_FORMATS = {
+    "h100_wgmma_bf16": (BF16,), "h100_wgmma_fp16": (FP16,), "h100_wgmma_fp8": (E4M3FN, E5M2),
+    "h100_wgmma_tf32": (TF32,),
+}
+
+
+# ---- kernels -------------------------------------------------------------------
+@nb.njit(cache=True)
+def _lead_exp(x, emin):
+    """Unnormalised exponent of an input: its binade, or emin for subnormals and zeros."""
+    if x == 0.0:
+        return np.int64(emin)
+    return max(_core.ilogb(x), np.int64(emin))
+
+
+@nb.njit(cache=True)
+def _cut(x, cut):
+    """Sign and magnitude of x truncated to a multiple of 2**cut, as an integer count of 2**cut."""
+    _cls, sign, sig, exp = _core.f64_parts(x)
+    shift = cut - exp
+    if shift <= 0:
+        return sign, sig << (-shift)
+    if shift >= 63:
+        return sign, np.int64(0)
+    return sign, sig >> shift
+
+
+@nb.njit(cache=True)
+def _round_into(s, t, params, mode):
+    """The double-double s + t rounded once into the format (specials and zero pass through)."""
+    if s == 0.0 or not np.isfinite(s):
+        return s
+    sign, sig, exp, sticky = _core.dd_parts(s, t)
+    enc, _fl = _core.round_pack(sign, sig, exp, sticky, _core.NO_CARRY_REF, params, mode, 0, 0)
+    return _core.decode(enc, params)
+
+
+@nb.njit(cache=True)
+def _block_step(a, b, i, j, k0, k1, c, have_c, early_c, emin_a, emin_b, align_bits, zeros_in_max,
+                min_exp, acc_params, final_mode, stats):
+    """One fused step: products k0..k1-1 (plus C when early_c), cut, summed, rounded once.
+
+    Writes the step's exact sum (stats[0] + stats[1], compensated) and its
+    aligned sum (stats[2], exact) for traces.
+    """
+    e_ref = np.int64(-(1 << 30))
+    special = 0.0
+    for k in range(k0, k1):
+        x = a[i, k]
+        y = b[k, j]
+        p = x * y
+        if not np.isfinite(p):
+            special += p
+        elif p != 0.0 or zeros_in_max:
+            e = _lead_exp(x, emin_a) + _lead_exp(y, emin_b)
+            if e >= min_exp:
+                e_ref = max(e_ref, e)
+    use_c = have_c and c != 0.0
+    if use_c and early_c:
+        e_ref = max(e_ref, _core.ilogb(c))
+    if special != 0.0 or np.isnan(special) or not np.isfinite(c):
+        return special + c
+    cut = e_ref - align_bits
+    total = np.int64(0)
+    hi = 0.0
+    lo = 0.0
+    for k in range(k0, k1):
+        x = a[i, k]
+        y = b[k, j]
+        p = x * y
+        if p == 0.0:
+            continue
+        hi, t = _core.two_sum(hi, p)
+        lo += t
+        if _lead_exp(x, emin_a) + _lead_exp(y, emin_b) < min_exp:
+            continue
+        sign, q = _cut(p, cut)
+        total += -q if sign else q
+    if use_c:
+        hi, t = _core.two_sum(hi, c)
+        lo += t
+        if early_c:
+            sign, q = _cut(c, cut)
+            total += -q if sign else q
+    stats[0] = hi
+    stats[1] = lo
+    if total == 0:
+        res = 0.0
+    else:
+        sign = np.int64(1) if total < 0 else np.int64(0)
+        enc, _fl = _core.round_pack(sign, abs(total), cut, False, _core.NO_CARRY_REF, acc_params,
+                                    final_mode, 0, 0)
+        res = _core.decode(enc, acc_params)
+    stats[2] = (-1.0 if total < 0 else 1.0) * _core.parts_f64(
+        _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut)
+    if use_c and not early_c:  # late C: added to the step's result with a second rounding
+        s, t = _core.two_sum(res, c)
+        return _round_into(s, t, acc_params, final_mode)
+    return res
+
+
+@nb.njit(parallel=True, cache=True)
+def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_params, steps, tracing):
+    """Every output element's dot product under the model coded in ``mp`` (see ``_params``)."""
+    m, kk = a.shape
+    n = b.shape[1]
+    kind = mp[0]
+    for ij in nb.prange(m * n):
+        i = ij // n
+        j = ij % n
+        c0 = c[i, j] if have_c else 0.0
+        if kind == KIND_BLOCK:
+            width = mp[2]
+            chunk = mp[6]
+            acc = c0
+            c_in = have_c
+            promoted = 0.0
+            stats = np.zeros(3)
+            for s in range((kk + width - 1) // width):
+                k0 = s * width
+                k1 = min(k0 + width, kk)
+                acc = _block_step(a, b, i, j, k0, k1, acc, c_in, mp[1] != 0, emin_a, emin_b, mp[3], mp[4] != 0,
+                                  mp[5], acc_params, mode, stats)
+                c_in = True
+                if tracing:
+                    steps[ij, s, 0] = stats[0]
+                    steps[ij, s, 1] = stats[1]
+                    steps[ij, s, 2] = stats[2]
+                    steps[ij, s, 3] = acc
+                if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
+                    promoted = _round_into(*_core.two_sum(promoted, acc), params, RNE)
+                    acc = 0.0
+                    c_in = False
+            if chunk:
+                acc = _round_into(*_core.two_sum(promoted, acc), params, RNE)
+            out[i, j] = acc
+        elif kind == KIND_SEQUENTIAL:
+            acc = c0
+            for k in range(kk):
+                p = a[i, k] * b[k, j]
+                if mp[1] == 0:
+                    p = _round_into(p, 0.0, params, mode)
+                acc = _round_into(*_core.two_sum(acc, p), params, mode)
+            out[i, j] = acc
+        elif kind == KIND_PAIRWISE:
+            base = max(mp[2], 1)
+            nleaf = max((kk + base - 1) // base, 1)
+            buf = np.zeros(nleaf)
+            for leaf in range(nleaf):
+                s = 0.0
+                for k in range(leaf * base, min((leaf + 1) * base, kk)):
+                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * b[k, j], 0.0, params, mode)),
+                                    params, mode)
+                buf[leaf] = s
+            width = nleaf
+            while width > 1:
+                for q in range(width // 2):
+                    buf[q] = _round_into(*_core.two_sum(buf[2 * q], buf[2 * q + 1]), params, mode)
+                if width % 2:
+                    buf[width // 2] = buf[width - 1]
+                width = (width + 1) // 2
+            out[i, j] = _round_into(*_core.two_sum(buf[0], c0), params, mode) if have_c else buf[0]
+        else:  # exact, then one rounding
+            limbs = np.zeros(_NLIMB, np.int64)
+            special = c0 if not np.isfinite(c0) else 0.0
+            for k in range(kk):
+                p = a[i, k] * b[k, j]
+                if not np.isfinite(p):
+                    special += p
+                elif p != 0.0:
+                    _c, sg, sig, e = _core.f64_parts(p)
+                    _acc_add(limbs, sg, sig, e)
+            if c0 != 0.0 and np.isfinite(c0):
+                _c, sg, sig, e = _core.f64_parts(c0)
+                _acc_add(limbs, sg, sig, e)
+            if special != 0.0 or np.isnan(special):
+                out[i, j] = special
+            else:
+                zero, sg, sig, e, sticky = _acc_extract(limbs)
+                if zero:
+                    out[i, j] = 0.0
+                else:
+                    enc, _fl = _core.round_pack(sg, sig, e, sticky, _core.NO_CARRY_REF, params, mode, 0, 0)
+                    out[i, j] = _core.decode(enc, params)
+
+
+def _resolve(model: Model | str) -> Model:
+    if isinstance(model, str):
+        if model not in PRESETS:
+            raise ValueError(f"model: unknown preset {model!r}; accepted: {sorted(PRESETS)} or a model object")
+        return PRESETS[model]
+    if not isinstance(model, (Sequential, Pairwise, Exact, FusedBlock)):
+        raise TypeError(f"model: expected Sequential, Pairwise, Exact, FusedBlock or a preset name, "
+                        f"got {type(model).__name__}")
+    return model
+
+
+def _values(x, name: str) -> tuple[np.ndarray, Format]:
+    arr = _arrays.as_float_array(x, name)
+    _arrays.check_fp32_values(arr, name)
+    return np.ascontiguousarray(arr.astype(np.float64)), _arrays.source_format(arr)
+
+
+def matmul(
+    a: np.ndarray,
+    b: np.ndarray,
+    model: Model | str = H100_WGMMA_BF16,
+    c: np.ndarray | None = None,
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
+    """``a @ b (+ c)`` with every dot product accumulated as ``model`` says.
+
+    a: (M, K), b: (K, N), c: (M, N) or None, holding FP32-representable values
+    of any format.  Without ``c`` a FusedBlock chain's first step has no C (as
+    a Triton ``tl.dot`` without accumulator).  Returns the model's format's
+    carrier (float32 for the FP32 accumulators).  With a trace, FusedBlock
+    models record two events per output element and step: ``align`` (exact
+    step sum -> the sum of the cut terms: the bits lost in alignment) and
+    ``dot_step`` (that aligned sum -> the step's rounded result).
+    """
+    model = _resolve(model)
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    av, afmt = _values(a, "a")
+    bv, bfmt = _values(b, "b")
+    if av.ndim != 2 or bv.ndim != 2 or av.shape[1] != bv.shape[0]:
+        raise ValueError(f"a, b: expected shapes (M, K) and (K, N), got {av.shape} and {bv.shape}")
+    m, n = av.shape[0], bv.shape[1]
+    have_c = c is not None
+    cv = _values(c, "c")[0] if have_c else np.zeros((m, n))
+    if cv.shape != (m, n):
+        raise ValueError(f"c: expected shape {(m, n)}, got {cv.shape}")
+    fmt = as_format(model.fmt)
+    if fmt.precision > 24:
+        raise ValueError(f"model: the result format must have at most 24 significand bits, got {fmt.name}")
+    block = isinstance(model, FusedBlock)
+    acc_fmt = model.acc_fmt if block else fmt
+    mode = as_rounding(model.rounding)
+    nsteps = -(-av.shape[1] // model.width) if block else 0
+    tracing = trace is not None and block
+    steps = np.zeros((m * n, nsteps, 4) if tracing else (0, 0, 4))
+    out = np.empty((m, n))
+    _matmul_kernel(av, bv, cv, have_c, out, np.array(model._params(), np.int64), afmt.emin, bfmt.emin,
+                   fmt.params, mode.code, acc_fmt.params, steps, tracing)
+    if tracing:
+        st = steps.reshape(-1, 4)
+        for op, exact_hi, exact_lo, rounded in (("align", st[:, 0], st[:, 1], st[:, 2]),
+                                                ("dot_step", st[:, 2], np.zeros(len(st)), st[:, 3])):
+            err = rounded - exact_hi - exact_lo
+            flags = ((err != 0) * Flag.INEXACT | (np.abs(rounded) > np.abs(exact_hi + exact_lo)) * Flag.AWAY)
+            trace._record(_Chunk(
+                op=op, fmt=acc_fmt, rounding=Rounding("rtz") if op == "align" else mode,
+                operands=(), rounded=rounded.copy(), exact_hi=exact_hi.copy(), exact_lo=exact_lo.copy(),
+                flags=flags.astype(np.uint16), shape=(m, n, nsteps), label=label))
+    return out.astype(fmt.carrier)
+
+
+def dot(a: np.ndarray, b: np.ndarray, model: Model | str = H100_WGMMA_BF16, c: float | None = None,
+        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """Dot product of two vectors under ``model`` (see :func:`matmul`); returns a 0-d array."""
+    a = _arrays.as_float_array(a, "a")
+    b = _arrays.as_float_array(b, "b")
+    if a.ndim != 1 or b.ndim != 1 or a.shape != b.shape:
+        raise ValueError(f"a, b: expected two vectors of one length, got shapes {a.shape} and {b.shape}")
+    cc = None if c is None else np.asarray(c, dtype=np.float64).reshape(1, 1)
+    return matmul(a.reshape(1, -1), b.reshape(-1, 1), model, cc, trace=trace, label=label).reshape(())

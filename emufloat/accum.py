@@ -164,25 +164,24 @@ def _round_into(s, t, params, mode):
 
 
 @nb.njit(cache=True)
-def _block_step(a, b, i, j, k0, k1, c, have_c, early_c, emin_a, emin_b, align_bits, zeros_in_max,
-                min_exp, acc_params, final_mode, stats):
+def _block_step(arow, brow, ea, eb, k0, k1, c, have_c, early_c, align_bits, zeros_in_max, min_exp,
+                acc_params, final_mode, stats, tracing):
     """One fused step: products k0..k1-1 (plus C when early_c), cut, summed, rounded once.
 
-    Writes the step's exact sum (stats[0] + stats[1], compensated) and its
-    aligned sum (stats[2], exact) for traces.
+    ``ea``/``eb`` hold the operands' unnormalised exponents.  With ``tracing``,
+    writes the step's exact sum (stats[0] + stats[1], compensated) and its
+    aligned sum (stats[2], exact).
     """
     e_ref = np.int64(-(1 << 30))
     special = 0.0
     for k in range(k0, k1):
-        x = a[i, k]
-        y = b[k, j]
-        p = x * y
+        p = arow[k] * brow[k]
         if not np.isfinite(p):
             special += p
         elif p != 0.0 or zeros_in_max:
-            e = _lead_exp(x, emin_a) + _lead_exp(y, emin_b)
-            if e >= min_exp:
-                e_ref = max(e_ref, e)
+            e = ea[k] + eb[k]
+            if e >= min_exp and e > e_ref:
+                e_ref = e
     use_c = have_c and c != 0.0
     if use_c and early_c:
         e_ref = max(e_ref, _core.ilogb(c))
@@ -193,25 +192,23 @@ def _block_step(a, b, i, j, k0, k1, c, have_c, early_c, emin_a, emin_b, align_bi
     hi = 0.0
     lo = 0.0
     for k in range(k0, k1):
-        x = a[i, k]
-        y = b[k, j]
-        p = x * y
+        p = arow[k] * brow[k]
         if p == 0.0:
             continue
-        hi, t = _core.two_sum(hi, p)
-        lo += t
-        if _lead_exp(x, emin_a) + _lead_exp(y, emin_b) < min_exp:
+        if tracing:
+            hi, t = _core.two_sum(hi, p)
+            lo += t
+        if ea[k] + eb[k] < min_exp:
             continue
         sign, q = _cut(p, cut)
         total += -q if sign else q
     if use_c:
-        hi, t = _core.two_sum(hi, c)
-        lo += t
+        if tracing:
+            hi, t = _core.two_sum(hi, c)
+            lo += t
         if early_c:
             sign, q = _cut(c, cut)
             total += -q if sign else q
-    stats[0] = hi
-    stats[1] = lo
     if total == 0:
         res = 0.0
     else:
@@ -219,8 +216,11 @@ def _block_step(a, b, i, j, k0, k1, c, have_c, early_c, emin_a, emin_b, align_bi
         enc, _fl = _core.round_pack(sign, abs(total), cut, False, _core.NO_CARRY_REF, acc_params,
                                     final_mode, 0, 0)
         res = _core.decode(enc, acc_params)
-    stats[2] = (-1.0 if total < 0 else 1.0) * _core.parts_f64(
-        _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut)
+    if tracing:
+        stats[0] = hi
+        stats[1] = lo
+        stats[2] = (-1.0 if total < 0 else 1.0) * _core.parts_f64(
+            _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut)
     if use_c and not early_c:  # late C: added to the step's result with a second rounding
         s, t = _core.two_sum(res, c)
         return _round_into(s, t, acc_params, final_mode)
@@ -228,10 +228,24 @@ def _block_step(a, b, i, j, k0, k1, c, have_c, early_c, emin_a, emin_b, align_bi
 
 
 @nb.njit(parallel=True, cache=True)
-def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_params, steps, tracing):
-    """Every output element's dot product under the model coded in ``mp`` (see ``_params``)."""
+def _lead_exps(x, emin):
+    out = np.empty(x.shape, np.int64)
+    flat = x.reshape(-1)
+    o = out.reshape(-1)
+    for k in nb.prange(flat.size):
+        o[k] = _lead_exp(flat[k], emin)
+    return out
+
+
+@nb.njit(parallel=True, cache=True)
+def _matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
+    """Every output element's dot product under the model coded in ``mp`` (see ``_params``).
+
+    ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
+    exponents of a and bt.
+    """
     m, kk = a.shape
-    n = b.shape[1]
+    n = bt.shape[0]
     kind = mp[0]
     for ij in nb.prange(m * n):
         i = ij // n
@@ -247,8 +261,8 @@ def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_p
             for s in range((kk + width - 1) // width):
                 k0 = s * width
                 k1 = min(k0 + width, kk)
-                acc = _block_step(a, b, i, j, k0, k1, acc, c_in, mp[1] != 0, emin_a, emin_b, mp[3], mp[4] != 0,
-                                  mp[5], acc_params, mode, stats)
+                acc = _block_step(a[i], bt[j], ea[i], eb[j], k0, k1, acc, c_in, mp[1] != 0, mp[3], mp[4] != 0,
+                                  mp[5], acc_params, mode, stats, tracing)
                 c_in = True
                 if tracing:
                     steps[ij, s, 0] = stats[0]
@@ -265,7 +279,7 @@ def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_p
         elif kind == KIND_SEQUENTIAL:
             acc = c0
             for k in range(kk):
-                p = a[i, k] * b[k, j]
+                p = a[i, k] * bt[j, k]
                 if mp[1] == 0:
                     p = _round_into(p, 0.0, params, mode)
                 acc = _round_into(*_core.two_sum(acc, p), params, mode)
@@ -277,7 +291,7 @@ def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_p
             for leaf in range(nleaf):
                 s = 0.0
                 for k in range(leaf * base, min((leaf + 1) * base, kk)):
-                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * b[k, j], 0.0, params, mode)),
+                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * bt[j, k], 0.0, params, mode)),
                                     params, mode)
                 buf[leaf] = s
             width = nleaf
@@ -292,7 +306,7 @@ def _matmul_kernel(a, b, c, have_c, out, mp, emin_a, emin_b, params, mode, acc_p
             limbs = np.zeros(_NLIMB, np.int64)
             special = c0 if not np.isfinite(c0) else 0.0
             for k in range(kk):
-                p = a[i, k] * b[k, j]
+                p = a[i, k] * bt[j, k]
                 if not np.isfinite(p):
                     special += p
                 elif p != 0.0:
@@ -370,7 +384,12 @@ def matmul(
     tracing = trace is not None and block
     steps = np.zeros((m * n, nsteps, 4) if tracing else (0, 0, 4))
     out = np.empty((m, n))
-    _matmul_kernel(av, bv, cv, have_c, out, np.array(model._params(), np.int64), afmt.emin, bfmt.emin,
+    bt = np.ascontiguousarray(bv.T)
+    if block:
+        ea, eb = _lead_exps(av, afmt.emin), _lead_exps(bt, bfmt.emin)
+    else:
+        ea = eb = np.zeros((0, 0), np.int64)
+    _matmul_kernel(av, bt, cv, have_c, out, np.array(model._params(), np.int64), ea, eb,
                    fmt.params, mode.code, acc_fmt.params, steps, tracing)
     if tracing:
         st = steps.reshape(-1, 4)

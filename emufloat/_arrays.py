@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import numba as nb
@@ -9,6 +10,22 @@ import numpy as np
 
 from . import _core
 from .formats import FP64, Format, format_of_dtype
+
+SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
+
+
+@contextlib.contextmanager
+def threads_for(n: int):
+    """Run small calls on one thread: a parallel launch costs microseconds to milliseconds."""
+    if n >= SERIAL_BELOW:
+        yield
+        return
+    before = nb.get_num_threads()
+    nb.set_num_threads(1)
+    try:
+        yield
+    finally:
+        nb.set_num_threads(before)
 
 
 def as_float_array(x: object, argname: str) -> np.ndarray:

@@ -389,8 +389,9 @@ def matmul(
         ea, eb = _lead_exps(av, afmt.emin), _lead_exps(bt, bfmt.emin)
     else:
         ea = eb = np.zeros((0, 0), np.int64)
-    _matmul_kernel(av, bt, cv, have_c, out, np.array(model._params(), np.int64), ea, eb,
-                   fmt.params, mode.code, acc_fmt.params, steps, tracing)
+    with _arrays.threads_for(m * n * av.shape[1]):
+        _matmul_kernel(av, bt, cv, have_c, out, np.array(model._params(), np.int64), ea, eb,
+                       fmt.params, mode.code, acc_fmt.params, steps, tracing)
     if tracing:
         st = steps.reshape(-1, 4)
         for op, exact_hi, exact_lo, rounded in (("align", st[:, 0], st[:, 1], st[:, 2]),

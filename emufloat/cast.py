@@ -74,10 +74,11 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     out = _arrays.new_output(fmt, n)
     tracing = trace is not None
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
-    bad = _cast_kernel(
-        bits, sfmt.params, out, fmt.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
-        ex_hi, flags, tracing,
-    )
+    with _arrays.threads_for(n):
+        bad = _cast_kernel(
+            bits, sfmt.params, out, fmt.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
+            ex_hi, flags, tracing,
+        )
     _arrays.check_no_nan_format(bad, fmt, "x")
     result = out.reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
     if tracing:

@@ -63,6 +63,8 @@ class Format:
             raise ValueError(f"specials must be one of {SPECIALS}, got {self.specials!r}")
         if self.specials == "ieee" and self.exp_bits < 2:
             raise ValueError("specials='ieee' needs exp_bits >= 2 (one exponent is reserved)")
+        if self.specials == "ieee" and self.man_bits < 1:
+            raise ValueError("specials='ieee' needs man_bits >= 1 (NaN needs a non-zero fraction)")
         if self.specials == "fn" and self.man_bits < 1:
             raise ValueError("specials='fn' needs man_bits >= 1 (the all-ones fraction is NaN)")
         default_bias = (1 << (self.exp_bits - 1)) - 1

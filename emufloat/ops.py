@@ -278,10 +278,11 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
     code = op_code if extra_code is None else extra_code
-    bad = _arith_kernel(
-        code, *flat[0], *flat[1], *flat[2],
-        out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing,
-    )
+    with _arrays.threads_for(n):
+        bad = _arith_kernel(
+            code, *flat[0], *flat[1], *flat[2],
+            out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing,
+        )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape)
     if tracing:

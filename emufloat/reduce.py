@@ -184,8 +184,9 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     out = _arrays.new_output(f, rows)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)
-    _sum_kernel(flat, lut, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
-                ex_hi, ex_lo, flags, tracing)
+    with _arrays.threads_for(rows * k):
+        _sum_kernel(flat, lut, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
+                    ex_hi, ex_lo, flags, tracing)
     if not f.has_nan and rows:
         vals = moved.astype(np.float64)
         nan_rows = np.isnan(vals).any(-1) | (np.isposinf(vals).any(-1) & np.isneginf(vals).any(-1))

@@ -32,6 +32,12 @@ def _sig(rng, n: int, bits) -> np.ndarray:
     return np.floor(lo + rng.random(n) * lo)
 
 
+def _odd_sig(rng, n: int, bits) -> np.ndarray:
+    """Like _sig but odd (for bits >= 2), so products of two keep their full length."""
+    s = _sig(rng, n, bits)
+    return np.where(np.asarray(bits) >= 2, s + (1 - s % 2), s)
+
+
 def _val(rng, n: int, bits, e, sign=None) -> np.ndarray:
     """sig * 2**(e - bits + 1): a value whose leading bit has weight 2**e."""
     s = _sig(rng, n, bits)
@@ -56,7 +62,7 @@ def _specials(p: int, emin: int, emax: int) -> np.ndarray:
 
 CATEGORIES = (
     "bits", "normal", "same_binade", "add_tie", "cancel", "gap", "subnormal", "short", "specials",
-    "mul_edge", "div_edge", "near_tie", "fma_cancel", "fma_tie",
+    "mul_edge", "div_edge", "near_tie", "fma_cancel", "fma_tie", "mul_tie",
 )
 
 
@@ -66,6 +72,11 @@ def hard_operands(op: str, target: str, n: int, seed: int, dtype=None) -> dict[s
     Returns a dict with arrays "a", "b", "c" and an integer array "cat"
     (index into :data:`CATEGORIES`) saying which construction made each row.
     """
+    with np.errstate(all="ignore"):
+        return _hard_operands(op, target, n, seed, dtype)
+
+
+def _hard_operands(op: str, target: str, n: int, seed: int, dtype) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     dtype = DTYPES[target] if dtype is None else dtype
     op_p = int(ml_dtypes.finfo(dtype).nmant) + 1
@@ -73,9 +84,10 @@ def hard_operands(op: str, target: str, n: int, seed: int, dtype=None) -> dict[s
     cats = {
         "add": ["bits", "normal", "same_binade", "add_tie", "cancel", "gap", "subnormal", "specials"],
         "sub": ["bits", "normal", "same_binade", "add_tie", "cancel", "gap", "subnormal", "specials"],
-        "mul": ["bits", "normal", "short", "subnormal", "mul_edge", "specials", "near_tie"],
+        "mul": ["bits", "normal", "short", "subnormal", "mul_edge", "specials", "near_tie", "mul_tie"],
         "div": ["bits", "normal", "short", "subnormal", "div_edge", "specials", "near_tie"],
-        "fma": ["bits", "normal", "short", "gap", "subnormal", "mul_edge", "specials", "fma_cancel", "fma_tie"],
+        "fma": ["bits", "normal", "short", "gap", "subnormal", "mul_edge", "specials", "fma_cancel", "fma_tie",
+                "mul_tie"],
         "sqrt": ["bits", "normal", "short", "subnormal", "specials", "near_tie"],
     }[op]
     cat = rng.integers(0, len(cats), n)
@@ -176,14 +188,22 @@ def hard_operands(op: str, target: str, n: int, seed: int, dtype=None) -> dict[s
             else:
                 x = mid / y
             z = y
+        elif name == "mul_tie":  # odd significands of bx and p + 2 - bx bits: the product is a tie half the time
+            bx = rng.integers(2, p + 1, cnt)
+            by = p + 2 - bx
+            ex = rng.integers(emin // 2, emax // 2, cnt)
+            ey = rng.integers(emin // 2, emax // 2, cnt)
+            x = rng.choice([-1.0, 1.0], cnt) * np.ldexp(_odd_sig(rng, cnt, bx), ex - bx + 1)
+            y = rng.choice([-1.0, 1.0], cnt) * np.ldexp(_odd_sig(rng, cnt, by), ey - by + 1)
+            z = _val(rng, cnt, op_p, rng.integers(emin, emax + 1, cnt))
         elif name == "fma_cancel":  # c = -(a*b rounded) + j ulps: the product's low bits survive
             x = _val(rng, cnt, op_p, rng.integers(-30, 31, cnt))
             y = _val(rng, cnt, op_p, rng.integers(-30, 31, cnt))
             prod = (x * y).astype(dtype).astype(np.float64)
             ulp = np.ldexp(1.0, np.frexp(prod)[1] - op_p)
             z = -(prod + rng.integers(-3, 4, cnt) * ulp)
-        else:  # fma_tie: short a, b (exact product) plus a c putting the sum on a midpoint
-            h = (p + 2) // 2
+        else:  # fma_tie: short a, b (exact product on the grid) plus a c putting the sum on a midpoint
+            h = p // 2
             x = _val(rng, cnt, rng.integers(1, h + 1, cnt), rng.integers(-10, 11, cnt))
             y = _val(rng, cnt, rng.integers(1, h + 1, cnt), rng.integers(-10, 11, cnt))
             prod = x * y
@@ -195,8 +215,7 @@ def hard_operands(op: str, target: str, n: int, seed: int, dtype=None) -> dict[s
             z = np.where(third[m] == 2, -x * rng.choice([1.0, 0.5, 2.0], cnt), z)
         a[m], b[m], c[m] = x, y, z
 
-    with np.errstate(over="ignore", invalid="ignore"):
-        out = {k: v.astype(dtype) for k, v in (("a", a), ("b", b), ("c", c))}
+    out = {k: v.astype(dtype) for k, v in (("a", a), ("b", b), ("c", c))}
     if op == "sqrt":  # mostly non-negative inputs; negatives stay in via "bits" and "specials"
         flip = (rng.random(n) < 0.9) & ~np.isin(cat, [cats.index(c) for c in ("bits", "specials") if c in cats])
         out["a"] = np.where(flip, np.abs(out["a"]), out["a"]).astype(dtype)

@@ -21,6 +21,9 @@ round-toward-negative, which :func:`rto64` recomputes.
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import gfloat
 import ml_dtypes
 import numpy as np
@@ -100,14 +103,19 @@ def build_info(exp_bits: int, man_bits: int, bias: int, specials: str) -> Format
 
 
 def gfloat_info(fmt) -> FormatInfo:
-    """gfloat's description of an emufloat Format: gfloat's own preset where one exists."""
+    """gfloat's description of an emufloat Format: gfloat's own preset where one is the same format."""
     if not fmt.subnormals:
         raise ValueError("formats without subnormals are outside gfloat's model")
+    built = build_info(fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.specials)
     preset = PRESET_INFO.get(fmt.name)
-    if preset is not None and (fmt.exp_bits, fmt.man_bits, fmt.bias) == (
-            preset.expBits, preset.precision - 1, preset.bias):
+    if preset is not None and _same_info(preset, built):
         return preset
-    return build_info(fmt.exp_bits, fmt.man_bits, fmt.bias, fmt.specials)
+    return built
+
+
+def _same_info(a: FormatInfo, b: FormatInfo) -> bool:
+    keys = ("k", "precision", "bias", "is_signed", "domain", "has_nz", "num_high_nans", "has_subnormals")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)
 
 
 def nan_has_sign(fi: FormatInfo) -> bool:
@@ -120,33 +128,75 @@ def nan_has_sign(fi: FormatInfo) -> bool:
 def gf_round(fi: FormatInfo, v, mode: str, *, sat: bool = False, srbits=None, srnumbits: int = 0) -> np.ndarray:
     """Round float64 values into ``fi`` with gfloat; returns float64 values of the format.
 
-    ``mode`` is one of :data:`MODES` or "sr" (stochastic rounding: gfloat's
-    StochasticFastest, away from zero iff ``frac + srbits / 2**srnumbits >= 1``).
-    Round-to-odd is built from gfloat's toward-zero result: when that is
-    inexact and its encoding even, step one value away from zero; beyond the
-    largest finite value round-to-odd gives that value, as toward-zero does.
+    ``mode`` is one of :data:`MODES` or "sr" (stochastic rounding, see
+    :func:`gf_round_sr`).  Round-to-odd is built from gfloat's toward-zero
+    result: when that is inexact and its encoding even, step one value away
+    from zero; beyond the largest finite value round-to-odd gives that value,
+    as toward-zero does.
     """
     v = np.asarray(v, dtype=np.float64)
     if mode == "sr":
-        return gfloat.round_ndarray(fi, v, RoundMode.StochasticFastest, sat=sat,
-                                    srbits=np.asarray(srbits, dtype=np.int64), srnumbits=srnumbits)
+        return gf_round_sr(fi, v, sat=sat, srbits=srbits, srnumbits=srnumbits)
     if mode != "rto":
         return gfloat.round_ndarray(fi, v, GF_MODE[mode], sat=sat)
     rtz = gfloat.round_ndarray(fi, v, RoundMode.TowardZero, sat=sat)
-    finite = np.isfinite(v)
-    inexact = finite & (rtz != v)
+    inexact = np.isfinite(v) & (rtz != v)
     even = np.zeros(v.shape, dtype=bool)
     even[inexact] = (gfloat.encode_ndarray(fi, rtz[inexact]) & 1) == 0
     step = inexact & even & (np.abs(v) <= fi.max)
+    return np.where(step, _away(fi, v, sat), rtz)
+
+
+def _away(fi: FormatInfo, v: np.ndarray, sat: bool) -> np.ndarray:
     up = gfloat.round_ndarray(fi, v, RoundMode.TowardPositive, sat=sat)
     down = gfloat.round_ndarray(fi, v, RoundMode.TowardNegative, sat=sat)
-    away = np.where(v > 0, up, down)
-    return np.where(step, away, rtz)
+    return np.where(v > 0, up, down)
+
+
+def gf_round_sr(fi: FormatInfo, v, *, sat: bool, srbits, srnumbits: int) -> np.ndarray:
+    """Stochastic rounding: gfloat's StochasticFastest, made exact where float64 betrays it.
+
+    StochasticFastest rounds away from zero iff ``delta + R * 2**-r >= 1``
+    (``delta`` the discarded fraction of an ulp), which is emufloat's
+    ``floor(delta * 2**r) + R >= 2**r``.  gfloat evaluates the sum in float64,
+    which rounds when ``delta`` has bits below 2**-53 (inputs far below the
+    smallest subnormal, e.g. -0x1.fffffffffffffp-151 into FP32 with r=3, R=4:
+    exactly 1 - 2**-54, but 1.0 in float64).  So the decision is also made
+    exactly from gfloat's toward-zero and away-from-zero neighbours, and where
+    the two disagree this checks, with fractions, that gfloat's float64 sum was
+    inexact before taking the exact decision.
+    """
+    v = np.asarray(v, dtype=np.float64)
+    r = srnumbits
+    R = np.broadcast_to(np.asarray(srbits, dtype=np.int64), v.shape)
+    g = gfloat.round_ndarray(fi, v, RoundMode.StochasticFastest, sat=sat, srbits=R, srnumbits=r)
+    t = gfloat.round_ndarray(fi, v, RoundMode.TowardZero, sat=sat)
+    a = _away(fi, v, sat)
+    inexact = np.isfinite(v) & (t != v)
+    ulp_max = np.ldexp(1.0, int(np.frexp(fi.max)[1]) - fi.precision)
+    with np.errstate(invalid="ignore"):
+        quantum = np.where(np.isfinite(a) & (a != t), np.abs(a - t), ulp_max)
+        diff = np.abs(v) - np.abs(t)  # exact: t is v truncated (Sterbenz when t != 0)
+        delta = np.where(inexact, diff / quantum, 0.0)  # quantum is a power of two: exact
+    with np.errstate(over="ignore"):  # far beyond max: delta is huge and the result overflows anyway
+        go_away = inexact & (np.floor(np.ldexp(delta, r)) + R >= 2**r)
+    exact = np.where(inexact, np.where(go_away, a, t), g)
+    differ = np.flatnonzero(mismatch(g, exact, nan_sign=True))
+    for i in differ:
+        s = float(delta[i]) + float(R[i]) * 2.0**-r
+        true = Fraction(float(delta[i])) + Fraction(int(R[i]), 2**r)
+        assert Fraction(s) != true, f"SR oracle disagrees with gfloat at v={float(v[i])!r} R={int(R[i])}"
+    return exact
 
 
 def gf_decode(fi: FormatInfo, bits) -> np.ndarray:
-    """float64 values of encodings, by gfloat."""
-    return gfloat.decode_ndarray(fi, np.asarray(bits).astype(np.int64))
+    """float64 values of encodings, by gfloat (binary64 by a numpy view: gfloat's int64 codes stop at 2**63)."""
+    if fi.k == 64:
+        return np.asarray(bits).astype(np.uint64).view(np.float64)
+    codes = np.asarray(bits).astype(np.int64)
+    vals = gfloat.decode_ndarray(fi, codes)
+    # gfloat's NaNs are unsigned; give them the sign bit of their code
+    return np.where(np.isnan(vals), np.copysign(np.nan, -((codes >> (fi.k - 1)) & 1)), vals)
 
 
 def all_codes(fi: FormatInfo) -> np.ndarray:
@@ -220,7 +270,9 @@ def sf_apply(op: str, width: int, mode: str, *cols) -> tuple[np.ndarray, np.ndar
     """
     cls = _SF_TYPE[width]
     fn = _SF_FN[(width, op)]
-    args = [[cls.from_float(x) for x in np.asarray(c, dtype=np.float64).ravel().tolist()] for c in cols]
+    with np.errstate(invalid="ignore"):  # NaN operands in ml_dtypes arrays warn on the cast
+        cols = [np.asarray(c, dtype=np.float64).ravel() for c in cols]
+    args = [[cls.from_float(x) for x in c.tolist()] for c in cols]
     n = len(args[0])
     out = np.empty(n, dtype=np.float64)
     flags = np.empty(n, dtype=np.uint8)
@@ -248,26 +300,28 @@ def sf_rto(op: str, width: int, *cols) -> np.ndarray:
     return jam_odd(vals, flags, width)
 
 
-def rto64(op: str, *cols, rdown: bool = False) -> np.ndarray:
+def rto64(op: str, *cols) -> tuple[np.ndarray, np.ndarray]:
     """The exact result of ``op`` on FP32-valued operands, rounded to odd in binary64.
 
-    With ``rdown``, exact zeros get the sign IEEE 754 gives them under
-    round-toward-negative (x - x = -0), recomputed by SoftFloat in that mode.
+    Returns (rto, rto_down): identical except that in ``rto_down`` exact zeros
+    carry the sign IEEE 754 gives them under round-toward-negative (x - x =
+    -0), recomputed by SoftFloat in that mode.
     """
     vals, flags = sf_apply(op, 64, "rtz", *cols)
     out = jam_odd(vals, flags, 64)
-    if rdown:
-        zero = (out == 0) & ((flags & SF_INEXACT) == 0)
-        if zero.any():
+    down = out.copy()
+    zero = (out == 0) & ((flags & SF_INEXACT) == 0)
+    if zero.any():
+        with np.errstate(invalid="ignore"):
             sub = [np.asarray(c, dtype=np.float64).ravel()[zero] for c in cols]
-            out[zero] = sf_apply(op, 64, "rdown", *sub)[0]
-    return out
+        down[zero] = sf_apply(op, 64, "rdown", *sub)[0]
+    return out, down
 
 
-def op_oracle(fi: FormatInfo, mode: str, exact_rto, exact_rto_down=None, *, sat: bool = False,
+def op_oracle(fi: FormatInfo, mode: str, rto_pair: tuple[np.ndarray, np.ndarray], *, sat: bool = False,
               srbits=None, srnumbits: int = 0) -> np.ndarray:
-    """Target-format result from the binary64 round-to-odd value of an exact result."""
-    v = exact_rto_down if (mode == "rdown" and exact_rto_down is not None) else exact_rto
+    """Target-format result from the :func:`rto64` pair of an exact result."""
+    v = rto_pair[1] if mode == "rdown" else rto_pair[0]
     return gf_round(fi, v, mode, sat=sat, srbits=srbits, srnumbits=srnumbits)
 
 
@@ -313,3 +367,84 @@ def all_patterns(dtype, width: int) -> np.ndarray:
     """Every encoding of a narrow dtype, as an array of that dtype."""
     uint = np.uint8 if np.dtype(dtype).itemsize == 1 else np.uint16
     return np.arange(2**width, dtype=uint).view(dtype)
+
+
+# ---- exact rational oracle (pure Python), for stochastic rounding with many random bits ------------------
+
+def exact_value(op: str, *xs: float):
+    """The exact result of ``op`` on finite floats as a Fraction.
+
+    For an inexact square root, returns the midpoint of the 2**-400-wide
+    interval that holds the irrational root: every rounding decision that
+    looks at fewer than ~350 bits below the leading one, stickiness included,
+    is the same for it as for the root itself.
+    """
+    f = [Fraction(x) for x in xs]
+    if op == "add":
+        return f[0] + f[1]
+    if op == "sub":
+        return f[0] - f[1]
+    if op == "mul":
+        return f[0] * f[1]
+    if op == "div":
+        return f[0] / f[1]
+    if op == "fma":
+        return f[0] * f[1] + f[2]
+    if op == "sqrt":
+        k = 400
+        y = f[0] * 2 ** (2 * k)
+        t = math.isqrt(y.numerator // y.denominator)
+        if y.denominator == 1 and t * t == y.numerator:
+            return Fraction(t, 2**k)
+        return Fraction(2 * t + 1, 2 ** (k + 1))
+    raise ValueError(op)
+
+
+def round_fraction(v, p: int, emin: int, emax: int, mode: str, R: int = 0, r: int = 0) -> float:
+    """Round a non-zero Fraction to an IEEE-style format (precision p, subnormals, Inf), exactly.
+
+    ``mode`` as in :data:`MODES` or "sr" (away from zero iff the discarded
+    fraction d of an ulp has ``floor(d * 2**r) + R >= 2**r``).  Overflow gives
+    Inf except where the mode rounds toward zero-side (then the largest value).
+    """
+    neg = v < 0
+    a = -v if neg else v
+    L = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** L > a:
+        L -= 1
+    if Fraction(2) ** (L + 1) <= a:
+        L += 1
+    Q = max(L, emin) - (p - 1)
+    scaled = a / Fraction(2) ** Q
+    kept = scaled.numerator // scaled.denominator
+    rem = scaled - kept
+    inexact = rem != 0
+    half = Fraction(1, 2)
+    away = {
+        "rne": rem > half or (rem == half and kept % 2 == 1),
+        "rna": rem >= half,
+        "rtz": False,
+        "rup": inexact and not neg,
+        "rdown": inexact and neg,
+        "rto": inexact and kept % 2 == 0,
+        "sr": inexact and math.floor(rem * 2**r) + R >= 2**r,
+    }[mode]
+    m = kept + int(away)
+    mag = math.ldexp(float(m), Q)
+    largest = math.ldexp(2.0 - 2.0 ** (1 - p), emax)
+    if mag > largest:
+        to_max = mode in ("rtz", "rto") or (mode == "rup" and neg) or (mode == "rdown" and not neg)
+        mag = largest if to_max else math.inf
+    return -mag if neg else mag
+
+
+def sr_discarded_bits(v, p: int, emin: int, r: int) -> int:
+    """floor(d * 2**r) for the fraction d of an ulp that rounding a non-zero Fraction ``v`` discards."""
+    a = abs(v)
+    L = a.numerator.bit_length() - a.denominator.bit_length()
+    if Fraction(2) ** L > a:
+        L -= 1
+    if Fraction(2) ** (L + 1) <= a:
+        L += 1
+    scaled = a / Fraction(2) ** (max(L, emin) - (p - 1))
+    return math.floor((scaled - math.floor(scaled)) * 2**r)

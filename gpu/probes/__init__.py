@@ -1,0 +1,12 @@
+"""GPU calibration probes: measure what an H100 computes for exp2/exp, fp32 division, tl.dot and tl.sum.
+
+Run all of them with ``bash gpu/run_probes.sh`` (``OUT`` set), i.e. ``python -m gpu.probes.run --out $OUT``.
+The layout is described in ``docs/probes.md``.
+
+Modules that import torch/triton (they define kernels): ``exp2``, ``division``, ``mma``, ``reduction``,
+``torchutil``, ``env``; ``compile_check`` compiles all kernels for sm_90 without a GPU (needs triton). Modules that
+need only numpy and the standard library (and so are testable on a machine without torch): ``common``,
+``formats``, ``tcmodel``, ``mma_cases``, ``trees``, ``run``.
+"""
+
+PROBES = ("exp2", "division", "mma", "reduction")

@@ -232,8 +232,11 @@ def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> 
     flags |= TIE * rb | STICKY * st | INEXACT * inexact
 
     # ---- decide the increment (the mode is loop-invariant: predictable) -------
+    # The encoding's last bit: the significand's, or the exponent field's when
+    # there are no fraction bits (then the kept significand is the implicit 1).
+    lsb = kept & 1 if mb > 0 else ((q + bias) & 1) * (kept & 1)
     if mode == RNE:
-        inc = rb & (st | (kept & 1))
+        inc = rb & (st | lsb)
     elif mode == RNA:
         inc = rb
     elif mode == RTZ:
@@ -243,7 +246,7 @@ def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> 
     elif mode == RDOWN:
         inc = inexact & sign
     elif mode == RTO:
-        inc = inexact & (1 - (kept & 1))  # jam a 1 into an even last bit
+        inc = inexact & (1 - lsb)  # an even truncation moves to its odd neighbour
     else:  # stochastic: top `srbits` discarded bits plus a random integer
         d = shift - srbits
         if d >= 63:
@@ -400,6 +403,7 @@ def fast_plan(src_params, params, mode, srbits) -> tuple:
         np.int64(eb + mb),  # 16: target sign bit position
         np.int64(spec != SPEC_FNUZ),  # 17: zero keeps its sign
         ok_base,  # 18
+        np.int64(_sp == SPEC_FNUZ),  # 19: the source's negative-zero pattern is NaN
     )
 
 
@@ -427,7 +431,7 @@ def fast_round(bits, plan, rnd) -> tuple:
     r |= plan[13] & np.int64((c & plan[6]) != 0)
     ok = plan[18] & np.int64(e_s >= 1) & np.int64(e_s < plan[2])
     ok &= np.int64(r >= plan[14]) & np.int64(r <= plan[15])
-    zero = np.int64(mag == 0)
+    zero = np.int64(mag == 0) & (1 - (plan[19] & sign))
     s_bits = sign << plan[16]
     enc = s_bits * plan[17] if zero else r | s_bits
     return ok | zero, enc
@@ -452,7 +456,8 @@ def fast_round_dd(s, t, plan, mb, mode, rnd) -> tuple:
 def decode_plan(params) -> tuple:
     """Loop-invariant constants of :func:`fast_decode` for one source format."""
     eb, mb, bias, _spec, _subn, _ovf = params
-    return (np.int64(eb + mb), np.int64(mb), np.int64(1023 - bias), np.int64(52 - mb), (np.int64(1) << eb) - 1)
+    return (np.int64(eb + mb), np.int64(mb), np.int64(1023 - bias), np.int64(52 - mb), (np.int64(1) << eb) - 1,
+            np.int64(_spec == SPEC_FNUZ))
 
 
 @nb.njit(inline="always", cache=True)
@@ -464,7 +469,7 @@ def fast_decode(bits, dplan) -> tuple:
     e = mag >> dplan[1]
     f64 = (sign << 63) | ((mag + (dplan[2] << dplan[1])) << dplan[3])
     value = bits_f64(f64 if mag != 0 else sign << 63)
-    ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | np.int64(mag == 0)
+    ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | (np.int64(mag == 0) & (1 - (dplan[5] & sign)))
     return ok, value
 
 

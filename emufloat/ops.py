@@ -27,6 +27,7 @@ ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
 )
 MINNUM, MAXNUM = 100 + MIN, 100 + MAX  # NaN-ignoring variants (IEEE minimumNumber)
 
+_SQRT_EXACT_BITS = 44  # the integer square root below yields >= 45 bits; one guards the round bit
 _FP32_TRAIL = 29  # float64 significands of FP32 values end in 29 zero bits
 
 
@@ -269,6 +270,11 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     rnd = as_rounding(rounding)
     if trace is not None and not isinstance(trace, Trace):
         raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    if op_code == SQRT and rnd.mode == "stochastic" and f.precision + rnd.bits > _SQRT_EXACT_BITS:
+        raise ValueError(
+            f"rounding: sqrt keeps {_SQRT_EXACT_BITS} exact significand bits, so stochastic rounding into "
+            f"{f.name} takes at most {_SQRT_EXACT_BITS - f.precision} random bits; got {rnd.bits}"
+        )
     shape = _arrays.broadcast_shape(arrays)
     flat = [_arrays.operand(arr, shape, k) for k, arr in arrays.items()]
     while len(flat) < 3:

@@ -188,11 +188,9 @@ def test_all_narrow_patterns_every_target(src, mode):
     assert n >= 12 * (2**width - 2) * 0.9
 
 
-@pytest.mark.xfail(strict=True, reason="bug: the fnuz NaN encoding 0x80 is cast as -0 (fast path treats "
-                   "magnitude 0 as zero); decode() and arithmetic read it correctly")
 @pytest.mark.parametrize("src", ["e4m3fnuz", "e5m2fnuz"])
 def test_fnuz_nan_source(src):
-    """quantize(float8_e4m3fnuz NaN, 'bf16') must be NaN; emufloat gives -0 (and +0 into fnuz targets)."""
+    """quantize(float8_e4m3fnuz NaN, 'bf16') must be NaN (regression: the fast path once read 0x80 as -0)."""
     x = np.array([0x80], np.uint8).view(NARROW_SOURCES[src][0])
     assert np.isnan(x.astype(np.float32)).all()  # ml_dtypes: 0x80 is NaN
     for tname in PRESET_NAMES:
@@ -293,12 +291,7 @@ def test_custom_formats(fmt, mode):
     check_cast(x, fmt, mode, f"f32->{fmt.name} {mode}")
 
 
-P1_BUG = pytest.mark.xfail(strict=True, reason="bug: with man_bits=0 the general rounding path (traced casts, "
-                           "ties and div/sqrt in ops) takes the implicit leading 1 as the last bit, so RNE ties go "
-                           "up and RTO never jams, while the untraced cast fast path uses the encoding's last bit")
-
-
-@pytest.mark.parametrize("mode", [pytest.param(m, marks=P1_BUG) if m in ("rne", "rto") else m for m in ALL_MODES])
+@pytest.mark.parametrize("mode", ALL_MODES)
 def test_precision_one_format(mode):
     """Format(2, 0, specials='none') vs gfloat (P3109-style: 'even' is the encoding's last bit, the exponent's)."""
     x = np.concatenate([all_patterns(np.float16, 16).astype(np.float32),
@@ -306,9 +299,8 @@ def test_precision_one_format(mode):
     check_cast(x[~np.isnan(x)], E2M0, mode, f"f32->e2m0 {mode}")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: man_bits=0 RNE ties differ between paths: quantize(3.0) -> 2 but "
-                   "traced quantize and div(3, 1) -> 4")
 def test_precision_one_ties_agree_across_paths():
+    """Regression: with man_bits=0 'even' is the exponent field's last bit on every path."""
     x = np.array([3.0], np.float32)
     results = {
         "quantize": ef.quantize(x, E2M0),

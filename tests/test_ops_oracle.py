@@ -389,9 +389,11 @@ def exact_case(op: str, n: int = 2_000, seed: int = 61):
     return [c[keep] for c in cols], [v for v, k in zip(vals, keep, strict=True) if k]
 
 
-@pytest.mark.parametrize("mode", ["sr32", "sr24", "sr12", "rne", "rto", "rdown"])
+@pytest.mark.parametrize("mode", ["sr32", "sr24", "sr20", "sr12", "rne", "rto", "rdown"])
 @pytest.mark.parametrize("op", list(EF_OP))
 def test_fp32_exact_rational_oracle(op, mode):
+    if op == "sqrt" and mode in ("sr32", "sr24"):
+        pytest.skip("sqrt refuses more than 20 SR bits into FP32 (test_fp32_sqrt_sr32_is_refused)")
     cols, vals = exact_case(op)
     assert len(vals) > 1000
     rnd, r = rounding_of(mode, seed=12)
@@ -434,9 +436,16 @@ def test_fp32_sr32_replicated(op, operands):
     assert_same(got, want, nan_sign=False, ctx=f"fp32 {op}{operands} sr32", R=R)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: sqrt keeps only 21 exact bits below an FP32 result, so SR with "
-                   "bits > 21 decides from a truncated d (rounds toward zero too often for R in a window)")
 @pytest.mark.parametrize("x", [2.0, 3.0])
-def test_fp32_sqrt_sr32_replicated(x):
-    got, want, R = replicated_sr("sqrt", (x,))
-    assert_same(got, want, nan_sign=False, ctx=f"fp32 sqrt({x}) sr32", R=R)
+def test_fp32_sqrt_sr32_is_refused(x):
+    """sqrt keeps 44 exact bits: SR into FP32 with more than 20 random bits would decide from a truncated
+    remainder, so it is refused with a clear error instead of rounding wrongly in a narrow window."""
+    with pytest.raises(ValueError, match="at most 20 random bits"):
+        ef.sqrt(np.float32([x]), "fp32", ef.stochastic(bits=32, seed=1))
+
+
+@pytest.mark.parametrize("x", [2.0, 3.0])
+def test_fp32_sqrt_sr20_replicated(x):
+    """At the 20-bit limit every random integer is drawn many times and each must decide exactly."""
+    got, want, R = replicated_sr("sqrt", (x,), r=20)
+    assert_same(got, want, nan_sign=False, ctx=f"fp32 sqrt({x}) sr20", R=R)

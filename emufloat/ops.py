@@ -17,7 +17,7 @@ import numba as nb
 import numpy as np
 
 from . import _arrays, _core
-from ._core import CLS_FINITE, CLS_INF, CLS_NAN, CLS_ZERO
+from ._core import CLS_FINITE, CLS_NAN
 from .formats import Format, as_format, format_of_dtype
 from .rounding import RDOWN, SR, Rounding, as_rounding, random_bits
 from .trace import OP_CODE, Trace, _Chunk
@@ -240,7 +240,6 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
     return bad
 
 
-_ = (CLS_INF, CLS_NAN, CLS_ZERO)  # re-exported classes used by the kernel above
 
 
 def _result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:

@@ -240,8 +240,6 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
     return bad
 
 
-
-
 def _result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
     if fmt is not None:
         f = as_format(fmt)

@@ -27,7 +27,7 @@ from . import _arrays, _core
 from .formats import BF16, E4M3FN, E5M2, FP16, FP32, TF32, Format, as_format
 from .reduce import _NLIMB, _acc_add, _acc_extract
 from .rounding import RNE, Rounding, as_rounding
-from .trace import Flag, Trace, _Chunk
+from .trace import Flag, Trace, _Chunk, check_trace
 
 KIND_SEQUENTIAL, KIND_PAIRWISE, KIND_EXACT, KIND_BLOCK = range(4)
 
@@ -368,8 +368,7 @@ def matmul(
     ``dot_step`` (that aligned sum -> the step's rounded result).
     """
     model = _resolve(model)
-    if trace is not None and not isinstance(trace, Trace):
-        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    check_trace(trace)
     av, afmt = _values(a, "a")
     bv, bfmt = _values(b, "b")
     if av.ndim != 2 or bv.ndim != 2 or av.shape[1] != bv.shape[0]:

@@ -8,7 +8,7 @@ import numpy as np
 from . import _arrays, _core
 from .formats import Format, as_format
 from .rounding import SR, Rounding, as_rounding, random_bits
-from .trace import Trace, _Chunk
+from .trace import Trace, _Chunk, check_trace
 
 
 @nb.njit(parallel=True, cache=True)
@@ -68,6 +68,7 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     src = _arrays.as_float_array(x, "x")
     fmt = as_format(fmt)
     rnd = as_rounding(rounding)
+    check_trace(trace)
     sfmt = _arrays.source_format(src)
     bits = _arrays.flat_bits(src)
     n = bits.size
@@ -82,18 +83,12 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     _arrays.check_no_nan_format(bad, fmt, "x")
     result = out.reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
     if tracing:
-        _check_trace(trace)
         trace._record(_Chunk(
             op="cast", fmt=fmt, rounding=rnd, operands=(src.reshape(-1).copy(),),
             rounded=_arrays.finish_output(out.copy(), fmt, (n,)),
             exact_hi=ex_hi, exact_lo=np.zeros(n), flags=flags, shape=src.shape, label=label,
         ))
     return result
-
-
-def _check_trace(trace: object) -> None:
-    if not isinstance(trace, Trace):
-        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
 
 
 def quantize(

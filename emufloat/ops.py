@@ -20,7 +20,7 @@ from . import _arrays, _core
 from ._core import CLS_FINITE, CLS_NAN
 from .formats import Format, as_format, format_of_dtype
 from .rounding import RDOWN, SR, Rounding, as_rounding, random_bits
-from .trace import OP_CODE, Trace, _Chunk
+from .trace import OP_CODE, Trace, _Chunk, check_trace
 
 ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
     OP_CODE[k] for k in ("add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max")
@@ -265,8 +265,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
     f = _result_format(fmt, arrays)
     rnd = as_rounding(rounding)
-    if trace is not None and not isinstance(trace, Trace):
-        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    check_trace(trace)
     if op_code == SQRT and rnd.mode == "stochastic" and f.precision + rnd.bits > _SQRT_EXACT_BITS:
         raise ValueError(
             f"rounding: sqrt keeps {_SQRT_EXACT_BITS} exact significand bits, so stochastic rounding into "

@@ -19,7 +19,7 @@ from . import _arrays, _core
 from .formats import Format
 from .ops import _result_format
 from .rounding import SR, Rounding, as_rounding, random_bits
-from .trace import Trace, _Chunk
+from .trace import Trace, _Chunk, check_trace
 
 _LSB = -300  # exponent of the accumulator's least significant bit
 _NLIMB = 20  # 640 bits: 2**-300 .. 2**340, room for FP32 products times 2**31 terms
@@ -174,8 +174,7 @@ def sum(  # noqa: A001 - numpy-style name on purpose
         raise ValueError(f"axis: {axis} is out of range for an array of {arr.ndim} dimensions")
     f = _result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
-    if trace is not None and not isinstance(trace, Trace):
-        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    check_trace(trace)
     moved = np.moveaxis(arr, axis, -1)
     shape = moved.shape[:-1]
     k = moved.shape[-1]

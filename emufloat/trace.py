@@ -164,6 +164,12 @@ class Trace:
         return f"Trace({len(self)} events from {len(self._chunks)} calls{', ' + self.label if self.label else ''})"
 
 
+def check_trace(trace: object) -> None:
+    """Refuse a ``trace=`` argument that is neither None nor a Trace."""
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+
+
 def _error_columns(rounded: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """rounded - (hi + lo) as a double-double, with numpy TwoSum (exact)."""
     def two_sum(a, b):

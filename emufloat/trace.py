@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numba as nb
 import numpy as np
@@ -67,7 +67,6 @@ class _Chunk:
     flags: np.ndarray  # uint16
     shape: tuple[int, ...]
     label: str = ""
-    index: np.ndarray | None = field(default=None)  # flat element index; None = arange
 
 
 class Trace:
@@ -114,7 +113,7 @@ class Trace:
                 n = ch.flags.size
                 cols["op"].append(np.full(n, OP_CODE[ch.op], np.uint8))
                 cols["call"].append(np.full(n, k, np.int32))
-                cols["index"].append(np.arange(n, dtype=np.int64) if ch.index is None else ch.index)
+                cols["index"].append(np.arange(n, dtype=np.int64))
                 for j, name in enumerate("abc"):
                     cols[name].append(
                         ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan))

@@ -51,7 +51,8 @@ FLAG_DOC = {
     "divzero": "finite / 0",
 }
 
-OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum", "align", "dot_step")
+OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum", "align", "dot_step",
+       "exp2")
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 

@@ -1,6 +1,6 @@
 """Build emufloat's package data (emufloat/data/*.npz) from the GPU recordings under tests/data.
 
-    python tools/build_package_data.py            # ex2 tables from tests/data/h100 (+ rcp when recorded)
+    python tools/build_package_data.py     # ex2 and rcp tables, tl.sum trees, from tests/data/h100
 
 Each table ships as int8 corrections to the correctly rounded values plus the SHA-256 of the table bits
 as the GPU computed them; emufloat rebuilds the table on load and refuses it if the digest differs.
@@ -9,12 +9,19 @@ as the GPU computed them; emufloat rebuilds the table on load and refuses it if 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import re
+import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from gpu.probes import trees as T  # noqa: E402  (numpy-only tree helpers of the probes)
+
+KEY = re.compile(r"BM(\d+)_BN(\d+)_w(\d+)_(dot|load)")
 SRC = REPO / "tests" / "data" / "h100"
 DST = REPO / "emufloat" / "data"
 
@@ -41,6 +48,89 @@ def build_rcp(src: Path) -> dict | None:
             "source": np.array("tests/data/h100/rcp.npz (gpu/verify_models.py on an H100)")}
 
 
+def build_trees(src: Path) -> dict:
+    """The tl.sum trees of the reduction probe, with the facts and provenance they came with."""
+    res = json.loads((src / "results.json").read_text())
+    env = res["env"]
+    red = res["probes"]["reduction"]
+    assert red["status"] == "ok"
+    driver = env["nvidia_smi"].splitlines()[-1].split(",")[-1].strip()
+    ptxas = re.search(r"V[\d.]+", env["ptxas_version"]).group(0)
+    configs = {}
+    for key, c in red["result"]["configs"].items():
+        bm, bn, w, layout = KEY.fullmatch(key).groups()
+        assert c["row_invariant"] and c["n_distinct_trees"] == 1 and c["all_consistent"], key
+        assert c["bad_probe_results"] == 0, key
+        (t,) = c["trees"]
+        assert t["rows"] == "all" and t["lca_mismatch"] == 0 and T.is_binary(t["tree"]), key
+        facts = {}
+        for fam, d in c["max_signed_zero_nan"].items():
+            (s,) = d["sum_results"]  # one result wherever in the row the special value sits
+            (m,) = d["max_results"]
+            facts[fam] = {"sum": s, "max": m}
+        rr = c["random_rows"]
+        configs[key] = {
+            "block_m": int(bm), "block_n": int(bn), "num_warps": int(w), "layout": layout,
+            "depth": T.depth(t["tree"]),
+            "thread_chains": len(T.chains(t["tree"])),
+            "random_rows_matched": f"{rr['tree_model_match']}/{rr['n']}",
+            "signed_zero_nan": facts,
+            "tree_sha256": hashlib.sha256(json.dumps(t["tree"], separators=(",", ":")).encode()).hexdigest(),
+            "tree": t["tree"],
+        }
+    return {
+        "description": (
+            "Order of Triton's tl.sum(x, 1) over an fp32 [BLOCK_M, BLOCK_N] tile on the H100, one tree per "
+            "config (the same for every row of the tile); read by emufloat.trees.h100_tl_sum."
+        ),
+        "format": {
+            "tree": "nested lists: a leaf is a column position 0..BLOCK_N-1, a node [left, right] is one "
+                    "add.f32 (round to nearest even) of its children; children are listed by their smallest "
+                    "leaf (the probe cannot see operand order, addition being commutative)",
+            "layout": "dot: the tile is tl.dot(q, k, x) (wgmma accumulator layout); load: the tile is tl.load(x)",
+            "tree_sha256": "SHA-256 of the tree as compact JSON (separators ',' ':'), checked on load",
+            "thread_chains": "number of maximal left-deep runs (a thread folding its own registers in order)",
+            "signed_zero_nan": "GPU result bits of tl.sum/tl.max for rows of: all_neg0 = -0.0 everywhere; "
+                               "neg0_with_pos0 = -0.0 with one +0.0; pos0_with_neg0 = +0.0 with one -0.0; "
+                               "nan = 1.0 with one NaN (0x7fc00000); every position tried, one result each",
+            "signed_zero_nan_reading": "tl.sum is IEEE addition (-0 + -0 = -0, -0 + +0 = +0, NaN propagates; "
+                                       "the H100 writes NaN as 0x7fffffff); tl.max is maximumNumber with "
+                                       "-0 < +0. In the dot layout all_neg0 gives +0 for tl.max as well: the "
+                                       "tl.dot already turned -0 into +0 (accumulator -0 plus zero products "
+                                       "is +0), so the tile held +0 before the reduction",
+        },
+        "provenance": {
+            "probe": "gpu/probes/reduction.py (FPRev tree inference: gpu/probes/trees.py)",
+            "source": "tests/data/h100/results.json: probes.reduction.result.configs; random rows and GPU "
+                      "outputs in tests/data/h100/reduction.npz",
+            "recording_command": "OUT=$OUT bash gpu/run_probes.sh",
+            "recorded": res["started"],
+            "seed": red["result"]["seed"],
+            "gpu": env["gpu_name"],
+            "driver": driver,
+            "cuda": env["torch_cuda"],
+            "ptxas": ptxas,
+            "torch": env["torch"],
+            "triton": env["triton"],
+            "built_by": "python tools/build_package_data.py",
+        },
+        "configs": configs,
+    }
+
+
+def dump_trees(data: dict) -> str:
+    """Indented JSON with each tree on one compact line."""
+    marked = json.loads(json.dumps(data))
+    trees = {}
+    for key, c in marked["configs"].items():
+        trees[key] = c["tree"]
+        c["tree"] = f"@@{key}@@"
+    text = json.dumps(marked, indent=1)
+    for key, tree in trees.items():
+        text = text.replace(f'"@@{key}@@"', json.dumps(tree, separators=(",", ":")))
+    return text + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", type=Path, default=SRC)
@@ -52,6 +142,9 @@ def main() -> None:
             continue
         np.savez_compressed(DST / f"{name}.npz", **arrays)
         print(f"{name}: {(DST / f'{name}.npz').stat().st_size} bytes")
+    trees = DST / "h100_reduction_trees.json"
+    trees.write_text(dump_trees(build_trees(args.src)))
+    print(f"h100_reduction_trees: {trees.stat().st_size} bytes")
 
 
 if __name__ == "__main__":

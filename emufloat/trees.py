@@ -1,0 +1,362 @@
+"""Reduction trees: the order in which a row is summed, and sums (and maxima) evaluated along it.
+
+A :class:`ReductionTree` over ``n`` leaves (positions 0..n-1 of a row) is a binary tree of additions,
+held as a flat *postfix program* that a Numba kernel can run: slots ``0..n-1`` hold the leaves, step
+``k`` computes ``slot[n + k] = slot[a] + slot[b]`` for ``(a, b) = program[k]``, and the last step is the
+root.  :func:`tree_sum` evaluates every row of an array along a tree with each addition rounded once into
+``fmt``; :func:`tree_max` does the same with maximumNumber, as ``tl.max`` does.
+
+Trees come from a nested list (:meth:`ReductionTree.from_nested`: a leaf is an int, a node a list of its
+children, folded left to right), from the textbook orders :meth:`~ReductionTree.sequential` and
+:meth:`~ReductionTree.pairwise`, or from the H100 recordings (:func:`h100_tl_sum`): the order in which
+Triton 3.6's ``tl.sum(x, 1)`` reduces an fp32 ``[BLOCK_M, BLOCK_N]`` tile row, inferred on the GPU by
+FPRev probing (gpu/probes/reduction.py) and shipped as package data (emufloat/data/h100_reduction_trees.json).
+Each thread first folds the elements it holds left to right, then the per-thread partial sums meet in a
+butterfly of warp shuffles (and, across warps, through shared memory): see the JSON file for every tree.
+
+Signed zeros and NaN, as recorded on the H100 (``add.f32`` = FADD, ``max.f32`` = FMNMX):
+
+* ``tl.sum`` is plain IEEE round-to-nearest addition along the tree: ``-0 + -0 = -0``, ``-0 + +0 = +0``,
+  ``inf - inf = NaN``, NaN propagates.  A row of ``-0.0`` sums to ``-0.0`` in the ``load`` layout.  In the
+  ``dot`` layout (the tile is ``tl.dot(q, k, acc)``) the same row sums to ``+0.0``, and ``tl.max`` of it is
+  ``+0.0`` too: ``tl.max`` only selects, so the tile itself already held ``+0.0`` (an inference: the probe
+  did not store the ``tl.dot`` result for these rows).  The ``+0`` thus comes from the tensor core, which
+  adds the (zero) products to the accumulator: ``-0 + (+0) = +0``.  Model that step with
+  :func:`emufloat.matmul` (``H100_WGMMA_*``, ``c=acc``), which gives ``+0`` there, and sum its result with
+  :func:`tree_sum`; the reduction itself has no special zero rule.
+* ``tl.max`` (default ``propagate_nan``) is maximumNumber: a NaN operand is ignored (a row of ones with one
+  NaN gives 1.0) and ``-0 < +0`` (a row of zeros of mixed signs gives ``+0.0`` wherever the ``+0`` is).
+* NaN payloads are not modelled: emufloat returns its canonical quiet NaN (``0x7fc00000`` in FP32) where
+  the H100's FADD writes ``0x7fffffff``.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+
+import numba as nb
+import numpy as np
+
+from . import _arrays, _core
+from .formats import FP32, Format
+from .ops import MAX, MAXNUM, _minmax, _result_format, _zero_sum_sign
+from .rounding import SR, Rounding, as_rounding, random_bits
+
+__all__ = ["ReductionTree", "h100_tl_sum", "tree_max", "tree_sum"]
+
+_DATA_FILE = "h100_reduction_trees.json"
+
+
+@dataclass(frozen=True)
+class ReductionTree:
+    """A binary summation tree over ``n_leaves`` row positions, as a postfix program.
+
+    ``steps[k] = (a, b)``: step ``k`` adds slot ``a`` and slot ``b`` (slots ``0..n-1`` are the leaves, slot
+    ``n + j`` the result of step ``j < k``) into slot ``n + k``; ``a`` is the left operand.  Every slot is
+    used exactly once and the last step is the root, so there are ``n_leaves - 1`` steps.  Build one with
+    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise` or :func:`h100_tl_sum`.
+    """
+
+    n_leaves: int
+    steps: tuple[tuple[int, int], ...]
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        n = self.n_leaves
+        if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
+            raise ValueError(f"n_leaves: expected a positive integer, got {n!r}")
+        steps = tuple((int(a), int(b)) for a, b in self.steps)
+        if len(steps) != n - 1:
+            raise ValueError(f"steps: a tree over {n} leaves has {n - 1} steps, got {len(steps)}")
+        used = np.zeros(2 * n - 1, dtype=bool)
+        for k, (a, b) in enumerate(steps):
+            for s in (a, b):
+                if not 0 <= s < n + k:
+                    raise ValueError(f"steps: step {k} reads slot {s}, which is not a leaf or an earlier step")
+                if used[s]:
+                    raise ValueError(f"steps: slot {s} is read twice (step {k})")
+                used[s] = True
+        object.__setattr__(self, "n_leaves", int(n))
+        object.__setattr__(self, "steps", steps)
+
+    # ---- constructors -----------------------------------------------------------------------------
+    @classmethod
+    def from_nested(cls, tree, name: str = "") -> ReductionTree:
+        """From nested lists: a leaf is an int (a row position), a node a list or tuple of its children,
+        added left to right (``[a, b, c]`` is ``(a + b) + c``).  The leaves must be 0..n-1, each once."""
+        steps: list[tuple[int, int]] = []
+        leaves: list[int] = []
+
+        def leaf(x) -> tuple[str, int]:
+            if isinstance(x, (bool, np.bool_)) or not isinstance(x, (int, np.integer)):
+                raise TypeError(f"tree: a leaf must be an int, got {x!r}")
+            leaves.append(int(x))
+            return ("leaf", int(x))
+
+        # iterative post-order walk (deep sequential trees would exhaust Python's recursion limit)
+        results: list = []
+        stack: list = [(tree, False)]
+        while stack:
+            node, expanded = stack.pop()
+            if not isinstance(node, (list, tuple)):
+                results.append(leaf(node))
+                continue
+            if not node:
+                raise ValueError("tree: an internal node has no children")
+            if not expanded:
+                stack.append((node, True))
+                for child in reversed(node):
+                    stack.append((child, False))
+                continue
+            kids = results[-len(node):]
+            del results[-len(node):]
+            acc = kids[0]
+            for kid in kids[1:]:
+                steps.append((acc, kid))
+                acc = ("step", len(steps) - 1)
+            results.append(acc)
+        n = len(leaves)
+        if sorted(leaves) != list(range(n)):
+            seen = collections.Counter(leaves)
+            dup = sorted(k for k, c in seen.items() if c > 1)[:10]
+            missing = sorted(set(range(n)) - set(seen))[:10]
+            raise ValueError(f"tree: the {n} leaves must be 0..{n - 1}, each exactly once; repeated: {dup}, "
+                             f"missing: {missing}")
+
+        def slot(ref) -> int:
+            return ref[1] if ref[0] == "leaf" else n + ref[1]
+
+        return cls(n, tuple((slot(a), slot(b)) for a, b in steps), name=name)
+
+    @classmethod
+    def sequential(cls, n: int) -> ReductionTree:
+        """Left to right: ``((x0 + x1) + x2) + ...``."""
+        _check_n(n)
+        steps = [(0, 1)] if n > 1 else []
+        steps += [(n + k - 1, k + 1) for k in range(1, n - 1)]
+        return cls(n, tuple(steps), name=f"sequential({n})")
+
+    @classmethod
+    def pairwise(cls, n: int) -> ReductionTree:
+        """Adjacent pairs level by level (an odd last element moves up a level unchanged), the order of
+        :class:`emufloat.Pairwise` with ``base=1``: for ``n = 2**k`` the balanced tree ``(x0+x1)+(x2+x3)...``."""
+        _check_n(n)
+        level = list(range(n))
+        steps: list[tuple[int, int]] = []
+        while len(level) > 1:
+            nxt = []
+            for q in range(len(level) // 2):
+                steps.append((level[2 * q], level[2 * q + 1]))
+                nxt.append(n + len(steps) - 1)
+            if len(level) % 2:
+                nxt.append(level[-1])
+            level = nxt
+        return cls(n, tuple(steps), name=f"pairwise({n})")
+
+    # ---- views ------------------------------------------------------------------------------------
+    @functools.cached_property
+    def program(self) -> np.ndarray:
+        """The steps as a read-only ``(n_leaves - 1, 2)`` int64 array (what the kernels run)."""
+        p = np.array(self.steps, dtype=np.int64).reshape(len(self.steps), 2)
+        p.setflags(write=False)
+        return p
+
+    def to_nested(self):
+        """The tree as nested two-element lists (leaves are ints); inverse of :meth:`from_nested`."""
+        n = self.n_leaves
+        nodes: list = list(range(n))
+        for a, b in self.steps:
+            nodes.append([nodes[a], nodes[b]])
+        return nodes[-1]
+
+    @functools.cached_property
+    def depth(self) -> int:
+        """Additions on the longest leaf-to-root path."""
+        n = self.n_leaves
+        d = [0] * n
+        for a, b in self.steps:
+            d.append(1 + max(d[a], d[b]))
+        return d[-1]
+
+    def __repr__(self) -> str:
+        label = f" {self.name!r}" if self.name else ""
+        return f"ReductionTree({self.n_leaves} leaves, depth {self.depth}{label})"
+
+
+def _check_n(n) -> None:
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n: expected a positive number of leaves, got {n!r}")
+
+
+# ---- H100 recordings ------------------------------------------------------------------------------
+@functools.cache
+def _h100_data() -> dict:
+    text = resources.files("emufloat.data").joinpath(_DATA_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def _tree_digest(tree) -> str:
+    return hashlib.sha256(json.dumps(tree, separators=(",", ":")).encode()).hexdigest()
+
+
+@functools.cache
+def _h100_tree(key: str) -> ReductionTree:
+    cfg = _h100_data()["configs"][key]
+    if _tree_digest(cfg["tree"]) != cfg["tree_sha256"]:
+        raise ValueError(f"{_DATA_FILE}: the tree of {key} does not match its SHA-256; the data file is damaged")
+    return ReductionTree.from_nested(cfg["tree"], name=f"h100_tl_sum {key}")
+
+
+def h100_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:
+    """The order of Triton's ``tl.sum(x, 1)`` over an fp32 ``[block_m, block_n]`` tile on the H100.
+
+    ``layout="dot"``: ``x`` is a ``tl.dot`` result (the wgmma accumulator layout, e.g. attention scores);
+    ``"load"``: ``x`` came from ``tl.load`` (Triton's blocked layout).  The tree is the same for every row
+    of the tile.  Recorded with Triton 3.6.0 on an H100 80GB HBM3 (provenance in the package data file);
+    other Triton versions may order differently.  Leaves are column positions 0..block_n-1.
+    """
+    configs = _h100_data()["configs"]
+    accepted = {
+        "block_m": sorted({c["block_m"] for c in configs.values()}),
+        "block_n": sorted({c["block_n"] for c in configs.values()}),
+        "num_warps": sorted({c["num_warps"] for c in configs.values()}),
+    }
+    for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) not in accepted[arg]:
+            raise ValueError(f"{arg}: no H100 tl.sum recording for {arg}={val!r}; accepted: {accepted[arg]}")
+    layouts = sorted({c["layout"] for c in configs.values()})
+    if layout not in layouts:
+        raise ValueError(f"layout: expected one of {layouts}, got {layout!r}")
+    key = f"BM{int(block_m)}_BN{int(block_n)}_w{int(num_warps)}_{layout}"
+    if key not in configs:
+        raise ValueError(f"no H100 tl.sum recording for {key}; recorded: {sorted(configs)}")
+    return _h100_tree(key)
+
+
+# ---- kernels --------------------------------------------------------------------------------------
+@nb.njit(cache=True)
+def _add_round(a, b, params, mode, rnd, srbits):
+    """(encoding, value) of a + b rounded once into the format.
+
+    Exact zeros take their sign from IEEE 754 6.3 (``-0`` only for ``-0 + -0``, or under round-down);
+    otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (accum's
+    ``_round_into`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
+    """
+    s, t = _core.two_sum(a, b)
+    if np.isnan(s):
+        enc = _core.enc_nan(0, params)
+    elif s == 0.0:  # a + b == 0 exactly (fp32 operands), so t == 0
+        enc = _core.enc_zero(_zero_sum_sign(a, b, mode), params)
+    elif np.isinf(s):
+        enc, _fl = _core.round_special(_core.CLS_INF, np.int64(s < 0.0), params)
+    else:
+        sign, sig, exp, sticky = _core.dd_parts(s, t)
+        enc, _fl = _core.round_pack(sign, sig, exp, sticky, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+    if enc == _core.NO_NAN:
+        return enc, np.nan
+    return enc, _core.decode(enc, params)
+
+
+@nb.njit(cache=True)
+def _cast(v, params, mode, rnd, srbits):
+    """(encoding, value) of v rounded into the format (a one-leaf tree)."""
+    cls, sign, sig, exp = _core.f64_parts(v)
+    if cls == _core.CLS_FINITE:
+        enc, _fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+    else:
+        enc, _fl = _core.round_special(cls, np.int64(0) if cls == _core.CLS_NAN else sign, params)
+    if enc == _core.NO_NAN:
+        return enc, np.nan
+    return enc, _core.decode(enc, params)
+
+
+@nb.njit(parallel=True, cache=True)
+def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits):
+    nsteps = prog.shape[0]
+    for r in nb.prange(rows):
+        buf = np.empty(n + nsteps)
+        for j in range(n):
+            buf[j] = _core.load(x, lut, r * n + j)
+        if nsteps == 0:
+            rnd = random_bits(seed, r, srbits) if mode == SR else np.int64(0)
+            enc, _v = _cast(buf[0], params, mode, rnd, srbits)
+        else:
+            enc = np.int64(0)
+            for k in range(nsteps):
+                rnd = random_bits(seed, r * nsteps + k, srbits) if mode == SR else np.int64(0)
+                enc, v = _add_round(buf[prog[k, 0]], buf[prog[k, 1]], params, mode, rnd, srbits)
+                buf[n + k] = v
+                if enc == _core.NO_NAN:
+                    bad[r] = 1
+        out[r] = 0 if enc == _core.NO_NAN else enc
+
+
+@nb.njit(parallel=True, cache=True)
+def _tree_max_kernel(x, lut, rows, n, prog, out, op):
+    nsteps = prog.shape[0]
+    for r in nb.prange(rows):
+        buf = np.empty(n + nsteps)
+        for j in range(n):
+            buf[j] = _core.load(x, lut, r * n + j)
+        for k in range(nsteps):
+            buf[n + k] = _minmax(op, buf[prog[k, 0]], buf[prog[k, 1]])
+        v = buf[n + nsteps - 1]
+        out[r] = np.nan if np.isnan(v) else v  # canonical NaN
+
+
+def _rows_of(x, tree: ReductionTree, argname: str = "x"):
+    if not isinstance(tree, ReductionTree):
+        raise TypeError(f"tree: expected a ReductionTree, got {type(tree).__name__}")
+    arr = _arrays.as_float_array(x, argname)
+    if arr.ndim == 0:
+        raise ValueError(f"{argname}: expected an array whose last axis is the reduced one, got a scalar")
+    if arr.shape[-1] != tree.n_leaves:
+        raise ValueError(f"{argname}: the last axis has length {arr.shape[-1]}, but the tree has "
+                         f"{tree.n_leaves} leaves")
+    shape = arr.shape[:-1]
+    flat, lut, _params = _arrays.operand(arr, arr.shape, argname)
+    return arr, shape, math.prod(shape), flat, lut
+
+
+def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne") -> np.ndarray:
+    """Sum the last axis of ``x`` along ``tree``, every addition rounded once into ``fmt``.
+
+    ``x``: FP32-representable values of any format (float32, bfloat16, ..., or float64 holding FP32
+    values), last axis of length ``tree.n_leaves``; the leaves enter as they are (not rounded into
+    ``fmt`` first).  Additions follow IEEE 754: ``inf - inf`` and NaN operands give NaN, exact zeros are
+    ``+0`` unless both addends are ``-0`` (``-0`` for any exact zero under round-down), overflow as the
+    rounding mode says.  A one-leaf tree rounds its leaf into ``fmt``.  Stochastic rounding draws step
+    ``k`` of row ``r`` from counter ``r * (n_leaves - 1) + k``.  Returns ``fmt``'s carrier array of shape
+    ``x.shape[:-1]``.  ``tree_sum(x, h100_tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100, bit for bit.
+    """
+    arr, shape, rows, flat, lut = _rows_of(x, tree)
+    f = _result_format(fmt, {"x": arr})
+    rnd = as_rounding(rounding)
+    out = _arrays.new_output(f, rows)
+    bad = np.zeros(rows, np.uint8)
+    with _arrays.threads_for(rows * tree.n_leaves):
+        _tree_sum_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
+                         np.uint64(rnd.seed), rnd.bits)
+    _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
+    return _arrays.finish_output(out, f, shape)
+
+
+def tree_max(x, tree: ReductionTree, *, propagate_nan: bool = False) -> np.ndarray:
+    """Maximum of the last axis of ``x`` along ``tree``, as ``tl.max(x, 1)`` computes it.
+
+    Each step is IEEE 754-2019 maximumNumber (``propagate_nan=False``, Triton's default, recorded on the
+    H100: a NaN operand is ignored, so only an all-NaN row gives NaN) or maximum (``propagate_nan=True``,
+    any NaN wins); ``-0 < +0`` in both.  Exact, so the order only matters for which zero or NaN comes
+    out; a NaN result is the canonical quiet NaN.  Returns values of ``x``'s format, shape ``x.shape[:-1]``.
+    """
+    arr, shape, rows, flat, lut = _rows_of(x, tree)
+    out = np.empty(rows, np.float64)
+    with _arrays.threads_for(rows * tree.n_leaves):
+        _tree_max_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)
+    return out.astype(_arrays.source_format(arr).carrier).reshape(shape)

@@ -138,3 +138,60 @@ def test_model_arguments_are_checked():
         ef.FusedBlock(width=0)
     with pytest.raises(ValueError, match=r"c: expected shape \(2, 2\)"):
         ef.matmul(x, x.T, c=np.zeros((3, 3), np.float32))
+
+
+_STRESS_DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3fn": ml_dtypes.float8_e4m3fn,
+                  "e5m2": ml_dtypes.float8_e5m2, "fp32": np.float32}
+
+
+def _stress_operand(rng, shape, dtype, spread, p_special):
+    """Wide exponent spreads (so subnormals and flushed zeros), zeros of both signs, infinities and NaNs."""
+    x = rng.standard_normal(shape) * np.exp2(rng.integers(-spread, spread + 1, shape))
+    x[rng.random(shape) < 0.1] = 0.0
+    x[rng.random(shape) < 0.03] = -0.0
+    special = rng.random(shape) < p_special
+    x[special] = rng.choice([np.inf, -np.inf, np.nan], int(special.sum()))
+    with np.errstate(over="ignore"):
+        return x.astype(np.float32).astype(dtype)
+
+
+@pytest.mark.parametrize("name", sorted(_STRESS_DTYPES))
+def test_fused_block_fast_path_matches_the_traced_general_path(name):
+    """Untraced FusedBlock calls take the integer fast path, traced ones the general one: same bits."""
+    fp8 = name in ("e4m3fn", "e5m2")
+    acc = ef.Format(8, 13) if fp8 else ef.FP32
+    models = [ef.H100_WGMMA_FP8 if fp8 else ef.H100_WGMMA_BF16,
+              ef.FusedBlock(width=16, align_bits=25, early_c=False, zeros_in_max=True, min_exp=-140, acc_fmt=acc),
+              ef.FusedBlock(width=4, align_bits=3, final_rounding=ef.Rounding("rne"), acc_fmt=acc),
+              ef.FusedBlock(width=8, align_bits=40, final_rounding=ef.Rounding("rup"), zeros_in_max=True),
+              ef.FusedBlock(width=32, align_bits=13, acc_fmt=acc, chunk=64, final_rounding=ef.Rounding("rdown")),
+              ef.FusedBlock(width=16, align_bits=20, final_rounding=ef.Rounding("rto"), inf_on_overflow=False),
+              ef.FusedBlock(width=5, align_bits=30, final_rounding=ef.Rounding("rna"), min_exp=-20)]
+    rng = np.random.default_rng(sorted(_STRESS_DTYPES).index(name))
+    for model in models:
+        for m, k, n in [(5, 37, 70), (17, 96, 9), (1, 130, 3)]:
+            for spread in (2, 30, 160):
+                for p_special in (0.0, 0.004):
+                    a = _stress_operand(rng, (m, k), _STRESS_DTYPES[name], spread, p_special)
+                    b = _stress_operand(rng, (k, n), _STRESS_DTYPES[name], spread, p_special)
+                    c = (rng.standard_normal((m, n)) * np.exp2(rng.integers(-40, 40, (m, n)))).astype(np.float32)
+                    c[rng.random((m, n)) < 0.1] = 0
+                    c[rng.random((m, n)) < 0.02] = rng.choice([np.inf, -np.inf, np.nan, 3e38, -3e38])
+                    for cc in (None, c):
+                        fast = ef.matmul(a, b, model, cc)
+                        general = ef.matmul(a, b, model, cc, trace=ef.Trace())
+                        differ = fast.view(np.uint32) != general.view(np.uint32)
+                        assert not differ.any(), (model, m, k, n, spread, p_special, cc is not None,
+                                                  fast[differ][:4], general[differ][:4])
+
+
+def test_fused_block_overflow_in_the_fast_path():
+    a = np.full((4, 64), 2.0**120, np.float32)
+    b = np.full((64, 4), 2.0**10, np.float32)
+    b[::3] *= -1
+    for c in (None, np.full((4, 4), -3e38, np.float32)):
+        for model in (ef.H100_WGMMA_BF16, ef.FusedBlock(inf_on_overflow=False)):
+            fast = ef.matmul(a, b, model, c)
+            general = ef.matmul(a, b, model, c, trace=ef.Trace())
+            np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))
+    assert np.isinf(ef.matmul(a, b)).all()

@@ -1,0 +1,166 @@
+"""Throughput of emufloat's hardware models against numpy in the same process.
+
+Two tables, in the style of bench_emufloat.py (whose timing helpers this
+imports): tensor-core matmul models in GFLOP/s (2 M N K flops per call)
+against numpy's float32 matmul of the same shape, and elementwise function
+models in ns/element against the numpy function on float32.  ratio =
+baseline time / emufloat time (best of the repetitions): above 1 means
+emufloat is faster.  "other load" is the CPU other processes used meanwhile
+(see bench_emufloat.OtherLoad).  Each side of a row is timed in its own
+block after a pause (see _measure_alone), not interleaved.
+
+    PYTHONPATH=. python benchmarks/bench_models.py            # M = N = K = 512, n = 2**24, 5 repeats
+    PYTHONPATH=. python benchmarks/bench_models.py --quick    # M = N = K = 128, n = 2**18, 3 repeats
+
+Matmul inputs are standard normal draws rounded to the model's input format;
+numpy multiplies the same values held as float32 (converted before timing;
+numpy's BLAS uses its own threads).  The emulated calls are untraced, so
+FusedBlock models take their integer fast path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import ml_dtypes
+import numba
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_emufloat, next to this file
+
+from bench_emufloat import OtherLoad, Timing, cpu_model, measure  # noqa: E402
+
+import emufloat as ef  # noqa: E402  (bench_emufloat puts the checkout on sys.path)
+
+
+@dataclass
+class Row:
+    name: str
+    fn: Callable[[], object]
+    baseline_name: str
+    baseline: Callable[[], object]
+    work: float  # flops (matmul rows) or elements (function rows) per call
+
+
+# ---- matmul rows: GFLOP/s -------------------------------------------------------------------
+MATMUL_MODELS = [  # (row name, model, input dtype)
+    ("H100 wgmma bf16 (h100_wgmma_bf16)", ef.H100_WGMMA_BF16, ml_dtypes.bfloat16),
+    ("H100 wgmma fp16 (h100_wgmma_fp16)", ef.H100_WGMMA_FP16, np.float16),
+    ("H100 wgmma fp8 e4m3fn (h100_wgmma_fp8)", ef.H100_WGMMA_FP8, ml_dtypes.float8_e4m3fn),
+]
+
+
+def matmul_rows(size: int, seed: int) -> list[Row]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for name, model, dtype in MATMUL_MODELS:
+        a = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
+        b = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        rows.append(Row(f"{name} {size}x{size}x{size}", lambda a=a, b=b, m=model: ef.matmul(a, b, m),
+                        "numpy float32 a @ b", lambda a32=a32, b32=b32: a32 @ b32, 2.0 * size**3))
+    return rows
+
+
+# ---- function model rows: ns/element against numpy on float32 --------------------------------
+# (row name, model, baseline name, baseline): both called on one float32 array of --n elements
+FUNCTION_MODELS: list[tuple[str, Callable[[np.ndarray], object], str, Callable[[np.ndarray], object]]] = []
+
+
+def function_rows(n: int, seed: int) -> list[Row]:
+    if not FUNCTION_MODELS:
+        return []
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n, dtype=np.float32) * np.float32(8)  # within about +-40: finite exp2
+    return [Row(name, lambda f=fn: f(x), baseline_name, lambda g=baseline: g(x), float(n))
+            for name, fn, baseline_name, baseline in FUNCTION_MODELS]
+
+
+PAUSE = 0.5  # seconds between the two sides of a row: longer than OpenBLAS's and libgomp's idle spinning
+
+
+def _measure_alone(fn: Callable[[], object], repeat: int) -> Timing:
+    """bench_emufloat.measure of one callable, after a pause.
+
+    Not interleaved with the baseline, unlike bench_emufloat: numpy's BLAS
+    threads and Numba's OpenMP threads each spin for a while after a call,
+    and on a 2-core machine the other side's calls then run up to 20x slow.
+    """
+    time.sleep(PAUSE)
+    return measure([fn], repeat)[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--size", type=int, default=512, help="M = N = K of the matmul rows (default 512)")
+    p.add_argument("--n", type=int, default=1 << 24, help="elements of the function rows (default 2**24)")
+    p.add_argument("--repeat", type=int, default=5, help="timed repetitions per callable (default 5)")
+    p.add_argument("--quick", action="store_true", help="small run: size 128, n = 2**18, 3 repeats")
+    p.add_argument("--threads", type=int, default=None, help="Numba threads (default: Numba's default)")
+    p.add_argument("--only", default="", help="run only rows whose name contains this text")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--spin-up", type=float, default=2.0, metavar="SECONDS",
+                   help="run a parallel kernel this long before the first row (default 2)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.size, args.n, args.repeat = 128, 1 << 18, 3
+    if args.size < 1 or args.n < 1 or args.repeat < 1:
+        p.error("--size, --n and --repeat must be positive")
+    if args.threads is not None:
+        numba.set_num_threads(args.threads)
+
+    print(f"# emufloat model benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+          f"ml_dtypes {ml_dtypes.__version__}")
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
+          f"load average {load}")
+    print(f"# best and median of {args.repeat} after one warm-up call each and {args.spin_up:g} s of spin-up; "
+          "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
+          "other load = cores busy with other processes during the row")
+
+    tables = [
+        ("matmul", matmul_rows(args.size, args.seed), "GFLOP/s", lambda t, w: w / t / 1e9),
+        ("functions", function_rows(args.n, args.seed), "ns/elt", lambda t, w: t / w * 1e9),
+    ]
+    tables = [(title, [r for r in rows if args.only in r.name], unit, rate) for title, rows, unit, rate in tables]
+    if not any(rows for _t, rows, _u, _r in tables):
+        p.error(f"--only {args.only!r} matches no row")
+    all_rows = [r for _t, rows, _u, _r in tables for r in rows]
+    for row in all_rows:  # compile or load every kernel first
+        row.fn()
+    t_end = time.perf_counter() + args.spin_up  # see bench_emufloat: the first second of parallel work is slow
+    while time.perf_counter() < t_end:
+        all_rows[0].fn()
+    for title, rows, unit, rate in tables:
+        if not rows:
+            continue
+        print()
+        print(f"## {title}")
+        print()
+        print(f"| row | {unit} best | {unit} median | baseline | baseline {unit} | ratio | other load |")
+        print("|---|---:|---:|---|---:|---:|---:|")
+        for row in rows:
+            with OtherLoad() as other:
+                t, tb = (_measure_alone(fn, args.repeat) for fn in (row.fn, row.baseline))
+            load_s = "" if other.cores is None else f"{other.cores:.2f}"
+            print(f"| {row.name} | {rate(t.best, row.work):.2f} | {rate(t.median, row.work):.2f} | "
+                  f"{row.baseline_name} | {rate(tb.best, row.work):.2f} | {tb.best / t.best:.4f}x | {load_s} |",
+                  flush=True)
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print()
+    print(f"# numba threading layer: {numba.threading_layer()}; load average at the end: {load}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -72,7 +72,13 @@ def matmul_rows(size: int, seed: int) -> list[Row]:
 
 # ---- function model rows: ns/element against numpy on float32 --------------------------------
 # (row name, model, baseline name, baseline): both called on one float32 array of --n elements
-FUNCTION_MODELS: list[tuple[str, Callable[[np.ndarray], object], str, Callable[[np.ndarray], object]]] = []
+FUNCTION_MODELS: list[tuple[str, Callable[[np.ndarray], object], str, Callable[[np.ndarray], object]]] = [
+    ("H100 tl.math.exp2 model (ef.triton_exp2)", ef.triton_exp2, "numpy np.exp2 float32", np.exp2),
+    ("H100 tl.exp model (ef.triton_exp)", ef.triton_exp, "numpy np.exp float32", np.exp),
+    ("correctly rounded exp2 (ef.exp2)", ef.exp2, "numpy np.exp2 float32", np.exp2),
+    ("H100 fp32 division model (ef.triton_div)", lambda x: ef.triton_div(x, x + np.float32(1)),
+     "numpy float32 division", lambda x: x / (x + np.float32(1))),
+]
 
 
 def function_rows(n: int, seed: int) -> list[Row]:

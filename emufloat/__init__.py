@@ -7,6 +7,7 @@ global state.  See docs/emufloat.md.
 from .accum import (
     H100_WGMMA_BF16,
     H100_WGMMA_FP8,
+    H100_WGMMA_FP8_PROMOTED,
     H100_WGMMA_FP16,
     H100_WGMMA_TF32,
     Exact,
@@ -49,7 +50,7 @@ __all__ = [
     "abs", "add", "div", "fma", "maximum", "minimum", "mul", "neg", "sqrt", "sub", "sum",
     "Flag", "Trace", "TraceSummary", "sign_test",
     "Exact", "FusedBlock", "Pairwise", "Sequential", "dot", "matmul",
-    "H100_WGMMA_BF16", "H100_WGMMA_FP16", "H100_WGMMA_FP8", "H100_WGMMA_TF32",
+    "H100_WGMMA_BF16", "H100_WGMMA_FP16", "H100_WGMMA_FP8", "H100_WGMMA_FP8_PROMOTED", "H100_WGMMA_TF32",
     "ReductionTree", "h100_tl_sum", "tree_max", "tree_sum",
     "exp2", "ex2_approx", "triton_exp2", "triton_exp", "rcp_approx", "div_full", "triton_div",
 ]

@@ -86,7 +86,9 @@ class FusedBlock:
     sum is rounded with ``final_rounding`` into ``acc_fmt`` (FP32 for bf16/fp16;
     13 fraction bits for FP8), whose values the FP32 accumulator then holds.
     ``chunk``: for FP8, promote to a plain FP32 add every ``chunk`` products
-    (Triton's ``max_num_imprecise_acc``); 0 means never.  ``inf_on_overflow``:
+    (Triton's ``max_num_imprecise_acc``); 0 means never.  Under promotion C
+    stays in the FP32 accumulator: each chunk starts from zero and its result
+    is added to the accumulator rounding to nearest.  ``inf_on_overflow``:
     a step sum beyond FP32's range becomes ±inf even under RZ (as the H100
     does: recorded bf16 cases in tests/data/h100).
     """
@@ -126,13 +128,16 @@ H100_WGMMA_BF16 = FusedBlock(width=16, align_bits=25, name="h100_wgmma_bf16")
 H100_WGMMA_FP16 = FusedBlock(width=16, align_bits=25, name="h100_wgmma_fp16")
 H100_WGMMA_FP8 = FusedBlock(
     width=32, align_bits=13, acc_fmt=Format(8, 13, name="fp32_13"), name="h100_wgmma_fp8")
+H100_WGMMA_FP8_PROMOTED = FusedBlock(
+    width=32, align_bits=13, acc_fmt=Format(8, 13, name="fp32_13"), chunk=32, name="h100_wgmma_fp8_promoted")
 # TF32: the tensor core reads fp32 inputs with their low 13 bits ignored; pass quantize(x, TF32, "rtz")
 H100_WGMMA_TF32 = FusedBlock(width=8, align_bits=25, name="h100_wgmma_tf32")
 PRESETS: dict[str, Model] = {
-    m.name: m for m in (H100_WGMMA_BF16, H100_WGMMA_FP16, H100_WGMMA_FP8, H100_WGMMA_TF32)
+    m.name: m for m in (H100_WGMMA_BF16, H100_WGMMA_FP16, H100_WGMMA_FP8, H100_WGMMA_FP8_PROMOTED, H100_WGMMA_TF32)
 }
 INPUT_FORMATS = {
     "h100_wgmma_bf16": (BF16,), "h100_wgmma_fp16": (FP16,), "h100_wgmma_fp8": (E4M3FN, E5M2),
+    "h100_wgmma_fp8_promoted": (E4M3FN, E5M2),
     "h100_wgmma_tf32": (TF32,),
 }
 
@@ -260,9 +265,10 @@ def _block_chain(arow, brow, ea, eb, c0, have_c, mp, params, acc_params, mode, s
     kk = arow.size
     width = mp[2]
     chunk = mp[6]
-    acc = c0
-    c_in = have_c
-    promoted = 0.0
+    # with promotion (chunk > 0) C sits in the FP32 accumulator and every chunk starts from zero
+    acc = 0.0 if chunk else c0
+    c_in = have_c and not chunk
+    promoted = c0 if chunk and have_c else 0.0
     hi = lo = aligned = 0.0
     for s in range((kk + width - 1) // width):
         k0 = s * width
@@ -374,10 +380,11 @@ def _block_kernel(sa, xa, sb, xb, c, have_c, out, mp, params, acc_params, mode, 
         tot = work_i[t, 1]
         okv = work_i[t, 2]
         for i in range(i0, min(i0 + ti, m)):
-            for jj in range(tj):
-                acc[jj] = c[i, j0 + jj] if have_c and j0 + jj < n else 0.0
-                promoted[jj] = 0.0
-            c_in = have_c
+            for jj in range(tj):  # with promotion C starts in the FP32 accumulator, as in _block_chain
+                cij = c[i, j0 + jj] if have_c and j0 + jj < n else 0.0
+                acc[jj] = 0.0 if chunk else cij
+                promoted[jj] = cij if chunk else 0.0
+            c_in = have_c and not chunk
             for s in range(nsteps):
                 k0 = s * width
                 k1 = min(k0 + width, kk)

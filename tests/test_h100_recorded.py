@@ -1,5 +1,6 @@
 """emufloat's tensor-core models against tl.dot outputs recorded on an H100 (tests/data/h100)."""
 
+import json
 from pathlib import Path
 
 import ml_dtypes
@@ -59,3 +60,25 @@ def test_tf32_model_is_bit_exact_with_truncated_inputs():
     a = ef.quantize(data["K64_noc_a"].view(np.float32), ef.TF32, "rna").astype(np.float32)
     bt = ef.quantize(data["K64_noc_bt"].view(np.float32), ef.TF32, "rna").astype(np.float32)
     assert not np.array_equal(ef.matmul(a[0], bt[0].T, ef.H100_WGMMA_TF32).view(np.uint32), data["K64_noc_d"][0])
+
+
+@pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+@pytest.mark.parametrize("with_c", [False, True])
+def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
+    """max_num_imprecise_acc=32: what the GPU matched on 1,179,648 dot products (tests/data/h100/verify.json,
+    section dot, fp8_maxi32: c_in_fp32_accumulator 0 mismatches) is C plus each 32-product chunk, no C inside
+    a chunk, added in float32; the preset must compute exactly that."""
+    data = np.load(DATA)
+    key = f"{'e4m3' if dtype == ml_dtypes.float8_e4m3fn else 'e5m2'}_K256_{'c' if with_c else 'noc'}"
+    a, bt = data[key + "_a"].view(dtype), data[key + "_bt"].view(dtype)
+    c = data[key + "_c"].view(np.float32) if with_c else None
+    for t in range(a.shape[0]):
+        acc = c[t].copy() if with_c else np.zeros((64, 64), np.float32)
+        for s in range(0, a.shape[2], 32):
+            acc = acc + ef.matmul(a[t][:, s:s + 32], bt[t][:, s:s + 32].T, ef.H100_WGMMA_FP8)
+        got = ef.matmul(a[t], bt[t].T, ef.H100_WGMMA_FP8_PROMOTED, None if c is None else c[t])
+        assert np.array_equal(got.view(np.uint32), acc.view(np.uint32))
+    verify = json.loads((DATA.parent / "verify.json").read_text())["sections"]["dot"]["result"]["fp8_maxi32"]
+    for fmt in ("e4m3", "e5m2"):
+        r = verify[fmt]["c_in_fp32_accumulator"]
+        assert r["compared"] > 500_000 and r["mismatch"] == 0

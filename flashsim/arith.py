@@ -1,0 +1,228 @@
+"""Carrying out one step spec on whole arrays: emufloat for formats up to 24 bits, numpy for FP64.
+
+Every function takes a spec from :mod:`flashsim.specs`, the operands, an optional emufloat Trace and the
+step's label.  A step with a ``compute`` format is rounded there first (round to nearest even) and then
+into ``fmt`` with the spec's rounding — two events in a trace.  FP64 steps are numpy's own binary64
+arithmetic and leave no trace events (they are the golden reference).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+import emufloat as ef
+from emufloat import FP32, Format, Rounding, Trace
+
+from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
+
+RNE = Rounding("rne")
+_NP_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
+_EF_OPS = {"add": ef.add, "sub": ef.sub, "mul": ef.mul, "div": ef.div}
+Spec = Op | Scale | Func | RowSum | Norm
+
+
+def f64(x: np.ndarray | float) -> np.ndarray:
+    """Float64 values of any carrier array (exact)."""
+    return np.asarray(x, dtype=np.float64)
+
+
+def _first(spec: Spec) -> Format:
+    return spec.compute if spec.compute is not None else spec.fmt
+
+
+def _store(r: np.ndarray, spec: Spec, trace: Trace | None, label: str) -> np.ndarray:
+    """Round a compute-format result into the spec's storage format (a second rounding, as PyTorch does)."""
+    if spec.compute is None or spec.compute == spec.fmt:
+        return r
+    return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
+
+
+def cast(x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | None = None,
+         label: str = "") -> np.ndarray:
+    """x rounded into ``fmt`` (float64 for FP64)."""
+    if is_native(fmt):
+        return f64(x)
+    return ef.quantize(x, fmt, rounding, trace=trace, label=label)
+
+
+def constant(value: float, spec: Spec) -> np.ndarray:
+    """A scalar constant as a kernel holds it: rounded (RNE) into the step's compute format, or its fmt."""
+    fmt = _first(spec)
+    return f64(value) if is_native(fmt) else ef.quantize(np.float64(value), fmt)
+
+
+def binary(op: str, a: np.ndarray, b: np.ndarray, spec: Spec, trace: Trace | None = None,
+           label: str = "") -> np.ndarray:
+    """a op b (add, sub, mul, div) under ``spec``."""
+    if is_native(spec.fmt):
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            return _NP_OPS[op](f64(a), f64(b))
+    first = _first(spec)
+    rnd = spec.rounding if first == spec.fmt else RNE
+    r = _EF_OPS[op](a, b, first, rnd, trace=trace, label=label)
+    return _store(r, spec, trace, label)
+
+
+def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, spec: Spec, trace: Trace | None = None,
+        label: str = "") -> np.ndarray:
+    """a*b + c rounded once under ``spec`` (twice with a compute format)."""
+    if is_native(spec.fmt):  # numpy has no FMA; FP64 policies do not fuse
+        raise ValueError(f"{label or 'fma'}: an FP64 step cannot be fused; use fused=False")
+    first = _first(spec)
+    rnd = spec.rounding if first == spec.fmt else RNE
+    r = ef.fma(a, b, c, first, rnd, trace=trace, label=label)
+    return _store(r, spec, trace, label)
+
+
+def rowmax(s: np.ndarray) -> np.ndarray:
+    """Exact row maximum along the last axis (NaN propagates), in s's carrier."""
+    with np.errstate(invalid="ignore"):
+        return np.max(f64(s), axis=-1).astype(s.dtype)
+
+
+# ---- functions -------------------------------------------------------------------------------------
+def _libm(x: np.ndarray, name: str) -> np.ndarray:
+    with np.errstate(over="ignore", under="ignore", divide="ignore", invalid="ignore"):
+        return {"exp": np.exp, "log": np.log, "log2": np.log2}[name](f64(x))
+
+
+def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """The spec's function model applied to x (exp models, or log/log2 for the LSE)."""
+    name = spec.function
+    if is_native(spec.fmt):
+        return _libm(x, name) if name != "exp2" else np.exp2(f64(x))
+    if name in ("exp", "log", "log2"):  # float64 libm, then rounded once
+        first = _first(spec)
+        r = ef.quantize(_libm(x, name), first, spec.rounding if first == spec.fmt else RNE, trace=trace,
+                        label=label)
+        return _store(r, spec, trace, label)
+    if name == "exp2":
+        first = _first(spec)
+        r = ef.exp2(x, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
+        return _store(r, spec, trace, label)
+    if name == "h100_ex2":
+        r = ef.ex2_approx(x, ftz=True, trace=trace, label=label)
+    elif name == "h100_ex2_noftz":
+        r = ef.ex2_approx(x, ftz=False, trace=trace, label=label)
+    else:  # triton_exp
+        r = ef.triton_exp(x, trace=trace, label=label)
+    return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
+
+
+# ---- products --------------------------------------------------------------------------------------
+def dot(a: np.ndarray, b: np.ndarray, spec: Dot, c: np.ndarray | None = None, trace: Trace | None = None,
+        label: str = "") -> np.ndarray:
+    """a @ b (+ c) by the spec's accumulation model, stored in its format.  Operands are already rounded."""
+    if spec.model == NUMPY:
+        r = f64(a) @ f64(b)
+        return r if c is None else r + f64(c)
+    r = ef.matmul(a, b, spec.model, c, trace=trace, label=label)
+    if spec.fmt == ef.as_format(spec.model.fmt):
+        return r
+    return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
+
+
+# ---- row sums --------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=256)
+def _tree(order: str, n: int) -> ef.ReductionTree:
+    return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
+
+
+def _fa2_columns(n: int) -> np.ndarray:
+    """(4, n/4) column indices per thread of a padded block: thread t holds 8j+2t and 8j+2t+1, in that order."""
+    cols = np.arange(n).reshape(-1, 4, 2)  # (n/8 tiles, 4 threads, 2 values)
+    return cols.transpose(1, 0, 2).reshape(4, -1)
+
+
+def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None = None,
+              label: str = "") -> np.ndarray:
+    """Row sums of a P block along its order, in the spec's compute format (fmt when none).
+
+    ``tile`` = (BLOCK_M, BLOCK_N) picks the recorded H100 tree; a narrower (ragged) block is padded with
+    +0, as the kernel's masked columns hold exp2(-inf) = +0.
+    """
+    first = _first(spec)
+    rnd = spec.rounding if first == spec.fmt else RNE
+    if spec.order == NUMPY:
+        return np.sum(f64(p), axis=-1)
+    if spec.order == "exact":
+        return ef.sum(p, first, rnd, trace=trace, label=label)
+    if spec.order == "h100_tl_sum":
+        tree = ef.h100_tl_sum(tile[0], tile[1], spec.num_warps)
+        if p.shape[-1] > tree.n_leaves:
+            raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
+        padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
+        padded[:, :p.shape[-1]] = p
+        return ef.tree_sum(padded, tree, first, rnd)
+    return ef.tree_sum(p, _tree(spec.order, p.shape[-1]), first, rnd)
+
+
+class RowSumState:
+    """The running row sum l of a block of rows, updated block by block as the spec says.
+
+    Order 'fa2_threads' keeps four partial sums a row (one per thread of the quad that owns the row):
+    each is rescaled, then the thread's own columns are added to it left to right; :meth:`total`
+    combines them with FA2's butterfly, (t0 + t2) + (t1 + t3).
+    """
+
+    def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None,
+                 label: str = "row_sum"):
+        self.spec, self.tile, self.trace, self.label = spec, tile, trace, label
+        threads = (rows, 4) if spec.order == "fa2_threads" else (rows,)
+        self.l = cast(np.zeros(threads), spec.fmt)
+
+    def update(self, p: np.ndarray, alpha: np.ndarray) -> None:
+        """l = l*alpha + rowsum(p)."""
+        spec, tr, lab = self.spec, self.trace, self.label
+        if spec.order == "fa2_threads":
+            n = p.shape[-1]
+            width = -(-n // 8) * 8
+            padded = np.zeros((p.shape[0], width), dtype=p.dtype)
+            padded[:, :n] = p
+            scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
+            leaves = np.concatenate([f64(scaled)[:, :, None], f64(padded)[:, _fa2_columns(width)]], axis=-1)
+            first = _first(spec)
+            s = ef.tree_sum(leaves, _tree("sequential", leaves.shape[-1]), first,
+                            spec.rounding if first == spec.fmt else RNE)
+            self.l = _store(s, spec, tr, lab)
+            return
+        s = block_sum(p, spec, self.tile, tr, lab)
+        if spec.fused:
+            self.l = fma(self.l, alpha, s, spec, tr, lab)
+        else:
+            self.l = binary("add", binary("mul", self.l, alpha, _compute_only(spec), tr, lab), s, spec, tr, lab)
+
+    def total(self) -> np.ndarray:
+        """The row sum l (FA2: the quad reduction of the four partials)."""
+        if self.spec.order != "fa2_threads":
+            return self.l
+        t = self.l
+        a = binary("add", t[:, 0], t[:, 2], self.spec, self.trace, self.label)
+        b = binary("add", t[:, 1], t[:, 3], self.spec, self.trace, self.label)
+        return binary("add", a, b, self.spec, self.trace, self.label)
+
+
+def _compute_only(spec: RowSum) -> Op:
+    """The intermediate l*alpha of an unfused update stays in the compute format (PyTorch's fp32 temporary)."""
+    first = _first(spec)
+    return Op(first, spec.rounding if first == spec.fmt else RNE)
+
+
+# ---- normalisation ---------------------------------------------------------------------------------
+def normalize(acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = None,
+              label: str = "normalize") -> np.ndarray:
+    """acc / l (l broadcast along the last axis), by division or by a reciprocal and a multiply."""
+    lb = l[..., None]
+    if spec.method == "divide":
+        if spec.division == "ieee":
+            return binary("div", acc, lb, spec, trace, label)
+        r = ef.div_full(acc, lb, trace=trace, label=label)
+        return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
+    if spec.division == "ieee":
+        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, _compute_only(spec), trace,
+                     label)
+    else:
+        inv = ef.rcp_approx(lb)
+    return binary("mul", acc, inv, spec, trace, label)

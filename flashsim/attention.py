@@ -1,0 +1,258 @@
+"""Attention under a precision policy: full softmax (reference) and the tiled online-softmax forward.
+
+Every arithmetic step goes through :mod:`flashsim.arith` with the policy's formats, roundings and models,
+on whole blocks at once; Python loops run only over Q and K/V blocks (and over leading batch/head axes).
+With ``trace=`` (an :class:`emufloat.Trace`) each step's roundings are recorded, labelled by step name
+(:data:`flashsim.policy.TRACE_LABELS`: the steps, ``inputs`` for rounding q, k, v into the input formats, and
+``alpha`` for the rescale factor exp(m_old - m_new)).
+
+Shapes: q (..., M, d), k (..., N, d), v (..., N, dv) with equal leading axes.  ``causal`` masks key j for
+query i when j > i (top-left aligned, as PyTorch's ``is_causal`` and the Triton tutorial).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from emufloat import Trace
+from emufloat.formats import format_of_dtype
+
+from . import arith
+from .policy import Policy, get_policy
+from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+
+
+class ForwardResult(NamedTuple):
+    """O in the output format's carrier, and the LSE per row in the base of the policy's lse log."""
+
+    o: np.ndarray
+    lse: np.ndarray
+
+
+def natural_lse(lse: np.ndarray, policy: Policy | str) -> np.ndarray:
+    """A policy's LSE in natural-log units (float64): base-2 LSEs (Triton's) are multiplied by ln 2."""
+    pol = get_policy(policy)
+    vals = arith.f64(lse)
+    return vals * LN2 if pol.lse.base == "2" else vals
+
+
+# ---- the softmax part of one block ------------------------------------------------------------------
+class _Pipeline:
+    """The policy's constants and the steps from raw scores to P, shared by both algorithms."""
+
+    def __init__(self, policy: Policy, sm_scale: float, softmax: SoftmaxVariant, trace: Trace | None):
+        self.pol, self.sm_scale, self.softmax, self.trace = policy, sm_scale, softmax, trace
+        self.nat_units = LOG2E if policy.exp_base == "2" else 1.0  # scaled-score units per natural-log unit
+        self.c = arith.constant(sm_scale * self.nat_units, policy.scale)
+        self.sub_plain = dataclasses.replace(policy.subtract, fused=False)
+
+    def _fill(self, s: np.ndarray, visible: np.ndarray) -> np.ndarray:
+        s = s.copy()
+        s[~visible] = arith.cast(np.float64(self.pol.mask.value), _fmt_of(s))
+        return s
+
+    def softmax_block(self, s: np.ndarray, visible: np.ndarray | None,
+                      m_old: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(P, m_new, alpha) for raw scores ``s`` of one block; ``visible`` is None when nothing is masked."""
+        pol, tr, c = self.pol, self.trace, self.c
+        where = pol.scale.where
+        scaled = where == "scores"
+        if scaled:
+            s = arith.binary("mul", s, c, pol.scale, tr, "scale")
+            if visible is not None:
+                s = self._fill(s, visible)
+        elif where == "max" and pol.mask.how == "add" and visible is not None:
+            bias = arith.cast(np.where(visible, 0.0, pol.mask.value), pol.scale.fmt)
+            s = arith.fma(s, c, bias, pol.scale, tr, "mask")  # Triton's diagonal block: qk*scale + bias
+            scaled = True
+        elif visible is not None:
+            s = self._fill(s, visible)
+        ctx = MaxContext(pol.max, self.nat_units if scaled else 1.0 / self.sm_scale, tr, "max")
+        m_blk = self.softmax.block_max(s, visible, arith.rowmax(s), m_old, ctx)
+        if where == "max" and not scaled:  # Triton: m = max(m_i, rowmax(qk) * qk_scale)
+            m_blk = arith.binary("mul", m_blk, c, pol.scale, tr, "scale")
+        with np.errstate(invalid="ignore"):
+            m_new = arith.cast(np.maximum(arith.f64(m_old), arith.f64(m_blk)), pol.max.fmt)
+        m_sub = arith.cast(np.where(arith.f64(m_new) == -np.inf, 0.0, arith.f64(m_new)), pol.max.fmt)  # FA2's guard
+        if scaled:
+            x = arith.binary("sub", s, m_sub[:, None], self.sub_plain, tr, "subtract")
+        else:
+            m_s = m_sub if where == "max" else arith.binary("mul", m_sub, c, pol.scale, tr, "scale")
+            neg = -arith.f64(m_s)[:, None]
+            if pol.subtract.fused:
+                x = arith.fma(s, c, arith.cast(neg, _fmt_of(m_s)), pol.subtract, tr, "subtract")
+            else:
+                x = arith.binary("sub", arith.binary("mul", s, c, pol.scale, tr, "scale"), m_s[:, None],
+                                 pol.subtract, tr, "subtract")
+        p = arith.function(x, pol.exp, tr, "exp")
+        d = arith.binary("sub", m_old, m_sub, self.sub_plain, tr, "alpha")
+        if where == "exp":  # FA2: exp2((m_old - m_new) * scale_log2), the raw difference scaled after
+            d = arith.binary("mul", d, c, pol.scale, tr, "alpha")
+        alpha = arith.function(d, pol.exp, tr, "alpha")
+        return p, m_new, alpha
+
+    def lse(self, m: np.ndarray, l: np.ndarray) -> np.ndarray:
+        """m (in the units the exp sees) + log l, in the base of the lse step's log."""
+        pol, spec, tr = self.pol, self.pol.lse, self.trace
+        log_l = arith.function(l, spec, tr, "lse")
+        if pol.scale.where == "exp":  # m is raw: FA2 stores m * softmax_scale + log(l)
+            k = self.sm_scale * (LOG2E if spec.base == "2" else 1.0)
+        elif spec.base == pol.exp_base:
+            k = None
+        else:
+            k = LN2 if spec.base == "e" else LOG2E
+        m_u = m if k is None else arith.binary("mul", m, arith.constant(k, spec), spec, tr, "lse")
+        return arith.binary("add", m_u, log_l, spec, tr, "lse")
+
+
+def _fmt_of(x: np.ndarray):
+    return format_of_dtype(np.asarray(x).dtype)
+
+
+# ---- input checks ----------------------------------------------------------------------------------
+def _check(q, k, v, softmax, sm_scale, trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, SoftmaxVariant, float]:
+    arrays = []
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        arr = np.asarray(x)
+        if format_of_dtype(arr.dtype) is None:
+            raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
+                            f"got dtype {arr.dtype}")
+        if arr.ndim < 2:
+            raise ValueError(f"{name}: expected shape (..., rows, head_dim), got {arr.shape}")
+        arrays.append(arr)
+    q, k, v = arrays
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q, k: head dims differ: q {q.shape}, k {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k, v: numbers of keys differ: k {k.shape}, v {v.shape}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"q, k, v: leading (batch, head) axes differ: {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1:
+        raise ValueError(f"q, k: need at least one query, one key and head_dim >= 1; got q {q.shape}, k {k.shape}")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < math.inf:
+        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    return q, k, v, get_softmax(softmax), float(sm_scale)
+
+
+def _block_size(value: int | None, default: int, name: str) -> int:
+    val = default if value is None else value
+    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {val!r}")
+    return int(val)
+
+
+def _visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
+    """The causal mask of a block (True = attended), or None when every entry is attended."""
+    if not causal or cols.stop - 1 <= rows.start:
+        return None
+    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
+
+
+def _per_head(fn, q, k, v) -> ForwardResult:
+    """Apply a 2-D attention function over the leading axes."""
+    lead = q.shape[:-2]
+    if not lead:
+        return fn(q, k, v)
+    outs = [fn(q[i], k[i], v[i]) for i in np.ndindex(lead)]
+    o = np.stack([r.o for r in outs]).reshape(*lead, *outs[0].o.shape)
+    lse = np.stack([r.lse for r in outs]).reshape(*lead, *outs[0].lse.shape)
+    return ForwardResult(o, lse)
+
+
+# ---- algorithms ------------------------------------------------------------------------------------
+def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
+                        softmax: SoftmaxVariant | str = STANDARD, causal: bool = False,
+                        sm_scale: float | None = None, trace: Trace | None = None) -> ForwardResult:
+    """Standard attention: softmax over the whole row, P normalised (normalize step) before P V.
+
+    The policy's rescale and o_accum steps do not occur; the row sum tree (if any) spans the row.
+    """
+    pol = get_policy(policy)
+    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace)
+
+    def one(q2, k2, v2):
+        pipe = _Pipeline(pol, scale, variant, trace)
+        qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
+        kc = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs")
+        vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
+        m_rows, n = q2.shape[0], k2.shape[0]
+        s = arith.dot(qc, kc.T, pol.scores, trace=trace, label="scores")
+        m0 = arith.cast(np.full(m_rows, -np.inf), pol.max.fmt)
+        p, m, alpha = pipe.softmax_block(s, _visible(range(m_rows), range(n), causal), m0)
+        lsum = arith.RowSumState(m_rows, pol.row_sum, (pol.tiling.block_m, n), trace)
+        lsum.update(p, alpha)
+        l = lsum.total()
+        pn = arith.normalize(p, l, pol.normalize, trace)
+        pl = arith.cast(pn, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+        o = arith.dot(pl, vc, dataclasses.replace(pol.pv, into_acc=False), trace=trace, label="pv")
+        o = arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output")
+        return ForwardResult(o, pipe.lse(m, l))
+
+    return _per_head(one, q, k, v)
+
+
+def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
+                  softmax: SoftmaxVariant | str = STANDARD, causal: bool = False, sm_scale: float | None = None,
+                  block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
+                  trace: Trace | None = None) -> ForwardResult:
+    """Tiled online-softmax forward (FlashAttention): per Q block, K/V blocks in ``kv_order``.
+
+    Tiles and order default to the policy's ``tiling``.  The last blocks may be narrower (ragged M, N);
+    under causal masking, K/V blocks masked for every row of a Q block are skipped unless the policy's
+    tiling says otherwise.
+    """
+    pol = get_policy(policy)
+    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace)
+    bm = _block_size(block_m, pol.tiling.block_m, "block_m")
+    bn = _block_size(block_n, pol.tiling.block_n, "block_n")
+    order = pol.tiling.kv_order if kv_order is None else kv_order
+    if order not in ("forward", "reverse"):
+        raise ValueError(f"kv_order: expected 'forward' or 'reverse', got {order!r}")
+
+    def one(q2, k2, v2):
+        pipe = _Pipeline(pol, scale, variant, trace)
+        qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
+        kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
+        vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
+        m_rows, n = q2.shape[0], k2.shape[0]
+        acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
+        o_parts, lse_parts = [], []
+        for i0 in range(0, m_rows, bm):
+            rows = range(i0, min(i0 + bm, m_rows))
+            starts = [j0 for j0 in range(0, n, bn)
+                      if not (causal and pol.tiling.skip_masked and j0 > rows.stop - 1)]
+            if order == "reverse":
+                starts.reverse()
+            m = arith.cast(np.full(len(rows), -np.inf), pol.max.fmt)
+            lsum = arith.RowSumState(len(rows), pol.row_sum, (bm, bn), trace)
+            acc = arith.cast(np.zeros((len(rows), vc.shape[1])), acc_fmt)
+            for j0 in starts:
+                cols = range(j0, min(j0 + bn, n))
+                s = arith.dot(qc[i0:rows.stop], kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
+                p, m, alpha = pipe.softmax_block(s, _visible(rows, cols, causal), m)
+                lsum.update(p, alpha)
+                pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+                acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
+                if pol.pv.into_acc:
+                    acc = arith.dot(pl, vc[j0:cols.stop], pol.pv, c=acc, trace=trace, label="pv")
+                else:
+                    pv = arith.dot(pl, vc[j0:cols.stop], pol.pv, trace=trace, label="pv")
+                    acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
+            l = lsum.total()
+            o = arith.normalize(acc, l, pol.normalize, trace)
+            o_parts.append(arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output"))
+            lse_parts.append(pipe.lse(m, l))
+        return ForwardResult(np.concatenate(o_parts), np.concatenate(lse_parts))
+
+    return _per_head(one, q, k, v)

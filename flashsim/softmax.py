@@ -1,0 +1,124 @@
+"""Softmax variants: how a K/V block chooses the shift m that the exponentials are taken against.
+
+Softmax is shift invariant, so any m gives the same attention in exact arithmetic; the choice only
+changes the rounding.  A variant is a small object with a ``name`` and one method,
+:meth:`SoftmaxVariant.block_max`, called once per K/V block (once per row for full attention).  The
+running max is then ``max(m_old, block_max(...))`` as usual, and the LSE stays m + log l.
+
+Extension point: the project's improved variant (issue 4: row max exactly 0, small |max| where exp
+still rounds to 1, ties split across K/V blocks, eps narrower than the BF16 near-tie band) is a new
+class with the same method.  It receives the running max ``m_old`` so that it can see ties across
+blocks, and ``ctx.spec`` so that its own arithmetic rounds as the policy's max step does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from emufloat import Trace
+
+from . import arith
+from .specs import Op
+
+
+@dataclass(frozen=True)
+class MaxContext:
+    """What a variant needs besides the scores.
+
+    ``spec``: the policy's max step (the format m is kept in, and how a shift such as r - eps or
+    beta * r rounds).  ``units``: units of the scores ``s`` per natural-log unit of the scaled scores
+    (1 when s is already scaled, log2 e when scaled for a base-2 exp, 1/sm_scale when s is raw), so a
+    threshold given in natural units becomes ``eps * units``.
+    """
+
+    spec: Op
+    units: float = 1.0
+    trace: Trace | None = None
+    label: str = "max"
+
+
+@runtime_checkable
+class SoftmaxVariant(Protocol):
+    """A pluggable choice of the per-block shift."""
+
+    name: str
+
+    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
+                  ctx: MaxContext) -> np.ndarray:
+        """The shift candidate for each row of the block, in ``ctx.spec.fmt``.
+
+        ``s``: (rows, n) scores as the max sees them; ``valid``: (rows, n) True where not masked (None:
+        all valid); ``rowmax``: the exact row max of ``s``; ``m_old``: the running max before this block
+        (-inf at the start).
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class StandardSoftmax:
+    """Safe softmax: the shift is the row max."""
+
+    name: str = "standard"
+
+    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
+                  ctx: MaxContext) -> np.ndarray:
+        return arith.cast(rowmax, ctx.spec.fmt)
+
+
+@dataclass(frozen=True)
+class StabilisedSoftmax:
+    """Qiu & Yao's fix: a block row with repeated maxima is shifted so that no P is exactly 1.
+
+    Repeated means more than one entry with s >= r - eps (r the block's row max; r - eps rounded as the
+    max step rounds, as their PyTorch code computes it in bf16).  Then m = beta * r if r > 0, m = 0 if
+    r < 0; r == 0 is left alone (a gap the paper does not handle).  Reference code: beta = 2, eps = 1e-3.
+    ``count_masked``: count masked entries too, as their code does (its fill value -finfo.max makes a
+    fully masked block row "repeated", so r < 0 gives m = 0); by default only unmasked entries count.
+    """
+
+    beta: float = 2.0
+    eps: float = 1e-3
+    count_masked: bool = False
+    name: str = "stabilised"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beta, (int, float)) or not math.isfinite(self.beta) or self.beta <= 1:
+            raise ValueError(f"beta: must be a finite number > 1 (the paper uses 2 to 8), got {self.beta!r}")
+        if not isinstance(self.eps, (int, float)) or not math.isfinite(self.eps) or self.eps < 0:
+            raise ValueError(f"eps: must be a finite number >= 0 (the reference code uses 1e-3), got {self.eps!r}")
+
+    def repeated(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, ctx: MaxContext) -> np.ndarray:
+        """Rows with more than one entry within eps of the row max."""
+        spec = ctx.spec
+        thr = arith.binary("sub", rowmax, arith.constant(self.eps * ctx.units, spec), spec, ctx.trace, ctx.label)
+        with np.errstate(invalid="ignore"):
+            near = arith.f64(s) >= arith.f64(thr)[:, None]
+        if valid is not None and not self.count_masked:
+            near &= valid
+        return np.count_nonzero(near, axis=-1) > 1
+
+    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
+                  ctx: MaxContext) -> np.ndarray:
+        spec = ctx.spec
+        rep = self.repeated(s, valid, rowmax, ctx)
+        r = arith.f64(rowmax)
+        scaled = arith.f64(arith.binary("mul", rowmax, arith.constant(self.beta, spec), spec, ctx.trace, ctx.label))
+        m = np.where(rep & (r > 0), scaled, np.where(rep & (r < 0), 0.0, r))
+        return arith.cast(m, spec.fmt)
+
+
+STANDARD = StandardSoftmax()
+VARIANTS = {"standard": StandardSoftmax, "stabilised": StabilisedSoftmax}
+
+
+def get_softmax(name: str | SoftmaxVariant, **params: float) -> SoftmaxVariant:
+    """A variant by name ('standard', 'stabilised'), with its parameters; a variant object passes through."""
+    if isinstance(name, SoftmaxVariant) and not isinstance(name, str):
+        return name
+    if name not in VARIANTS:
+        raise ValueError(f"softmax: unknown variant {name!r}; accepted: {', '.join(sorted(VARIANTS))}")
+    return VARIANTS[name](**params)

@@ -1,0 +1,327 @@
+"""Step specifications: how one step of attention rounds, as small frozen value objects.
+
+A :class:`~flashsim.policy.Policy` holds one spec per step.  Every spec names the format its result is
+stored in (``fmt``) and the rounding of that store; ``compute`` (where present) is a wider format the
+step is first rounded into, as PyTorch computes a bf16 elementwise op in fp32 ("opmath") and then stores
+bf16 — two roundings.  The compute rounding is always round-to-nearest-even; ``rounding`` applies to the
+store.  FP64 steps run in numpy's native binary64 (IEEE, round-to-nearest-even); emufloat's arithmetic
+covers formats of at most 24 significand bits.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import emufloat as ef
+from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
+from emufloat.accum import PRESETS as MODEL_PRESETS
+
+Model = Sequential | Pairwise | Exact | FusedBlock
+NUMPY = "numpy"  # an FP64 step evaluated by numpy (BLAS for products, np.sum for sums)
+
+EXP_FUNCTIONS = {  # name -> (base, what it models)
+    "exp": ("e", "e**x, float64 libm then one rounding (correctly rounded but for ~2**-29 of inputs)"),
+    "exp2": ("2", "2**x correctly rounded (emufloat.exp2)"),
+    "h100_ex2": ("2", "H100 ex2.approx.ftz.f32 (Triton tl.math.exp2, CUDA exp2f under fast math)"),
+    "h100_ex2_noftz": ("2", "H100 ex2.approx.f32 (subnormal results kept)"),
+    "triton_exp": ("e", "Triton tl.exp on the H100: mul.f32 by log2(e), then ex2.approx.f32"),
+}
+LOG_FUNCTIONS = {
+    "log": ("e", "ln x, float64 libm then one rounding"),
+    "log2": ("2", "log2 x, float64 libm then one rounding"),
+}
+ROW_SUM_ORDERS = {
+    NUMPY: "numpy float64 sum (FP64 only)",
+    "exact": "exact sum rounded once (emufloat.sum)",
+    "sequential": "left to right, each add rounded",
+    "pairwise": "balanced tree, each add rounded",
+    "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.h100_tl_sum)",
+    "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
+}
+SCALE_PLACES = {
+    "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
+    "max": "row max of raw S, then m = max*c (Triton: m in scaled units), x = S*c - m",
+    "exp": "m kept raw (FA2); x = S*c - m*c, alpha = exp((m_old - m_new)*c)",
+}
+DIVISIONS = {
+    "ieee": "correctly rounded division (emufloat.div)",
+    "div_full": "H100 div.full.f32 (Triton's fp32 '/')",
+    "rcp_approx": "H100 rcp.approx.ftz.f32 (CUDA 1.f/x under fast math)",
+}
+
+
+def _fmt(value: Format | str, argname: str) -> Format:
+    try:
+        return ef.as_format(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{argname}: {exc}") from None
+
+
+def _fmt_name(f: Format) -> str:
+    return f.name or f"e{f.exp_bits}m{f.man_bits}"
+
+
+def is_native(f: Format) -> bool:
+    """True for FP64: numpy computes the step natively (emufloat arithmetic stops at 24 bits)."""
+    return f == ef.FP64
+
+
+def _choice(value: str, accepted: dict | tuple, argname: str) -> None:
+    if value not in accepted:
+        raise ValueError(f"{argname}: expected one of {sorted(accepted)}, got {value!r}")
+
+
+class _Spec:
+    """Shared checks: ``fmt``/``compute`` become Formats, ``rounding`` a Rounding; FP64 means numpy."""
+
+    def _normalise(self) -> None:
+        name = type(self).__name__
+        for f in fields(self):  # type: ignore[arg-type]
+            val = getattr(self, f.name)
+            if f.name in ("fmt", "compute", "inputs") and val is not None:
+                object.__setattr__(self, f.name, _fmt(val, f"{name}.{f.name}"))
+            elif f.name == "rounding":
+                object.__setattr__(self, f.name, ef.as_rounding(val, f"{name}.rounding"))
+        fmt = getattr(self, "fmt", None)
+        compute = getattr(self, "compute", None)
+        if fmt is not None and is_native(fmt):
+            if self.rounding != Rounding("rne"):  # type: ignore[attr-defined]
+                raise ValueError(f"{name}.rounding: FP64 steps run in numpy, which rounds to nearest even; "
+                                 f"got {self.rounding}")  # type: ignore[attr-defined]
+            if compute is not None and compute != fmt:
+                raise ValueError(f"{name}.compute: an FP64 step has no separate compute format, got "
+                                 f"{_fmt_name(compute)}")
+        elif fmt is not None and fmt.precision > 24:
+            raise ValueError(f"{name}.fmt: steps run in FP64 (numpy) or in formats of at most 24 significand "
+                             f"bits (emufloat); {_fmt_name(fmt)} has {fmt.precision}")
+        if compute is not None and not is_native(fmt) and compute.precision > 24:
+            raise ValueError(f"{name}.compute: at most 24 significand bits, got {_fmt_name(compute)}")
+
+    def _store(self) -> str:
+        s = f"{_fmt_name(self.fmt)} {self.rounding}"  # type: ignore[attr-defined]
+        compute = getattr(self, "compute", None)
+        if compute is not None and compute != self.fmt:  # type: ignore[attr-defined]
+            s += f" (computed in {_fmt_name(compute)})"
+        return s
+
+
+@dataclass(frozen=True)
+class Op(_Spec):
+    """An elementwise step (max, subtract, P cast, rescale, O accumulation, output cast).
+
+    ``fused``: only for ``subtract`` under scale placement 'max'/'exp': x = S*c - m as one FMA.
+    """
+
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    fused: bool = False
+
+    def __post_init__(self) -> None:
+        self._normalise()
+        if self.fused and is_native(self.fmt):
+            raise ValueError("Op.fused: numpy has no FMA, so an FP64 step cannot be fused")
+
+    def __str__(self) -> str:
+        return self._store() + (", fused (FMA)" if self.fused else "")
+
+
+@dataclass(frozen=True)
+class Scale(_Spec):
+    """Where the softmax scale c = sm_scale (* log2 e for base-2 exp) enters, and how its products round.
+
+    ``where``: 'scores', 'max' or 'exp' (see ``SCALE_PLACES``).  The constant c is itself rounded into
+    the compute format (or ``fmt``), as a kernel holds it in a register.
+    """
+
+    where: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        _choice(self.where, SCALE_PLACES, "Scale.where")
+        self._normalise()
+
+    def __str__(self) -> str:
+        return f"at {self.where}: {self._store()}"
+
+
+@dataclass(frozen=True)
+class Mask:
+    """How causal masking enters the scores.
+
+    ``how='fill'``: masked scores are replaced by ``value`` (after scaling under placement 'scores', on
+    raw S otherwise); ``how='add'`` (Triton's diagonal block): S*c + where(mask, value, 0) as one FMA,
+    the row max taken over that, then a separate subtraction.  Blocks without masked entries are
+    untouched in both.
+    """
+
+    value: float = -math.inf
+    how: str = "fill"
+
+    def __post_init__(self) -> None:
+        _choice(self.how, ("fill", "add"), "Mask.how")
+        if math.isnan(self.value) or self.value > 0:
+            raise ValueError(f"Mask.value: expected a negative value or -inf, got {self.value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.how} {self.value:g}"
+
+
+@dataclass(frozen=True)
+class Dot(_Spec):
+    """A matrix product (QK^T or PV): operands rounded into ``inputs``, summed by ``model``, stored in ``fmt``.
+
+    ``model`` is an emufloat accumulation model or ``"numpy"`` (FP64 BLAS).  ``fmt=None`` keeps the
+    model's format.  ``into_acc`` (PV only): the O accumulator enters as the product's C, as
+    ``tl.dot(p, v, acc)`` and mma do; otherwise the product is stored and added by the ``o_accum`` step.
+    """
+
+    inputs: Format
+    model: Model | str
+    fmt: Format | None = None
+    rounding: Rounding = field(default_factory=Rounding)
+    into_acc: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            if self.model == NUMPY:
+                pass
+            elif self.model in MODEL_PRESETS:
+                object.__setattr__(self, "model", MODEL_PRESETS[self.model])
+            else:
+                raise ValueError(f"Dot.model: expected an emufloat model, {NUMPY!r} or one of "
+                                 f"{sorted(MODEL_PRESETS)}, got {self.model!r}")
+        elif not isinstance(self.model, (Sequential, Pairwise, Exact, FusedBlock)):
+            raise ValueError(f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock or {NUMPY!r}, "
+                             f"got {type(self.model).__name__}")
+        if self.fmt is None:
+            object.__setattr__(self, "fmt", ef.FP64 if self.model == NUMPY else ef.as_format(self.model.fmt))
+        self._normalise()
+        native = self.model == NUMPY
+        if native != is_native(self.fmt) or native != is_native(self.inputs):
+            raise ValueError("Dot.model: the 'numpy' model goes with FP64 inputs and result, and FP64 with it; "
+                             f"got model {self.model_name}, inputs {_fmt_name(self.inputs)}, fmt "
+                             f"{_fmt_name(self.fmt)}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model if isinstance(self.model, str) else self.model.name
+
+    def __str__(self) -> str:
+        m = self.model
+        if isinstance(m, str):
+            how = "numpy float64"
+        elif isinstance(m, FusedBlock):
+            how = f"{m.name} (width {m.width}, {m.align_bits} bits, {m.final_rounding})"
+        else:
+            how = f"{m.name} {_fmt_name(m.fmt)} {m.rounding}" + (", unfused" if getattr(m, "fused", True) is False
+                                                                 else "")
+        return (f"{_fmt_name(self.inputs)} in; {how} -> {self._store()}"
+                + ("; accumulator fed in as C" if self.into_acc else ""))
+
+
+@dataclass(frozen=True)
+class Func(_Spec):
+    """An elementary function step (exp, and the log of LSE) by function model (``EXP_FUNCTIONS``,
+    ``LOG_FUNCTIONS``).  Hardware models return float32, then stored in ``fmt``."""
+
+    function: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        _choice(self.function, {**EXP_FUNCTIONS, **LOG_FUNCTIONS}, "Func.function")
+        self._normalise()
+        if self.function in ("h100_ex2", "h100_ex2_noftz", "triton_exp") and is_native(self.fmt):
+            raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
+
+    @property
+    def base(self) -> str:
+        """'e' or '2': the base of the exponential or logarithm."""
+        return {**EXP_FUNCTIONS, **LOG_FUNCTIONS}[self.function][0]
+
+    def __str__(self) -> str:
+        return f"{self.function} -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class RowSum(_Spec):
+    """Row sum of P and its update l = l*alpha + rowsum(P).
+
+    The block sum follows ``order`` (``ROW_SUM_ORDERS``) in the compute format (or ``fmt``); the update
+    is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt`` between blocks.
+    ``num_warps`` picks the recorded tree for 'h100_tl_sum'.
+    """
+
+    order: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    fused: bool = False
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        _choice(self.order, ROW_SUM_ORDERS, "RowSum.order")
+        self._normalise()
+        if (self.order == NUMPY) != is_native(self.fmt):
+            raise ValueError(f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
+                             f"fmt {_fmt_name(self.fmt)}")
+        if self.fused and (is_native(self.fmt) or self.order == "fa2_threads"):
+            raise ValueError("RowSum.fused: no FMA update for FP64 (numpy has none) or 'fa2_threads' (FA2 "
+                             "multiplies its partial sums, then adds)")
+
+    def __str__(self) -> str:
+        return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")
+
+
+@dataclass(frozen=True)
+class Norm(_Spec):
+    """Normalisation O = acc / l: ``method`` 'divide', or 'reciprocal' (r = 1/l, then acc*r, as FA2)."""
+
+    method: str
+    division: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        _choice(self.method, ("divide", "reciprocal"), "Norm.method")
+        _choice(self.division, DIVISIONS, "Norm.division")
+        self._normalise()
+        if (self.method, self.division) in (("divide", "rcp_approx"), ("reciprocal", "div_full")):
+            raise ValueError(f"Norm.division: {self.division!r} does not go with method {self.method!r}")
+        if self.division != "ieee" and is_native(self.fmt):
+            raise ValueError(f"Norm.division: {self.division!r} is an FP32 hardware model; FP64 needs 'ieee'")
+
+    def __str__(self) -> str:
+        how = "acc / l" if self.method == "divide" else "acc * (1/l)"
+        return f"{how} by {self.division} -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Default tiles and K/V order of the tiled forward (the call may override them).
+
+    ``skip_masked``: K/V blocks masked for every row of the Q block are skipped, as Triton and FA2 do;
+    the Qiu & Yao code processes them (which matters only to its stabilised softmax).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    kv_order: str = "forward"
+    skip_masked: bool = True
+
+    def __post_init__(self) -> None:
+        for arg in ("block_m", "block_n"):
+            val = getattr(self, arg)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+                raise ValueError(f"Tiling.{arg}: expected a positive integer, got {val!r}")
+        _choice(self.kv_order, ("forward", "reverse"), "Tiling.kv_order")
+
+    def __str__(self) -> str:
+        return (f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks "
+                + ("skipped" if self.skip_masked else "processed"))

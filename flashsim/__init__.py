@@ -20,13 +20,21 @@ from .policy import (
     policy_names,
     register_policy,
 )
-from .softmax import STANDARD, MaxContext, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax, get_softmax
+from .softmax import (
+    STANDARD,
+    MaxContext,
+    RobustSoftmax,
+    SoftmaxVariant,
+    StabilisedSoftmax,
+    StandardSoftmax,
+    get_softmax,
+)
 from .specs import NUMPY, Dot, Func, Mask, Norm, Op, RowSum, Scale, Tiling
 
 __all__ = [
     "ForwardResult", "flash_forward", "natural_lse", "reference_attention",
     "ALIASES", "BASELINE_BF16", "FA2", "FP32_POLICY", "FP64_GOLDEN", "QIU_YAO", "STEPS", "TRACE_LABELS",
     "Policy", "get_policy", "policy_names", "register_policy",
-    "STANDARD", "MaxContext", "SoftmaxVariant", "StabilisedSoftmax", "StandardSoftmax", "get_softmax",
+    "STANDARD", "MaxContext", "RobustSoftmax", "SoftmaxVariant", "StabilisedSoftmax", "StandardSoftmax", "get_softmax",
     "NUMPY", "Dot", "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling",
 ]

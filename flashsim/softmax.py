@@ -5,10 +5,10 @@ changes the rounding.  A variant is a small object with a ``name`` and one metho
 :meth:`SoftmaxVariant.block_max`, called once per K/V block (once per row for full attention).  The
 running max is then ``max(m_old, block_max(...))`` as usual, and the LSE stays m + log l.
 
-Extension point: the project's improved variant (issue 4: row max exactly 0, small |max| where exp
-still rounds to 1, ties split across K/V blocks, eps narrower than the BF16 near-tie band) is a new
-class with the same method.  It receives the running max ``m_old`` so that it can see ties across
-blocks, and ``ctx.spec`` so that its own arithmetic rounds as the policy's max step does.
+Variants: :class:`StandardSoftmax`, :class:`StabilisedSoftmax` (Qiu & Yao) and :class:`RobustSoftmax`
+(the project's, closing the fix's gaps: row max exactly 0, small |max| where exp still rounds to 1,
+ties split across K/V blocks, eps narrower than the round-to-1 band).  A new variant is a class with the
+same method; it receives the running max ``m_old`` and ``ctx.spec`` (how its own arithmetic rounds).
 """
 
 from __future__ import annotations
@@ -111,12 +111,72 @@ class StabilisedSoftmax:
         return arith.cast(m, spec.fmt)
 
 
+@dataclass(frozen=True)
+class RobustSoftmax:
+    """The project's variant: Qiu & Yao's idea with its four documented gaps closed.
+
+    A block row is *tie-prone* when more than one entry would give P = 1 after P is rounded into the
+    format of ``p_precision`` significand bits (BF16: 8), i.e. lies within ``band`` of the row max r,
+    where ``band = 2 * -ln(1 - 2**-(p+1))`` (twice the width of the round-to-1 band, 0.0039 for BF16,
+    in the scores' natural units; ``ctx.units`` converts), or when the running shift ``m_old`` is
+    already within ``band`` of r (a tie split across K/V blocks).  Such a row is shifted to
+    ``m = r + shift`` with ``shift = clip((beta - 1) * |r|, band, max_shift)``, rounded as the policy's
+    max step rounds.  So: r == 0 and small |r| still move by at least ``band`` (the paper leaves r == 0
+    alone and moves r in (-0.002, 0) by |r|, too little); the band, not a fixed eps = 1e-3, decides what
+    is repeated; and the shift never exceeds ``max_shift``, so l cannot underflow (the paper's
+    m = beta * r removes (beta - 1) r, e**-100 for r = 100).  For |r| large the shift varies with r as the
+    paper's does, so the rounding of the largest P does not lean the same way in every row.  Exact in
+    real arithmetic: any shift gives the same softmax, and LSE = m + log l stays consistent.
+    """
+
+    beta: float = 2.0
+    max_shift: float = 8.0
+    p_precision: int = 8
+    name: str = "robust"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beta, (int, float)) or not math.isfinite(self.beta) or self.beta <= 1:
+            raise ValueError(f"beta: must be a finite number > 1, got {self.beta!r}")
+        if not isinstance(self.p_precision, int) or not 2 <= self.p_precision <= 53:
+            raise ValueError(f"p_precision: significand bits of P's format, 2..53, got {self.p_precision!r}")
+        if not isinstance(self.max_shift, (int, float)) or not self.band < self.max_shift <= 64:
+            raise ValueError(f"max_shift: must lie in ({self.band:.4g}, 64], got {self.max_shift!r}")
+
+    @property
+    def band(self) -> float:
+        """Natural-log distance below the max within which P may round to exactly 1, doubled."""
+        return -2.0 * math.log1p(-(2.0 ** -(self.p_precision + 1)))
+
+    def tie_prone(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
+                  ctx: MaxContext) -> np.ndarray:
+        """Rows with two or more entries in the round-to-1 band, or a running shift in it."""
+        band = self.band * ctx.units
+        r = arith.f64(rowmax)
+        with np.errstate(invalid="ignore"):
+            near = arith.f64(s) >= (r - band)[:, None]
+            if valid is not None:
+                near &= valid
+            split = np.isfinite(arith.f64(m_old)) & (r >= arith.f64(m_old) - band)
+        return (np.count_nonzero(near, axis=-1) > 1) | split
+
+    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
+                  ctx: MaxContext) -> np.ndarray:
+        spec = ctx.spec
+        r = arith.f64(rowmax)
+        prone = self.tie_prone(s, valid, rowmax, m_old, ctx) & np.isfinite(r)
+        with np.errstate(invalid="ignore"):
+            shift = np.clip((self.beta - 1.0) * np.abs(r), self.band * ctx.units, self.max_shift * ctx.units)
+        shift = arith.cast(np.where(prone, shift, 0.0), spec.fmt)
+        m = arith.binary("add", rowmax, shift, spec, ctx.trace, ctx.label)
+        return arith.cast(np.where(prone, arith.f64(m), r), spec.fmt)
+
+
 STANDARD = StandardSoftmax()
-VARIANTS = {"standard": StandardSoftmax, "stabilised": StabilisedSoftmax}
+VARIANTS = {"standard": StandardSoftmax, "stabilised": StabilisedSoftmax, "robust": RobustSoftmax}
 
 
 def get_softmax(name: str | SoftmaxVariant, **params: float) -> SoftmaxVariant:
-    """A variant by name ('standard', 'stabilised'), with its parameters; a variant object passes through."""
+    """A variant by name ('standard', 'stabilised', 'robust'), with its parameters; an object passes through."""
     if isinstance(name, SoftmaxVariant) and not isinstance(name, str):
         return name
     if name not in VARIANTS:

@@ -1,8 +1,9 @@
 """Tests of the GPU calibration probes (gpu/probes) that need no GPU.
 
 - Pure-Python/numpy parts (always run): histograms, PTX evidence, JSON and output-folder checks, the result
-  schema, the input formats, the tensor-core model, the single-element probe interpretation (fed by the model
-  as a fake tensor core), block inference, stress generators, FPRev tree inference and evaluation, the runner's
+  schema, the input formats (an adapter over emufloat), the mapping of fitted parameters onto emufloat's
+  tensor-core model (FusedBlock), the single-element probe interpretation (fed by that model as a fake tensor
+  core), the stress comparison, block inference, stress generators, FPRev tree inference and evaluation, the runner's
   command line and its import hygiene (no torch in the parent).
 - torch on the CPU (skipped without torch): the exp2/exp pipeline with a fake table-based ex2 unit (the
   verification must find 0 mismatches), the division and reduction pipelines with fake backends.
@@ -15,15 +16,17 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpu.probes import common, formats, mma_cases, tcmodel, trees
+import emufloat as ef
+from gpu.probes import common, formats, mma_cases, trees
 from gpu.probes.common import Hist, ProbeContext
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,45 +185,90 @@ def test_random_finite_bits_are_finite():
         assert np.all(np.isfinite(formats.decode(b, f)))
 
 
-# ----------------------------------------------------------------------------------------------------------
-# tensor-core model
-# ----------------------------------------------------------------------------------------------------------
-@settings(max_examples=200, deadline=None)
-@given(
-    st.integers(min_value=-(2**52), max_value=2**52),
-    st.integers(min_value=-170, max_value=100),
-    st.sampled_from(["rz", "rne", "rna", "ru", "rd"]),
-    st.sampled_from([23, 13, 10]),
-)
-def test_round_scaled_matches_fraction(S, q, mode, frac):
-    got = float(tcmodel.round_scaled(np.array([float(S)]), np.array([q]), frac, mode)[0])
-    x = Fraction(S) * Fraction(2) ** q
-    assume(abs(x) < Fraction(2) ** 127)  # overflow is tested in test_tc_model_specials
-    if x == 0:
-        assert got == 0
-        return
-    exp = x.numerator.bit_length() - x.denominator.bit_length()
-    if Fraction(2) ** exp > abs(x):
-        exp -= 1
-    if exp - frac < -149:  # float32 subnormal range: fixed quantum 2**-149
-        quantum = Fraction(2) ** -149
-        t = abs(x) / quantum
-        fl = t.numerator // t.denominator
-        rem = t - fl
-        up = {
-            "rz": False,
-            "rne": rem > Fraction(1, 2) or (rem == Fraction(1, 2) and fl % 2 == 1),
-            "rna": rem >= Fraction(1, 2),
-            "ru": rem > 0 and x > 0,
-            "rd": rem > 0 and x < 0,
-        }[mode]
-        want = (fl + up) * quantum * (1 if x > 0 else -1)
-    else:
-        want = mma_cases.round_fraction(x, frac, mode)
-    assert got == float(want)
+def test_formats_are_emufloat_formats():
+    want = {"bf16": (ef.BF16, 8, 7, -126, 127), "fp16": (ef.FP16, 5, 10, -14, 15),
+            "e4m3": (ef.E4M3FN, 4, 3, -6, 8), "e5m2": (ef.E5M2, 5, 2, -14, 15)}  # fmt: skip
+    assert set(formats.FORMATS) == set(want)
+    for name, (efmt, ebits, mbits, emin, emax) in want.items():
+        f = formats.FORMATS[name]
+        assert f.name == name and f.efmt is efmt
+        assert (f.ebits, f.mbits, f.emin, f.emax, f.nbits) == (ebits, mbits, emin, emax, 1 + ebits + mbits)
+        assert f.dtype == efmt.dtype and ef.as_format(f.torch_dtype) is efmt  # torch's dtype name, same format
+    assert formats.E4M3.max_finite == 448 and not formats.E4M3.ieee and formats.E5M2.ieee
+    assert formats.BF16.min_subnormal == 2.0**-133
+    # only the low nbits count: signed views of the bit patterns decode as the patterns
+    assert formats.decode(np.array([-16512], dtype=np.int16), formats.BF16)[0] == -1.0
+    assert formats.decode(np.array([0x80]), formats.E4M3)[0] == 0 and np.signbit(formats.decode(0x80, formats.E4M3))
+    assert formats.encode_exact(-0.0, formats.BF16) == 0x8000 and formats.encode_exact(0.0, formats.BF16) == 0
+    assert formats.encode_exact(480.0, formats.E4M3) is None  # the NaN pattern's place
+    assert formats.encode_exact(math.inf, formats.BF16) is None and formats.encode_exact(math.nan, formats.FP16) is None
+    assert formats.encode_exact(1 + 2.0**-8, formats.BF16) is None and formats.encode_exact(1 + 2.0**-7, formats.BF16)
+    with pytest.raises(ValueError):
+        formats.encode_array([1 + 2.0**-8], formats.BF16)
+    with pytest.raises(ValueError):
+        formats.encode_array([500.0], formats.E4M3)
+    rounded = formats.round_to_fmt([1e6, -1e6, 460.0, 3 * 2.0**-11, 2.0**-10], formats.E4M3)
+    assert rounded.tolist() == [448, -448, 448, 2.0**-9, 0]  # saturating, RNE (2**-10 is a tie: to 0)
 
 
-def test_tc_model_matches_published_behaviour():
+# ----------------------------------------------------------------------------------------------------------
+# tensor-core model: the probes' parameters on emufloat's FusedBlock
+# ----------------------------------------------------------------------------------------------------------
+def _model_dots(a_bits, b_bits, c_bits, fmt, model):
+    """N independent dot products (rows of a_bits, b_bits; C bits or None) under ``model`` with emufloat:
+    a fake tensor core. Returns the float32 result bits."""
+    mask = (1 << fmt.nbits) - 1
+    a, b = ((np.asarray(x).astype(np.int64) & mask).astype(fmt.uint).view(fmt.dtype) for x in (a_bits, b_bits))
+    c = None if c_bits is None else np.asarray(c_bits).astype(np.uint32).view(np.float32)
+    out = np.empty(len(a), dtype=np.float32)
+    for i in range(len(a)):
+        out[i] = ef.matmul(a[i : i + 1], b[i][:, None], model, None if c is None else c[i : i + 1, None])[0, 0]
+    return out.view(np.uint32)
+
+
+def _dots(a, b, c, fmt, model):
+    """Like _model_dots on float64 values of ``fmt``; returns float64."""
+    ab, bb = (formats.encode_array(x, fmt) for x in (a, b))
+    cb = None if c is None else np.asarray(c, dtype=np.float32).view(np.uint32)
+    return _model_dots(ab, bb, cb, fmt, model).view(np.float32).astype(np.float64)
+
+
+def test_block_model_maps_parameters():
+    m = mma_cases.block_model(16, 25, 23, "rz")
+    assert (m.width, m.align_bits, m.final_rounding, m.acc_fmt, m.zeros_in_max) == (16, 25, ef.Rounding("rtz"),
+                                                                                    ef.FP32, False)  # fmt: skip
+    assert m.early_c and m.chunk == 0 and m.inf_on_overflow
+    assert replace(m, name=ef.H100_WGMMA_BF16.name) == ef.H100_WGMMA_BF16
+    m8 = mma_cases.block_model(32, 13, 13, "rz")
+    assert replace(m8, name=ef.H100_WGMMA_FP8.name) == ef.H100_WGMMA_FP8
+    assert m8.acc_fmt == ef.Format(8, 13) and m8.acc_fmt.man_bits == 13
+    modes = {r: mma_cases.block_model(8, 20, 23, r).final_rounding.mode for r in mma_cases.ROUNDING_MODES}
+    assert modes == {"rz": "rtz", "rne": "rne", "rna": "rna", "ru": "rup", "rd": "rdown"}
+    assert mma_cases.block_model(16, 25, 23, "rz", zero_products_in_max=True).zeros_in_max
+    for bad in ((16, 25, 23, "rtz"), (16, 25, 24, "rz"), (16, 41, 23, "rz"), (0, 25, 23, "rz")):
+        with pytest.raises(ValueError):
+            mma_cases.block_model(*bad)
+    assert mma_cases.PUBLISHED == {"bf16": ef.H100_WGMMA_BF16, "fp16": ef.H100_WGMMA_FP16,
+                                   "e4m3": ef.H100_WGMMA_FP8, "e5m2": ef.H100_WGMMA_FP8}  # fmt: skip
+    p = mma_cases.model_params(ef.H100_WGMMA_FP8)
+    assert p["width"] == 32 and p["align_bits"] == 13 and p["acc_frac_bits"] == 13 and p["final_rounding"] == "rtz"
+    json.dumps(p, allow_nan=False)
+
+
+def test_fitted_model_from_conclusions():
+    concl = {"model": {"block": 32, "frac_bits": 13, "out_frac_bits": 13, "rounding": "rz",
+                       "zero_products_affect_alignment": False}}  # fmt: skip
+    assert replace(mma_cases.fitted_model(concl), name="x") == replace(ef.H100_WGMMA_FP8, name="x")
+    concl["model"]["zero_products_affect_alignment"] = True
+    assert mma_cases.fitted_model(concl).zeros_in_max
+    for key in ("block", "frac_bits", "out_frac_bits", "rounding"):
+        assert mma_cases.fitted_model({"model": {**concl["model"], key: None}}) is None
+    assert mma_cases.fitted_model({}) is None
+    with pytest.raises(ValueError):
+        mma_cases.fitted_model({"model": {**concl["model"], "frac_bits": 60}})
+
+
+def test_model_matches_published_behaviour():
     f = formats.BF16
     K = 32
     a = np.zeros((4, K))
@@ -229,39 +277,48 @@ def test_tc_model_matches_published_behaviour():
     a[0, 1], a[1, 1] = -(2.0**-25), -(2.0**-26)  # small term in the same block
     a[2, 1], a[3, 17] = 0.75 * 2.0**-23, -(2.0**-24)  # rounding; small term in the next block
     b[:, 1] = b[:, 17] = 1.0
-    out = tcmodel.tc_dot(a, b, None, f, block=16, frac_bits=25, out_frac_bits=23, rounding="rz")
+    out = _dots(a, b, None, f, mma_cases.block_model(16, 25, 23, "rz"))
     assert out[0] == 1 - 2.0**-24  # 1 - 2**-25 survives the alignment, then RZ
     assert out[1] == 1.0  # 1 - 2**-26 is cut
     assert out[2] == 1.0  # 1 + 0.75 ulp -> 1 (RZ)
     assert out[3] == 1 - 2.0**-24  # C=1 from block 0, -2**-24 in block 1
+    assert _dots(a, b, None, f, mma_cases.block_model(16, 25, 23, "rne"))[2] == 1 + 2.0**-23
+    assert _dots(a, b, None, f, mma_cases.block_model(32, 25, 23, "rz"))[3] == 1 - 2.0**-24
+    assert _dots(a, b, None, f, mma_cases.block_model(32, 23, 23, "rz"))[3] == 1.0  # same block, 23 bits: cut
 
 
-def test_tc_model_exact_when_unlimited():
+@pytest.mark.parametrize("mode", mma_cases.ROUNDING_MODES)
+@pytest.mark.parametrize("out_frac", [23, 13])
+def test_model_rounding_agrees_with_probe_interpretation(mode, out_frac):
+    """With no alignment loss the model is the exact sum rounded once: in the probe's mode names, as
+    mma_cases.round_fraction (the oracle conclude_rounding uses) rounds it."""
     rng = np.random.default_rng(3)
     f = formats.BF16
-    a = formats.decode(formats.random_finite_bits(rng, (200, 16), f, 120, 134), f)
-    b = formats.decode(formats.random_finite_bits(rng, (200, 16), f, 120, 134), f)
-    c = rng.standard_normal(200).astype(np.float32).astype(np.float64)
-    out = tcmodel.tc_dot(a, b, c, f, block=16, frac_bits=40, out_frac_bits=23, rounding="rne")
-    for i in range(200):
+    a = formats.decode(formats.random_finite_bits(rng, (150, 16), f, 120, 134), f)
+    b = formats.decode(formats.random_finite_bits(rng, (150, 16), f, 120, 134), f)
+    c = rng.standard_normal(150).astype(np.float32).astype(np.float64)
+    out = _dots(a, b, c, f, mma_cases.block_model(16, 40, out_frac, mode))
+    for i in range(150):
         exact = sum(Fraction(x) * Fraction(y) for x, y in zip(a[i], b[i], strict=True)) + Fraction(c[i])
-        assert out[i] == float(mma_cases.round_fraction(exact, 23, "rne"))
+        assert out[i] == float(mma_cases.round_fraction(exact, out_frac, mode)), (i, mode)
 
 
-def test_tc_model_specials():
+def test_model_specials():
     f = formats.BF16
-    a = np.array([[np.inf, 0.0], [1.0, 1.0]])
-    b = np.array([[1.0, 0.0], [f.max_finite, f.max_finite]])
-    out = tcmodel.tc_dot(a, b, None, f, block=2, frac_bits=25, rounding="rne")
-    assert out[0] == np.inf and out[1] > 3e38
+    mdl = mma_cases.block_model(2, 25, 23, "rz")
+    ab = np.array([[0x7F80, 0], [0x3F80, 0x3F80]])  # inf, 1
+    bb = np.array([[0x3F80, 0], [0x7F7F, 0x7F7F]])  # 1, max
+    out = _model_dots(ab, bb, None, f, mdl).view(np.float32)
+    assert out[0] == np.inf
+    assert out[1] == np.inf  # a step beyond the float32 range is inf even under RZ (as on the H100)
 
 
 # ----------------------------------------------------------------------------------------------------------
 # single-element probe interpretation, fed by the model as a fake tensor core
 # ----------------------------------------------------------------------------------------------------------
-def _fake_dot(fmt, params):
+def _fake_dot(fmt, model):
     def fn(a_bits, b_bits, c_bits):
-        return tcmodel.tc_dot_bits(a_bits, b_bits, c_bits, fmt, **params), np.ones(len(a_bits), dtype=bool)
+        return _model_dots(a_bits, b_bits, c_bits, fmt, model), np.ones(len(a_bits), dtype=bool)
 
     return fn
 
@@ -277,7 +334,8 @@ def _fake_dot(fmt, params):
 )
 def test_probe_format_recovers_model(name, params):
     fmt = formats.FORMATS[name]
-    concl, arrays = mma_cases.probe_format(fmt, 64, _fake_dot(fmt, params), log=lambda s: None)
+    model = mma_cases.block_model(**params)
+    concl, arrays = mma_cases.probe_format(fmt, 64, _fake_dot(fmt, model), log=lambda s: None)
     m = concl["model"]
     assert m["block"] == params["block"]
     assert m["out_frac_bits"] == min(params["out_frac_bits"], params["frac_bits"])
@@ -287,21 +345,18 @@ def test_probe_format_recovers_model(name, params):
     assert concl["blocks"]["consistent"] and concl["blocks"]["increasing_k"]
     assert concl["non_uniform_cases"] == 0
     assert arrays["r2_a"].shape[1] == 64 and arrays["r2_out"].dtype == np.uint32
+    assert mma_cases.fitted_model(concl) == model  # the fit gives back the model it was fed
     json.dumps(common.jsonable(concl), allow_nan=False)
 
 
 def test_probe_detects_zero_products_in_max():
     fmt = formats.BF16
-
-    def fn(a_bits, b_bits, c_bits):
-        out = tcmodel.tc_dot_bits(a_bits, b_bits, c_bits, fmt, zero_products_in_max=True)
-        return out, np.ones(len(a_bits), dtype=bool)
-
-    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, fn)
+    model = mma_cases.block_model(16, 25, 23, "rz", zero_products_in_max=True)
+    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, _fake_dot(fmt, model))
     z = mma_cases.conclude_zero(run)
     assert z["zero_products_affect_alignment"] is True
     assert "a=+0.0_b=2^127" in z["zero"]["changed_vs_base"] and "a=+0.0_b=2^0" not in z["zero"]["changed_vs_base"]
-    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, _fake_dot(fmt, {}))
+    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, _fake_dot(fmt, ef.H100_WGMMA_BF16))
     assert mma_cases.conclude_zero(run)["zero_products_affect_alignment"] is False
 
 
@@ -331,7 +386,7 @@ def test_round_fraction_modes():
 
 
 @pytest.mark.parametrize("name", list(formats.FORMATS))
-def test_stress_tiles_and_self_match(name):
+def test_stress_tiles_and_model_comparison(name):
     fmt = formats.FORMATS[name]
     rng = np.random.default_rng(5)
     tiles = mma_cases.gen_stress_tiles(rng, fmt, 32, 2, has_c=True)
@@ -340,14 +395,22 @@ def test_stress_tiles_and_self_match(name):
     assert np.all(np.isfinite(tiles["c"].view(np.float32)))
     again = mma_cases.gen_stress_tiles(np.random.default_rng(5), fmt, 32, 2, has_c=True)
     assert all(np.array_equal(tiles[k], again[k]) for k in tiles)
-    params = {"block": fmt.kstep, "frac_bits": 25, "out_frac_bits": 23, "rounding": "rz"}
-    a = formats.decode(tiles["a"], fmt)
-    b = formats.decode(tiles["bt"], fmt)
-    A = np.repeat(a[:, :, None, :], 64, axis=2).reshape(-1, 32)
-    B = np.repeat(b[:, None, :, :], 64, axis=1).reshape(-1, 32)
-    d = tcmodel.tc_dot(A, B, tiles["c"].reshape(-1).view(np.float32).astype(float), fmt, **params)
-    r = mma_cases.stress_model_matches(fmt, tiles, d.astype(np.float32).view(np.uint32).reshape(2, 64, 64), params)
-    assert r["match"] == r["n"] == 2 * 4096
+    # a fake GPU: output (t, i, j) is row i of A times column j of B (row j of B^T) plus C[t, i, j], dot by dot
+    model = mma_cases.PUBLISHED[name]
+    t_, i_, j_ = (x.reshape(-1) for x in np.indices((2, 64, 64)))
+    d = _model_dots(tiles["a"][t_, i_], tiles["bt"][t_, j_], tiles["c"].reshape(-1), fmt, model).reshape(2, 64, 64)
+    r = mma_cases.stress_model_matches(fmt, tiles, d, model)
+    assert r["match"] == r["n"] == 2 * 4096 and r["first_mismatches"] == []
+    assert sum(v[1] for v in r["by_row_scenario"].values()) == r["n"]
+    d[1, 5, 7] ^= 1
+    r = mma_cases.stress_model_matches(fmt, tiles, d, model)
+    assert r["match"] == r["n"] - 1 and r["first_mismatches"][0]["index"] == 4096 + 5 * 64 + 7
+    other = mma_cases.block_model(model.width, model.align_bits, model.acc_fmt.man_bits, "rne")
+    assert mma_cases.stress_model_matches(fmt, tiles, d, other)["match"] < r["n"] - 100
+    notile = {k: v for k, v in tiles.items() if k != "c"}  # without C: tl.dot(a, b)
+    d0 = _model_dots(tiles["a"][t_, i_], tiles["bt"][t_, j_], None, fmt, model).reshape(2, 64, 64)
+    assert mma_cases.stress_model_matches(fmt, notile, d0, model)["match"] == 2 * 4096
+    assert mma_cases.stress_model_matches(fmt, notile, d, model)["match"] < 2 * 4096
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -428,7 +491,7 @@ def test_describe_tree():
 # ----------------------------------------------------------------------------------------------------------
 def test_pure_modules_import_without_torch():
     code = (
-        "import sys; import gpu.probes.common, gpu.probes.formats, gpu.probes.tcmodel, gpu.probes.mma_cases, "
+        "import sys; import gpu.probes.common, gpu.probes.formats, gpu.probes.mma_cases, "
         "gpu.probes.trees, gpu.probes.run; "
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
@@ -632,15 +695,58 @@ def test_mma_dot_fn_with_fake_tiles():
         def run_tiles(self, fmt, K, has_c, maxi, a, bt, c):
             ab = a[:, 0, :].view(torch.int16 if fmt.nbytes == 2 else torch.uint8).numpy().astype(np.int64)
             bb = bt[:, 0, :].view(torch.int16 if fmt.nbytes == 2 else torch.uint8).numpy().astype(np.int64)
-            cc = None if c is None else c[:, 0, 0].numpy().astype(np.float64)
-            d = tcmodel.tc_dot(formats.decode(ab, fmt), formats.decode(bb, fmt), cc, fmt, block=16, frac_bits=25)
-            return torch.from_numpy(d.astype(np.float32))[:, None, None].expand(-1, 64, 64).contiguous()
+            cc = None if c is None else c[:, 0, 0].numpy().view(np.uint32)
+            d = _model_dots(ab, bb, cc, fmt, ef.H100_WGMMA_BF16).view(np.float32)
+            return torch.from_numpy(d.copy())[:, None, None].expand(-1, 64, 64).contiguous()
 
     fmt = formats.BF16
     fn = M.make_dot_fn(FakeTiles(), fmt, 64, 0, "cpu", batch=7)
     concl, _ = mma_cases.probe_format(fmt, 64, fn, log=lambda s: None)
     assert concl["model"]["block"] == 16 and concl["model"]["frac_bits"] == 25
     assert concl["non_uniform_cases"] == 0
+
+
+class FakeTensorCore:
+    """tl.dot on whole tiles by emufloat: the published presets (fp8 with max_num_imprecise_acc=32: promoted)."""
+
+    def __init__(self):
+        self.evidence = {}
+        self.compile_seconds = 0.0
+
+    def run_tiles(self, fmt, K, has_c, maxi, a, bt, c):
+        import torch
+
+        model = ef.H100_WGMMA_FP8_PROMOTED if maxi == 32 else mma_cases.PUBLISHED[fmt.name]
+        iv = torch.int16 if fmt.nbytes == 2 else torch.uint8
+        av = a.view(iv).numpy().view(fmt.uint).view(fmt.dtype)
+        bv = bt.view(iv).numpy().view(fmt.uint).view(fmt.dtype)
+        cv = None if c is None else c.numpy()
+        d = np.stack([ef.matmul(av[t], bv[t].T, model, None if cv is None else cv[t]) for t in range(len(av))])
+        return torch.from_numpy(d.astype(np.float32))
+
+
+def test_mma_run_with_fake_tensor_core(tmp_path):
+    _torch()
+    from gpu.probes import mma as M
+
+    ctx = ProbeContext(out=tmp_path, device="cpu", quick=True, backend=FakeTensorCore(), log=lambda s: None)
+    ctx.params = {"mma_formats": ["bf16", "e4m3"], "mma_stress_per_type": 2 * 4096, "mma_stress_K": [32]}
+    res = M.run(ctx)
+    fits = {"bf16": (16, 25, 23), "e4m3": (32, 13, 13)}
+    for name, (block, frac, out) in fits.items():
+        m = res["formats"][name]["default"]["model"]
+        assert (m["block"], m["frac_bits"], m["out_frac_bits"], m["rounding"]) == (block, frac, out, "rz"), name
+        assert m["zero_products_affect_alignment"] is False
+        cmp = res["stress"][name]["model_comparison"]
+        assert set(cmp) == {"fitted", "published"}
+        for sname in ("fitted", "published"):
+            assert cmp[sname]["n"] == cmp[sname]["match"] == 2 * 4096, (name, sname)
+        assert cmp["published"]["params"] == mma_cases.model_params(mma_cases.PUBLISHED[name])
+        assert "stress published 100.0000%" in res["summary"][name]
+    assert res["formats"]["e4m3"]["maxi32"]["blocks"]["block_sizes"][0] == 32
+    with np.load(tmp_path / "mma.npz") as z:
+        assert z["bf16_K32_c_d"].shape == (1, 64, 64) and z["e4m3_K32_noc_a"].dtype == np.uint8
+    json.dumps(common.jsonable(res), allow_nan=False)
 
 
 def test_sass_excerpt_formats():

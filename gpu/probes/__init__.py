@@ -5,8 +5,9 @@ The layout is described in ``docs/probes.md``.
 
 Modules that import torch/triton (they define kernels): ``exp2``, ``division``, ``mma``, ``reduction``,
 ``torchutil``, ``env``; ``compile_check`` compiles all kernels for sm_90 without a GPU (needs triton). Modules that
-need only numpy and the standard library (and so are testable on a machine without torch): ``common``,
-``formats``, ``tcmodel``, ``mma_cases``, ``trees``, ``run``.
+need no torch (and so are testable on a machine without it): ``common``, ``trees``, ``run`` (numpy and the
+standard library), ``formats`` and ``mma_cases`` (also emufloat, whose ``FusedBlock``/``matmul`` is the
+tensor-core model the stress tiles are compared with).
 """
 
 PROBES = ("exp2", "division", "mma", "reduction")

@@ -27,11 +27,71 @@ from fractions import Fraction
 
 import numpy as np
 
+import emufloat as ef
+
 from .common import bits_f32, f32_bits, hexbits
-from .formats import Fmt, decode, encode_exact, product_factors, random_finite_bits, round_to_fmt
-from .tcmodel import ROUNDING_MODES
+from .formats import Fmt, encode_array, encode_exact, product_factors, random_finite_bits, round_to_fmt
 
 F32_MIN_SUB = 2.0**-149
+ROUNDING_MODES = ("rz", "rne", "rna", "ru", "rd")  # the final roundings the probes tell apart, by their names
+EF_ROUNDING = {"rz": "rtz", "rne": "rne", "rna": "rna", "ru": "rup", "rd": "rdown"}  # the same in emufloat
+# the published tensor-core models, as emufloat presets (fp8: the default tl.dot, no promotion)
+PUBLISHED = {
+    "bf16": ef.H100_WGMMA_BF16, "fp16": ef.H100_WGMMA_FP16, "e4m3": ef.H100_WGMMA_FP8, "e5m2": ef.H100_WGMMA_FP8,
+}  # fmt: skip
+
+
+def block_model(
+    block: int,
+    frac_bits: int,
+    out_frac_bits: int,
+    rounding: str,
+    zero_products_in_max: bool = False,
+    name: str = "fitted",
+) -> ef.FusedBlock:
+    """The emufloat tensor-core model (``emufloat.FusedBlock``) with the parameters the probes fit.
+
+    ``block`` products per fused step (``width``), ``frac_bits`` kept below the largest exponent when aligning
+    (``align_bits``), the step's sum rounded in mode ``rounding`` (one of ``ROUNDING_MODES``) to a float32 with
+    ``out_frac_bits`` fraction bits (``acc_fmt``; 23 is FP32 itself), zero products in the maximum exponent or
+    not (``zeros_in_max``). Everything else is FusedBlock's: C (each step's addend: the accumulator, then the
+    previous step's result) takes part in the step's alignment, at emin when subnormal; a sum truncated to zero
+    is +0; a step beyond the float32 range gives inf, even under RZ.
+    """
+    if rounding not in EF_ROUNDING:
+        raise ValueError(f"rounding: expected one of {ROUNDING_MODES}, got {rounding!r}")
+    if not 1 <= out_frac_bits <= 23:
+        raise ValueError(f"out_frac_bits: the result is a float32, so 1 to 23 fraction bits, got {out_frac_bits}")
+    acc = ef.FP32 if out_frac_bits == 23 else ef.Format(8, out_frac_bits, name=f"fp32_{out_frac_bits}")
+    return ef.FusedBlock(
+        width=block,
+        align_bits=frac_bits,
+        final_rounding=ef.Rounding(EF_ROUNDING[rounding]),
+        acc_fmt=acc,
+        zeros_in_max=bool(zero_products_in_max),
+        name=name,
+    )
+
+
+def fitted_model(concl: dict) -> ef.FusedBlock | None:
+    """The FusedBlock of ``probe_format``'s fitted ``model`` (None where a parameter was inconclusive); raises
+    ValueError for parameters FusedBlock cannot take."""
+    m = concl.get("model", {})
+    if not all(m.get(k) for k in ("block", "frac_bits", "out_frac_bits", "rounding")):
+        return None
+    return block_model(
+        m["block"], m["frac_bits"], m["out_frac_bits"], m["rounding"], bool(m.get("zero_products_affect_alignment"))
+    )
+
+
+def model_params(model: ef.FusedBlock) -> dict:
+    """The FusedBlock's parameters as JSON-able values (what a model comparison records)."""
+    return {
+        "name": model.name, "width": model.width, "align_bits": model.align_bits,
+        "final_rounding": str(model.final_rounding), "acc_fmt": model.acc_fmt.name,
+        "acc_frac_bits": model.acc_fmt.man_bits, "early_c": model.early_c, "zeros_in_max": model.zeros_in_max,
+        "chunk": model.chunk, "inf_on_overflow": model.inf_on_overflow,
+    }  # fmt: skip
 
 
 @dataclass
@@ -835,8 +895,6 @@ def _gen_vectors(rng: np.random.Generator, fmt: Fmt, n: int, K: int, role: str):
             use_bits[i] = True
     rounded = round_to_fmt(vals, fmt)
     # encode the rounded values row-wise (they are exact now)
-    from .formats import encode_array
-
     enc = encode_array(np.where(use_bits[:, None], 0.0, rounded), fmt).astype(np.int64)
     bits = np.where(use_bits[:, None], bits, enc)
     return bits.astype(fmt.uint), scen.astype(np.int8)
@@ -865,22 +923,20 @@ def gen_stress_tiles(rng: np.random.Generator, fmt: Fmt, K: int, n_tiles: int, h
     return out
 
 
-def stress_model_matches(fmt: Fmt, tiles: dict, d_bits: np.ndarray, params: dict) -> dict:
-    """Compare GPU outputs d_bits [n,64,64] with the tc model for every (row, col) dot product."""
-    from .tcmodel import tc_dot
-
-    a = decode(tiles["a"], fmt)  # [n, 64, K]
-    b = decode(tiles["bt"], fmt)  # [n, 64, K]
-    n, _, K = a.shape
-    A = np.repeat(a[:, :, None, :], 64, axis=2).reshape(-1, K)
-    B = np.repeat(b[:, None, :, :], 64, axis=1).reshape(-1, K)
-    c = None
-    if "c" in tiles:
-        c = tiles["c"].reshape(-1).view(np.float32).astype(np.float64)
-    model = tc_dot(A, B, c, fmt, **params).astype(np.float32).view(np.uint32)
+def stress_model_matches(fmt: Fmt, tiles: dict, d_bits: np.ndarray, model: ef.FusedBlock | str) -> dict:
+    """Compare GPU outputs d_bits [n,64,64] with ``emufloat.matmul`` under ``model`` (a FusedBlock, e.g. from
+    ``block_model`` or ``PUBLISHED``, or an emufloat preset name) for every (row, col) dot product."""
+    a = np.asarray(tiles["a"]).view(fmt.dtype)  # [n, 64, K]
+    bt = np.asarray(tiles["bt"]).view(fmt.dtype)  # [n, 64, K]: row j is column j of B
+    c = np.asarray(tiles["c"]).view(np.float32) if "c" in tiles else None
+    model_bits = np.empty((a.shape[0], 64, 64), dtype=np.uint32)
+    for t in range(a.shape[0]):
+        d = ef.matmul(a[t], bt[t].T, model, None if c is None else c[t])
+        model_bits[t] = np.asarray(d, dtype=np.float32).view(np.uint32)
+    model_bits = model_bits.reshape(-1)
     got = d_bits.reshape(-1).astype(np.uint32)
-    gotf, modf = got.view(np.float32), model.view(np.float32)
-    eq = (got == model) | (np.isnan(gotf) & np.isnan(modf))
+    gotf, modf = got.view(np.float32), model_bits.view(np.float32)
+    eq = (got == model_bits) | (np.isnan(gotf) & np.isnan(modf))
     sa = np.repeat(tiles["scen_a"][:, :, None], 64, axis=2).reshape(-1)
     per_scen = {SCENARIOS[s]: [int(eq[sa == s].sum()), int((sa == s).sum())] for s in range(len(SCENARIOS))}
     first = np.nonzero(~eq)[0][:5]
@@ -888,5 +944,5 @@ def stress_model_matches(fmt: Fmt, tiles: dict, d_bits: np.ndarray, params: dict
         "n": int(got.size),
         "match": int(eq.sum()),
         "by_row_scenario": per_scen,
-        "first_mismatches": [{"index": int(i), "gpu": hexbits(got[i]), "model": hexbits(model[i])} for i in first],
+        "first_mismatches": [{"index": int(i), "gpu": hexbits(got[i]), "model": hexbits(model_bits[i])} for i in first],
     }

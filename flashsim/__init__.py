@@ -5,10 +5,24 @@ online-softmax forward and :func:`reference_attention` full-softmax attention un
 softmax variants and optional emufloat traces.  See docs/flashsim.md.
 """
 
+from .analysis import (
+    RowAnalysis,
+    analyse_row,
+    analyse_run,
+    bias,
+    error_budget,
+    find_maxima,
+    p_one_rounding,
+    row_maxima,
+    step_errors,
+)
 from .attention import ForwardResult, flash_forward, natural_lse, reference_attention
+from .backward import BackwardResult, flash_backward, reference_backward
 from .policy import (
     ALIASES,
     BASELINE_BF16,
+    BWD_STEPS,
+    BWD_TRACE_LABELS,
     FA2,
     FP32_POLICY,
     FP64_GOLDEN,
@@ -29,7 +43,23 @@ from .softmax import (
     StandardSoftmax,
     get_softmax,
 )
-from .specs import NUMPY, Dot, Func, Mask, Norm, Op, RowSum, Scale, Tiling
+from .specs import (
+    NUMPY,
+    BwdTiling,
+    Delta,
+    Dot,
+    Func,
+    Grad,
+    Mask,
+    Norm,
+    Op,
+    Recompute,
+    RowSum,
+    Scale,
+    SoftmaxGrad,
+    Tiling,
+)
+from .stepper import FinalState, RowStepper, StepState, step_rows, trace_row
 
 __all__ = [
     "ForwardResult", "flash_forward", "natural_lse", "reference_attention",
@@ -37,4 +67,9 @@ __all__ = [
     "Policy", "get_policy", "policy_names", "register_policy",
     "STANDARD", "MaxContext", "RobustSoftmax", "SoftmaxVariant", "StabilisedSoftmax", "StandardSoftmax", "get_softmax",
     "NUMPY", "Dot", "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling",
+    "FinalState", "RowStepper", "StepState", "step_rows", "trace_row",
+    "RowAnalysis", "analyse_row", "analyse_run", "bias", "error_budget", "find_maxima", "p_one_rounding",
+    "row_maxima", "step_errors",
+    "BackwardResult", "flash_backward", "reference_backward", "BWD_STEPS", "BWD_TRACE_LABELS",
+    "BwdTiling", "Delta", "Grad", "Recompute", "SoftmaxGrad",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Generator
 from typing import NamedTuple
 
 import numpy as np
@@ -52,6 +53,7 @@ class _Pipeline:
         self.nat_units = LOG2E if policy.exp_base == "2" else 1.0  # scaled-score units per natural-log unit
         self.c = arith.constant(sm_scale * self.nat_units, policy.scale)
         self.sub_plain = dataclasses.replace(policy.subtract, fused=False)
+        self.max_input: tuple[np.ndarray, float] | None = None  # (scores as the max saw them, units): stepper
 
     def _fill(self, s: np.ndarray, visible: np.ndarray) -> np.ndarray:
         s = s.copy()
@@ -75,6 +77,7 @@ class _Pipeline:
         elif visible is not None:
             s = self._fill(s, visible)
         ctx = MaxContext(pol.max, self.nat_units if scaled else 1.0 / self.sm_scale, tr, "max")
+        self.max_input = (s, ctx.units)
         m_blk = self.softmax.block_max(s, visible, arith.rowmax(s), m_old, ctx)
         if where == "max" and not scaled:  # Triton: m = max(m_i, rowmax(qk) * qk_scale)
             m_blk = arith.binary("mul", m_blk, c, pol.scale, tr, "scale")
@@ -170,6 +173,98 @@ def _per_head(fn, q, k, v) -> ForwardResult:
     return ForwardResult(o, lse)
 
 
+def tiling_of(pol: Policy, block_m: int | None, block_n: int | None,
+              kv_order: str | None) -> tuple[int, int, str]:
+    """(BLOCK_M, BLOCK_N, K/V order): the arguments, or the policy's tiling where they are None."""
+    bm = _block_size(block_m, pol.tiling.block_m, "block_m")
+    bn = _block_size(block_n, pol.tiling.block_n, "block_n")
+    order = pol.tiling.kv_order if kv_order is None else kv_order
+    if order not in ("forward", "reverse"):
+        raise ValueError(f"kv_order: expected 'forward' or 'reverse', got {order!r}")
+    return bm, bn, order
+
+
+# ---- the online-softmax loop of one Q block ---------------------------------------------------------
+class KVStep(NamedTuple):
+    """The state of some rows of a Q block after one K/V block of the online-softmax loop (arrays as held)."""
+
+    block: int  # K/V block index (first key // BLOCK_N)
+    keys: range  # the keys of the block
+    scores: np.ndarray  # S = Q K^T of the block, as the scores step stored it
+    s_max: np.ndarray  # the scores as the max step saw them (scaled, or raw: see units), masked entries filled
+    units: float  # units of s_max per natural-log unit of the scaled scores
+    visible: np.ndarray | None  # causal mask of the block (True = attended), None when nothing is masked
+    m: np.ndarray  # running max after the block
+    alpha: np.ndarray  # rescale factor exp(m_old - m_new)
+    p_exp: np.ndarray  # exp(x) as the exp step returned it
+    p: np.ndarray  # P as cast for the P V product
+    l: np.ndarray  # running row sum (FA2's thread-local order: (rows, 4) partial sums)
+    acc: np.ndarray  # unnormalised output after the block
+
+
+class RowsResult(NamedTuple):
+    """The end of the loop: O and LSE as flash_forward returns them, and the final m, l (total), acc."""
+
+    o: np.ndarray
+    lse: np.ndarray
+    m: np.ndarray
+    l: np.ndarray
+    acc: np.ndarray
+
+
+def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray, qrows: range,
+             local: np.ndarray | None, tile: tuple[int, int], order: str,
+             causal: bool) -> Generator[KVStep, None, RowsResult]:
+    """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
+
+    ``q_rows``: the rows to compute, already cast (all of ``qrows``, or those at the ``local`` offsets);
+    ``kt``, ``vc``: K^T and V, cast.  Block skipping and causal masks follow the whole Q block, so a subset
+    of its rows computes bit for bit what :func:`flash_forward` computes for them.  Returns (as the
+    generator's value) the normalised output, the LSE and the final state.
+    """
+    pol, trace = pipe.pol, pipe.trace
+    bm, bn = tile
+    n = kt.shape[1]
+    starts = [j0 for j0 in range(0, n, bn) if not (causal and pol.tiling.skip_masked and j0 > qrows.stop - 1)]
+    if order == "reverse":
+        starts.reverse()
+    r = q_rows.shape[0]
+    acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
+    m = arith.cast(np.full(r, -np.inf), pol.max.fmt)
+    lsum = arith.RowSumState(r, pol.row_sum, (bm, bn), trace)
+    acc = arith.cast(np.zeros((r, vc.shape[1])), acc_fmt)
+    for j0 in starts:
+        cols = range(j0, min(j0 + bn, n))
+        s = arith.dot(q_rows, kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
+        visible = _visible(qrows, cols, causal)
+        if visible is not None and local is not None:
+            visible = visible[local]
+        p, m, alpha = pipe.softmax_block(s, visible, m)
+        lsum.update(p, alpha)
+        pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+        acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
+        if pol.pv.into_acc:
+            acc = arith.dot(pl, vc[j0:cols.stop], pol.pv, c=acc, trace=trace, label="pv")
+        else:
+            pv = arith.dot(pl, vc[j0:cols.stop], pol.pv, trace=trace, label="pv")
+            acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
+        s_max, units = pipe.max_input
+        yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)
+    l = lsum.total()
+    o = arith.normalize(acc, l, pol.normalize, trace)
+    o = arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output")
+    return RowsResult(o, pipe.lse(m, l), m, l, acc)
+
+
+def drain(steps: Generator[KVStep, None, RowsResult]) -> RowsResult:
+    """Run a :func:`kv_steps` loop to its end and return its result."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
+
+
 # ---- algorithms ------------------------------------------------------------------------------------
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
                         softmax: SoftmaxVariant | str = STANDARD, causal: bool = False,
@@ -214,45 +309,16 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | 
     """
     pol = get_policy(policy)
     q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace)
-    bm = _block_size(block_m, pol.tiling.block_m, "block_m")
-    bn = _block_size(block_n, pol.tiling.block_n, "block_n")
-    order = pol.tiling.kv_order if kv_order is None else kv_order
-    if order not in ("forward", "reverse"):
-        raise ValueError(f"kv_order: expected 'forward' or 'reverse', got {order!r}")
+    bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
 
     def one(q2, k2, v2):
         pipe = _Pipeline(pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
-        m_rows, n = q2.shape[0], k2.shape[0]
-        acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
-        o_parts, lse_parts = [], []
-        for i0 in range(0, m_rows, bm):
-            rows = range(i0, min(i0 + bm, m_rows))
-            starts = [j0 for j0 in range(0, n, bn)
-                      if not (causal and pol.tiling.skip_masked and j0 > rows.stop - 1)]
-            if order == "reverse":
-                starts.reverse()
-            m = arith.cast(np.full(len(rows), -np.inf), pol.max.fmt)
-            lsum = arith.RowSumState(len(rows), pol.row_sum, (bm, bn), trace)
-            acc = arith.cast(np.zeros((len(rows), vc.shape[1])), acc_fmt)
-            for j0 in starts:
-                cols = range(j0, min(j0 + bn, n))
-                s = arith.dot(qc[i0:rows.stop], kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
-                p, m, alpha = pipe.softmax_block(s, _visible(rows, cols, causal), m)
-                lsum.update(p, alpha)
-                pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
-                acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
-                if pol.pv.into_acc:
-                    acc = arith.dot(pl, vc[j0:cols.stop], pol.pv, c=acc, trace=trace, label="pv")
-                else:
-                    pv = arith.dot(pl, vc[j0:cols.stop], pol.pv, trace=trace, label="pv")
-                    acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
-            l = lsum.total()
-            o = arith.normalize(acc, l, pol.normalize, trace)
-            o_parts.append(arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output"))
-            lse_parts.append(pipe.lse(m, l))
-        return ForwardResult(np.concatenate(o_parts), np.concatenate(lse_parts))
+        parts = [drain(kv_steps(pipe, qc[i0:i0 + bm], kt, vc, range(i0, min(i0 + bm, q2.shape[0])), None,
+                                (bm, bn), order, causal))
+                 for i0 in range(0, q2.shape[0], bm)]
+        return ForwardResult(np.concatenate([p.o for p in parts]), np.concatenate([p.lse for p in parts]))
 
     return _per_head(one, q, k, v)

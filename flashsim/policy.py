@@ -12,7 +12,25 @@ from dataclasses import dataclass, field
 import emufloat as ef
 from emufloat import BF16, FP32, FP64, H100_WGMMA_BF16, Sequential
 
-from .specs import EXP_FUNCTIONS, LOG_FUNCTIONS, NUMPY, Dot, Func, Mask, Norm, Op, RowSum, Scale, Tiling
+from .specs import (
+    EXP_FUNCTIONS,
+    LOG_FUNCTIONS,
+    NUMPY,
+    BwdTiling,
+    Delta,
+    Dot,
+    Func,
+    Grad,
+    Mask,
+    Norm,
+    Op,
+    Recompute,
+    RowSum,
+    Scale,
+    SoftmaxGrad,
+    Tiling,
+    is_native,
+)
 
 # The steps of the forward pass in the order they happen; trace events carry these names as labels.
 STEPS = ("scores", "scale", "mask", "max", "subtract", "exp", "row_sum", "p_cast", "pv", "rescale", "o_accum",
@@ -35,6 +53,23 @@ STEP_DOCS = {
     "output": "O rounded into the output format",
     "lse": "LSE = m + log(l), in the base of its log",
 }
+# The steps of the backward pass (FA2 order: delta first, then per block pair P, dV, dP, dS, dK, dQ).
+BWD_STEPS = ("delta", "recompute", "dv", "dp", "ds", "dk", "dq")
+BWD_STEP_DOCS = {
+    "delta": "delta = rowsum(dO * O) (or rowsum(dP * P)): products, summation order, format",
+    "recompute": "P = exp(S*c - LSE) from the forward's LSE (S recomputed by the scores and scale steps)",
+    "dv": "dV += P^T dO (P rounded into the product's input format first)",
+    "dp": "dP = dO V^T",
+    "ds": "dS = P * (dP - delta), and where sm_scale enters",
+    "dk": "dK += dS^T Q (dS rounded into the product's input format first)",
+    "dq": "dQ += dS K",
+}
+# Labels of the backward's trace events: 'inputs' (q, k, v, o, do, lse into their formats), the recomputed
+# scores ('scores', 'scale'), then the backward steps ('ds' also labels the cast of dS for the products,
+# 'dv' the cast of P).
+BWD_TRACE_LABELS = ("inputs", "scores", "scale", *BWD_STEPS)
+_BWD_TYPES = {"delta": Delta, "recompute": Recompute, "dv": Grad, "dp": Dot, "ds": SoftmaxGrad, "dk": Grad,
+              "dq": Grad, "bwd_tiling": BwdTiling}
 _TYPES = {"scores": Dot, "scale": Scale, "mask": Mask, "max": Op, "subtract": Op, "exp": Func, "row_sum": RowSum,
           "p_cast": Op, "pv": Dot, "rescale": Op, "o_accum": Op, "normalize": Norm, "output": Op, "lse": Func}
 
@@ -60,10 +95,27 @@ class Policy:
     lse: Func
     tiling: Tiling = field(default_factory=Tiling)
     note: str = field(default="", compare=False)
+    # backward steps; None (the default) derives them from the forward steps (see default_backward)
+    delta: Delta | None = None
+    recompute: Recompute | None = None
+    dv: Grad | None = None
+    dp: Dot | None = None
+    ds: SoftmaxGrad | None = None
+    dk: Grad | None = None
+    dq: Grad | None = None
+    bwd_tiling: BwdTiling | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"name: expected a non-empty string, got {self.name!r}")
+        self._check_forward()
+        derived = default_backward(self)
+        for step in (*BWD_STEPS, "bwd_tiling"):
+            if getattr(self, step) is None:
+                object.__setattr__(self, step, derived[step])
+        self._check_backward()
+
+    def _check_forward(self) -> None:
         for step, typ in {**_TYPES, "tiling": Tiling}.items():
             val = getattr(self, step)
             if not isinstance(val, typ):
@@ -87,33 +139,57 @@ class Policy:
         if self.scores.into_acc:
             raise ValueError("scores: into_acc is only for the pv step")
 
+    def _check_backward(self) -> None:
+        for step, typ in _BWD_TYPES.items():
+            val = getattr(self, step)
+            if not isinstance(val, typ):
+                raise TypeError(f"{step}: expected a {typ.__name__} spec, got {type(val).__name__}")
+        if self.dp.into_acc:
+            raise ValueError("dp: into_acc is only for gradient products (dq, dk, dv)")
+        if self.recompute.fused and self.scale.where == "scores":
+            raise ValueError("recompute: fused (S*c - L as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
+
     @property
     def exp_base(self) -> str:
         """'e' or '2': the base of the exp model, hence whether log2 e is folded into the scale."""
         return self.exp.base
 
     def steps(self) -> dict[str, object]:
-        """Step name -> spec, in pipeline order (tiling last)."""
+        """Forward step name -> spec, in pipeline order (tiling last)."""
         return {s: getattr(self, s) for s in (*STEPS, "tiling")}
 
+    def backward_steps(self) -> dict[str, object]:
+        """Backward step name -> spec, in FA2 order (bwd_tiling last)."""
+        return {s: getattr(self, s) for s in (*BWD_STEPS, "bwd_tiling")}
+
+    def _part(self, part: str) -> dict[str, object]:
+        if part not in ("forward", "backward", "all"):
+            raise ValueError(f"part: expected 'forward', 'backward' or 'all', got {part!r}")
+        return {**(self.steps() if part != "backward" else {}), **(self.backward_steps() if part != "forward" else {})}
+
     def describe(self) -> str:
-        """A readable table: one line per step."""
-        width = max(len(s) for s in (*STEPS, "tiling"))
+        """A readable table: one line per step, forward then backward."""
+        width = max(len(s) for s in (*STEPS, "tiling", *BWD_STEPS, "bwd_tiling"))
         lines = [f"policy {self.name}" + (f": {self.note}" if self.note else "")]
         lines += [f"  {step:<{width}}  {spec}" for step, spec in self.steps().items()]
+        lines += ["  backward:"]
+        lines += [f"  {step:<{width}}  {spec}" for step, spec in self.backward_steps().items()]
         return "\n".join(lines)
 
     __str__ = describe
 
-    def diff(self, other: Policy) -> list[tuple[str, object, object]]:
-        """(step, this spec, other spec) for every step whose specs differ."""
+    def diff(self, other: Policy, part: str = "forward") -> list[tuple[str, object, object]]:
+        """(step, this spec, other spec) for every step whose specs differ.
+
+        ``part``: 'forward' (the default, the forward steps and tiling), 'backward' or 'all'.
+        """
         if not isinstance(other, Policy):
             raise TypeError(f"other: expected a Policy, got {type(other).__name__}")
-        return [(s, a, getattr(other, s)) for s, a in self.steps().items() if a != getattr(other, s)]
+        return [(s, a, getattr(other, s)) for s, a in self._part(part).items() if a != getattr(other, s)]
 
-    def describe_diff(self, other: Policy) -> str:
-        """The diff as text: the two names, then each differing step's two specs."""
-        rows = self.diff(other)
+    def describe_diff(self, other: Policy, part: str = "all") -> str:
+        """The diff as text: the two names, then each differing step's two specs (forward and backward)."""
+        rows = self.diff(other, part)
         if not rows:
             return f"{self.name} and {other.name}: same numerics"
         width = max(len(s) for s, _a, _b in rows)
@@ -123,15 +199,42 @@ class Policy:
         return "\n".join(out)
 
 
+# ---- default backward ---------------------------------------------------------------------------
+def default_backward(policy: Policy) -> dict[str, object]:
+    """Backward specs derived from a policy's forward: an FA2-shaped backward with the forward's formats.
+
+    P recomputed with the forward's exp model (fused when the forward's subtract is); dP and the gradient
+    products by the PV product's input format and model; accumulators, delta and dS in that model's
+    format; gradients stored in the output format; scale applied at the end (placement 'scores': inside
+    dS, as autograd of S*c); the forward's tiles.  Used for every backward field left as None.
+    """
+    pv, native = policy.pv, is_native(policy.pv.fmt)
+    acc = ef.FP64 if native else ef.as_format(pv.model.fmt)
+    grad = Grad(Dot(pv.inputs, pv.model, into_acc=True), Op(acc), Op(policy.output.fmt))
+    t = policy.tiling
+    return {
+        "delta": Delta(NUMPY, acc) if native else Delta("sequential", acc, fused=True),
+        "recompute": Recompute(policy.exp.function, policy.exp.fmt if native else ef.FP32,
+                               fused=policy.subtract.fused),
+        "dv": grad, "dp": Dot(pv.inputs, pv.model),
+        "ds": SoftmaxGrad(acc, scale_at="ds" if policy.scale.where == "scores" else "end"),
+        "dk": grad, "dq": grad,
+        "bwd_tiling": BwdTiling(t.block_m, t.block_n, skip_masked=t.skip_masked),
+    }
+
+
 # ---- presets ------------------------------------------------------------------------------------
 def _uniform(name: str, fmt: ef.Format, model: object, order: str, note: str) -> Policy:
-    """Every step in one format (FP64 golden, FP32)."""
+    """Every step in one format (FP64 golden, FP32); backward by autograd of S*c (scale inside dS)."""
+    grad = Grad(Dot(fmt, model, into_acc=True), Op(fmt), Op(fmt))
     return Policy(
         name=name, note=note,
         scores=Dot(fmt, model), scale=Scale("scores", fmt), mask=Mask(), max=Op(fmt), subtract=Op(fmt),
         exp=Func("exp", fmt), row_sum=RowSum(order, fmt), p_cast=Op(fmt), pv=Dot(fmt, model, into_acc=True),
         rescale=Op(fmt), o_accum=Op(fmt), normalize=Norm("divide", "ieee", fmt), output=Op(fmt),
         lse=Func("log", fmt),
+        delta=Delta(order, fmt, fused=order == "sequential"), recompute=Recompute("exp", fmt), dv=grad,
+        dp=Dot(fmt, model), ds=SoftmaxGrad(fmt, scale_at="ds"), dk=grad, dq=grad, bwd_tiling=BwdTiling(),
     )
 
 
@@ -148,6 +251,14 @@ BASELINE_BF16 = Policy(
     subtract=Op(FP32), exp=Func("exp", FP32), row_sum=RowSum("sequential", FP32), p_cast=Op(BF16),
     pv=Dot(BF16, SEQ32, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32), normalize=Norm("divide", "ieee", FP32),
     output=Op(BF16), lse=Func("log", FP32),
+    # backward: the same idealisation (BF16 tensors dO, dP, dS, dQ, dK, dV; FP32 inside every op; FP32
+    # accumulators across blocks; autograd of S*c puts the scale into dS)
+    delta=Delta("sequential", FP32, fused=True), recompute=Recompute("exp", FP32),
+    dv=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, SEQ32, BF16),
+    ds=SoftmaxGrad(BF16, compute=FP32, scale_at="ds"),
+    dk=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)),
+    dq=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)),
+    bwd_tiling=BwdTiling(64, 64),
 )
 
 QIU_YAO = Policy(
@@ -169,6 +280,18 @@ QIU_YAO = Policy(
     output=Op(BF16),
     lse=Func("log", FP32),  # row_sums.log() (fp32 by autocast) + row_maxes
     tiling=Tiling(512, 512, "forward", skip_masked=False),
+    # backward: their hand-written backward (Algorithm 2 of FA2, Q blocks outer, K/V blocks inner) on bf16
+    # q, k, v, o, do and fp32 lse, its ops under bf16 autocast (torch.compile traces the backward with the
+    # forward's autocast state; eager, einsum(fp32 P, bf16 dO) would not even run)
+    delta=Delta("pairwise", FP32, prod=BF16),  # D = (do * o).sum(-1): bf16 products, autocast fp32 sum
+    recompute=Recompute("exp", FP32),  # p = exp(attn_weights - lse): bf16 - fp32 promotes to fp32; exp fp32
+    dv=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dv.add_(einsum(p, do)): bf16
+    dp=Dot(BF16, SEQ32, BF16),  # dp = einsum(do, v): bf16
+    ds=SoftmaxGrad(FP32, scale_at="p"),  # ds = p * scale * (dp - D): fp32 throughout
+    dk=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dk.add_(einsum(ds, q)): ds -> bf16
+    dq=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dq.add_(einsum(ds, k))
+    # their loop nest is Q blocks outer, K/V inner; each of dQ, dK, dV still accumulates in block order, as here
+    bwd_tiling=BwdTiling(512, 512, skip_masked=False),
 )
 
 FA2 = Policy(
@@ -180,6 +303,16 @@ FA2 = Policy(
     p_cast=Op(BF16), pv=Dot(BF16, H100_WGMMA_BF16, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
     normalize=Norm("reciprocal", "rcp_approx", FP32), output=Op(BF16), lse=Func("log", FP32),
     tiling=Tiling(128, 128, "reverse"),
+    # backward (flash_bwd_kernel.h): dot_do_o preprocessing in fp32; P = exp2f(S*scale_log2 - lse*log2e)
+    # as one FFMA; mma products with fp32 accumulators (dK, dV in registers over Q blocks walked last to
+    # first; dQ block products atomically added into an fp32 dQaccum); dS = P*(dP - delta) in fp32, cast
+    # to bf16 for the mma; dQ, dK times softmax_scale at the end; 128 x 128 tiles (head dim 64)
+    delta=Delta("fa2_dot_do_o", FP32, fused=True), recompute=Recompute("h100_ex2", FP32, fused=True),
+    dv=Grad(Dot(BF16, H100_WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, H100_WGMMA_BF16),
+    ds=SoftmaxGrad(FP32, scale_at="end"),
+    dk=Grad(Dot(BF16, H100_WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
+    dq=Grad(Dot(BF16, H100_WGMMA_BF16), Op(FP32), Op(BF16)),
+    bwd_tiling=BwdTiling(128, 128, q_order="reverse"),
 )
 
 # ---- registry -----------------------------------------------------------------------------------
@@ -217,5 +350,6 @@ def get_policy(name: str | Policy) -> Policy:
 for _p in (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2):
     register_policy(_p)
 
-__all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "Policy", "get_policy", "register_policy", "policy_names", "ALIASES",
+__all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "BWD_STEPS", "BWD_STEP_DOCS", "BWD_TRACE_LABELS",
+           "default_backward", "Policy", "get_policy", "register_policy", "policy_names", "ALIASES",
            "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2"]

@@ -271,7 +271,7 @@ def test_flashsim_does_not_import_gpu_libraries():
     (lambda: fs.StabilisedSoftmax(beta=-2.0), "beta: must be a finite number > 1"),
     (lambda: fs.StabilisedSoftmax(beta=1.0), "beta"),
     (lambda: fs.StabilisedSoftmax(eps=-1e-3), "eps: must be"),
-    (lambda: fs.get_softmax("improved"), "softmax: unknown variant 'improved'; accepted: stabilised, standard"),
+    (lambda: fs.get_softmax("improved"), "softmax: unknown variant 'improved'; accepted: robust, stabilised, standard"),
 ])
 def test_spec_errors_name_the_argument(make, match):
     with pytest.raises((ValueError, TypeError), match=match):

@@ -1,0 +1,408 @@
+"""The attention backward under a precision policy: tiled as FlashAttention-2's, and non-tiled.
+
+Given the forward's output O and log-sum-exp L (per query row) and the output gradient dO, the backward
+computes, for S = Q K^T, c = sm_scale and P = exp(S*c - L) (the softmax, recomputed from L)::
+
+    delta = rowsum(dO * O)                 (= rowsum(dP * P) in exact arithmetic)
+    dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = c dS K,   dK = c dS^T Q
+
+:func:`flash_backward` tiles this as FA2's backward kernel does: K/V blocks outer (dK, dV accumulate in
+registers over the Q blocks of the inner loop), Q blocks inner (dQ accumulates over K/V blocks), P
+recomputed per block pair from L, delta computed once before the loop.  :func:`reference_backward` is the
+same computation with one block each way (every product over the full length).  Every arithmetic step
+goes through :mod:`flashsim.arith` under the policy's backward specs (``delta``, ``recompute``, ``dv``,
+``dp``, ``ds``, ``dk``, ``dq``, ``bwd_tiling``), vectorised over whole blocks; Python loops run only over
+blocks, heads and, for delta's FMA chains, over the head dimension.  With ``trace=`` the roundings are
+recorded under the labels of :data:`flashsim.policy.BWD_TRACE_LABELS`.
+
+The softmax variant does not enter the backward.  A variant only changes the shift m the forward
+exponentiates against; the forward still returns L = m + log l (l = sum of exp(S*c - m)), which is
+log(sum exp(S*c)) whatever m was, so P = exp(S*c - L) and every gradient are unchanged in exact
+arithmetic (Qiu & Yao's stabilised softmax included).  In finite precision the backward sees the variant
+only through the rounded O and L the forward produced.  ``softmax=`` is accepted (and checked) so that a
+call can name the forward it belongs to.
+
+Shapes: q (..., M, d), k (..., N, d), v (..., N, dv), o and do (..., M, dv), lse (..., M) with equal
+leading axes; lse in the base of the policy's ``lse`` log, as :func:`flashsim.flash_forward` returns it.
+``causal`` masks key j for query i when j > i (top-left), as the forward does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+import emufloat as ef
+from emufloat import Format, Rounding, Trace
+from emufloat.formats import format_of_dtype
+
+from . import arith
+from .policy import Policy, get_policy
+from .softmax import STANDARD, SoftmaxVariant, get_softmax
+from .specs import Delta, Grad, Op, is_native
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+RNE = Rounding("rne")
+
+
+class BackwardResult(tuple):
+    """(dq, dk, dv): unpacks to the three gradients; ``delta`` (one per query row) rides along.
+
+    Each gradient is in its policy format's carrier (float64 for FP64); ``delta`` in the delta step's.
+    """
+
+    def __new__(cls, dq: np.ndarray, dk: np.ndarray, dv: np.ndarray, delta: np.ndarray) -> BackwardResult:
+        self = super().__new__(cls, (dq, dk, dv))
+        self.delta = delta
+        return self
+
+    @property
+    def dq(self) -> np.ndarray:
+        return self[0]
+
+    @property
+    def dk(self) -> np.ndarray:
+        return self[1]
+
+    @property
+    def dv(self) -> np.ndarray:
+        return self[2]
+
+    def __repr__(self) -> str:
+        return (f"BackwardResult(dq {self.dq.shape} {self.dq.dtype}, dk {self.dk.shape} {self.dk.dtype}, "
+                f"dv {self.dv.shape} {self.dv.dtype}, delta {self.delta.shape} {self.delta.dtype})")
+
+
+# ---- small helpers ----------------------------------------------------------------------------------
+def _first(spec) -> Format:
+    return spec.compute if spec.compute is not None else spec.fmt
+
+
+def _compute_only(spec) -> Op:
+    """An op that rounds only into the spec's compute format (a temporary kept there)."""
+    first = _first(spec)
+    return Op(first, spec.rounding if first == spec.fmt else RNE)
+
+
+def _to(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: Rounding = RNE) -> np.ndarray:
+    """x rounded into fmt; a no-op (and no trace events) when x is already held in that format."""
+    if format_of_dtype(np.asarray(x).dtype) == fmt:
+        return x
+    return arith.cast(x, fmt, rounding, trace, label)
+
+
+def _visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
+    """The causal mask of a block (True = attended), or None when every entry is attended."""
+    if not causal or cols.stop - 1 <= rows.start:
+        return None
+    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
+
+
+@functools.lru_cache(maxsize=256)
+def _tree(order: str, n: int) -> ef.ReductionTree:
+    return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
+
+
+# ---- delta ------------------------------------------------------------------------------------------
+def _fa2_threads(x: np.ndarray, threads: int, chunk: int) -> np.ndarray:
+    """(rows, n) -> (rows, threads, k): columns in chunks of ``chunk`` dealt round-robin to the threads,
+    each thread's values in its own order (zero padded to a whole number of rounds)."""
+    rows, n = x.shape
+    width = threads * chunk
+    padded_n = -(-n // width) * width
+    if padded_n != n:
+        padded = np.zeros((rows, padded_n), dtype=x.dtype)
+        padded[:, :n] = x
+        x = padded
+    return x.reshape(rows, -1, threads, chunk).transpose(0, 2, 1, 3).reshape(rows, threads, -1)
+
+
+def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None,
+                 label: str = "delta") -> np.ndarray:
+    """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats)."""
+    if is_native(spec.fmt):
+        return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
+    first = _first(spec)
+    acc_op = _compute_only(spec)
+    if spec.order == "fa2_dot_do_o":
+        a, b = _fa2_threads(a, spec.threads, spec.chunk), _fa2_threads(b, spec.threads, spec.chunk)
+    if spec.fused or spec.order == "fa2_dot_do_o":
+        # a sequential chain per row (per thread), vectorised over rows (and threads): the first product,
+        # then either fma(a, b, acc) or acc + round(a*b)
+        prod_op = acc_op if spec.fused else Op(spec.prod_fmt)
+        acc = _to(arith.binary("mul", a[..., 0], b[..., 0], prod_op, trace, label), first, trace, label)
+        for t in range(1, a.shape[-1]):
+            if spec.fused:
+                acc = arith.fma(a[..., t], b[..., t], acc, acc_op, trace, label)
+            else:
+                prod = arith.binary("mul", a[..., t], b[..., t], prod_op, trace, label)
+                acc = arith.binary("add", acc, prod, acc_op, trace, label)
+        if spec.order == "fa2_dot_do_o":
+            # butterfly all-reduce (shfl_xor, offsets threads/2, ..., 1): lane t adds lane t ^ off; every lane
+            # ends with lane 0's value (addition commutes), so only the lanes that feed lane 0 are computed
+            off = spec.threads // 2
+            while off >= 1:
+                acc = arith.binary("add", acc[:, :off], acc[:, off:2 * off], acc_op, trace, label)
+                off //= 2
+            acc = acc[:, 0]
+    else:
+        prods = arith.binary("mul", a, b, Op(spec.prod_fmt), trace, label)
+        rnd = spec.rounding if first == spec.fmt else RNE
+        if spec.order == "exact":
+            acc = ef.sum(prods, first, rnd, trace=trace, label=label)
+        else:  # tree orders are not traced by emufloat yet (the store below is)
+            acc = ef.tree_sum(prods, _tree(spec.order, prods.shape[-1]), first, rnd)
+    if spec.compute is None or spec.compute == spec.fmt:
+        return acc
+    return ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
+
+
+# ---- input checks -----------------------------------------------------------------------------------
+def _array(x, name: str) -> np.ndarray:
+    arr = np.asarray(x)
+    if format_of_dtype(arr.dtype) is None:
+        raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
+                        f"got dtype {arr.dtype}")
+    return arr
+
+
+def _check(q, k, v, o, lse, do, softmax, sm_scale, trace):
+    q, k, v, o, lse, do = (_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"),
+                                                      (do, "do")))
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.ndim < 2:
+            raise ValueError(f"{name}: expected shape (..., rows, head_dim), got {x.shape}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q, k: head dims differ: q {q.shape}, k {k.shape}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k, v: numbers of keys differ: k {k.shape}, v {v.shape}")
+    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
+        raise ValueError(f"q, k, v: leading (batch, head) axes differ: {q.shape}, {k.shape}, {v.shape}")
+    if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1 or v.shape[-1] < 1:
+        raise ValueError(f"q, k, v: need at least one query, one key and head dims >= 1; got q {q.shape}, "
+                         f"k {k.shape}, v {v.shape}")
+    want = (*q.shape[:-1], v.shape[-1])
+    for name, x in (("o", o), ("do", do)):
+        if x.shape != want:
+            raise ValueError(f"{name}: expected shape {want} (q's rows, v's head dim), got {x.shape}")
+    if lse.shape != q.shape[:-1]:
+        raise ValueError(f"lse: expected shape {q.shape[:-1]} (one per query row), got {lse.shape}")
+    if sm_scale is None:
+        sm_scale = 1.0 / math.sqrt(q.shape[-1])
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < math.inf:
+        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+    if trace is not None and not isinstance(trace, Trace):
+        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+    get_softmax(softmax)  # checked only: the backward does not depend on the variant (module docstring)
+    return q, k, v, o, lse, do, float(sm_scale)
+
+
+def _positive(value, default: int, name: str) -> int:
+    val = default if value is None else value
+    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {val!r}")
+    return int(val)
+
+
+def _order(value, default: str, name: str) -> str:
+    val = default if value is None else value
+    if val not in ("forward", "reverse"):
+        raise ValueError(f"{name}: expected 'forward' or 'reverse', got {val!r}")
+    return val
+
+
+# ---- one head ---------------------------------------------------------------------------------------
+class _Head:
+    """The backward of one head: inputs rounded into the policy's formats once, then block by block."""
+
+    def __init__(self, pol: Policy, q, k, v, o, lse, do, sm_scale: float, causal: bool, trace: Trace | None):
+        self.pol, self.causal, self.trace, self.sm_scale = pol, causal, trace, sm_scale
+        tr = trace
+        self.q = _to(q, pol.scores.inputs, tr, "inputs")
+        self.k = _to(k, pol.scores.inputs, tr, "inputs")
+        v = _to(v, pol.pv.inputs, tr, "inputs")
+        self.do = _to(do, pol.dp.inputs, tr, "inputs")
+        self.o = _to(o, pol.output.fmt, tr, "inputs", pol.output.rounding)
+        self.v_dp = _to(v, pol.dp.inputs, tr, "inputs")
+        self.do_dv = _to(self.do, pol.dv.dot.inputs, tr, "inputs")
+        self.q_dk = _to(self.q, pol.dk.dot.inputs, tr, "inputs")
+        self.k_dq = _to(self.k, pol.dq.dot.inputs, tr, "inputs")
+        rec = pol.recompute
+        self.x_op = _compute_only(rec)
+        self.exp = rec.func()
+        units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
+        self.c = arith.constant(sm_scale * units, pol.scale)
+        lse = _to(lse, pol.lse.fmt, tr, "inputs")
+        if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
+            lse = arith.binary("mul", lse, arith.constant(LOG2E if rec.base == "2" else LN2, rec), self.x_op,
+                               tr, "recompute")
+        self.neg_l = arith.f64(lse) * -1.0  # exact negation
+        self.l = lse
+        self.ds_tmp = _compute_only(pol.ds)
+        self.cs = arith.constant(sm_scale, pol.ds)
+
+    # P = exp(S*c - L) for one block
+    def p_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
+        pol, tr = self.pol, trace
+        s = arith.dot(self.q[rows.start:rows.stop], self.k[cols.start:cols.stop].T, pol.scores, trace=tr,
+                      label="scores")
+        vis = _visible(rows, cols, self.causal)
+        if pol.scale.where == "scores":
+            s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
+            if vis is not None:
+                s = s.copy()
+                s[~vis] = -np.inf
+            x = arith.binary("sub", s, self.l[rows.start:rows.stop, None], self.x_op, tr, "recompute")
+        else:
+            if vis is not None:
+                s = s.copy()
+                s[~vis] = -np.inf
+            neg_l = self.neg_l[rows.start:rows.stop, None]
+            if pol.recompute.fused:
+                x = arith.fma(s, self.c, arith.cast(neg_l, _first(pol.recompute)), self.x_op, tr, "recompute")
+            else:
+                sc = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
+                x = arith.binary("sub", sc, self.l[rows.start:rows.stop, None], self.x_op, tr, "recompute")
+        return arith.function(x, self.exp, tr, "recompute")
+
+    def dp_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
+        return arith.dot(self.do[rows.start:rows.stop], self.v_dp[cols.start:cols.stop].T, self.pol.dp,
+                         trace=trace, label="dp")
+
+    def delta(self, bm: int) -> np.ndarray:
+        spec, tr = self.pol.delta, self.trace
+        if spec.source == "o":
+            return delta_rowsum(self.do, self.o, spec, tr)
+        m, n = self.q.shape[0], self.k.shape[0]
+        parts = []
+        for i0 in range(0, m, bm):  # rowsum(dP * P) over whole rows; P and dP as the main loop computes them
+            rows, cols = range(i0, min(i0 + bm, m)), range(0, n)
+            parts.append(delta_rowsum(self.dp_block(rows, cols, None), self.p_block(rows, cols, None), spec, tr))
+        return np.concatenate(parts)
+
+    def accumulate(self, grad: Grad, a: np.ndarray, b: np.ndarray, acc: np.ndarray, label: str) -> np.ndarray:
+        if grad.dot.into_acc:
+            return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label)
+        prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
+        return arith.binary("add", acc, prod, grad.accum, self.trace, label)
+
+    def finish(self, grad: Grad, acc: np.ndarray, label: str, scaled: bool) -> np.ndarray:
+        if scaled and self.pol.ds.scale_at == "end":
+            acc = arith.binary("mul", acc, arith.constant(self.sm_scale, grad.accum), grad.accum, self.trace, label)
+        return _to(acc, grad.out.fmt, self.trace, label, grad.out.rounding)
+
+    def ds_block(self, p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.ndarray:
+        spec, tr = self.pol.ds, self.trace
+        diff = arith.binary("sub", dp, delta[:, None], self.ds_tmp, tr, "ds")
+        if spec.scale_at == "p":
+            pc = arith.binary("mul", p, self.cs, self.ds_tmp, tr, "ds")
+            return arith.binary("mul", pc, diff, spec, tr, "ds")
+        ds = arith.binary("mul", p, diff, spec, tr, "ds")
+        if spec.scale_at == "ds":
+            ds = arith.binary("mul", ds, self.cs, spec, tr, "ds")
+        return ds
+
+    def run(self, bm: int, bn: int, q_order: str, kv_order: str, skip_masked: bool) -> BackwardResult:
+        pol, tr = self.pol, self.trace
+        m, n = self.q.shape[0], self.k.shape[0]
+        delta = self.delta(bm)
+        q_blocks = [range(i0, min(i0 + bm, m)) for i0 in range(0, m, bm)]
+        kv_blocks = [range(j0, min(j0 + bn, n)) for j0 in range(0, n, bn)]
+        if q_order == "reverse":
+            q_blocks.reverse()
+        if kv_order == "reverse":
+            kv_blocks.reverse()
+        dv_cols, dq_cols = self.do.shape[1], self.k.shape[1]
+        dq_acc = {r.start: arith.cast(np.zeros((len(r), dq_cols)), pol.dq.acc_fmt) for r in q_blocks}
+        dk_parts, dv_parts = {}, {}
+        for cols in kv_blocks:
+            dk_acc = arith.cast(np.zeros((len(cols), dq_cols)), pol.dk.acc_fmt)
+            dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
+            for rows in q_blocks:
+                if self.causal and skip_masked and cols.start > rows.stop - 1:
+                    continue  # every key of the block comes after every query of the block
+                r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
+                p = self.p_block(rows, cols, tr)
+                dv_acc = self.accumulate(pol.dv, _to(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc,
+                                         "dv")
+                ds = self.ds_block(p, self.dp_block(rows, cols, tr), delta[r0:r1])
+                ds_k = _to(ds, pol.dk.dot.inputs, tr, "ds")
+                ds_q = ds_k if pol.dq.dot.inputs == pol.dk.dot.inputs else _to(ds, pol.dq.dot.inputs, tr, "ds")
+                dk_acc = self.accumulate(pol.dk, ds_k.T, self.q_dk[r0:r1], dk_acc, "dk")
+                dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq")
+            dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", True)
+            dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", False)
+        dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", True) for i0 in sorted(dq_acc)])
+        dk = np.concatenate([dk_parts[j0] for j0 in sorted(dk_parts)])
+        dv = np.concatenate([dv_parts[j0] for j0 in sorted(dv_parts)])
+        return BackwardResult(dq, dk, dv, delta)
+
+
+def _per_head(fn, arrays) -> BackwardResult:
+    lead = arrays[0].shape[:-2]
+    if not lead:
+        return fn(*arrays)
+    outs = [fn(*(x[i] for x in arrays)) for i in np.ndindex(lead)]
+
+    def stack(j):
+        parts = [r.delta if j == 3 else r[j] for r in outs]
+        return np.stack(parts).reshape(*lead, *parts[0].shape)
+
+    return BackwardResult(stack(0), stack(1), stack(2), stack(3))
+
+
+# ---- algorithms --------------------------------------------------------------------------------------
+def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, do: np.ndarray,
+                   policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD, causal: bool = False,
+                   sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                   q_order: str | None = None, kv_order: str | None = None,
+                   trace: Trace | None = None) -> BackwardResult:
+    """Tiled backward (FlashAttention-2): K/V blocks outer, Q blocks inner, P recomputed from ``lse``.
+
+    ``o``, ``lse``: the forward's output and LSE (as :func:`flashsim.flash_forward` returns them under the
+    same policy); ``do``: dL/dO.  Tiles and orders default to the policy's ``bwd_tiling``; the last blocks
+    may be narrower.  Under ``causal``, block pairs masked for every entry are skipped unless the tiling
+    says otherwise.  ``softmax`` does not change the backward (see the module docstring: the LSE a
+    variant's forward returns is m + log l = log sum exp(S*c) whatever shift m it chose).
+
+    Returns a :class:`BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
+    """
+    pol = get_policy(policy)
+    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace)
+    scale = arrays[-1]
+    t = pol.bwd_tiling
+    bm = _positive(block_m, t.block_m, "block_m")
+    bn = _positive(block_n, t.block_n, "block_n")
+    qo = _order(q_order, t.q_order, "q_order")
+    ko = _order(kv_order, t.kv_order, "kv_order")
+
+    def one(q2, k2, v2, o2, lse2, do2):
+        return _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace).run(bm, bn, qo, ko, t.skip_masked)
+
+    return _per_head(one, arrays[:-1])
+
+
+def reference_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
+                       do: np.ndarray, policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD,
+                       causal: bool = False, sm_scale: float | None = None,
+                       trace: Trace | None = None) -> BackwardResult:
+    """The backward without tiling: every step of :func:`flash_backward` on the whole matrices at once.
+
+    P is recomputed from ``lse`` over full rows; dV, dP, dK and dQ are single products over the full
+    length (each accumulated once into a zero accumulator, then stored as the policy says).
+    """
+    pol = get_policy(policy)
+    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace)
+    scale = arrays[-1]
+
+    def one(q2, k2, v2, o2, lse2, do2):
+        head = _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace)
+        return head.run(q2.shape[0], k2.shape[0], "forward", "forward", False)
+
+    return _per_head(one, arrays[:-1])
+
+
+__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum"]

@@ -178,16 +178,32 @@ def fmt_ns(seconds: float, n: int) -> str:
     return f"{seconds / n * 1e9:.2f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
+def add_common_args(p: argparse.ArgumentParser, quick_help: str) -> None:
+    """The options every emufloat benchmark script takes."""
     p.add_argument("--repeat", type=int, default=5, help="timed repetitions per callable (default 5)")
-    p.add_argument("--quick", action="store_true", help="small run: n = 2**18, 3 repeats")
+    p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--threads", type=int, default=None, help="Numba threads (default: Numba's default)")
     p.add_argument("--only", default="", help="run only rows whose name contains this text")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--spin-up", type=float, default=2.0, metavar="SECONDS",
                    help="run a parallel kernel this long before the first row (default 2)")
+
+
+def print_header(title: str) -> None:
+    """Date, command, versions, CPU and load: what a reader needs to compare two runs."""
+    print(f"# {title}, {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+          f"ml_dtypes {ml_dtypes.__version__}")
+    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+    print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
+          f"load average {load}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
+    add_common_args(p, "small run: n = 2**18, 3 repeats")
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.repeat = 1 << 18, 3
@@ -197,13 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         numba.set_num_threads(args.threads)
     n = args.n
 
-    print(f"# emufloat benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-          f"ml_dtypes {ml_dtypes.__version__}")
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
-          f"load average {load}")
+    print_header("emufloat benchmark")
     print(f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
           f"{args.spin_up:g} s of spin-up; "
           "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "

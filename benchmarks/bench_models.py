@@ -21,9 +21,7 @@ FusedBlock models take their integer fast path.
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
@@ -36,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_emufloat, next to this file
 
-from bench_emufloat import OtherLoad, Timing, cpu_model, measure  # noqa: E402
+from bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_header  # noqa: E402
 
 import emufloat as ef  # noqa: E402  (bench_emufloat puts the checkout on sys.path)
 
@@ -108,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=512, help="M = N = K of the matmul rows (default 512)")
     p.add_argument("--n", type=int, default=1 << 24, help="elements of the function rows (default 2**24)")
-    p.add_argument("--repeat", type=int, default=5, help="timed repetitions per callable (default 5)")
-    p.add_argument("--quick", action="store_true", help="small run: size 128, n = 2**18, 3 repeats")
-    p.add_argument("--threads", type=int, default=None, help="Numba threads (default: Numba's default)")
-    p.add_argument("--only", default="", help="run only rows whose name contains this text")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--spin-up", type=float, default=2.0, metavar="SECONDS",
-                   help="run a parallel kernel this long before the first row (default 2)")
+    add_common_args(p, "small run: size 128, n = 2**18, 3 repeats")
     args = p.parse_args(argv)
     if args.quick:
         args.size, args.n, args.repeat = 128, 1 << 18, 3
@@ -123,13 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads is not None:
         numba.set_num_threads(args.threads)
 
-    print(f"# emufloat model benchmark, {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-          f"ml_dtypes {ml_dtypes.__version__}")
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
-          f"load average {load}")
+    print_header("emufloat model benchmark")
     print(f"# best and median of {args.repeat} after one warm-up call each and {args.spin_up:g} s of spin-up; "
           "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
           "other load = cores busy with other processes during the row")

@@ -120,25 +120,30 @@ def _fmt_of(x: np.ndarray):
 
 
 # ---- input checks ----------------------------------------------------------------------------------
+def as_input(x, name: str) -> np.ndarray:
+    """``x`` as an array of a known float format (refused, naming ``name``, otherwise)."""
+    arr = np.asarray(x)
+    if format_of_dtype(arr.dtype) is None:
+        raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
+                        f"got dtype {arr.dtype}")
+    return arr
+
+
 def _check(q, k, v, softmax, sm_scale, trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, SoftmaxVariant, float]:
-    arrays = []
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        arr = np.asarray(x)
-        if format_of_dtype(arr.dtype) is None:
-            raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
-                            f"got dtype {arr.dtype}")
+    """Checked q, k, v, the softmax variant and the scale (shared by the forward, the stepper and the backward)."""
+    q, k, v = (as_input(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
+    for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim < 2:
             raise ValueError(f"{name}: expected shape (..., rows, head_dim), got {arr.shape}")
-        arrays.append(arr)
-    q, k, v = arrays
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q, k: head dims differ: q {q.shape}, k {k.shape}")
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(f"k, v: numbers of keys differ: k {k.shape}, v {v.shape}")
     if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(f"q, k, v: leading (batch, head) axes differ: {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1:
-        raise ValueError(f"q, k: need at least one query, one key and head_dim >= 1; got q {q.shape}, k {k.shape}")
+    if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1 or v.shape[-1] < 1:
+        raise ValueError(f"q, k, v: need at least one query, one key and head dims >= 1; got q {q.shape}, "
+                         f"k {k.shape}, v {v.shape}")
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < math.inf:
@@ -148,11 +153,20 @@ def _check(q, k, v, softmax, sm_scale, trace) -> tuple[np.ndarray, np.ndarray, n
     return q, k, v, get_softmax(softmax), float(sm_scale)
 
 
-def _block_size(value: int | None, default: int, name: str) -> int:
+def block_size(value: int | None, default: int, name: str) -> int:
+    """A block size argument, or ``default`` when it is None; refused unless a positive integer."""
     val = default if value is None else value
     if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
         raise ValueError(f"{name}: expected a positive integer, got {val!r}")
     return int(val)
+
+
+def block_order(value: str | None, default: str, name: str) -> str:
+    """A block order argument ('forward' or 'reverse'), or ``default`` when it is None."""
+    val = default if value is None else value
+    if val not in ("forward", "reverse"):
+        raise ValueError(f"{name}: expected 'forward' or 'reverse', got {val!r}")
+    return val
 
 
 def _visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
@@ -176,12 +190,8 @@ def _per_head(fn, q, k, v) -> ForwardResult:
 def tiling_of(pol: Policy, block_m: int | None, block_n: int | None,
               kv_order: str | None) -> tuple[int, int, str]:
     """(BLOCK_M, BLOCK_N, K/V order): the arguments, or the policy's tiling where they are None."""
-    bm = _block_size(block_m, pol.tiling.block_m, "block_m")
-    bn = _block_size(block_n, pol.tiling.block_n, "block_n")
-    order = pol.tiling.kv_order if kv_order is None else kv_order
-    if order not in ("forward", "reverse"):
-        raise ValueError(f"kv_order: expected 'forward' or 'reverse', got {order!r}")
-    return bm, bn, order
+    return (block_size(block_m, pol.tiling.block_m, "block_m"), block_size(block_n, pol.tiling.block_n, "block_n"),
+            block_order(kv_order, pol.tiling.kv_order, "kv_order"))
 
 
 # ---- the online-softmax loop of one Q block ---------------------------------------------------------

@@ -30,7 +30,6 @@ leading axes; lse in the base of the policy's ``lse`` log, as :func:`flashsim.fl
 from __future__ import annotations
 
 import functools
-import math
 
 import numpy as np
 
@@ -39,8 +38,10 @@ from emufloat import Format, Rounding, Trace
 from emufloat.formats import format_of_dtype
 
 from . import arith
+from .attention import _check as check_forward_inputs
+from .attention import as_input, block_order, block_size
 from .policy import Policy, get_policy
-from .softmax import STANDARD, SoftmaxVariant, get_softmax
+from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, Op, is_native
 
 LOG2E = 1.4426950408889634
@@ -161,57 +162,17 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
 
 
 # ---- input checks -----------------------------------------------------------------------------------
-def _array(x, name: str) -> np.ndarray:
-    arr = np.asarray(x)
-    if format_of_dtype(arr.dtype) is None:
-        raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
-                        f"got dtype {arr.dtype}")
-    return arr
-
-
 def _check(q, k, v, o, lse, do, softmax, sm_scale, trace):
-    q, k, v, o, lse, do = (_array(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v"), (o, "o"), (lse, "lse"),
-                                                      (do, "do")))
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        if x.ndim < 2:
-            raise ValueError(f"{name}: expected shape (..., rows, head_dim), got {x.shape}")
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q, k: head dims differ: q {q.shape}, k {k.shape}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k, v: numbers of keys differ: k {k.shape}, v {v.shape}")
-    if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
-        raise ValueError(f"q, k, v: leading (batch, head) axes differ: {q.shape}, {k.shape}, {v.shape}")
-    if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1 or v.shape[-1] < 1:
-        raise ValueError(f"q, k, v: need at least one query, one key and head dims >= 1; got q {q.shape}, "
-                         f"k {k.shape}, v {v.shape}")
+    q, k, v, _variant, scale = check_forward_inputs(q, k, v, softmax, sm_scale, trace)
+    # the variant is checked only: the backward does not depend on it (module docstring)
+    o, lse, do = (as_input(x, n) for x, n in ((o, "o"), (lse, "lse"), (do, "do")))
     want = (*q.shape[:-1], v.shape[-1])
     for name, x in (("o", o), ("do", do)):
         if x.shape != want:
             raise ValueError(f"{name}: expected shape {want} (q's rows, v's head dim), got {x.shape}")
     if lse.shape != q.shape[:-1]:
         raise ValueError(f"lse: expected shape {q.shape[:-1]} (one per query row), got {lse.shape}")
-    if sm_scale is None:
-        sm_scale = 1.0 / math.sqrt(q.shape[-1])
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < math.inf:
-        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
-    if trace is not None and not isinstance(trace, Trace):
-        raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
-    get_softmax(softmax)  # checked only: the backward does not depend on the variant (module docstring)
-    return q, k, v, o, lse, do, float(sm_scale)
-
-
-def _positive(value, default: int, name: str) -> int:
-    val = default if value is None else value
-    if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1:
-        raise ValueError(f"{name}: expected a positive integer, got {val!r}")
-    return int(val)
-
-
-def _order(value, default: str, name: str) -> str:
-    val = default if value is None else value
-    if val not in ("forward", "reverse"):
-        raise ValueError(f"{name}: expected 'forward' or 'reverse', got {val!r}")
-    return val
+    return q, k, v, o, lse, do, scale
 
 
 # ---- one head ---------------------------------------------------------------------------------------
@@ -374,10 +335,10 @@ def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, l
     arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace)
     scale = arrays[-1]
     t = pol.bwd_tiling
-    bm = _positive(block_m, t.block_m, "block_m")
-    bn = _positive(block_n, t.block_n, "block_n")
-    qo = _order(q_order, t.q_order, "q_order")
-    ko = _order(kv_order, t.kv_order, "kv_order")
+    bm = block_size(block_m, t.block_m, "block_m")
+    bn = block_size(block_n, t.block_n, "block_n")
+    qo = block_order(q_order, t.q_order, "q_order")
+    ko = block_order(kv_order, t.kv_order, "kv_order")
 
     def one(q2, k2, v2, o2, lse2, do2):
         return _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace).run(bm, bn, qo, ko, t.skip_masked)

@@ -302,6 +302,16 @@ class Norm(_Spec):
         return f"{how} by {self.division} -> {self._store()}"
 
 
+def _check_tiles(tiling, name: str, orders: tuple[str, ...]) -> None:
+    """Positive integer block sizes and 'forward'/'reverse' orders of a tiling spec."""
+    for arg in ("block_m", "block_n"):
+        val = getattr(tiling, arg)
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1:
+            raise ValueError(f"{name}.{arg}: expected a positive integer, got {val!r}")
+    for arg in orders:
+        _choice(getattr(tiling, arg), ("forward", "reverse"), f"{name}.{arg}")
+
+
 @dataclass(frozen=True)
 class Tiling:
     """Default tiles and K/V order of the tiled forward (the call may override them).
@@ -316,11 +326,7 @@ class Tiling:
     skip_masked: bool = True
 
     def __post_init__(self) -> None:
-        for arg in ("block_m", "block_n"):
-            val = getattr(self, arg)
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"Tiling.{arg}: expected a positive integer, got {val!r}")
-        _choice(self.kv_order, ("forward", "reverse"), "Tiling.kv_order")
+        _check_tiles(self, "Tiling", ("kv_order",))
 
     def __str__(self) -> str:
         return (f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks "
@@ -524,12 +530,7 @@ class BwdTiling:
     skip_masked: bool = True
 
     def __post_init__(self) -> None:
-        for arg in ("block_m", "block_n"):
-            val = getattr(self, arg)
-            if isinstance(val, bool) or not isinstance(val, int) or val < 1:
-                raise ValueError(f"BwdTiling.{arg}: expected a positive integer, got {val!r}")
-        _choice(self.q_order, ("forward", "reverse"), "BwdTiling.q_order")
-        _choice(self.kv_order, ("forward", "reverse"), "BwdTiling.kv_order")
+        _check_tiles(self, "BwdTiling", ("q_order", "kv_order"))
 
     def __str__(self) -> str:
         return (f"{self.block_m} x {self.block_n}, K/V blocks outer ({self.kv_order}), Q blocks inner "

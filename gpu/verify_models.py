@@ -458,7 +458,7 @@ def section_tf32(ctx) -> dict:
 def section_reduction(ctx) -> dict:
     from emufloat import trees
 
-    from .probes.reduction import TritonReduceBackend, random_rows
+    from .probes.reduction import TritonReduceBackend, pack_rows, random_rows, reduce_rows
 
     be = TritonReduceBackend()
     rng = np.random.default_rng(ctx.seed + 3)
@@ -470,13 +470,12 @@ def section_reduction(ctx) -> dict:
             for w in (4, 8):
                 for layout in ("dot", "load"):
                     key = f"BM{bm}_BN{bn}_w{w}_{layout}"
-                    x = rows[bn][: (nrows // bm) * bm]
-                    xt = torch.from_numpy(x.reshape(-1, bm, bn)).to(ctx.device)
-                    s, m, _ = be.reduce(xt, bm, bn, w, layout == "dot")
+                    x = rows[bn]
+                    s, m = reduce_rows(be, pack_rows(x, bm, bn, ctx.device, 0.0), len(x), bm, bn, w, layout == "dot")
                     tree = trees.h100_tl_sum(bm, bn, w, layout)
                     ts, tm = Tally(keep=4), Tally(keep=4)
-                    ts.add(to_np_bits(s), trees.tree_sum(x, tree))
-                    tm.add(to_np_bits(m), trees.tree_max(x, tree))
+                    ts.add(s, trees.tree_sum(x, tree))
+                    tm.add(m, trees.tree_max(x, tree))
                     res[key] = {"sum": ts.json(), "max": tm.json()}
     return res
 

@@ -188,6 +188,20 @@ def _one_line(r: dict) -> str:
     )
 
 
+def pack_rows(rows: np.ndarray, bm: int, bn: int, dev, fill: float) -> torch.Tensor:
+    """fp32 rows as [tiles, bm, bn] on the device, the last tile padded with rows of ``fill``."""
+    ntile = -(-rows.shape[0] // bm)
+    buf = np.full((ntile * bm, bn), fill, dtype=np.float32)
+    buf[: rows.shape[0]] = rows
+    return torch.from_numpy(buf.reshape(ntile, bm, bn)).to(dev)
+
+
+def reduce_rows(be, x: torch.Tensor, n: int, bm: int, bn: int, w: int, via_dot: bool):
+    """tl.sum and tl.max of the first ``n`` rows of packed tiles, as numpy arrays."""
+    s, m, _ = be.reduce(x, bm, bn, w, via_dot)
+    return s.reshape(-1)[:n].cpu().numpy(), m.reshape(-1)[:n].cpu().numpy()
+
+
 def probe_config(be, bm: int, bn: int, w: int, via_dot: bool, rows: np.ndarray, arrays: dict, key: str, dev) -> dict:
     out: dict = {"BLOCK_M": bm, "BLOCK_N": bn, "num_warps": w, "variant": "dot" if via_dot else "load"}
     # FPRev
@@ -228,14 +242,7 @@ def probe_config(be, bm: int, bn: int, w: int, via_dot: bool, rows: np.ndarray, 
     arrays[f"{key}_fprev_sums"] = np.where(ok, R, 255).astype(np.uint8)
     # tl.max / signed zeros / NaN
     tests, names = max_zero_nan_tests(bn)
-    nt = len(tests)
-    ntile = -(-nt // bm)
-    buf = np.ones((ntile * bm, bn), dtype=np.float32)
-    buf[:nt] = tests
-    xt = torch.from_numpy(buf.reshape(ntile, bm, bn)).to(dev)
-    s2, m2, _ = be.reduce(xt, bm, bn, w, via_dot)
-    s2 = s2.reshape(-1)[:nt].cpu().numpy()
-    m2 = m2.reshape(-1)[:nt].cpu().numpy()
+    s2, m2 = reduce_rows(be, pack_rows(np.asarray(tests), bm, bn, dev, 1.0), len(tests), bm, bn, w, via_dot)
     fam: dict = {}
     for name, sv, mv in zip(names, s2, m2, strict=True):
         f = name.rsplit("_at_", 1)[0]
@@ -247,13 +254,8 @@ def probe_config(be, bm: int, bn: int, w: int, via_dot: bool, rows: np.ndarray, 
     out["max_signed_zero_nan"] = fam
     # random rows
     n = rows.shape[0]
-    ntile = -(-n // bm)
-    buf = np.zeros((ntile * bm, bn), dtype=np.float32)
-    buf[:n] = rows
-    xr = torch.from_numpy(buf.reshape(ntile, bm, bn)).to(dev)
-    s3, m3, _ = be.reduce(xr, bm, bn, w, via_dot)
-    sums_r = s3.reshape(-1)[:n].cpu().numpy()
-    maxs_r = m3.reshape(-1)[:n].cpu().numpy()
+    xr = pack_rows(rows, bm, bn, dev, 0.0)
+    sums_r, maxs_r = reduce_rows(be, xr, n, bm, bn, w, via_dot)
     rr = {"n": n}
     if via_dot:
         _, _, d = be.reduce(xr, bm, bn, w, via_dot, store_d=True)

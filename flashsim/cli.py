@@ -19,6 +19,7 @@ import numpy as np
 from . import arith
 from .analysis import analyse_run, round_to_one_band
 from .examples import builtin_row
+from .experiments import V_DISTRIBUTIONS, bias_rows, format_bias_table, repeated_maxima_rows
 from .policy import ALIASES, get_policy, policy_names
 from .report import format_report, have_matplotlib, report_dict, write_plots
 from .softmax import VARIANTS, StabilisedSoftmax, get_softmax
@@ -271,6 +272,37 @@ def cmd_trace_row(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def _ties_arg(value: str) -> list[int]:
+    """'2-8', '3', or '2,3,5'."""
+    try:
+        if "-" in value:
+            lo, hi = (int(x) for x in value.split("-"))
+            return list(range(lo, hi + 1))
+        return [int(x) for x in value.split(",")]
+    except ValueError:
+        raise InputError(f"--ties: expected a count, a range such as 2-8 or a comma list, got {value!r}") from None
+
+
+def cmd_bias_rows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    t0 = time.perf_counter()
+    try:
+        policy = get_policy(args.policy)
+    except ValueError as exc:
+        parser.error(f"--policy: {exc}")
+    try:
+        variants = _variants(args.softmax, None, None)
+        rows = repeated_maxima_rows(args.rows, _ties_arg(args.ties), n_keys=args.n_keys, v=args.v, seed=args.seed)
+    except (InputError, ValueError) as exc:
+        msg = str(exc)
+        arg = {"n_rows": "--rows", "n_keys": "--n-keys", "ties": "--ties", "v": "--v"}.get(msg.split(":")[0], "input")
+        parser.error(msg if msg.startswith("--") else f"{arg}: {msg}")
+    results = bias_rows(rows, policy, variants)
+    print(format_bias_table(results, f"flashsim bias-rows, policy {policy.name}: {rows.description}"))
+    print(f"(per-row mean over the head dimension of O - O_fp64, and delta - delta_fp64 with dO ~ N(-1, 0.5); "
+          f"ratio: first variant / this one; {time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
 def _row_arg(value: str, parser: argparse.ArgumentParser) -> int:
     try:
         return int(value)
@@ -313,6 +345,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     tr.add_argument("--quiet", action="store_true", help="print nothing; only write the files")
     tr.set_defaults(func=cmd_trace_row, sub_parser=tr)
+
+    br = sub.add_parser("bias-rows", help="many random rows with repeated maxima: does O (and delta) lean?",
+                        description="Random rows with injected repeated maxima and negative V (flashsim.experiments): "
+                        "each softmax variant's mean signed error of O and of delta against FP64, with z-test and "
+                        "sign-test p-values.")
+    br.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); default qiu_yao")
+    br.add_argument("--softmax", default="all", metavar="VARIANTS", help="as for trace-row; default all")
+    br.add_argument("--rows", type=int, default=10_000, metavar="N", help="rows (one query each); default 10000")
+    br.add_argument("--ties", default="2-8", metavar="K", help="maxima per row: a count (1 = no repeats), a range "
+                    "such as 2-8 (default) or a comma list; each row draws one")
+    br.add_argument("--n-keys", type=int, default=128, metavar="N", help="keys per row; default 128")
+    br.add_argument("--v", choices=V_DISTRIBUTIONS, default="uniform", help="V: uniform in -[1, 2) (default) or "
+                    "normal N(-1.5, 0.5)")
+    br.add_argument("--seed", type=int, default=1)
+    br.set_defaults(func=cmd_bias_rows, sub_parser=br)
     return parser
 
 

@@ -169,3 +169,19 @@ def test_python_m_flashsim(tmp_path):
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert res.returncode == 0, res.stderr
     assert "REPEATED MAXIMUM" in res.stdout and (tmp_path / "report.json").exists()
+
+
+def test_bias_rows_command_prints_the_table(capsys):
+    assert cli.main(["bias-rows", "--rows", "40", "--softmax", "standard,robust", "--ties", "2-3"]) == 0
+    out = capsys.readouterr().out
+    assert "policy qiu_yao: 40 rows" in out and "maxima per row [2, 3]" in out
+    lines = [ln for ln in out.splitlines() if ln.startswith(("standard", "robust"))]
+    assert len(lines) == 2 and float(lines[0].split()[1]) < 0
+
+
+@pytest.mark.parametrize("argv, match", [(["--rows", "0"], "--rows"), (["--ties", "x"], "--ties"),
+                                         (["--ties", "0"], "--ties"), (["--policy", "nope"], "--policy")])
+def test_bias_rows_bad_arguments(argv, match, capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["bias-rows", *argv])
+    assert match in capsys.readouterr().err

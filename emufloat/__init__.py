@@ -35,7 +35,7 @@ from .formats import (
     Format,
     as_format,
 )
-from .functions import div_full, ex2_approx, exp2, rcp_approx, triton_div, triton_exp, triton_exp2
+from .functions import div_full, ex2_approx, exp2, log2_fma, rcp_approx, triton_div, triton_exp, triton_exp2
 from .ops import abs, add, div, fma, maximum, minimum, mul, neg, sqrt, sub  # noqa: A004
 from .reduce import sum  # noqa: A004
 from .rounding import MODES, Rounding, as_rounding, stochastic, stochastic_bits
@@ -52,5 +52,5 @@ __all__ = [
     "Exact", "FusedBlock", "Pairwise", "Sequential", "dot", "matmul",
     "H100_WGMMA_BF16", "H100_WGMMA_FP16", "H100_WGMMA_FP8", "H100_WGMMA_FP8_PROMOTED", "H100_WGMMA_TF32",
     "ReductionTree", "h100_tl_sum", "tree_max", "tree_sum",
-    "exp2", "ex2_approx", "triton_exp2", "triton_exp", "rcp_approx", "div_full", "triton_div",
+    "exp2", "ex2_approx", "triton_exp2", "triton_exp", "rcp_approx", "div_full", "triton_div", "log2_fma",
 ]

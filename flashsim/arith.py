@@ -104,6 +104,8 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
         return _store(r, spec, trace, label)
     if name == "h100_ex2":
         r = ef.ex2_approx(x, ftz=True, trace=trace, label=label)
+    elif name == "log2_fma":
+        r = ef.log2_fma(x, trace=trace, label=label)
     elif name == "h100_ex2_noftz":
         r = ef.ex2_approx(x, ftz=False, trace=trace, label=label)
     else:  # triton_exp

@@ -76,7 +76,12 @@ class _Pipeline:
             scaled = True
         elif visible is not None:
             s = self._fill(s, visible)
-        ctx = MaxContext(pol.max, self.nat_units if scaled else 1.0 / self.sm_scale, tr, "max")
+        if scaled:
+            ctx = MaxContext(pol.max, self.nat_units, tr, "max")
+        elif where == "max":  # raw scores, m in scaled units
+            ctx = MaxContext(pol.max, 1.0 / self.sm_scale, tr, "max", m_scale=c, m_units=self.nat_units)
+        else:
+            ctx = MaxContext(pol.max, 1.0 / self.sm_scale, tr, "max")
         self.max_input = (s, ctx.units)
         m_blk = self.softmax.block_max(s, visible, arith.rowmax(s), m_old, ctx)
         if where == "max" and not scaled:  # Triton: m = max(m_i, rowmax(qk) * qk_scale)

@@ -32,13 +32,22 @@ class MaxContext:
     ``spec``: the policy's max step (the format m is kept in, and how a shift such as r - eps or
     beta * r rounds).  ``units``: units of the scores ``s`` per natural-log unit of the scaled scores
     (1 when s is already scaled, log2 e when scaled for a base-2 exp, 1/sm_scale when s is raw), so a
-    threshold given in natural units becomes ``eps * units``.
+    threshold given in natural units becomes ``eps * units``.  ``m_scale``: when the running max is kept in
+    other units than s (Triton: s raw, m = max * c), the constant c, so a variant comparing s's max with
+    ``m_old`` first multiplies by it (rounded, as the kernel does); ``m_units``: m's units then.
     """
 
     spec: Op
     units: float = 1.0
     trace: Trace | None = None
     label: str = "max"
+    m_scale: np.ndarray | None = None
+    m_units: float | None = None
+
+    @property
+    def running_units(self) -> float:
+        """Units of the running max m_old per natural-log unit (``m_units``, default ``units``)."""
+        return self.units if self.m_units is None else self.m_units
 
 
 @runtime_checkable
@@ -119,7 +128,8 @@ class RobustSoftmax:
     format of ``p_precision`` significand bits (BF16: 8), i.e. lies within ``band`` of the row max r,
     where ``band = 2 * -ln(1 - 2**-(p+1))`` (twice the width of the round-to-1 band, 0.0039 for BF16,
     in the scores' natural units; ``ctx.units`` converts), or when the running shift ``m_old`` is
-    already within ``band`` of r (a tie split across K/V blocks).  Such a row is shifted to
+    already within ``band`` of r (a tie split across K/V blocks).  Both thresholds (r - band and
+    m_old - band) are computed in the max step's format, as a kernel computes them.  Such a row is shifted to
     ``m = r + shift`` with ``shift = clip((beta - 1) * |r|, band, max_shift)``, rounded as the policy's
     max step rounds.  So: r == 0 and small |r| still move by at least ``band`` (the paper leaves r == 0
     alone and moves r in (-0.002, 0) by |r|, too little); the band, not a fixed eps = 1e-3, decides what
@@ -150,13 +160,15 @@ class RobustSoftmax:
     def tie_prone(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
                   ctx: MaxContext) -> np.ndarray:
         """Rows with two or more entries in the round-to-1 band, or a running shift in it."""
-        band = self.band * ctx.units
-        r = arith.f64(rowmax)
+        spec, tr, lab = ctx.spec, ctx.trace, ctx.label
         with np.errstate(invalid="ignore"):
-            near = arith.f64(s) >= (r - band)[:, None]
+            thr = arith.binary("sub", rowmax, arith.constant(self.band * ctx.units, spec), spec, tr, lab)
+            near = arith.f64(s) >= arith.f64(thr)[:, None]
             if valid is not None:
                 near &= valid
-            split = np.isfinite(arith.f64(m_old)) & (r >= arith.f64(m_old) - band)
+            r_m = rowmax if ctx.m_scale is None else arith.binary("mul", rowmax, ctx.m_scale, spec, tr, lab)
+            thr_m = arith.binary("sub", m_old, arith.constant(self.band * ctx.running_units, spec), spec, tr, lab)
+            split = np.isfinite(arith.f64(m_old)) & (arith.f64(r_m) >= arith.f64(thr_m))
         return (np.count_nonzero(near, axis=-1) > 1) | split
 
     def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,

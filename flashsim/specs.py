@@ -30,6 +30,7 @@ EXP_FUNCTIONS = {  # name -> (base, what it models)
 LOG_FUNCTIONS = {
     "log": ("e", "ln x, float64 libm then one rounding"),
     "log2": ("2", "log2 x, float64 libm then one rounding"),
+    "log2_fma": ("2", "the project's Triton kernels: exponent bits + FP32 FMA polynomial (emufloat.log2_fma)"),
 }
 ROW_SUM_ORDERS = {
     NUMPY: "numpy float64 sum (FP64 only)",
@@ -236,7 +237,7 @@ class Func(_Spec):
     def __post_init__(self) -> None:
         _choice(self.function, {**EXP_FUNCTIONS, **LOG_FUNCTIONS}, "Func.function")
         self._normalise()
-        if self.function in ("h100_ex2", "h100_ex2_noftz", "triton_exp") and is_native(self.fmt):
+        if self.function in ("h100_ex2", "h100_ex2_noftz", "triton_exp", "log2_fma") and is_native(self.fmt):
             raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
 
     @property
@@ -433,7 +434,7 @@ class Recompute(_Spec):
     def __post_init__(self) -> None:
         _choice(self.function, EXP_FUNCTIONS, "Recompute.function")
         self._normalise()
-        if self.function in ("h100_ex2", "h100_ex2_noftz", "triton_exp") and is_native(self.fmt):
+        if self.function in ("h100_ex2", "h100_ex2_noftz", "triton_exp", "log2_fma") and is_native(self.fmt):
             raise ValueError(f"Recompute.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
         if self.fused and is_native(self.fmt):
             raise ValueError("Recompute.fused: numpy has no FMA, so an FP64 step cannot be fused")

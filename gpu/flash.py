@@ -1,0 +1,204 @@
+"""The project's flash attention on the GPU: forward and backward Triton kernels behind a torch API.
+
+``attention(q, k, v, causal=..., softmax=...)`` returns (O, LSE) for (B, H, N, d) tensors;
+:class:`FlashAttention` is its autograd Function and :func:`scaled_dot_product_attention` has the calling
+convention of ``torch.nn.functional.scaled_dot_product_attention``.  The softmax variant (``standard``,
+``stabilised`` = Qiu & Yao's fix, ``robust`` = the project's) is a compile-time choice of the kernel; its
+thresholds are the constants flashsim's variants use, rounded to float32 the way flashsim rounds them, so
+``flashsim``'s ``triton_h100`` policy with the same tiles computes what the kernel computes.
+
+LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 for the natural log.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from emufloat import FP32
+from flashsim import arith
+from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax, get_softmax
+from flashsim.specs import Op
+
+from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
+from .kernels.fwd import attn_fwd
+
+LOG2E = 1.4426950408889634
+DTYPES = (torch.bfloat16, torch.float16)
+HEAD_DIMS = (64, 128)
+SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tiles and launch parameters of one kernel (the emulator needs the tiles to repeat it)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+#: (head_dim) -> forward config; chosen by gpu/bench_configs.py on the H100 (see docs/performance.md)
+FWD_CONFIGS = {64: Config(128, 64, 4, 3), 128: Config(128, 128, 8, 3)}
+#: (head_dim) -> backward config (dK/dV and dQ kernels share the tiles)
+BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 3)}
+DELTA_BLOCK = 64
+
+
+def _f32(x: float) -> float:
+    return float(arith.constant(x, Op(FP32)))
+
+
+def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, float]:
+    """The kernel's float32 scalars for ``variant`` (as flashsim's ``triton_h100`` policy rounds them)."""
+    raw, scaled = 1.0 / sm_scale, LOG2E  # units of raw and of scaled scores per natural-log unit
+    out = dict(qk_scale=_f32(sm_scale * LOG2E), eps_raw=0.0, eps_t=0.0, beta=2.0, band_raw=0.0, band_t=0.0,
+               max_shift_raw=0.0, max_shift_t=0.0)
+    if isinstance(variant, StabilisedSoftmax):
+        if variant.count_masked:
+            raise ValueError("softmax: the kernels count only unmasked entries (count_masked=False)")
+        out.update(eps_raw=_f32(variant.eps * raw), eps_t=_f32(variant.eps * scaled), beta=_f32(variant.beta))
+    elif isinstance(variant, RobustSoftmax):
+        if variant.p_precision != 8 and variant.p_precision != 11:
+            raise ValueError("softmax: the robust variant's p_precision must be P's format (8 bf16, 11 fp16)")
+        out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
+                   max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
+    elif not isinstance(variant, StandardSoftmax):
+        raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
+    return out
+
+
+def variant_of(softmax: str | SoftmaxVariant, dtype: torch.dtype) -> SoftmaxVariant:
+    """The flashsim variant object for ``softmax`` (robust gets P's precision from ``dtype``)."""
+    if isinstance(softmax, str) and softmax == "robust":
+        return RobustSoftmax(p_precision=8 if dtype == torch.bfloat16 else 11)
+    return get_softmax(softmax)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.dim() != 4:
+            raise ValueError(f"{name}: expected shape (B, H, N, d), got {tuple(x.shape)}")
+        if x.dtype not in DTYPES:
+            raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: bfloat16, float16")
+        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"{name}: must be a CUDA tensor (the Triton kernels run on the GPU)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
+        raise ValueError(f"q, k, v: shapes (B, H, N, d) must agree (B, H, d; k and v equal): "
+                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if q.shape[-1] != k.shape[-1] or q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS} (equal for q, k, v)")
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+            sm_scale: float | None = None, softmax: str | SoftmaxVariant = "standard",
+            config: Config | None = None, debug: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+    """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
+    for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped)."""
+    _check(q, k, v)
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    if not (math.isfinite(scale) and scale > 0):
+        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+    variant = variant_of(softmax, q.dtype)
+    consts = softmax_constants(variant, scale)
+    cfg = config or FWD_CONFIGS[d]
+    q, k, v = (x.contiguous() for x in (q, k, v))
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
+    n_blk = triton.cdiv(n_k, cfg.block_n)
+    dbg = None
+    if debug:
+        base = (b * h, n_blk, n_q)
+        shapes = {"m": base, "l": base, "p": (*base, cfg.block_n), "acc": (*base, d)}
+        dbg = {key: torch.full(shape, float("nan"), device=q.device) for key, shape in shapes.items()}
+        ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
+    else:
+        ptrs = (lse, lse, lse, lse)
+    grid = (triton.cdiv(n_q, cfg.block_m), b * h)
+    attn_fwd[grid](q, k, v, o, lse, *ptrs, consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"],
+                   consts["band_raw"], consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"],
+                   n_q, n_k, n_blk, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), num_warps=cfg.num_warps,
+                   num_stages=cfg.num_stages)
+    return o, lse, dbg
+
+
+def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+             do: torch.Tensor, *, causal: bool = False, sm_scale: float | None = None,
+             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV, delta) from the forward's O and base-2 LSE."""
+    _check(q, k, v)
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    cfg = config or BWD_CONFIGS[d]
+    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do.to(q.dtype)))
+    lse = lse.contiguous()
+    delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
+    attn_bwd_delta[(triton.cdiv(n_q, DELTA_BLOCK), b * h)](o, do, delta, n_q, HEAD_DIM=d, BLOCK_M=DELTA_BLOCK,
+                                                            num_warps=4)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    qk_scale, c = _f32(scale * LOG2E), _f32(scale)
+    kw = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal), num_warps=cfg.num_warps,
+              num_stages=cfg.num_stages)
+    attn_bwd_dkdv[(triton.cdiv(n_k, cfg.block_n), b * h)](q, k, v, do, lse, delta, dk, dv, qk_scale, c, n_q, n_k,
+                                                           **kw)
+    attn_bwd_dq[(triton.cdiv(n_q, cfg.block_m), b * h)](q, k, v, do, lse, delta, dq, qk_scale, c, n_q, n_k, **kw)
+    return dq, dk, dv, delta
+
+
+class FlashAttention(torch.autograd.Function):
+    """Autograd wrapper: forward and backward by the Triton kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal: bool, sm_scale: float | None, softmax: str):
+        o, lse, _ = forward(q, k, v, causal=causal, sm_scale=sm_scale, softmax=softmax)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv, _ = backward(q, k, v, o, lse, do, causal=ctx.causal, sm_scale=ctx.sm_scale)
+        return dq, dk, dv, None, None, None
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
+              sm_scale: float | None = None, softmax: str = "standard") -> torch.Tensor:
+    """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors."""
+    return FlashAttention.apply(q, k, v, causal, sm_scale, softmax)
+
+
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
+                                 *, softmax: str = "standard") -> torch.Tensor:
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (no mask tensor, dropout or GQA)."""
+    if attn_mask is not None:
+        raise ValueError("attn_mask: not supported by these kernels; use is_causal for causal masking")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: only 0.0 is supported, got {dropout_p!r}")
+    if enable_gqa:
+        raise ValueError("enable_gqa: grouped-query attention is not supported")
+    return attention(query, key, value, causal=is_causal, sm_scale=scale, softmax=softmax)
+
+
+def lse_natural(lse: torch.Tensor) -> torch.Tensor:
+    """The kernels' base-2 LSE in natural-log units."""
+    return lse * math.log(2.0)
+
+
+__all__ = ["Config", "FWD_CONFIGS", "BWD_CONFIGS", "forward", "backward", "FlashAttention", "attention",
+           "scaled_dot_product_attention", "softmax_constants", "variant_of", "lse_natural"]

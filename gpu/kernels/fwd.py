@@ -1,0 +1,175 @@
+"""Flash-attention forward in Triton, with the softmax variant a compile-time choice.
+
+The arithmetic is written so that every rounding is pinned down and flashsim's ``triton_h100`` policy can
+repeat it bit for bit: scores by ``tl.dot`` (wgmma, fp32), the shift m in scaled base-2 units (Triton's
+tutorial: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m)); blocks with causal masking add a -1e6 bias
+by FMA first and subtract m separately; ``tl.math.exp2`` (ex2.approx.ftz); l = fma(l, alpha, tl.sum(p));
+acc = acc * alpha, then ``tl.dot(p.to(dtype), v, acc)``; O = acc / l (div.full) rounded to the input
+dtype; LSE = m + log2(l) in base 2 by :func:`log2_fma` (FP32 FMAs, modelled by emufloat.log2_fma).
+Every explicit FMA is ``tl.fma``, and no product feeds an addition elsewhere, so the compiler has no
+contraction left to choose.
+
+SOFTMAX: 0 standard, 1 Qiu & Yao's stabilised fix (beta, eps), 2 the project's robust variant
+(flashsim.softmax.RobustSoftmax); the thresholds arrive as float32 constants computed on the host.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from emufloat.functions import LOG2_FMA_COEFFS
+
+_C0 = tl.constexpr(LOG2_FMA_COEFFS[0])
+_C1 = tl.constexpr(LOG2_FMA_COEFFS[1])
+_C2 = tl.constexpr(LOG2_FMA_COEFFS[2])
+_C3 = tl.constexpr(LOG2_FMA_COEFFS[3])
+_C4 = tl.constexpr(LOG2_FMA_COEFFS[4])
+MASK_BIAS = -1.0e6  # the causal bias of the diagonal blocks (Triton tutorial)
+
+
+@triton.jit
+def log2_fma(x):
+    """log2 of positive float32 x from its exponent bits and an FMA polynomial (emufloat.log2_fma)."""
+    bits = x.to(tl.int32, bitcast=True)
+    sub = (bits > 0) & (bits < 0x00800000)
+    xs = tl.where(sub, x * 8388608.0, x)
+    b2 = xs.to(tl.int32, bitcast=True)
+    e = ((b2 >> 23) & 0xFF) - 127 - tl.where(sub, 23, 0)
+    mb = (b2 & 0x7FFFFF) | 0x3F800000
+    big = mb > 0x3FB504F3
+    mb = tl.where(big, mb - 0x00800000, mb)
+    e = e + big.to(tl.int32)
+    f = mb.to(tl.float32, bitcast=True) - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    y = tl.fma(z, _C4, _C3)
+    y = tl.fma(z, y, _C2)
+    y = tl.fma(z, y, _C1)
+    y = tl.fma(z, y, _C0)
+    r = tl.fma(s, y, e.to(tl.float32))
+    r = tl.where(x == 0.0, float("-inf"), r)
+    r = tl.where(x == float("inf"), float("inf"), r)
+    return tl.where((x < 0.0) | (x != x), float("nan"), r)
+
+
+@triton.jit
+def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl.constexpr):
+    """The block's shift candidate in the units of ``s`` (r = rowmax(s); r_m: r in m's units)."""
+    if SOFTMAX == 1:  # Qiu & Yao: repeated maxima (more than one s >= r - eps) -> beta*r (r > 0), 0 (r < 0)
+        thr = r - eps_s
+        cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
+        rep = cnt > 1
+        m = tl.where(rep & (r > 0), r * beta, tl.where(rep & (r < 0), 0.0, r))
+    elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or a running max within it
+        thr = r - band_s
+        cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
+        split = (m_i > float("-inf")) & (r_m >= m_i - band_m)
+        prone = (cnt > 1) | split
+        shift = tl.minimum(tl.maximum(tl.abs(r) * (beta - 1.0), band_s), max_shift_s)
+        m = tl.where(prone, r + shift, r)
+    else:
+        m = r
+    return m
+
+
+@triton.jit
+def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop, blk,
+             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr):
+    """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the fast loop)."""
+    for start_n in range(start, stop, BLOCK_N):
+        cols = start_n + offs_n
+        col_ok = cols < N_K
+        if MASKED:
+            k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
+        qk = tl.dot(q, tl.trans(k))
+        if CAUSAL and MASKED:
+            diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
+        else:
+            diag = start_n < 0
+        if diag:
+            # a block with causal masking: qk*c + bias (one FMA), the max over it, a separate subtraction
+            bias = tl.where(cols[None, :] <= offs_m[:, None], 0.0, MASK_BIAS)
+            t = tl.fma(qk, qk_scale, bias)
+            t = tl.where(col_ok[None, :], t, float("-inf"))
+            r = tl.max(t, 1)
+            m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
+            m_new = tl.maximum(m_i, m_blk)
+            x = t - m_new[:, None]
+        else:
+            # the max of raw qk, m = max * c, x = fma(qk, c, -m); ragged columns are -inf
+            if MASKED:
+                qk = tl.where(col_ok[None, :], qk, float("-inf"))
+            r = tl.max(qk, 1)
+            r_m = r * qk_scale
+            if SOFTMAX == 0:
+                m_blk = r_m
+            else:
+                m_blk = _shift(qk, r, m_i, r_m, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX) * qk_scale
+            m_new = tl.maximum(m_i, m_blk)
+            x = tl.fma(qk, qk_scale, -m_new[:, None])
+        p = tl.math.exp2(x)
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
+        acc = acc * alpha[:, None]
+        if MASKED:
+            v = tl.load(V + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        else:
+            v = tl.load(V + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
+        acc = tl.dot(p.to(V.dtype.element_ty), v, acc)
+        m_i = m_new
+        if DEBUG:
+            dbg = (off_hz * N_BLK + blk) * N_Q + offs_m
+            tl.store(DBG_M + dbg, m_i, mask=row_ok)
+            tl.store(DBG_L + dbg, l_i, mask=row_ok)
+            tl.store(DBG_P + dbg[:, None] * BLOCK_N + offs_n[None, :], p, mask=row_ok[:, None])
+            tl.store(DBG_ACC + dbg[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
+        blk += 1
+    return acc, l_i, m_i, blk
+
+
+@triton.jit
+def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
+             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+             N_Q, N_K, N_BLK,
+             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr):
+    """One BLOCK_M slice of queries of one (batch, head); q, k, v, o contiguous (B*H, N, HEAD_DIM)."""
+    start_m = tl.program_id(0)
+    off_hz = tl.program_id(1).to(tl.int64)
+    q_base = off_hz * N_Q * HEAD_DIM
+    k_base = off_hz * N_K * HEAD_DIM
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_ok = offs_m < N_Q
+    q = tl.load(Q + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    first_row = start_m * BLOCK_M
+    if CAUSAL:
+        hi = tl.minimum(N_K, tl.minimum(first_row + BLOCK_M, N_Q))
+        # blocks before lo are full and unmasked: every column <= the block's first row and < N_K
+        lo = tl.minimum((first_row + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
+    else:
+        hi = N_K
+        lo = (N_K // BLOCK_N) * BLOCK_N
+    acc, l_i, m_i, blk = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo, 0,
+                                  DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+                                  qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG)
+    acc, l_i, m_i, blk = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
+                                  blk, DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+                                  qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                                  HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG)
+    lse = m_i + log2_fma(l_i)
+    o = acc / l_i[:, None]
+    tl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)
+    tl.store(O + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
+             mask=row_ok[:, None])

@@ -29,10 +29,12 @@ from .policy import (
     QIU_YAO,
     STEPS,
     TRACE_LABELS,
+    TRITON_H100,
     Policy,
     get_policy,
     policy_names,
     register_policy,
+    triton_policy,
 )
 from .softmax import (
     STANDARD,
@@ -64,6 +66,7 @@ from .stepper import FinalState, RowStepper, StepState, step_rows, trace_row
 __all__ = [
     "ForwardResult", "flash_forward", "natural_lse", "reference_attention",
     "ALIASES", "BASELINE_BF16", "FA2", "FP32_POLICY", "FP64_GOLDEN", "QIU_YAO", "STEPS", "TRACE_LABELS",
+    "TRITON_H100", "triton_policy",
     "Policy", "get_policy", "policy_names", "register_policy",
     "STANDARD", "MaxContext", "RobustSoftmax", "SoftmaxVariant", "StabilisedSoftmax", "StandardSoftmax", "get_softmax",
     "NUMPY", "Dot", "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling",

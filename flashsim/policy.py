@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import emufloat as ef
-from emufloat import BF16, FP32, FP64, H100_WGMMA_BF16, Sequential
+from emufloat import BF16, FP16, FP32, FP64, H100_WGMMA_BF16, H100_WGMMA_FP16, Sequential
 
 from .specs import (
     EXP_FUNCTIONS,
@@ -315,6 +315,44 @@ FA2 = Policy(
     bwd_tiling=BwdTiling(128, 128, q_order="reverse"),
 )
 
+
+
+def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
+                  bwd_block_m: int = 64, bwd_block_n: int = 64, delta_block: int = 64, delta_warps: int = 4,
+                  name: str | None = None) -> Policy:
+    """The project's Triton kernels (gpu/kernels) on the H100, for one launch configuration.
+
+    Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
+    qk*c + bias by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
+    tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
+    base 2 by emufloat.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
+    P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
+    the same tiles), dK, dQ times sm_scale at the end.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs).
+    """
+    fmt = {"bf16": BF16, "fp16": FP16}.get(dtype)
+    if fmt is None:
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    model = H100_WGMMA_BF16 if fmt == BF16 else H100_WGMMA_FP16
+    grad = Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt))
+    return Policy(
+        name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
+        note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
+             f"backward {bwd_block_m}x{bwd_block_n})",
+        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-1.0e6, "add"), max=Op(FP32),
+        subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
+        row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
+        pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
+        normalize=Norm("divide", "div_full", FP32), output=Op(fmt), lse=Func("log2_fma", FP32),
+        tiling=Tiling(block_m, block_n, "forward"),
+        delta=Delta("h100_tl_sum", FP32, block_m=delta_block, num_warps=delta_warps),
+        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(fmt, model),
+        ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
+        bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),
+    )
+
+
+TRITON_H100 = triton_policy(name="triton_h100")
+
 # ---- registry -----------------------------------------------------------------------------------
 _REGISTRY: dict[str, Policy] = {}
 ALIASES = {"golden": "fp64", "reference": "qiu_yao", "bf16": "baseline_bf16"}
@@ -347,9 +385,9 @@ def get_policy(name: str | Policy) -> Policy:
     return _REGISTRY[key]
 
 
-for _p in (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2):
+for _p in (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2, TRITON_H100):
     register_policy(_p)
 
 __all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "BWD_STEPS", "BWD_STEP_DOCS", "BWD_TRACE_LABELS",
            "default_backward", "Policy", "get_policy", "register_policy", "policy_names", "ALIASES",
-           "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2"]
+           "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2", "TRITON_H100", "triton_policy"]

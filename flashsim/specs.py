@@ -342,6 +342,8 @@ DELTA_ORDERS = {
     "pairwise": "balanced tree, each add rounded",
     "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
                     "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
+    "h100_tl_sum": "Triton tl.sum over a loaded (block_m, head dim) tile, the tree recorded on the H100 "
+                   "(emufloat.h100_tl_sum, layout 'load')",
 }
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
@@ -362,7 +364,8 @@ class Delta(_Spec):
     an FP32 product is exact) and the products are summed by ``order`` (``DELTA_ORDERS``) in the compute
     format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
-    ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load).
+    ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
+    ``block_m`` and ``num_warps`` pick the recorded tree of 'h100_tl_sum'.
     """
 
     order: str
@@ -374,6 +377,8 @@ class Delta(_Spec):
     source: str = "o"
     threads: int = 8
     chunk: int = 8
+    block_m: int = 64
+    num_warps: int = 4
 
     def __post_init__(self) -> None:
         _choice(self.order, DELTA_ORDERS, "Delta.order")

@@ -1,0 +1,114 @@
+"""Attention inputs by seed, for the GPU recordings and the emulator cross-check (numpy only).
+
+A :class:`Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
+variant, input kind and seed.  :func:`inputs` builds q, k, v (and dO) from the seed with numpy and
+rounds them to the dtype (RNE, as ``torch.Tensor.to`` does), so the CPU regenerates exactly the tensors
+the GPU ran on.  Kinds: ``random`` (N(0, 1)); ``repeated`` (every key duplicated: exact repeated maxima,
+V of mean -1.5); ``sink`` (key 0 aligned with every query, large scores, negative V); ``large`` (q, k of
+magnitude ~30: sharp rows); ``tiny`` (q, k, v ~ 1e-3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import emufloat as ef
+
+KINDS = ("random", "repeated", "sink", "large", "tiny")
+SOFTMAXES = ("standard", "stabilised", "robust")
+
+
+@dataclass(frozen=True)
+class Case:
+    n_q: int
+    n_k: int
+    d: int
+    dtype: str  # 'bf16' or 'fp16'
+    causal: bool
+    softmax: str
+    kind: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return (f"{self.dtype}_d{self.d}_q{self.n_q}_k{self.n_k}_{'causal' if self.causal else 'full'}_"
+                f"{self.softmax}_{self.kind}_s{self.seed}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fmt(dtype: str):
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    return ef.BF16 if dtype == "bf16" else ef.FP16
+
+
+def inputs(case: Case) -> dict[str, np.ndarray]:
+    """q, k, v, do as float32 arrays holding dtype values, shapes (1, 1, N, d)."""
+    if case.kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {case.kind!r}")
+    rng = np.random.default_rng(case.seed)
+    nq, nk, d = case.n_q, case.n_k, case.d
+    q = rng.standard_normal((nq, d))
+    k = rng.standard_normal((nk, d))
+    v = rng.standard_normal((nk, d))
+    if case.kind == "repeated":
+        k = np.repeat(k[: (nk + 1) // 2], 2, axis=0)[:nk]
+        q *= 2.0
+        v = rng.normal(-1.5, 0.5, (nk, d))
+    elif case.kind == "sink":
+        k[0] = q.mean(axis=0) * 4.0
+        q += k[0] / np.linalg.norm(k[0]) * 3.0
+        v = rng.normal(-1.0, 0.5, (nk, d))
+    elif case.kind == "large":
+        q *= 30.0 / np.sqrt(d) ** 0.5
+        k *= 30.0 / np.sqrt(d) ** 0.5
+    elif case.kind == "tiny":
+        q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
+    do = rng.standard_normal((nq, d))
+    fmt = _fmt(case.dtype)
+    return {name: ef.quantize(x, fmt).astype(np.float32).reshape(1, 1, *x.shape)
+            for name, x in (("q", q), ("k", k), ("v", v), ("do", do))}
+
+
+def forward_cases() -> list[Case]:
+    """The recorded forward cases: N from 16 to 4096 (ragged too), d 64/128, both dtypes, causal or not,
+    the three variants, every kind."""
+    out = []
+    seed = 1000
+    lengths = [(16, 16), (40, 40), (64, 64), (100, 100), (128, 128), (200, 200), (256, 256), (333, 333),
+               (512, 512), (77, 130), (130, 77), (1000, 1000), (2048, 2048), (4096, 4096)]
+    for i, (nq, nk) in enumerate(lengths):
+        for rep in range(2 if nq * nk <= 512 * 512 else 1):
+            for d in (64, 128):
+                for causal in (False, True):
+                    for j, sm in enumerate(SOFTMAXES):
+                        kind = KINDS[(i + j + int(causal) + 2 * rep) % len(KINDS)]
+                        dtype = "bf16" if (i + j + d // 64 + rep) % 3 else "fp16"
+                        if nq * nk > 1024 * 1024 and (d == 128 or j != 1):
+                            continue  # keep the largest sizes few: the emulator takes seconds per case there
+                        seed += 1
+                        out.append(Case(nq, nk, d, dtype, causal, sm, kind, seed))
+    return out
+
+
+def backward_cases() -> list[Case]:
+    """The recorded backward cases (the variant changes only the forward's O and LSE that feed it)."""
+    out = []
+    seed = 5000
+    lengths = [(16, 16), (64, 64), (100, 100), (128, 128), (200, 200), (77, 130), (130, 77), (256, 256),
+               (333, 333), (512, 512)]
+    for i, (nq, nk) in enumerate(lengths):
+        for d in (64, 128):
+            for causal in (False, True):
+                for sm in (("standard", "robust") if i % 2 else ("stabilised",)):
+                    seed += 1
+                    dtype = "bf16" if (i + d // 64 + int(causal)) % 3 else "fp16"
+                    out.append(Case(nq, nk, d, dtype, causal, sm, KINDS[(i + int(causal)) % len(KINDS)], seed))
+    return out
+
+
+__all__ = ["Case", "KINDS", "SOFTMAXES", "inputs", "forward_cases", "backward_cases"]

@@ -1,0 +1,345 @@
+"""All GPU work of the attention kernels in one call: smoke test, tile search, accuracy, benchmarks,
+recorded cases for the emulator, and a short training check.
+
+    OUT=/path bash gpu/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
+
+Writes ``$OUT/attention.json`` (everything measured, with versions), ``$OUT/attention_cases.npz``
+(recorded cases: outputs as bits) and ``$OUT/log2.npz``.  Sections stop early when ``--seconds`` runs out
+and say so in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.testing import do_bench
+
+from . import flash
+from .cases import backward_cases, forward_cases, inputs
+from .kernels.fwd import log2_fma
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def env() -> dict:
+    props = torch.cuda.get_device_properties(0)
+    return {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
+            "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
+            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def reference(q, k, v, causal: bool, scale: float, do=None):
+    """FP64 attention (and gradients) on the GPU."""
+    q64, k64, v64 = (x.double().requires_grad_(do is not None) for x in (q, k, v))
+    s = q64 @ k64.transpose(-1, -2) * scale
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, device=s.device, dtype=torch.bool).triu(1), float("-inf"))
+    o = torch.softmax(s, -1) @ v64
+    lse = torch.logsumexp(s, -1)
+    if do is None:
+        return o.detach(), lse.detach(), None
+    o.backward(do.double())
+    return o.detach(), lse.detach(), (q64.grad, k64.grad, v64.grad)
+
+
+def rand(shape, dtype, kind="random", seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    b, h, n, d = shape
+    q = torch.randn(shape, device="cuda", generator=g)
+    k = torch.randn(shape, device="cuda", generator=g)
+    v = torch.randn(shape, device="cuda", generator=g)
+    if kind == "repeated":
+        k = k[:, :, : n // 2].repeat_interleave(2, dim=2)
+        q, v = q * 2.0, v * 0.5 - 1.5
+    elif kind == "sink":
+        k[:, :, 0] = q.mean(2) * 4.0
+        v = v * 0.5 - 1.0
+    elif kind == "large":
+        q, k = q * 30 / d ** 0.25, k * 30 / d ** 0.25
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+# ---- sections -----------------------------------------------------------------------------------------
+def smoke(res: dict, deadline: float) -> None:
+    out = []
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128):
+            for causal in (False, True):
+                for sm in flash.SOFTMAX_IDS:
+                    q, k, v = rand((1, 2, 333, d), DT[dtype], "repeated" if sm != "standard" else "random", seed=d)
+                    do = torch.randn_like(q)
+                    o, lse, _ = flash.forward(q, k, v, causal=causal, softmax=sm)
+                    dq, dk, dv, _ = flash.backward(q, k, v, o, lse, do, causal=causal)
+                    o64, lse64, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
+                    errs = {"o": (o.double() - o64).abs().max().item(),
+                            "lse": (lse.double() * math.log(2) - lse64).abs().max().item(),
+                            **{f"d{n}": (a.double() - b).abs().max().item()
+                               for n, a, b in zip("qkv", (dq, dk, dv), g64, strict=True)}}
+                    out.append({"dtype": dtype, "d": d, "causal": causal, "softmax": sm, "max_abs_err": errs})
+    asm = attn_asm()
+    res["smoke"] = {"cases": out, "fwd_ptx_has_wgmma": "wgmma" in asm.get("ptx", ""),
+                    "fwd_ptx_fma_count": asm.get("ptx", "").count("fma.rn.f32"), "fwd_sass_lines": asm.get("n_sass")}
+    worst = max(max(c["max_abs_err"].values()) for c in out)
+    print(f"smoke: {len(out)} configs, worst abs error vs fp64 {worst:.3g}, wgmma in PTX: "
+          f"{res['smoke']['fwd_ptx_has_wgmma']}", flush=True)
+
+
+def attn_asm() -> dict:
+    """PTX of the compiled forward (bf16, d 64): is the dot wgmma, where are the FMAs."""
+    try:
+        cache = flash.attn_fwd.device_caches[0][0]
+        kern = next(iter(cache.values()))
+        return {"ptx": kern.asm.get("ptx", ""), "n_sass": len(kern.asm.get("sass", "").splitlines())}
+    except Exception as exc:  # noqa: BLE001 - the cache layout differs across Triton versions
+        return {"error": repr(exc)}
+
+
+def fwd_flops(b, h, n, d, causal):
+    f = 4.0 * b * h * n * n * d
+    return f / 2 if causal else f
+
+
+def bench_one(fn, *args, **kwargs) -> float:
+    """Milliseconds per call of fn(*args, **kwargs) (triton.testing.do_bench)."""
+    return do_bench(lambda: fn(*args, **kwargs), warmup=25, rep=100)
+
+
+def configs(res: dict, deadline: float) -> None:
+    """Forward and backward tiles at N=4096 (B=4, H=32), bf16, non-causal and causal."""
+    rows = []
+    fwd = [flash.Config(128, 64, 4, 3), flash.Config(128, 128, 8, 3), flash.Config(128, 64, 8, 3),
+           flash.Config(128, 128, 4, 3), flash.Config(64, 64, 4, 3), flash.Config(128, 64, 4, 4),
+           flash.Config(128, 128, 8, 4), flash.Config(64, 128, 4, 3)]
+    bwd = [flash.Config(64, 64, 4, 3), flash.Config(64, 128, 8, 3), flash.Config(128, 128, 8, 2),
+           flash.Config(64, 64, 4, 2), flash.Config(128, 64, 8, 2), flash.Config(64, 128, 4, 2)]
+    for d in (64, 128):
+        q, k, v = rand((4, 32, 4096, d), torch.bfloat16)
+        do = torch.randn_like(q)
+        for causal in (False, True):
+            for cfg in fwd:
+                if time.time() > deadline:
+                    res["configs_stopped"] = "time"
+                    break
+                try:
+                    ms = bench_one(flash.forward, q, k, v, causal=causal, config=cfg)
+                    tf = fwd_flops(4, 32, 4096, d, causal) / ms / 1e9
+                except Exception as exc:  # noqa: BLE001 - a config can run out of shared memory
+                    ms, tf = None, repr(exc)[:200]
+                rows.append({"pass": "fwd", "d": d, "causal": causal, "config": cfg.__dict__, "ms": ms, "tflops": tf})
+                print("config fwd", d, causal, cfg, tf, flush=True)
+            o, lse, _ = flash.forward(q, k, v, causal=causal)
+            for cfg in bwd:
+                if time.time() > deadline:
+                    break
+                try:
+                    ms = bench_one(flash.backward, q, k, v, o, lse, do, causal=causal, config=cfg)
+                    tf = 2.5 * fwd_flops(4, 32, 4096, d, causal) / ms / 1e9
+                except Exception as exc:  # noqa: BLE001
+                    ms, tf = None, repr(exc)[:200]
+                rows.append({"pass": "bwd", "d": d, "causal": causal, "config": cfg.__dict__, "ms": ms, "tflops": tf})
+                print("config bwd", d, causal, cfg, tf, flush=True)
+    res["configs"] = rows
+
+
+@triton.jit
+def _log2_kernel(X, Y, N, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(X + offs, mask=offs < N, other=1.0)
+    tl.store(Y + offs, log2_fma(x), mask=offs < N)
+
+
+def log2(res: dict, out: Path) -> None:
+    rng = np.random.default_rng(7)
+    bits = np.concatenate([rng.integers(0, 0x7F800000, 1 << 21, dtype=np.uint32),  # all positive finite
+                           rng.integers(0x3F000000, 0x40000000, 1 << 20, dtype=np.uint32),  # [0.5, 2)
+                           np.arange(0x3F7FF000, 0x3F801000, dtype=np.uint32),  # around 1
+                           np.arange(0, 4096, dtype=np.uint32),  # zero and subnormals
+                           np.array([0x7F800000, 0x7FC00000, 0x80000000, 0xBF800000, 0x7F7FFFFF], np.uint32)])
+    x = torch.from_numpy(bits.view(np.int32)).cuda().view(torch.float32)
+    y = torch.empty_like(x)
+    _log2_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
+    ybits = y.view(torch.int32).cpu().numpy().view(np.uint32)
+    np.savez_compressed(out / "log2.npz", x=bits, y=ybits)
+    res["log2"] = {"n": int(bits.size), "file": "log2.npz"}
+    print(f"log2: {bits.size} inputs recorded", flush=True)
+
+
+def record(res: dict, out: Path, deadline: float) -> None:
+    """Forward and backward cases: inputs by seed (gpu/cases.py), outputs as bits."""
+    arrays: dict[str, np.ndarray] = {}
+    done_f, done_b = [], []
+    for case in forward_cases():
+        if time.time() > deadline:
+            break
+        x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
+        debug = case.n_q * case.n_k <= 256 * 256
+        o, lse, dbg = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax, debug=debug)
+        arrays[f"f/{case.key}/o"] = o.view(torch.int16).cpu().numpy().view(np.uint16)
+        arrays[f"f/{case.key}/lse"] = lse.view(torch.int32).cpu().numpy().view(np.uint32)
+        if dbg is not None:
+            for name, t in dbg.items():
+                arrays[f"f/{case.key}/dbg_{name}"] = t.view(torch.int32).cpu().numpy().view(np.uint32)
+        done_f.append(case.to_dict())
+    for case in backward_cases():
+        if time.time() > deadline:
+            break
+        x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
+        o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
+        dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=case.causal)
+        for name, t in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv)):
+            arrays[f"b/{case.key}/{name}"] = t.view(torch.int16).cpu().numpy().view(np.uint16)
+        for name, t in (("lse", lse), ("delta", delta)):
+            arrays[f"b/{case.key}/{name}"] = t.view(torch.int32).cpu().numpy().view(np.uint32)
+        done_b.append(case.to_dict())
+    np.savez_compressed(out / "attention_cases.npz", **arrays)
+    res["record"] = {"forward": done_f, "backward": done_b, "fwd_config": {d: c.__dict__ for d, c in
+                                                                         flash.FWD_CONFIGS.items()},
+                     "bwd_config": {d: c.__dict__ for d, c in flash.BWD_CONFIGS.items()},
+                     "delta_block": flash.DELTA_BLOCK}
+    print(f"record: {len(done_f)} forward, {len(done_b)} backward cases", flush=True)
+
+
+def sdpa_backends():
+    from torch.nn.attention import SDPBackend
+    return {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+
+def run_sdpa(q, k, v, *, backend, causal):
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+
+def accuracy(res: dict, deadline: float) -> None:
+    """Errors against FP64 of ours (each variant) and of every SDPA backend, same inputs."""
+    rows = []
+    for dtype in ("bf16", "fp16"):
+        for d in (64, 128):
+            for kind in ("random", "repeated", "sink", "large"):
+                for causal in (False, True):
+                    if time.time() > deadline:
+                        res["accuracy_stopped"] = "time"
+                        break
+                    q, k, v = rand((2, 8, 1024, d), DT[dtype], kind, seed=d + len(kind))
+                    do = torch.randn_like(q)
+                    o64, _, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
+                    entry = {"dtype": dtype, "d": d, "kind": kind, "causal": causal}
+                    for sm in flash.SOFTMAX_IDS:
+                        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+                        o = flash.attention(qq, kk, vv, causal=causal, softmax=sm)
+                        o.backward(do)
+                        entry[f"ours_{sm}"] = _errs(o, (qq.grad, kk.grad, vv.grad), o64, g64)
+                    for name, be in sdpa_backends().items():
+                        try:
+                            qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+                            o = run_sdpa(qq, kk, vv, backend=be, causal=causal)
+                            o.backward(do)
+                            entry[f"sdpa_{name}"] = _errs(o, (qq.grad, kk.grad, vv.grad), o64, g64)
+                        except Exception as exc:  # noqa: BLE001 - a backend may not support a shape
+                            entry[f"sdpa_{name}"] = repr(exc)[:200]
+                    rows.append(entry)
+    res["accuracy"] = rows
+    print(f"accuracy: {len(rows)} input sets", flush=True)
+
+
+def _errs(o, grads, o64, g64) -> dict:
+    out = {"o_max": (o.double() - o64).abs().max().item(), "o_mean": (o.double() - o64).abs().mean().item(),
+           "o_bias": (o.double() - o64).mean().item()}
+    for n, a, b in zip("qkv", grads, g64, strict=True):
+        out[f"d{n}_max"] = (a.double() - b).abs().max().item()
+        out[f"d{n}_mean"] = (a.double() - b).abs().mean().item()
+    return out
+
+
+def bench(res: dict, deadline: float) -> None:
+    """TFLOP/s, B=4, H=32: ours (three variants) and every SDPA backend, forward and backward."""
+    rows = []
+    for d in (64, 128):
+        for n in (1024, 4096, 16384):
+            for causal in (False, True):
+                if time.time() > deadline:
+                    res["bench_stopped"] = "time"
+                    break
+                q, k, v = rand((4, 32, n, d), torch.bfloat16)
+                do = torch.randn_like(q)
+                flops = fwd_flops(4, 32, n, d, causal)
+                entry = {"d": d, "n": n, "causal": causal}
+                impls = {f"ours_{sm}": (flash.attention, dict(causal=causal, softmax=sm)) for sm in flash.SOFTMAX_IDS}
+                for name, be in sdpa_backends().items():
+                    impls[f"sdpa_{name}"] = (run_sdpa, dict(backend=be, causal=causal))
+                for name, (fn, kw) in impls.items():
+                    try:
+                        t_f = bench_one(fn, q, k, v, **kw)
+                        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+                        o = fn(qq, kk, vv, **kw)
+                        t_b = bench_one(o.backward, do, retain_graph=True)
+                        entry[name] = {"fwd_tflops": flops / t_f / 1e9, "bwd_tflops": 2.5 * flops / t_b / 1e9}
+                    except Exception as exc:  # noqa: BLE001
+                        entry[name] = repr(exc)[:200]
+                rows.append(entry)
+                print("bench", d, n, causal, {k: (round(x["fwd_tflops"]), round(x["bwd_tflops"]))
+                                               if isinstance(x, dict) else x for k, x in entry.items()
+                                               if k.startswith(("ours", "sdpa"))}, flush=True)
+    res["bench"] = rows
+
+
+def train(res: dict, deadline: float, steps: int = 300) -> None:
+    """A small causal transformer on a fixed synthetic token stream: ours vs SDPA, same init and data."""
+    from .train_check import run_training
+    res["train"] = run_training(steps=steps, deadline=deadline)
+    print("train:", {k: v[-1] if isinstance(v, list) and v else v for k, v in res["train"].items()
+                     if k.startswith("loss")}, flush=True)
+
+
+SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "bench", "train")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sections", default="smoke")
+    ap.add_argument("--seconds", type=float, default=540)
+    args = ap.parse_args()
+    t0 = time.time()
+    deadline = t0 + args.seconds
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    res: dict = {"env": env(), "sections": args.sections}
+    wanted = args.sections.split(",")
+    for name in wanted:
+        if name not in SECTIONS:
+            raise SystemExit(f"--sections: unknown section {name!r}; accepted: {', '.join(SECTIONS)}")
+    for name in wanted:
+        t = time.time()
+        if t > deadline:
+            res[f"{name}_skipped"] = "time"
+            continue
+        try:
+            if name in ("log2",):
+                log2(res, out)
+            elif name == "record":
+                record(res, out, deadline)
+            else:
+                globals()[name](res, deadline)
+        except Exception as exc:  # noqa: BLE001 - keep what the other sections measured
+            import traceback
+            res[f"{name}_error"] = traceback.format_exc()[-3000:]
+            print(f"{name} failed: {exc!r}", flush=True)
+        res[f"{name}_seconds"] = round(time.time() - t, 1)
+        (out / "attention.json").write_text(json.dumps(res, indent=1, default=str))
+    print(f"done in {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()

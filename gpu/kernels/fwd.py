@@ -25,7 +25,7 @@ _C1 = tl.constexpr(LOG2_FMA_COEFFS[1])
 _C2 = tl.constexpr(LOG2_FMA_COEFFS[2])
 _C3 = tl.constexpr(LOG2_FMA_COEFFS[3])
 _C4 = tl.constexpr(LOG2_FMA_COEFFS[4])
-MASK_BIAS = -1.0e6  # the causal bias of the diagonal blocks (Triton tutorial)
+MASK_BIAS = tl.constexpr(-1.0e6)  # the causal bias of the diagonal blocks (Triton tutorial)
 
 
 @triton.jit
@@ -74,7 +74,7 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
 
 
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop, blk,
+def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
@@ -124,13 +124,12 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
         acc = tl.dot(p.to(V.dtype.element_ty), v, acc)
         m_i = m_new
         if DEBUG:
-            dbg = (off_hz * N_BLK + blk) * N_Q + offs_m
+            dbg = (off_hz * N_BLK + start_n // BLOCK_N) * N_Q + offs_m
             tl.store(DBG_M + dbg, m_i, mask=row_ok)
             tl.store(DBG_L + dbg, l_i, mask=row_ok)
             tl.store(DBG_P + dbg[:, None] * BLOCK_N + offs_n[None, :], p, mask=row_ok[:, None])
             tl.store(DBG_ACC + dbg[:, None] * HEAD_DIM + offs_d[None, :], acc, mask=row_ok[:, None])
-        blk += 1
-    return acc, l_i, m_i, blk
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -160,12 +159,12 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
     else:
         hi = N_K
         lo = (N_K // BLOCK_N) * BLOCK_N
-    acc, l_i, m_i, blk = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo, 0,
-                                  DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo,
+                              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
                                   qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
                                   HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG)
-    acc, l_i, m_i, blk = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
-                                  blk, DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
+                              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
                                   qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
                                   HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG)
     lse = m_i + log2_fma(l_i)

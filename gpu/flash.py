@@ -129,8 +129,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     attn_fwd[grid](q, k, v, o, lse, *ptrs, consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"],
                    consts["band_raw"], consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"],
                    n_q, n_k, n_blk, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), num_warps=cfg.num_warps,
-                   num_stages=cfg.num_stages)
+                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=cfg.num_stages,
+                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return o, lse, dbg
 
 

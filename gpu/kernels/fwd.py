@@ -74,45 +74,58 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
 
 
 @triton.jit
+def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX: tl.constexpr):
+    """A block with causal masking: qk*c + bias (one FMA), the max over it, a separate subtraction."""
+    bias = tl.where(cols[None, :] <= offs_m[:, None], 0.0, MASK_BIAS)
+    t = tl.fma(qk, qk_scale, bias)
+    t = tl.where(col_ok[None, :], t, float("-inf"))
+    r = tl.max(t, 1)
+    m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
+    m_new = tl.maximum(m_i, m_blk)
+    return m_new, t - m_new[:, None]
+
+
+@triton.jit
+def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX: tl.constexpr):
+    """No causal masking: the max of raw qk, m = max * c, x = fma(qk, c, -m)."""
+    r = tl.max(qk, 1)
+    r_m = r * qk_scale
+    if SOFTMAX == 0:
+        m_blk = r_m
+    else:
+        m_blk = _shift(qk, r, m_i, r_m, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX) * qk_scale
+    m_new = tl.maximum(m_i, m_blk)
+    return m_new, tl.fma(qk, qk_scale, -m_new[:, None])
+
+
+@triton.jit
 def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr):
-    """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the fast loop)."""
-    for start_n in range(start, stop, BLOCK_N):
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
+    """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the pipelined loop);
+    MASKED=True for the last few (ragged columns, causal diagonal), not pipelined."""
+    for start_n in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         cols = start_n + offs_n
         col_ok = cols < N_K
         if MASKED:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+            qk = tl.dot(q, tl.trans(k))
+            if CAUSAL:
+                diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
+            else:
+                diag = start_n < 0
+            if diag:
+                m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t,
+                                       SOFTMAX)
+            else:
+                qk = tl.where(col_ok[None, :], qk, float("-inf"))
+                m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
         else:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
-        qk = tl.dot(q, tl.trans(k))
-        if CAUSAL and MASKED:
-            diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
-        else:
-            diag = start_n < 0
-        if diag:
-            # a block with causal masking: qk*c + bias (one FMA), the max over it, a separate subtraction
-            bias = tl.where(cols[None, :] <= offs_m[:, None], 0.0, MASK_BIAS)
-            t = tl.fma(qk, qk_scale, bias)
-            t = tl.where(col_ok[None, :], t, float("-inf"))
-            r = tl.max(t, 1)
-            m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
-            m_new = tl.maximum(m_i, m_blk)
-            x = t - m_new[:, None]
-        else:
-            # the max of raw qk, m = max * c, x = fma(qk, c, -m); ragged columns are -inf
-            if MASKED:
-                qk = tl.where(col_ok[None, :], qk, float("-inf"))
-            r = tl.max(qk, 1)
-            r_m = r * qk_scale
-            if SOFTMAX == 0:
-                m_blk = r_m
-            else:
-                m_blk = _shift(qk, r, m_i, r_m, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX) * qk_scale
-            m_new = tl.maximum(m_i, m_blk)
-            x = tl.fma(qk, qk_scale, -m_new[:, None])
+            qk = tl.dot(q, tl.trans(k))
+            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
         p = tl.math.exp2(x)
         alpha = tl.math.exp2(m_i - m_new)
         l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
@@ -137,7 +150,7 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              N_Q, N_K, N_BLK,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr):
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
     """One BLOCK_M slice of queries of one (batch, head); q, k, v, o contiguous (B*H, N, HEAD_DIM)."""
     start_m = tl.program_id(0)
     off_hz = tl.program_id(1).to(tl.int64)
@@ -162,11 +175,11 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo,
                               DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
                                   qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG)
+                                  HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES)
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
                               DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
                                   qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG)
+                                  HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1)
     lse = m_i + log2_fma(l_i)
     o = acc / l_i[:, None]
     tl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)

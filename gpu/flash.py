@@ -43,10 +43,12 @@ class Config:
     num_stages: int
 
 
-#: (head_dim) -> forward config; chosen by gpu/bench_configs.py on the H100 (see docs/performance.md)
-FWD_CONFIGS = {64: Config(128, 64, 4, 3), 128: Config(128, 128, 8, 3)}
-#: (head_dim) -> backward config (dK/dV and dQ kernels share the tiles)
-BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 3)}
+#: (head_dim, causal) -> forward config; the fastest of 8 tried on the H100 at N=4096 (gpu/run_attention.py
+#: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.
+FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
+               (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3)}
+#: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
+BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
 DELTA_BLOCK = 64
 
 
@@ -112,7 +114,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
     variant = variant_of(softmax, q.dtype)
     consts = softmax_constants(variant, scale)
-    cfg = config or FWD_CONFIGS[d]
+    cfg = config or FWD_CONFIGS[(d, bool(causal))]
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty_like(q)
     lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)

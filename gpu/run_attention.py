@@ -59,7 +59,7 @@ def rand(shape, dtype, kind="random", seed=0):
     k = torch.randn(shape, device="cuda", generator=g)
     v = torch.randn(shape, device="cuda", generator=g)
     if kind == "repeated":
-        k = k[:, :, : n // 2].repeat_interleave(2, dim=2)
+        k = k[:, :, : (n + 1) // 2].repeat_interleave(2, dim=2)[:, :, :n].contiguous()
         q, v = q * 2.0, v * 0.5 - 1.5
     elif kind == "sink":
         k[:, :, 0] = q.mean(2) * 4.0
@@ -202,8 +202,8 @@ def record(res: dict, out: Path, deadline: float) -> None:
             arrays[f"b/{case.key}/{name}"] = t.view(torch.int32).cpu().numpy().view(np.uint32)
         done_b.append(case.to_dict())
     np.savez_compressed(out / "attention_cases.npz", **arrays)
-    res["record"] = {"forward": done_f, "backward": done_b, "fwd_config": {d: c.__dict__ for d, c in
-                                                                         flash.FWD_CONFIGS.items()},
+    fwd_cfg = {f"{d}_{'causal' if c else 'full'}": cfg.__dict__ for (d, c), cfg in flash.FWD_CONFIGS.items()}
+    res["record"] = {"forward": done_f, "backward": done_b, "fwd_config": fwd_cfg,
                      "bwd_config": {d: c.__dict__ for d, c in flash.BWD_CONFIGS.items()},
                      "delta_block": flash.DELTA_BLOCK}
     print(f"record: {len(done_f)} forward, {len(done_b)} backward cases", flush=True)

@@ -128,11 +128,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     else:
         ptrs = (lse, lse, lse, lse)
     grid = (triton.cdiv(n_q, cfg.block_m), b * h)
+    stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
     attn_fwd[grid](q, k, v, o, lse, *ptrs, consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"],
                    consts["band_raw"], consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"],
                    n_q, n_k, n_blk, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=cfg.num_stages,
-                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages,
+                   num_warps=cfg.num_warps, num_stages=stages)
     return o, lse, dbg
 
 

@@ -155,7 +155,8 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
         if spec.order == "exact":
             acc = ef.sum(prods, first, rnd, trace=trace, label=label)
         elif spec.order == "h100_tl_sum":
-            acc = ef.tree_sum(prods, ef.h100_tl_sum(spec.block_m, prods.shape[-1], spec.num_warps, "load"), first, rnd)
+            tree = ef.ReductionTree.thread_butterfly(prods.shape[-1], 8)  # recorded: see ReductionTree
+            acc = ef.tree_sum(prods, tree, first, rnd)
         else:  # tree orders are not traced by emufloat yet (the store below is)
             acc = ef.tree_sum(prods, _tree(spec.order, prods.shape[-1]), first, rnd)
     if spec.compute is None or spec.compute == spec.fmt:

@@ -342,8 +342,8 @@ DELTA_ORDERS = {
     "pairwise": "balanced tree, each add rounded",
     "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
                     "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
-    "h100_tl_sum": "Triton tl.sum over a loaded (block_m, head dim) tile, the tree recorded on the H100 "
-                   "(emufloat.h100_tl_sum, layout 'load')",
+    "h100_tl_sum": "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous "
+                   "values a lane left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)",
 }
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
@@ -365,7 +365,7 @@ class Delta(_Spec):
     format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
-    ``block_m`` and ``num_warps`` pick the recorded tree of 'h100_tl_sum'.
+    ``block_m`` and ``num_warps`` record the launch of 'h100_tl_sum' (its tree did not depend on them).
     """
 
     order: str

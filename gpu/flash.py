@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 
 import torch
 import triton
@@ -24,6 +23,7 @@ from flashsim import arith
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax, get_softmax
 from flashsim.specs import Op
 
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
@@ -33,23 +33,6 @@ HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 
 
-@dataclass(frozen=True)
-class Config:
-    """Tiles and launch parameters of one kernel (the emulator needs the tiles to repeat it)."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-
-#: (head_dim, causal) -> forward config; the fastest of 8 tried on the H100 at N=4096 (gpu/run_attention.py
-#: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.
-FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
-               (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3)}
-#: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
-BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
-DELTA_BLOCK = 64
 
 
 def _f32(x: float) -> float:

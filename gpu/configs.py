@@ -1,0 +1,35 @@
+"""Launch configurations of the attention kernels, and the flashsim policy that repeats one (no torch needed)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flashsim import Policy, triton_policy
+
+
+@dataclass(frozen=True)
+class Config:
+    """Tiles and launch parameters of one kernel (the emulator needs the tiles to repeat it)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+#: (head_dim, causal) -> forward config; the fastest of 8 tried on the H100 at N=4096 (gpu/run_attention.py
+#: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.
+FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
+               (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3)}
+#: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
+BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
+DELTA_BLOCK = 64
+
+
+def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
+                  bwd: Config | None = None) -> Policy:
+    """flashsim's policy for our kernels launched with these configs (defaults: the tables above)."""
+    f = fwd or FWD_CONFIGS[(head_dim, bool(causal))]
+    b = bwd or BWD_CONFIGS[head_dim]
+    return triton_policy(dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
+                         bwd_block_n=b.block_n, delta_block=DELTA_BLOCK, delta_warps=4)

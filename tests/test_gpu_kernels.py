@@ -1,0 +1,105 @@
+"""The Triton attention kernels: compiled for the H100 on the CPU (no GPU needed), and run live on a GPU.
+
+The compile tests need triton only; the live tests (marked ``gpu``) need CUDA and skip without it.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+triton = pytest.importorskip("triton")
+torch = pytest.importorskip("torch")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from gpu.configs import BWD_CONFIGS, FWD_CONFIGS  # noqa: E402
+from gpu.kernels.bwd import attn_bwd_dkdv, attn_bwd_dq  # noqa: E402
+from gpu.kernels.fwd import attn_fwd  # noqa: E402
+
+H100 = GPUTarget("cuda", 90, 32)
+ALIGNED = [["tt.divisibility", 16]]
+
+
+def _compile(fn, types, constexprs, n_ptr, warps, stages):
+    sig = dict(zip(fn.arg_names, types, strict=True))
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs={(i,): ALIGNED for i in range(n_ptr)})
+    return triton.compile(src, target=H100, options={"num_warps": warps, "num_stages": stages})
+
+
+@pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
+@pytest.mark.parametrize("softmax", [0, 2])
+def test_forward_compiles_to_wgmma(key, softmax):
+    d, causal = key
+    cfg = FWD_CONFIGS[key]
+    types = ["*bf16"] * 4 + ["*fp32"] * 5 + ["fp32"] * 8 + ["i32"] * 3 + ["constexpr"] * 7
+    k = _compile(attn_fwd, types, {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
+                                   "SOFTMAX": softmax, "DEBUG": False, "STAGES": cfg.num_stages},
+                 9, cfg.num_warps, cfg.num_stages)
+    ptx = k.asm["ptx"]
+    assert "wgmma.mma_async" in ptx  # the tensor-core model flashsim uses is wgmma's
+    assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx and "fma.rn.f32" in ptx
+
+
+@pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
+def test_backward_compiles_to_wgmma(d):
+    cfg = BWD_CONFIGS[d]
+    const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": True}
+    k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["i32"] * 2
+                 + ["constexpr"] * 4, const, 8, cfg.num_warps, cfg.num_stages)
+    assert "wgmma.mma_async" in k.asm["ptx"]
+    k = _compile(attn_bwd_dq, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] + ["fp32"] * 2 + ["i32"] * 2
+                 + ["constexpr"] * 4, const, 7, cfg.num_warps, cfg.num_stages)
+    assert "wgmma.mma_async" in k.asm["ptx"]
+
+
+# ---- live, on a GPU ------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _reference(q, k, v, causal, do):
+    q64, k64, v64 = (x.double().requires_grad_() for x in (q, k, v))
+    s = q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).triu(1), float("-inf"))
+    o = torch.softmax(s, -1) @ v64
+    o.backward(do.double())
+    return o.detach(), (q64.grad, k64.grad, v64.grad)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("softmax", ["standard", "stabilised", "robust"])
+def test_live_against_fp64(dtype, causal, softmax):
+    from gpu import flash
+    dt = torch.bfloat16 if dtype == "bf16" else torch.float16
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 333, 64, device="cuda", dtype=dt) for _ in range(3))
+    do = torch.randn_like(q)
+    qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
+    o = flash.attention(qq, kk, vv, causal=causal, softmax=softmax)
+    o.backward(do)
+    o64, g64 = _reference(q, k, v, causal, do)
+    tol = 2e-2 if dtype == "bf16" else 4e-3
+    assert (o.double() - o64).abs().max().item() < tol
+    for g, r in zip((qq.grad, kk.grad, vv.grad), g64, strict=True):
+        assert (g.double() - r).abs().max().item() < 4 * tol
+
+
+@pytest.mark.gpu
+@cuda
+def test_live_kernel_equals_emulator():
+    from gpu import flash
+    from gpu.cases import Case, inputs
+    from gpu.crosscheck import check, emulate
+    for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1), Case(77, 130, 128, "fp16", False,
+                                                                                  "stabilised", "sink", 2)]:
+        x = {n: torch.from_numpy(a).cuda().to(torch.bfloat16 if case.dtype == "bf16" else torch.float16)
+             for n, a in inputs(case).items()}
+        o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
+        emu = emulate(case)
+        assert check("o", emu["o"], o.view(torch.int16).cpu().numpy().view(np.uint16), case.dtype).fraction == 1
+        assert check("lse", emu["lse"], lse.view(torch.int32).cpu().numpy().view(np.uint32)).fraction == 1

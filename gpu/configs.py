@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flashsim import Policy, triton_policy
+from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
 
 
 @dataclass(frozen=True)
@@ -33,3 +34,10 @@ def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = 
     b = bwd or BWD_CONFIGS[head_dim]
     return triton_policy(dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
                          bwd_block_n=b.block_n, delta_block=DELTA_BLOCK, delta_warps=4)
+
+
+def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:
+    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``)."""
+    if isinstance(softmax, str) and softmax == "robust":
+        return RobustSoftmax(p_precision=8 if dtype == "bf16" else 11)
+    return get_softmax(softmax)

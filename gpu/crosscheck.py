@@ -17,19 +17,11 @@ import ml_dtypes
 import numpy as np
 
 import flashsim as fs
-from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
 
 from .cases import Case, inputs
-from .configs import Config, kernel_policy
+from .configs import Config, kernel_policy, kernel_variant
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h100" / "attention"
-
-
-def variant(case: Case) -> SoftmaxVariant:
-    """The kernel's softmax variant as flashsim's object (robust: P's precision from the dtype)."""
-    if case.softmax == "robust":
-        return RobustSoftmax(p_precision=8 if case.dtype == "bf16" else 11)
-    return get_softmax(case.softmax)
 
 
 def _bits16(x: np.ndarray, dtype: str) -> np.ndarray:
@@ -41,7 +33,8 @@ def emulate(case: Case, backward: bool = False, fwd: Config | None = None,
     """The kernel's outputs as bits (o, lse; with ``backward`` also dq, dk, dv, delta), shapes as recorded."""
     x = inputs(case)
     pol = kernel_policy(case.dtype, case.d, case.causal, fwd, bwd)
-    f = fs.flash_forward(x["q"][0], x["k"][0], x["v"][0], pol, softmax=variant(case), causal=case.causal)
+    sm = kernel_variant(case.softmax, case.dtype)
+    f = fs.flash_forward(x["q"][0], x["k"][0], x["v"][0], pol, softmax=sm, causal=case.causal)
     out = {"o": _bits16(f.o, case.dtype), "lse": np.asarray(f.lse, np.float32).view(np.uint32)}
     if backward:
         b = fs.flash_backward(x["q"][0], x["k"][0], x["v"][0], f.o, f.lse, x["do"][0], pol, causal=case.causal)
@@ -114,4 +107,4 @@ def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-__all__ = ["DATA", "OutputCheck", "check", "compare", "emulate", "load_recorded", "variant"]
+__all__ = ["DATA", "OutputCheck", "check", "compare", "emulate", "load_recorded"]

@@ -20,10 +20,10 @@ import triton
 
 from emufloat import FP32
 from flashsim import arith
-from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax, get_softmax
+from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
@@ -58,13 +58,6 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, flo
     return out
 
 
-def variant_of(softmax: str | SoftmaxVariant, dtype: torch.dtype) -> SoftmaxVariant:
-    """The flashsim variant object for ``softmax`` (robust gets P's precision from ``dtype``)."""
-    if isinstance(softmax, str) and softmax == "robust":
-        return RobustSoftmax(p_precision=8 if dtype == torch.bfloat16 else 11)
-    return get_softmax(softmax)
-
-
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
@@ -95,7 +88,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
-    variant = variant_of(softmax, q.dtype)
+    variant = kernel_variant(softmax, "bf16" if q.dtype == torch.bfloat16 else "fp16")
     consts = softmax_constants(variant, scale)
     cfg = config or FWD_CONFIGS[(d, bool(causal))]
     q, k, v = (x.contiguous() for x in (q, k, v))
@@ -187,4 +180,4 @@ def lse_natural(lse: torch.Tensor) -> torch.Tensor:
 
 
 __all__ = ["Config", "FWD_CONFIGS", "BWD_CONFIGS", "forward", "backward", "FlashAttention", "attention",
-           "scaled_dot_product_attention", "softmax_constants", "variant_of", "lse_natural"]
+           "scaled_dot_product_attention", "softmax_constants", "lse_natural"]

@@ -189,15 +189,24 @@ def add_common_args(p: argparse.ArgumentParser, quick_help: str) -> None:
                    help="run a parallel kernel this long before the first row (default 2)")
 
 
+def load_average() -> str:
+    return ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def print_footer() -> None:
+    """Threading layer and the load at the end (a busy machine explains slow rows)."""
+    print()
+    print(f"# numba threading layer: {numba.threading_layer()}; load average at the end: {load_average()}")
+
+
 def print_header(title: str) -> None:
     """Date, command, versions, CPU and load: what a reader needs to compare two runs."""
     print(f"# {title}, {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
           f"ml_dtypes {ml_dtypes.__version__}")
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
     print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
-          f"load average {load}")
+          f"load average {load_average()}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         agree = same_bits(row.fn(), row.baseline()) if row.compare and row.baseline is not None else ""
         print(f"| {name} | {fmt_ns(t.best, n)} | {fmt_ns(t.median, n)} | {rate:.0f} | {row.baseline_name} | "
               f"{base_ns} | {ratio_s} | {goal} | {agree} | {load_s} |", flush=True)
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print()
-    print(f"# numba threading layer: {numba.threading_layer()}; load average at the end: {load}")
+    print_footer()
     return 0
 
 

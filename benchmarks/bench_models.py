@@ -21,7 +21,6 @@ FusedBlock models take their integer fast path.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -34,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_emufloat, next to this file
 
-from bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_header  # noqa: E402
+from bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_footer, print_header  # noqa: E402
 
 import emufloat as ef  # noqa: E402  (bench_emufloat puts the checkout on sys.path)
 
@@ -148,9 +147,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {row.name} | {rate(t.best, row.work):.2f} | {rate(t.median, row.work):.2f} | "
                   f"{row.baseline_name} | {rate(tb.best, row.work):.2f} | {tb.best / t.best:.4f}x | {load_s} |",
                   flush=True)
-    load = ", ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
-    print()
-    print(f"# numba threading layer: {numba.threading_layer()}; load average at the end: {load}")
+    print_footer()
     return 0
 
 

@@ -28,7 +28,8 @@ def f64(x: np.ndarray | float) -> np.ndarray:
     return np.asarray(x, dtype=np.float64)
 
 
-def _first(spec: Spec) -> Format:
+def compute_format(spec: Spec) -> Format:
+    """The format a step computes in: its ``compute`` format, else its storage format."""
     return spec.compute if spec.compute is not None else spec.fmt
 
 
@@ -49,7 +50,7 @@ def cast(x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | No
 
 def constant(value: float, spec: Spec) -> np.ndarray:
     """A scalar constant as a kernel holds it: rounded (RNE) into the step's compute format, or its fmt."""
-    fmt = _first(spec)
+    fmt = compute_format(spec)
     return f64(value) if is_native(fmt) else ef.quantize(np.float64(value), fmt)
 
 
@@ -59,7 +60,7 @@ def binary(op: str, a: np.ndarray, b: np.ndarray, spec: Spec, trace: Trace | Non
     if is_native(spec.fmt):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
             return _NP_OPS[op](f64(a), f64(b))
-    first = _first(spec)
+    first = compute_format(spec)
     rnd = spec.rounding if first == spec.fmt else RNE
     r = _EF_OPS[op](a, b, first, rnd, trace=trace, label=label)
     return _store(r, spec, trace, label)
@@ -70,7 +71,7 @@ def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, spec: Spec, trace: Trace | 
     """a*b + c rounded once under ``spec`` (twice with a compute format)."""
     if is_native(spec.fmt):  # numpy has no FMA; FP64 policies do not fuse
         raise ValueError(f"{label or 'fma'}: an FP64 step cannot be fused; use fused=False")
-    first = _first(spec)
+    first = compute_format(spec)
     rnd = spec.rounding if first == spec.fmt else RNE
     r = ef.fma(a, b, c, first, rnd, trace=trace, label=label)
     return _store(r, spec, trace, label)
@@ -94,12 +95,12 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
     if is_native(spec.fmt):
         return _libm(x, name) if name != "exp2" else np.exp2(f64(x))
     if name in ("exp", "log", "log2"):  # float64 libm, then rounded once
-        first = _first(spec)
+        first = compute_format(spec)
         r = ef.quantize(_libm(x, name), first, spec.rounding if first == spec.fmt else RNE, trace=trace,
                         label=label)
         return _store(r, spec, trace, label)
     if name == "exp2":
-        first = _first(spec)
+        first = compute_format(spec)
         r = ef.exp2(x, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
         return _store(r, spec, trace, label)
     if name == "h100_ex2":
@@ -128,7 +129,8 @@ def dot(a: np.ndarray, b: np.ndarray, spec: Dot, c: np.ndarray | None = None, tr
 
 # ---- row sums --------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def _tree(order: str, n: int) -> ef.ReductionTree:
+def order_tree(order: str, n: int) -> ef.ReductionTree:
+    """The 'sequential' or 'pairwise' tree over n leaves (cached)."""
     return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
 
 
@@ -145,7 +147,7 @@ def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace |
     ``tile`` = (BLOCK_M, BLOCK_N) picks the recorded H100 tree; a narrower (ragged) block is padded with
     +0, as the kernel's masked columns hold exp2(-inf) = +0.
     """
-    first = _first(spec)
+    first = compute_format(spec)
     rnd = spec.rounding if first == spec.fmt else RNE
     if spec.order == NUMPY:
         return np.sum(f64(p), axis=-1)
@@ -158,7 +160,7 @@ def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace |
         padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
         padded[:, :p.shape[-1]] = p
         return ef.tree_sum(padded, tree, first, rnd)
-    return ef.tree_sum(p, _tree(spec.order, p.shape[-1]), first, rnd)
+    return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd)
 
 
 class RowSumState:
@@ -185,8 +187,8 @@ class RowSumState:
             padded[:, :n] = p
             scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
             leaves = np.concatenate([f64(scaled)[:, :, None], f64(padded)[:, _fa2_columns(width)]], axis=-1)
-            first = _first(spec)
-            s = ef.tree_sum(leaves, _tree("sequential", leaves.shape[-1]), first,
+            first = compute_format(spec)
+            s = ef.tree_sum(leaves, order_tree("sequential", leaves.shape[-1]), first,
                             spec.rounding if first == spec.fmt else RNE)
             self.l = _store(s, spec, tr, lab)
             return
@@ -194,7 +196,7 @@ class RowSumState:
         if spec.fused:
             self.l = fma(self.l, alpha, s, spec, tr, lab)
         else:
-            self.l = binary("add", binary("mul", self.l, alpha, _compute_only(spec), tr, lab), s, spec, tr, lab)
+            self.l = binary("add", binary("mul", self.l, alpha, compute_only(spec), tr, lab), s, spec, tr, lab)
 
     def total(self) -> np.ndarray:
         """The row sum l (FA2: the quad reduction of the four partials)."""
@@ -206,9 +208,10 @@ class RowSumState:
         return binary("add", a, b, self.spec, self.trace, self.label)
 
 
-def _compute_only(spec: RowSum) -> Op:
-    """The intermediate l*alpha of an unfused update stays in the compute format (PyTorch's fp32 temporary)."""
-    first = _first(spec)
+def compute_only(spec: Spec) -> Op:
+    """An op that rounds only into the spec's compute format (a temporary kept there, e.g. the l*alpha of an
+    unfused row-sum update: PyTorch's fp32 temporary)."""
+    first = compute_format(spec)
     return Op(first, spec.rounding if first == spec.fmt else RNE)
 
 
@@ -223,7 +226,7 @@ def normalize(acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = 
         r = ef.div_full(acc, lb, trace=trace, label=label)
         return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
     if spec.division == "ieee":
-        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, _compute_only(spec), trace,
+        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, compute_only(spec), trace,
                      label)
     else:
         inv = ef.rcp_approx(lb)

@@ -174,7 +174,7 @@ def block_order(value: str | None, default: str, name: str) -> str:
     return val
 
 
-def _visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
+def causal_visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
     """The causal mask of a block (True = attended), or None when every entry is attended."""
     if not causal or cols.stop - 1 <= rows.start:
         return None
@@ -251,7 +251,7 @@ def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray
     for j0 in starts:
         cols = range(j0, min(j0 + bn, n))
         s = arith.dot(q_rows, kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
-        visible = _visible(qrows, cols, causal)
+        visible = causal_visible(qrows, cols, causal)
         if visible is not None and local is not None:
             visible = visible[local]
         p, m, alpha = pipe.softmax_block(s, visible, m)
@@ -299,7 +299,7 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
         m_rows, n = q2.shape[0], k2.shape[0]
         s = arith.dot(qc, kc.T, pol.scores, trace=trace, label="scores")
         m0 = arith.cast(np.full(m_rows, -np.inf), pol.max.fmt)
-        p, m, alpha = pipe.softmax_block(s, _visible(range(m_rows), range(n), causal), m0)
+        p, m, alpha = pipe.softmax_block(s, causal_visible(range(m_rows), range(n), causal), m0)
         lsum = arith.RowSumState(m_rows, pol.row_sum, (pol.tiling.block_m, n), trace)
         lsum.update(p, alpha)
         l = lsum.total()

@@ -38,14 +38,12 @@ from emufloat import Format, Rounding, Trace
 from emufloat.formats import format_of_dtype
 
 from . import arith
+from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_visible
 from .attention import _check as check_forward_inputs
-from .attention import as_input, block_order, block_size
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, Op, is_native
 
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 RNE = Rounding("rne")
 
 
@@ -78,16 +76,6 @@ class BackwardResult(tuple):
 
 
 # ---- small helpers ----------------------------------------------------------------------------------
-def _first(spec) -> Format:
-    return spec.compute if spec.compute is not None else spec.fmt
-
-
-def _compute_only(spec) -> Op:
-    """An op that rounds only into the spec's compute format (a temporary kept there)."""
-    first = _first(spec)
-    return Op(first, spec.rounding if first == spec.fmt else RNE)
-
-
 def _to(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: Rounding = RNE) -> np.ndarray:
     """x rounded into fmt; a no-op (and no trace events) when x is already held in that format."""
     if format_of_dtype(np.asarray(x).dtype) == fmt:
@@ -95,16 +83,10 @@ def _to(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: R
     return arith.cast(x, fmt, rounding, trace, label)
 
 
-def _visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
-    """The causal mask of a block (True = attended), or None when every entry is attended."""
-    if not causal or cols.stop - 1 <= rows.start:
-        return None
-    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
-
-
-@functools.lru_cache(maxsize=256)
-def _tree(order: str, n: int) -> ef.ReductionTree:
-    return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
+@functools.lru_cache(maxsize=64)
+def _lane_tree(n: int) -> ef.ReductionTree:
+    """delta's tl.sum over a loaded 16-bit tile on the H100: 8 values a lane, then a butterfly (recorded)."""
+    return ef.ReductionTree.thread_butterfly(n, 8)
 
 
 # ---- delta ------------------------------------------------------------------------------------------
@@ -126,8 +108,8 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
     """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats)."""
     if is_native(spec.fmt):
         return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
-    first = _first(spec)
-    acc_op = _compute_only(spec)
+    first = arith.compute_format(spec)
+    acc_op = arith.compute_only(spec)
     if spec.order == "fa2_dot_do_o":
         a, b = _fa2_threads(a, spec.threads, spec.chunk), _fa2_threads(b, spec.threads, spec.chunk)
     if spec.fused or spec.order == "fa2_dot_do_o":
@@ -155,10 +137,9 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
         if spec.order == "exact":
             acc = ef.sum(prods, first, rnd, trace=trace, label=label)
         elif spec.order == "h100_tl_sum":
-            tree = ef.ReductionTree.thread_butterfly(prods.shape[-1], 8)  # recorded: see ReductionTree
-            acc = ef.tree_sum(prods, tree, first, rnd)
+            acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd)
         else:  # tree orders are not traced by emufloat yet (the store below is)
-            acc = ef.tree_sum(prods, _tree(spec.order, prods.shape[-1]), first, rnd)
+            acc = ef.tree_sum(prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd)
     if spec.compute is None or spec.compute == spec.fmt:
         return acc
     return ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
@@ -195,7 +176,7 @@ class _Head:
         self.q_dk = _to(self.q, pol.dk.dot.inputs, tr, "inputs")
         self.k_dq = _to(self.k, pol.dq.dot.inputs, tr, "inputs")
         rec = pol.recompute
-        self.x_op = _compute_only(rec)
+        self.x_op = arith.compute_only(rec)
         self.exp = rec.func()
         units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
         self.c = arith.constant(sm_scale * units, pol.scale)
@@ -205,7 +186,7 @@ class _Head:
                                tr, "recompute")
         self.neg_l = arith.f64(lse) * -1.0  # exact negation
         self.l = lse
-        self.ds_tmp = _compute_only(pol.ds)
+        self.ds_tmp = arith.compute_only(pol.ds)
         self.cs = arith.constant(sm_scale, pol.ds)
 
     # P = exp(S*c - L) for one block
@@ -213,7 +194,7 @@ class _Head:
         pol, tr = self.pol, trace
         s = arith.dot(self.q[rows.start:rows.stop], self.k[cols.start:cols.stop].T, pol.scores, trace=tr,
                       label="scores")
-        vis = _visible(rows, cols, self.causal)
+        vis = causal_visible(rows, cols, self.causal)
         if pol.scale.where == "scores":
             s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
             if vis is not None:
@@ -226,7 +207,8 @@ class _Head:
                 s[~vis] = -np.inf
             neg_l = self.neg_l[rows.start:rows.stop, None]
             if pol.recompute.fused:
-                x = arith.fma(s, self.c, arith.cast(neg_l, _first(pol.recompute)), self.x_op, tr, "recompute")
+                neg_l = arith.cast(neg_l, arith.compute_format(pol.recompute))
+                x = arith.fma(s, self.c, neg_l, self.x_op, tr, "recompute")
             else:
                 sc = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
                 x = arith.binary("sub", sc, self.l[rows.start:rows.stop, None], self.x_op, tr, "recompute")

@@ -186,12 +186,16 @@ def _variants(spec: str, beta: float | None, eps: float | None) -> list:
     return out
 
 
-def cmd_trace_row(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    t0 = time.perf_counter()
+def _policy_arg(name: str, parser: argparse.ArgumentParser):
     try:
-        policy = get_policy(args.policy)
+        return get_policy(name)
     except ValueError as exc:
         parser.error(f"--policy: {exc}")
+
+
+def cmd_trace_row(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    t0 = time.perf_counter()
+    policy = _policy_arg(args.policy, parser)
     try:
         variants = _variants(args.softmax, args.beta, args.eps)
     except (InputError, ValueError) as exc:
@@ -285,10 +289,7 @@ def _ties_arg(value: str) -> list[int]:
 
 def cmd_bias_rows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     t0 = time.perf_counter()
-    try:
-        policy = get_policy(args.policy)
-    except ValueError as exc:
-        parser.error(f"--policy: {exc}")
+    policy = _policy_arg(args.policy, parser)
     try:
         variants = _variants(args.softmax, None, None)
         rows = repeated_maxima_rows(args.rows, _ties_arg(args.ties), n_keys=args.n_keys, v=args.v, seed=args.seed)

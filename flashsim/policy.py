@@ -318,8 +318,7 @@ FA2 = Policy(
 
 
 def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
-                  bwd_block_m: int = 64, bwd_block_n: int = 64, delta_block: int = 64, delta_warps: int = 4,
-                  name: str | None = None) -> Policy:
+                  bwd_block_m: int = 64, bwd_block_n: int = 64, name: str | None = None) -> Policy:
     """The project's Triton kernels (gpu/kernels) on the H100, for one launch configuration.
 
     Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
@@ -344,7 +343,7 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
         pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
         normalize=Norm("divide", "div_full", FP32), output=Op(fmt), lse=Func("log2_fma", FP32),
         tiling=Tiling(block_m, block_n, "forward"),
-        delta=Delta("h100_tl_sum", FP32, block_m=delta_block, num_warps=delta_warps),
+        delta=Delta("h100_tl_sum", FP32),
         recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(fmt, model),
         ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
         bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),

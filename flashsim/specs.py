@@ -365,7 +365,7 @@ class Delta(_Spec):
     format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
-    ``block_m`` and ``num_warps`` record the launch of 'h100_tl_sum' (its tree did not depend on them).
+    'h100_tl_sum' is the tree of the project's delta kernel (8 values a lane, then a butterfly).
     """
 
     order: str
@@ -377,8 +377,6 @@ class Delta(_Spec):
     source: str = "o"
     threads: int = 8
     chunk: int = 8
-    block_m: int = 64
-    num_warps: int = 4
 
     def __post_init__(self) -> None:
         _choice(self.order, DELTA_ORDERS, "Delta.order")

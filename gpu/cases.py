@@ -46,32 +46,44 @@ def _fmt(dtype: str):
     return ef.BF16 if dtype == "bf16" else ef.FP16
 
 
-def inputs(case: Case) -> dict[str, np.ndarray]:
-    """q, k, v, do as float32 arrays holding dtype values, shapes (1, 1, N, d)."""
-    if case.kind not in KINDS:
-        raise ValueError(f"kind: expected one of {KINDS}, got {case.kind!r}")
-    rng = np.random.default_rng(case.seed)
-    nq, nk, d = case.n_q, case.n_k, case.d
+def _head(rng: np.random.Generator, kind: str, nq: int, nk: int, d: int) -> dict[str, np.ndarray]:
+    """One head's q, k, v, dO (float64, not yet rounded) of the given kind."""
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
     q = rng.standard_normal((nq, d))
     k = rng.standard_normal((nk, d))
     v = rng.standard_normal((nk, d))
-    if case.kind == "repeated":
+    if kind == "repeated":
         k = np.repeat(k[: (nk + 1) // 2], 2, axis=0)[:nk]
         q *= 2.0
         v = rng.normal(-1.5, 0.5, (nk, d))
-    elif case.kind == "sink":
+    elif kind == "sink":
         k[0] = q.mean(axis=0) * 4.0
         q += k[0] / np.linalg.norm(k[0]) * 3.0
         v = rng.normal(-1.0, 0.5, (nk, d))
-    elif case.kind == "large":
+    elif kind == "large":
         q *= 30.0 / np.sqrt(d) ** 0.5
         k *= 30.0 / np.sqrt(d) ** 0.5
-    elif case.kind == "tiny":
+    elif kind == "tiny":
         q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
-    do = rng.standard_normal((nq, d))
-    fmt = _fmt(case.dtype)
-    return {name: ef.quantize(x, fmt).astype(np.float32).reshape(1, 1, *x.shape)
-            for name, x in (("q", q), ("k", k), ("v", v), ("do", do))}
+    return {"q": q, "k": k, "v": v, "do": rng.standard_normal((nq, d))}
+
+
+def batch(kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
+          ) -> dict[str, np.ndarray]:
+    """q, k, v, dO of shape (B, H, N, d) (k, v with ``n_k`` rows if given): every head drawn as
+    :func:`inputs` draws one, from one generator seeded with ``seed``; float32 arrays of dtype values."""
+    b, h, nq, d = shape
+    rng = np.random.default_rng(seed)
+    heads = [_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
+    fmt = _fmt(dtype)
+    return {name: ef.quantize(np.stack([hd[name] for hd in heads]), fmt).astype(np.float32).reshape(
+        b, h, *heads[0][name].shape) for name in ("q", "k", "v", "do")}
+
+
+def inputs(case: Case) -> dict[str, np.ndarray]:
+    """q, k, v, do of a case as float32 arrays holding dtype values, shapes (1, 1, N, d)."""
+    return batch(case.kind, case.dtype, (1, 1, case.n_q, case.d), case.seed, case.n_k)
 
 
 def forward_cases() -> list[Case]:
@@ -111,4 +123,4 @@ def backward_cases() -> list[Case]:
     return out
 
 
-__all__ = ["Case", "KINDS", "SOFTMAXES", "inputs", "forward_cases", "backward_cases"]
+__all__ = ["Case", "KINDS", "SOFTMAXES", "batch", "inputs", "forward_cases", "backward_cases"]

@@ -33,7 +33,7 @@ def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = 
     f = fwd or FWD_CONFIGS[(head_dim, bool(causal))]
     b = bwd or BWD_CONFIGS[head_dim]
     return triton_policy(dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
-                         bwd_block_n=b.block_n, delta_block=DELTA_BLOCK, delta_warps=4)
+                         bwd_block_n=b.block_n)
 
 
 def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:

@@ -20,6 +20,7 @@ import triton
 
 from emufloat import FP32
 from flashsim import arith
+from flashsim.attention import LOG2E
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
@@ -27,7 +28,6 @@ from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, kernel_varia
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
-LOG2E = 1.4426950408889634
 DTYPES = (torch.bfloat16, torch.float16)
 HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}

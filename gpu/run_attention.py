@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from . import flash
-from .cases import backward_cases, forward_cases, inputs
+from .cases import backward_cases, batch, forward_cases, inputs
 from .kernels.fwd import log2_fma
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -52,21 +52,15 @@ def reference(q, k, v, causal: bool, scale: float, do=None):
     return o.detach(), lse.detach(), (q64.grad, k64.grad, v64.grad)
 
 
-def rand(shape, dtype, kind="random", seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    b, h, n, d = shape
-    q = torch.randn(shape, device="cuda", generator=g)
-    k = torch.randn(shape, device="cuda", generator=g)
-    v = torch.randn(shape, device="cuda", generator=g)
-    if kind == "repeated":
-        k = k[:, :, : (n + 1) // 2].repeat_interleave(2, dim=2)[:, :, :n].contiguous()
-        q, v = q * 2.0, v * 0.5 - 1.5
-    elif kind == "sink":
-        k[:, :, 0] = q.mean(2) * 4.0
-        v = v * 0.5 - 1.0
-    elif kind == "large":
-        q, k = q * 30 / d ** 0.25, k * 30 / d ** 0.25
-    return q.to(dtype), k.to(dtype), v.to(dtype)
+def rand(shape, dtype):
+    """Large N(0, 1) inputs drawn on the GPU, for timing."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return tuple(torch.randn(shape, device="cuda", generator=g).to(dtype) for _ in range(3))
+
+
+def kind_inputs(kind: str, dtype: str, shape, seed: int):
+    """q, k, v, dO of an input kind (gpu/cases.py), on the GPU."""
+    return tuple(torch.from_numpy(a).cuda().to(DT[dtype]) for a in batch(kind, dtype, shape, seed).values())
 
 
 # ---- sections -----------------------------------------------------------------------------------------
@@ -76,8 +70,7 @@ def smoke(res: dict, deadline: float) -> None:
         for d in (64, 128):
             for causal in (False, True):
                 for sm in flash.SOFTMAX_IDS:
-                    q, k, v = rand((1, 2, 333, d), DT[dtype], "repeated" if sm != "standard" else "random", seed=d)
-                    do = torch.randn_like(q)
+                    q, k, v, do = kind_inputs("repeated" if sm != "standard" else "random", dtype, (1, 2, 333, d), d)
                     o, lse, _ = flash.forward(q, k, v, causal=causal, softmax=sm)
                     dq, dk, dv, _ = flash.backward(q, k, v, o, lse, do, causal=causal)
                     o64, lse64, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
@@ -250,8 +243,7 @@ def accuracy(res: dict, deadline: float) -> None:
                     if time.time() > deadline:
                         res["accuracy_stopped"] = "time"
                         break
-                    q, k, v = rand((2, 8, 1024, d), DT[dtype], kind, seed=d + len(kind))
-                    do = torch.randn_like(q)
+                    q, k, v, do = kind_inputs(kind, dtype, (2, 8, 1024, d), d + len(kind))
                     o64, _, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
                     entry = {"dtype": dtype, "d": d, "kind": kind, "causal": causal}
                     for sm in flash.SOFTMAX_IDS:

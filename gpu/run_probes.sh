@@ -6,12 +6,4 @@
 # Needs torch and triton (no network, no pip). Takes about 3-5 minutes on an H100 (budget: 320 s for the
 # probes, each in its own process with its own time limit). Writes results.json, run.log and *.npz to $OUT
 # (7 files, well under 64 MiB); see docs/probes.md.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-exec "$PY" -m gpu.probes.run --out "$OUT" "$@"
+exec bash "$(dirname "$0")/run_module.sh" gpu.probes.run "$@"

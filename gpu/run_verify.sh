@@ -3,13 +3,4 @@
 #
 #   OUT=/path/to/empty/folder bash gpu/run_verify.sh [--sections rcp,cases,...] [--seconds 540]
 #
-# Needs torch, triton, numpy, numba, ml_dtypes (no network, no pip): runs from this tree with PYTHONPATH=.
-set -uo pipefail
-cd "$(dirname "$0")/.."
-: "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
-exec "$PY" -m gpu.verify_models --out "$OUT" "$@"
+exec bash "$(dirname "$0")/run_module.sh" gpu.verify_models "$@"

@@ -512,7 +512,9 @@ def test_run_script_syntax_and_contents():
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = script.read_text()
-    assert "gpu.probes.run" in text and "PYTHONPATH" in text and "PYTHONUNBUFFERED" in text
+    assert "gpu.probes.run" in text and "run_module.sh" in text
+    runner = (ROOT / "gpu" / "run_module.sh").read_text()
+    assert "PYTHONPATH" in runner and "PYTHONUNBUFFERED" in runner
 
 
 def test_docs_describe_outputs():

@@ -28,29 +28,41 @@ def attn_bwd_delta(O, DO, DELTA, N_Q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.conste
 
 
 @triton.jit
+def _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM: tl.constexpr):
+    """q, dO, LSE, delta of the rows ``offs_m`` (zeros past N_Q), their mask and q's offsets."""
+    row_ok = offs_m < N_Q
+    q_ptr = off_hz * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
+    q = tl.load(Q + q_ptr, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + q_ptr, mask=row_ok[:, None], other=0.0)
+    lse = tl.load(LSE + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
+    return q, do, lse, delta, row_ok, q_ptr
+
+
+@triton.jit
+def _key_rows(K, V, off_hz, offs_n, offs_d, N_K, HEAD_DIM: tl.constexpr):
+    """k, v of the keys ``offs_n`` (zeros past N_K), their mask and their offsets."""
+    col_ok = offs_n < N_K
+    kv_ptr = off_hz * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
+    k = tl.load(K + kv_ptr, mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + kv_ptr, mask=col_ok[:, None], other=0.0)
+    return k, v, col_ok, kv_ptr
+
+
+@triton.jit
 def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, N_Q, N_K,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1).to(tl.int64)
-    q_base = off_hz * N_Q * HEAD_DIM
-    k_base = off_hz * N_K * HEAD_DIM
     offs_n = start_n + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    col_ok = offs_n < N_K
-    kv_ptr = k_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-    k = tl.load(K + kv_ptr, mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + kv_ptr, mask=col_ok[:, None], other=0.0)
+    k, v, col_ok, kv_ptr = _key_rows(K, V, off_hz, offs_n, offs_d, N_K, HEAD_DIM)
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     lo = (start_n // BLOCK_M) * BLOCK_M if CAUSAL else 0
     for start_m in range(lo, N_Q, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        row_ok = offs_m < N_Q
-        q_ptr = q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        q = tl.load(Q + q_ptr, mask=row_ok[:, None], other=0.0)
-        do = tl.load(DO + q_ptr, mask=row_ok[:, None], other=0.0)
-        lse = tl.load(LSE + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
+        q, do, lse, delta, row_ok, _ = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM)
         qk_t = tl.dot(k, tl.trans(q))
         keep = row_ok[None, :]
         if CAUSAL:
@@ -71,24 +83,14 @@ def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, N_Q, N_K,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     off_hz = tl.program_id(1).to(tl.int64)
-    q_base = off_hz * N_Q * HEAD_DIM
-    k_base = off_hz * N_K * HEAD_DIM
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
-    row_ok = offs_m < N_Q
-    q_ptr = q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-    q = tl.load(Q + q_ptr, mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + q_ptr, mask=row_ok[:, None], other=0.0)
-    lse = tl.load(LSE + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + off_hz * N_Q + offs_m, mask=row_ok, other=0.0)
+    q, do, lse, delta, row_ok, q_ptr = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     hi = tl.minimum(N_K, tl.minimum(start_m + BLOCK_M, N_Q)) if CAUSAL else N_K
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        col_ok = offs_n < N_K
-        kv_ptr = k_base + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
-        k = tl.load(K + kv_ptr, mask=col_ok[:, None], other=0.0)
-        v = tl.load(V + kv_ptr, mask=col_ok[:, None], other=0.0)
+        k, v, col_ok, _ = _key_rows(K, V, off_hz, offs_n, offs_d, N_K, HEAD_DIM)
         qk = tl.dot(q, tl.trans(k))
         keep = col_ok[None, :]
         if CAUSAL:

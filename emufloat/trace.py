@@ -98,6 +98,21 @@ class Trace:
         """One (op, format, rounding, shape, label) row per recorded call."""
         return [(c.op, c.fmt.name, str(c.rounding), c.shape, c.label) for c in self._chunks]
 
+    @property
+    def n_calls(self) -> int:
+        """Number of recorded calls (one chunk of events each)."""
+        return len(self._chunks)
+
+    def view(self, start: int = 0, stop: int | None = None, label: str = "") -> Trace:
+        """A Trace of the calls ``start:stop`` only, sharing their arrays (nothing is copied).
+
+        Why: a stepper records one Trace and hands each step the calls it made; later recording into
+        this trace does not change the view.
+        """
+        out = Trace(label or self.label)
+        out._chunks = self._chunks[start:stop]
+        return out
+
     def __len__(self) -> int:
         return sum(c.flags.size for c in self._chunks)
 

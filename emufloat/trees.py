@@ -44,9 +44,11 @@ import numba as nb
 import numpy as np
 
 from . import _arrays, _core
+from .cast import quantize
 from .formats import FP32, Format
 from .ops import MAX, MAXNUM, _minmax, _result_format, _zero_sum_sign
 from .rounding import SR, Rounding, as_rounding, random_bits
+from .trace import Trace, _Chunk, check_trace
 
 __all__ = ["ReductionTree", "h100_tl_sum", "tree_max", "tree_sum"]
 
@@ -263,25 +265,34 @@ def h100_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot")
 # ---- kernels --------------------------------------------------------------------------------------
 @nb.njit(cache=True)
 def _add_round(a, b, params, mode, rnd, srbits):
-    """(encoding, value) of a + b rounded once into the format.
+    """(encoding, value, exact_hi, exact_lo, flags) of a + b rounded once into the format.
 
     Exact zeros take their sign from IEEE 754 6.3 (``-0`` only for ``-0 + -0``, or under round-down);
     otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (accum's
     ``_round_into`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
+    The flags are those :func:`emufloat.add` traces for the same operands.
     """
     s, t = _core.two_sum(a, b)
+    fl = np.int64(0)
     if np.isnan(s):
         enc = _core.enc_nan(0, params)
+        t = 0.0
+        if not (np.isnan(a) or np.isnan(b)):
+            fl = np.int64(_core.INVALID)
     elif s == 0.0:  # a + b == 0 exactly (fp32 operands), so t == 0
-        enc = _core.enc_zero(_zero_sum_sign(a, b, mode), params)
+        sign = _zero_sum_sign(a, b, mode)
+        enc = _core.enc_zero(sign, params)
+        s = -0.0 if sign else 0.0
     elif np.isinf(s):
-        enc, _fl = _core.round_special(_core.CLS_INF, np.int64(s < 0.0), params)
+        t = 0.0
+        enc, fl = _core.round_special(_core.CLS_INF, np.int64(s < 0.0), params)
     else:
+        ref = max(_core.ilogb(a), _core.ilogb(b))
         sign, sig, exp, sticky = _core.dd_parts(s, t)
-        enc, _fl = _core.round_pack(sign, sig, exp, sticky, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+        enc, fl = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
     if enc == _core.NO_NAN:
-        return enc, np.nan
-    return enc, _core.decode(enc, params)
+        return enc, np.nan, s, t, fl
+    return enc, _core.decode(enc, params), s, t, fl
 
 
 @nb.njit(cache=True)
@@ -298,7 +309,9 @@ def _cast(v, params, mode, rnd, srbits):
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits):
+def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing):
+    """Row by row along the tree; when tracing, step k of row r writes event r * nsteps + k (its two
+    addends, its exact sum and flags) and the rounded values stay in ``ops[2]``."""
     nsteps = prog.shape[0]
     for r in nb.prange(rows):
         buf = np.empty(n + nsteps)
@@ -311,10 +324,20 @@ def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits
             enc = np.int64(0)
             for k in range(nsteps):
                 rnd = random_bits(seed, r * nsteps + k, srbits) if mode == SR else np.int64(0)
-                enc, v = _add_round(buf[prog[k, 0]], buf[prog[k, 1]], params, mode, rnd, srbits)
+                a = buf[prog[k, 0]]
+                b = buf[prog[k, 1]]
+                enc, v, s, t, fl = _add_round(a, b, params, mode, rnd, srbits)
                 buf[n + k] = v
                 if enc == _core.NO_NAN:
                     bad[r] = 1
+                if tracing:
+                    e = r * nsteps + k
+                    ops[0, e] = a
+                    ops[1, e] = b
+                    ops[2, e] = v
+                    ex_hi[e] = s
+                    ex_lo[e] = t
+                    flags[e] = fl
         out[r] = 0 if enc == _core.NO_NAN else enc
 
 
@@ -345,7 +368,8 @@ def _rows_of(x, tree: ReductionTree, argname: str = "x"):
     return arr, shape, math.prod(shape), flat, lut
 
 
-def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne") -> np.ndarray:
+def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne", *,
+             trace: Trace | None = None, label: str = "") -> np.ndarray:
     """Sum the last axis of ``x`` along ``tree``, every addition rounded once into ``fmt``.
 
     ``x``: FP32-representable values of any format (float32, bfloat16, ..., or float64 holding FP32
@@ -355,17 +379,35 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     rounding mode says.  A one-leaf tree rounds its leaf into ``fmt``.  Stochastic rounding draws step
     ``k`` of row ``r`` from counter ``r * (n_leaves - 1) + k``.  Returns ``fmt``'s carrier array of shape
     ``x.shape[:-1]``.  ``tree_sum(x, h100_tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100, bit for bit.
+
+    ``trace``: one ``add`` event per addition, shape ``x.shape[:-1] + (n_leaves - 1,)`` in tree order, with
+    the same exact result and flags :func:`emufloat.add` gives those two addends (a one-leaf tree records
+    its ``cast``).
     """
+    check_trace(trace)
     arr, shape, rows, flat, lut = _rows_of(x, tree)
     f = _result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
     out = _arrays.new_output(f, rows)
     bad = np.zeros(rows, np.uint8)
+    nsteps = tree.n_leaves - 1
+    if trace is not None and nsteps == 0:  # a lone leaf is a cast: trace it as one
+        result = quantize(arr[..., 0], f, rnd, trace=trace, label=label)
+        return result.reshape(shape)
+    n_ev = rows * nsteps if trace is not None else 0
+    ops = np.empty((3, n_ev))
+    ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n_ev, trace is not None)
     with _arrays.threads_for(rows * tree.n_leaves):
         _tree_sum_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
-                         np.uint64(rnd.seed), rnd.bits)
+                         np.uint64(rnd.seed), rnd.bits, ops, ex_hi, ex_lo, flags, trace is not None)
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
-    return _arrays.finish_output(out, f, shape)
+    result = _arrays.finish_output(out, f, shape)
+    if trace is not None:
+        trace._record(_Chunk(
+            op="add", fmt=f, rounding=rnd, operands=(ops[0], ops[1]),
+            rounded=ops[2].astype(f.carrier),
+            exact_hi=ex_hi, exact_lo=ex_lo, flags=flags, shape=(*shape, nsteps), label=label))
+    return result
 
 
 def tree_max(x, tree: ReductionTree, *, propagate_nan: bool = False) -> np.ndarray:

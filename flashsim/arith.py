@@ -159,8 +159,8 @@ def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace |
             raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
         padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
         padded[:, :p.shape[-1]] = p
-        return ef.tree_sum(padded, tree, first, rnd)
-    return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd)
+        return ef.tree_sum(padded, tree, first, rnd, trace=trace, label=label)
+    return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd, trace=trace, label=label)
 
 
 class RowSumState:
@@ -189,7 +189,7 @@ class RowSumState:
             leaves = np.concatenate([f64(scaled)[:, :, None], f64(padded)[:, _fa2_columns(width)]], axis=-1)
             first = compute_format(spec)
             s = ef.tree_sum(leaves, order_tree("sequential", leaves.shape[-1]), first,
-                            spec.rounding if first == spec.fmt else RNE)
+                            spec.rounding if first == spec.fmt else RNE, trace=tr, label=lab)
             self.l = _store(s, spec, tr, lab)
             return
         s = block_sum(p, spec, self.tile, tr, lab)

@@ -137,9 +137,10 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
         if spec.order == "exact":
             acc = ef.sum(prods, first, rnd, trace=trace, label=label)
         elif spec.order == "h100_tl_sum":
-            acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd)
-        else:  # tree orders are not traced by emufloat yet (the store below is)
-            acc = ef.tree_sum(prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd)
+            acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd, trace=trace, label=label)
+        else:
+            acc = ef.tree_sum(prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd, trace=trace,
+                              label=label)
     if spec.compute is None or spec.compute == spec.fmt:
         return acc
     return ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)

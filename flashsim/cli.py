@@ -4,6 +4,9 @@
 and a fix side by side, against FP64 on the same inputs; print where the rounding error arose, how large
 it is and whether it leans; write the report, its JSON and PNG plots into ``--out``.  Without data it
 runs the built-in row (:func:`flashsim.examples.builtin_row`: repeated maxima, mostly negative V).
+
+``flashsim bias-rows``: many random rows with repeated maxima; does O (and delta) lean, per variant.
+``flashsim crosscheck RUN.npz``: a kernel run recorded on a GPU against the emulator, bit for bit.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from . import arith
 from .analysis import analyse_run, round_to_one_band
+from .crosscheck import crosscheck, load_run
 from .examples import builtin_row
 from .experiments import V_DISTRIBUTIONS, bias_rows, format_bias_table, repeated_maxima_rows
 from .policy import ALIASES, get_policy, policy_names
@@ -304,6 +308,28 @@ def cmd_bias_rows(args: argparse.Namespace, parser: argparse.ArgumentParser) -> 
     return 0
 
 
+def cmd_crosscheck(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Each kernel run file: emulate, compare bit for bit, locate the first divergent step."""
+    paths: list[Path] = []
+    for name in args.runs:
+        p = Path(name)
+        paths.extend(sorted(p.glob("*.npz")) if p.is_dir() else [p])
+    if not paths:
+        parser.error(f"RUN: no .npz files in {', '.join(args.runs)}")
+    n_exact = 0
+    for p in paths:
+        try:
+            run = load_run(p)
+        except (OSError, ValueError, KeyError) as exc:
+            parser.error(f"RUN: {p}: {exc}")
+        rep = crosscheck(run)
+        n_exact += rep.identical
+        if not (args.quiet and rep.identical):
+            print(f"== {p.name}\n{rep}\n")
+    print(f"{len(paths)} runs: {n_exact} bit-identical in every output")
+    return 0 if n_exact == len(paths) else 1
+
+
 def _row_arg(value: str, parser: argparse.ArgumentParser) -> int:
     try:
         return int(value)
@@ -361,6 +387,15 @@ def build_parser() -> argparse.ArgumentParser:
                     "normal N(-1.5, 0.5)")
     br.add_argument("--seed", type=int, default=1)
     br.set_defaults(func=cmd_bias_rows, sub_parser=br)
+
+    cc = sub.add_parser("crosscheck", help="kernel runs recorded on a GPU against the emulator, bit for bit",
+                        description="Rerun each recorded kernel run (.npz written by flashsim.crosscheck.save_run or "
+                        "python -m gpu.crosscheck --save) under its policy: per output the fraction of bit-identical "
+                        "elements and an ulp histogram; for the first differing row, the first K/V step whose m, P, "
+                        "l or acc differs. Exit status 1 when some run is not bit-identical.")
+    cc.add_argument("runs", nargs="+", metavar="RUN", help="run files, or folders of them")
+    cc.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
+    cc.set_defaults(func=cmd_crosscheck, sub_parser=cc)
     return parser
 
 

@@ -33,19 +33,8 @@ from .softmax import STANDARD, SoftmaxVariant
 from .specs import NUMPY
 
 
-def trace_view(trace: Trace, start: int, stop: int, label: str = "") -> Trace:
-    """A Trace holding the calls ``start:stop`` of ``trace`` (shared, not copied).
-
-    Relies on :class:`emufloat.Trace` keeping one chunk per call in ``_chunks``; emufloat has no public
-    slice yet.
-    """
-    view = Trace(label)
-    view._chunks = trace._chunks[start:stop]
-    return view
-
-
 def _n_calls(trace: Trace | None) -> int:
-    return 0 if trace is None else len(trace._chunks)
+    return 0 if trace is None else trace.n_calls
 
 
 @dataclass(frozen=True)
@@ -190,7 +179,7 @@ class RowStepper:
         kt = arith.cast(k, pol.scores.inputs, trace=tr, label="inputs").T
         vc = arith.cast(v, pol.pv.inputs, trace=tr, label="inputs")
         #: the rounding of the inputs (q rows, k, v) into the policy's input formats
-        self.prologue: Trace | None = None if tr is None else trace_view(tr, first, _n_calls(tr), "inputs")
+        self.prologue: Trace | None = None if tr is None else tr.view(first, _n_calls(tr), "inputs")
         #: the calls (indices into ``trace``) that cast the q rows, and those that cast K and V (shared by all rows)
         self.input_calls = (range(first, after_q), range(after_q, _n_calls(tr)))
         self.v_cast = vc  #: V as rounded into the pv step's input format
@@ -217,14 +206,14 @@ class RowStepper:
             state = StepState(len(self.steps), kv.block, kv.keys, self.rows, kv.scores[pick], kv.s_max[pick],
                               kv.units, None if kv.visible is None else kv.visible[pick], kv.m[pick],
                               kv.alpha[pick], kv.p_exp[pick], kv.p[pick], kv.l[pick], kv.acc[pick],
-                              None if tr is None else trace_view(tr, start, stop_, f"block {kv.block}"),
+                              None if tr is None else tr.view(start, stop_, f"block {kv.block}"),
                               range(start, stop_))
             start = stop_
             self.steps.append(state)
             yield state
         stop_ = _n_calls(tr)
         self.final = FinalState(res.o[pick], res.lse[pick], res.m[pick], res.l[pick], res.acc[pick],
-                                None if tr is None else trace_view(tr, start, stop_, "final"), range(start, stop_))
+                                None if tr is None else tr.view(start, stop_, "final"), range(start, stop_))
 
     def __iter__(self) -> RowStepper:
         return self
@@ -274,4 +263,4 @@ def trace_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str 
     return step_rows(q, k, v, policy, **kwargs).run()
 
 
-__all__ = ["FinalState", "RowStepper", "StepState", "step_rows", "trace_row", "trace_view"]
+__all__ = ["FinalState", "RowStepper", "StepState", "step_rows", "trace_row"]

@@ -27,13 +27,20 @@ BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
 DELTA_BLOCK = 64
 
 
+def kernel_policy_args(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
+                       bwd: Config | None = None) -> dict:
+    """Keyword arguments of :func:`flashsim.triton_policy` for our kernels launched with these configs
+    (defaults: the tables above)."""
+    f = fwd or FWD_CONFIGS[(head_dim, bool(causal))]
+    b = bwd or BWD_CONFIGS[head_dim]
+    return dict(dtype=dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
+                bwd_block_n=b.block_n)
+
+
 def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
                   bwd: Config | None = None) -> Policy:
     """flashsim's policy for our kernels launched with these configs (defaults: the tables above)."""
-    f = fwd or FWD_CONFIGS[(head_dim, bool(causal))]
-    b = bwd or BWD_CONFIGS[head_dim]
-    return triton_policy(dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
-                         bwd_block_n=b.block_n)
+    return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
 
 
 def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:

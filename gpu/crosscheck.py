@@ -1,102 +1,54 @@
-"""Emulator against GPU: rerun a recorded kernel case under flashsim's policy and compare bit for bit.
+"""Emulator against our Triton kernels: recorded cases on any machine, live runs on a GPU.
 
-numpy only (the GPU side records with ``gpu/run_attention.py``).  :func:`emulate` reruns one case
-(:class:`gpu.cases.Case`) under :func:`gpu.configs.kernel_policy`; :func:`compare` reports, per output,
-the fraction of bit-identical elements, an ulp-difference histogram and whether every difference is a
-NaN against a NaN (NaN payloads: the GPU's ``cvt`` keeps payload bits, emufloat returns the canonical
-quiet NaN).  Recorded data: tests/data/h100/attention/ (docs/crosscheck.md).
+A recorded case (:class:`gpu.cases.Case`, inputs regenerated from its seed) or a live launch becomes a
+:class:`flashsim.crosscheck.KernelRun`; :func:`flashsim.crosscheck.crosscheck` reruns it under the
+``triton_h100`` policy of the kernel's tiles and reports per output the fraction of bit-identical elements,
+an ulp histogram and the first divergent step.  NaN payloads are reported as such: the GPU's ``cvt`` keeps
+payload bits, emufloat returns the canonical quiet NaN.
+
+    python -m gpu.crosscheck                     # recorded cases (tests/data/h100/attention), any machine
+    python -m gpu.crosscheck --live --save DIR   # run the kernels on this GPU (debug intermediates on)
+    python -m gpu.crosscheck --live --data qkv.npz --softmax robust --causal
+
+Only :func:`live_run` and the ``--live`` path need torch, Triton and a GPU.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
-from dataclasses import dataclass, field
+import math
+import sys
+import time
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
-import flashsim as fs
+from flashsim.crosscheck import KernelRun, OutputCheck, check_bits, crosscheck, save_run
 
-from .cases import Case, inputs
-from .configs import Config, kernel_policy, kernel_variant
+from .cases import Case, backward_cases, forward_cases, inputs
+from .configs import Config, kernel_policy_args, kernel_variant
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h100" / "attention"
 
 
-def _bits16(x: np.ndarray, dtype: str) -> np.ndarray:
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16 if dtype == "bf16" else np.float16).view(np.uint16)
-
-
-def emulate(case: Case, backward: bool = False, fwd: Config | None = None,
-            bwd: Config | None = None) -> dict[str, np.ndarray]:
-    """The kernel's outputs as bits (o, lse; with ``backward`` also dq, dk, dv, delta), shapes as recorded."""
+def case_run(case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None,
+             bwd: Config | None = None) -> KernelRun:
+    """A recorded case as a KernelRun: inputs from the seed, ``recorded`` = {'o', 'lse'[, 'dq', 'dk', 'dv',
+    'delta'][, 'dbg_m', 'dbg_l', 'dbg_p', 'dbg_acc']} as bits, outputs of shape (1, 1, N, ...) as recorded."""
     x = inputs(case)
-    pol = kernel_policy(case.dtype, case.d, case.causal, fwd, bwd)
-    sm = kernel_variant(case.softmax, case.dtype)
-    f = fs.flash_forward(x["q"][0], x["k"][0], x["v"][0], pol, softmax=sm, causal=case.causal)
-    out = {"o": _bits16(f.o, case.dtype), "lse": np.asarray(f.lse, np.float32).view(np.uint32)}
-    if backward:
-        b = fs.flash_backward(x["q"][0], x["k"][0], x["v"][0], f.o, f.lse, x["do"][0], pol, causal=case.causal)
-        out.update(dq=_bits16(b.dq, case.dtype), dk=_bits16(b.dk, case.dtype), dv=_bits16(b.dv, case.dtype),
-                   delta=np.asarray(b.delta, np.float32).view(np.uint32))
-    return out
+    backward = "dq" in recorded
+    return KernelRun(
+        q=x["q"][0], k=x["k"][0], v=x["v"][0], do=x["do"][0] if backward else None, dtype=case.dtype,
+        causal=case.causal, sm_scale=1.0 / math.sqrt(case.d), softmax=kernel_variant(case.softmax, case.dtype),
+        policy_args=kernel_policy_args(case.dtype, case.d, case.causal, fwd, bwd),
+        outputs={k: v[0] for k, v in recorded.items() if not k.startswith("dbg_")},  # drop the batch axis
+        debug={k[4:]: v for k, v in recorded.items() if k.startswith("dbg_")}, note=case.key)
 
 
-@dataclass
-class OutputCheck:
-    """One output of one case: how many elements are bit-identical, and how the others differ."""
-
-    name: str
-    n: int
-    identical: int
-    nan_only: bool  # every difference is NaN vs NaN (payload bits)
-    ulp_hist: dict[int, int] = field(default_factory=dict)  # |ulp difference| -> count (finite pairs)
-
-    @property
-    def fraction(self) -> float:
-        return self.identical / self.n if self.n else 1.0
-
-
-def _ulp_diff(a: np.ndarray, b: np.ndarray, width: int) -> np.ndarray:
-    """Signed-magnitude bit patterns mapped to a monotone integer line, then subtracted."""
-    sign = np.int64(1) << (width - 1)
-
-    def line(u):
-        u = u.astype(np.int64)
-        return np.where(u & sign, -(u & (sign - 1)), u)
-
-    return np.abs(line(a) - line(b))
-
-
-def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:
-    if bits.dtype == np.uint32:
-        return np.isnan(bits.view(np.float32))
-    return (bits & 0x7FFF) > (0x7F80 if dtype == "bf16" else 0x7C00)
-
-
-def check(name: str, emu: np.ndarray, gpu: np.ndarray, dtype: str = "bf16") -> OutputCheck:
-    """Compare two arrays of bits (uint16 holding ``dtype`` values, or uint32 float32) of the same values."""
-    emu, gpu = emu.ravel(), gpu.ravel()
-    if emu.shape != gpu.shape:
-        raise ValueError(f"{name}: {emu.size} emulated values against {gpu.size} recorded")
-    width = emu.dtype.itemsize * 8
-    same = emu == gpu
-    diff = ~same
-    nan_e, nan_g = _isnan(emu, dtype), _isnan(gpu, dtype)
-    both_nan = nan_e & nan_g
-    finite = diff & ~nan_e & ~nan_g
-    hist: dict[int, int] = {}
-    if finite.any():
-        vals, counts = np.unique(np.minimum(_ulp_diff(emu[finite], gpu[finite], width), 1 << 20), return_counts=True)
-        hist = {int(v): int(c) for v, c in zip(vals, counts, strict=True)}
-    return OutputCheck(name, emu.size, int(same.sum()), bool(np.all(both_nan[diff])), hist)
-
-
-def compare(case: Case, recorded: dict[str, np.ndarray], backward: bool = False) -> list[OutputCheck]:
-    """Emulate ``case`` and check each recorded output (keys 'o', 'lse', ... as in :func:`emulate`)."""
-    emu = emulate(case, backward)
-    return [check(name, emu[name], recorded[name], case.dtype) for name in emu]
+def compare(case: Case, recorded: dict[str, np.ndarray]) -> list[OutputCheck]:
+    """Emulate ``case`` and check each recorded output."""
+    return crosscheck(case_run(case, recorded)).checks
 
 
 def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
@@ -107,4 +59,125 @@ def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-__all__ = ["DATA", "OutputCheck", "check", "compare", "emulate", "load_recorded"]
+def recorded_runs(path: Path = DATA) -> list[KernelRun]:
+    """Every kept recorded case (forward and backward) as a KernelRun."""
+    meta, arrays = load_recorded(path)
+    runs = []
+    for kind, key in (("f", "forward"), ("b", "backward")):
+        for c in meta["record"][key]:
+            case = Case(**c)
+            prefix = f"{kind}/{case.key}/"
+            rec = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            if rec:
+                runs.append(case_run(case, rec))
+    return runs
+
+
+# ---- live (torch, Triton, a GPU) --------------------------------------------------------------------
+def _bits(t) -> np.ndarray:
+    import torch
+    width = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32)}[t.element_size()]
+    return t.contiguous().view(width[0]).cpu().numpy().view(width[1])
+
+
+def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None = None, *, dtype: str = "bf16",
+             causal: bool = False, softmax: str = "standard", sm_scale: float | None = None, debug: bool = True,
+             fwd: Config | None = None, bwd: Config | None = None, note: str = "") -> KernelRun:
+    """Run our kernels on the GPU on one head's q, k, v (N, d) or heads (H, N, d) and package the result.
+
+    The inputs are rounded to ``dtype`` (RNE) first; ``do`` adds the backward; ``debug`` records the
+    per-block intermediates for the first-divergence report.
+    """
+    import torch
+
+    from . import flash
+
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    if dtype not in dt:
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    arrs = {"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {})
+    heads = {}
+    for name, a in arrs.items():
+        a = np.asarray(a, np.float32)
+        if a.ndim == 2:
+            a = a[None]
+        if a.ndim != 3:
+            raise ValueError(f"{name}: expected shape (N, d) or (H, N, d), got {a.shape}")
+        heads[name] = a
+    x = {n: torch.from_numpy(a).cuda().to(dt[dtype])[None] for n, a in heads.items()}
+    d = heads["q"].shape[-1]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    o, lse, dbg = flash.forward(x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax,
+                                config=fwd, debug=debug)
+    outputs = {"o": _bits(o[0]), "lse": _bits(lse[0])}
+    if do is not None:
+        dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, sm_scale=scale,
+                                           config=bwd)
+        outputs.update(dq=_bits(dq[0]), dk=_bits(dk[0]), dv=_bits(dv[0]), delta=_bits(delta[0]))
+    rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
+    return KernelRun(q=rounded["q"], k=rounded["k"], v=rounded["v"], do=rounded.get("do"), dtype=dtype,
+                     causal=causal, sm_scale=scale, softmax=kernel_variant(softmax, dtype),
+                     policy_args=kernel_policy_args(dtype, d, causal, fwd, bwd), outputs=outputs,
+                     debug={n: _bits(t) for n, t in (dbg or {}).items()}, note=note)
+
+
+def live_cases(max_len: int = 512) -> list[Case]:
+    """The recorded cases' grid (forward and backward) up to ``max_len`` keys, to rerun live."""
+    return [c for c in forward_cases() + backward_cases() if max(c.n_q, c.n_k) <= max_len]
+
+
+# ---- command line -----------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m gpu.crosscheck", description=__doc__.splitlines()[0])
+    ap.add_argument("--live", action="store_true", help="run the kernels on this machine's GPU")
+    ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust"))
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--max-len", type=int, default=512, help="live grid: longest sequence (default 512)")
+    ap.add_argument("--save", metavar="DIR", help="write every run as DIR/<case>.npz (python -m flashsim crosscheck)")
+    ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    if args.live:
+        if args.data:
+            with np.load(args.data) as z:
+                missing = [n for n in ("q", "k", "v") if n not in z.files]
+                if missing:
+                    ap.error(f"--data: {args.data} lacks {missing} (arrays q, k, v, optionally do)")
+                arrs = {n: z[n] for n in ("q", "k", "v", "do") if n in z.files}
+            runs = iter([live_run(**arrs, dtype=args.dtype, causal=args.causal, softmax=args.softmax,
+                                  note=Path(args.data).stem)])
+        else:
+            with_grad = set(backward_cases())
+
+            def gen():
+                for c in live_cases(args.max_len):
+                    x = inputs(c)
+                    back = c in with_grad
+                    yield live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0] if back else None, dtype=c.dtype,
+                                   causal=c.causal, softmax=c.softmax, debug=not back, note=c.key)
+            runs = gen()
+    else:
+        runs = iter(recorded_runs())
+    total = exact = payload = 0
+    for run in runs:
+        rep = crosscheck(run)
+        total += 1
+        exact += rep.identical
+        payload += (not rep.identical) and all(c.nan_only for c in rep.checks)
+        if args.save:
+            Path(args.save).mkdir(parents=True, exist_ok=True)
+            save_run(Path(args.save) / f"{run.note or total}.npz", run)
+        if not (args.quiet and rep.identical):
+            print(rep, "\n", flush=True)
+    print(f"{total} runs: {exact} bit-identical in every output, {payload} differing only in NaN payloads "
+          f"({time.time() - t0:.0f} s)")
+    return 0 if exact + payload == total else 1
+
+
+__all__ = ["DATA", "case_run", "check_bits", "compare", "live_cases", "live_run", "load_recorded", "main",
+           "recorded_runs"]
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,7 +5,6 @@ The compile tests need triton only; the live tests (marked ``gpu``) need CUDA an
 
 import math
 
-import numpy as np
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -92,14 +91,13 @@ def test_live_against_fp64(dtype, causal, softmax):
 @pytest.mark.gpu
 @cuda
 def test_live_kernel_equals_emulator():
-    from gpu import flash
+    from flashsim.crosscheck import crosscheck
     from gpu.cases import Case, inputs
-    from gpu.crosscheck import check, emulate
+    from gpu.crosscheck import live_run
     for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1), Case(77, 130, 128, "fp16", False,
                                                                                   "stabilised", "sink", 2)]:
-        x = {n: torch.from_numpy(a).cuda().to(torch.bfloat16 if case.dtype == "bf16" else torch.float16)
-             for n, a in inputs(case).items()}
-        o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
-        emu = emulate(case)
-        assert check("o", emu["o"], o.view(torch.int16).cpu().numpy().view(np.uint16), case.dtype).fraction == 1
-        assert check("lse", emu["lse"], lse.view(torch.int32).cpu().numpy().view(np.uint32)).fraction == 1
+        x = inputs(case)
+        run = live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0], dtype=case.dtype, causal=case.causal,
+                       softmax=case.softmax)
+        rep = crosscheck(run)
+        assert rep.identical, str(rep)

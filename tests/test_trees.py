@@ -253,6 +253,59 @@ def test_shapes_and_trees():
     assert one[0] == 1.0
 
 
+# ---- (3b) traced sums -------------------------------------------------------------------------------
+def test_tree_sum_trace_events_are_the_tree_steps():
+    """One add event per tree step, in tree order: operands chain through the tree, FP32 results equal numpy's
+    float32 additions, exact sums and the INEXACT/AWAY flags agree with Fraction arithmetic, and every
+    event equals what emufloat.add traces for the same two addends."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((6, 64)) * np.exp2(rng.integers(-30, 30, (6, 64)))).astype(np.float32)
+    x[0, :3] = [np.inf, -np.inf, 1.0]
+    x[1] = -0.0
+    tree = h100_tl_sum(128, 64, 4)
+    for fmt, mode in (("fp32", "rne"), ("bf16", "rtz"), ("bf16", "rne")):
+        tr = ef.Trace()
+        got = tree_sum(x, tree, fmt, mode, trace=tr, label="l")
+        assert np.array_equal(got, tree_sum(x, tree, fmt, mode), equal_nan=True)
+        assert tr.calls == [("add", fmt, mode, (6, 63), "l")]
+        a, b, r = (v.reshape(6, 63) for v in (tr.a, tr.b, tr.rounded))
+        slots = np.concatenate([x.astype(np.float64), r], axis=1)
+        prog = tree.program
+        assert np.array_equal(a, slots[:, prog[:, 0]], equal_nan=True)
+        assert np.array_equal(b, slots[:, prog[:, 1]], equal_nan=True)
+        assert np.array_equal(r[:, -1], got.astype(np.float64), equal_nan=True)
+        if fmt == "fp32":
+            with np.errstate(invalid="ignore"):
+                want = (a.astype(np.float32) + b.astype(np.float32)).astype(np.float64)
+            assert np.array_equal(r, want, equal_nan=True)
+        fin = np.isfinite(tr.a) & np.isfinite(tr.b)
+        for i in np.flatnonzero(fin)[::7]:
+            exact = Fraction(tr.a[i]) + Fraction(tr.b[i])
+            assert Fraction(tr.exact[i]) + Fraction(tr.exact_lo[i]) == exact
+            assert bool(tr.has("inexact")[i]) == (Fraction(tr.rounded[i]) != exact)
+            assert bool(tr.has("away")[i]) == (abs(Fraction(tr.rounded[i])) > abs(exact))
+        ref = ef.Trace()
+        ef.add(tr.a.astype(np.float32), tr.b.astype(np.float32), fmt, mode, trace=ref)
+        for col in ("rounded", "exact", "exact_lo", "flags"):
+            assert np.array_equal(getattr(tr, col), getattr(ref, col), equal_nan=True), col
+    one = ef.Trace()
+    tree_sum(x[:, :1], ReductionTree.sequential(1), "bf16", trace=one)
+    assert one.calls == [("cast", "bf16", "rne", (6,), "")]
+
+
+def test_trace_view_shares_calls():
+    tr = ef.Trace()
+    ef.add(np.float32([1, 2]), np.float32([3, 4]), trace=tr, label="first")
+    ef.mul(np.float32([1.5]), np.float32([3]), "bf16", trace=tr, label="second")
+    v = tr.view(1, 2, "step")
+    assert v.n_calls == 1 and len(v) == 1 and v.calls[0][4] == "second" and v.label == "step"
+    ef.add(np.float32([1]), np.float32([1]), trace=tr)
+    assert v.n_calls == 1 and tr.n_calls == 3
+    assert tr.view().n_calls == 3
+
+
 # ---- (4) errors ------------------------------------------------------------------------------------
 def test_errors():
     t = ReductionTree.sequential(4)

@@ -1,0 +1,310 @@
+"""Emulator against a kernel's recorded outputs, bit for bit, and where a row's story first diverges.
+
+A :class:`KernelRun` holds what a kernel was given (q, k, v, dO; dtype, causal, scale, softmax variant,
+the arguments of :func:`flashsim.triton_policy` that describe its launch) and what it produced, as bits
+(O, LSE; dQ, dK, dV, delta; optionally per-K/V-block m, l, P, acc of every row from an instrumented
+kernel).  :func:`crosscheck` reruns it under the policy and reports, per output, the fraction of
+bit-identical elements and an ulp-difference histogram, and, for the first row whose O or LSE differs, the
+first step whose intermediates differ (:class:`Divergence`).  Runs are saved as self-contained ``.npz``
+files (:func:`save_run`, :func:`load_run`) so that a GPU machine records them and any machine checks them
+(``python -m flashsim crosscheck RUN.npz``); ``gpu.crosscheck`` writes them.
+
+numpy only; nothing here knows about torch or Triton.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from .attention import flash_forward
+from .backward import flash_backward
+from .policy import triton_policy
+from .softmax import SoftmaxVariant, get_softmax
+from .stepper import step_rows
+
+DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+FORWARD_OUTPUTS = ("o", "lse")
+BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
+DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
+
+
+# ---- bits ------------------------------------------------------------------------------------------
+def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
+    """Values as stored bits: uint16 of ``dtype`` ('bf16'/'fp16', rounded RNE), or uint32 of float32 (None)."""
+    if dtype is None:
+        return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+    return np.ascontiguousarray(np.asarray(x, np.float32).astype(DTYPES[dtype])).view(np.uint16)
+
+
+def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:
+    if bits.dtype == np.uint32:
+        return (bits & 0x7FFFFFFF) > 0x7F800000
+    return (bits & 0x7FFF) > (0x7F80 if dtype == "bf16" else 0x7C00)
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """|a - b| in units in the last place of two arrays of bits of one format (sign-magnitude mapped onto a
+    monotone integer line, so -0 and +0 are one apart and crossing zero counts every value between)."""
+    width = a.dtype.itemsize * 8
+    sign = np.int64(1) << (width - 1)
+
+    def line(u):
+        u = u.astype(np.int64)
+        return np.where(u & sign, -(u & (sign - 1)), u)
+
+    return np.abs(line(a) - line(b))
+
+
+@dataclass
+class OutputCheck:
+    """One output: how many elements are bit-identical, and how the others differ."""
+
+    name: str
+    n: int
+    identical: int
+    nan_only: bool  # every difference is a NaN against a NaN (payload bits)
+    ulp_hist: dict[int, int] = field(default_factory=dict)  # ulp distance (finite pairs, capped 2^20) -> count
+
+    @property
+    def fraction(self) -> float:
+        return self.identical / self.n if self.n else 1.0
+
+    def __str__(self) -> str:
+        if self.identical == self.n:
+            return f"{self.name:>5}: {self.n} of {self.n} bit-identical"
+        extra = " (NaN payloads only)" if self.nan_only else ""
+        hist = ", ".join(f"{k} ulp: {v}" for k, v in sorted(self.ulp_hist.items()))
+        return (f"{self.name:>5}: {self.identical} of {self.n} bit-identical ({100 * self.fraction:.4f}%){extra}"
+                f"{'; ' + hist if hist else ''}")
+
+
+def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, dtype: str = "bf16") -> OutputCheck:
+    """Compare two arrays of bits of the same values (uint16 of ``dtype``, or uint32 of float32)."""
+    emu, rec = np.asarray(emulated).ravel(), np.asarray(recorded).ravel()
+    if emu.shape != rec.shape or emu.dtype != rec.dtype:
+        raise ValueError(f"{name}: {emu.size} emulated values ({emu.dtype}) against {rec.size} recorded "
+                         f"({rec.dtype})")
+    diff = emu != rec
+    nan_e, nan_r = _isnan(emu, dtype), _isnan(rec, dtype)
+    finite = diff & ~nan_e & ~nan_r
+    hist: dict[int, int] = {}
+    if finite.any():
+        vals, counts = np.unique(np.minimum(ulp_distance(emu[finite], rec[finite]), 1 << 20), return_counts=True)
+        hist = {int(v): int(c) for v, c in zip(vals, counts, strict=True)}
+    return OutputCheck(name, emu.size, int(emu.size - diff.sum()), bool(np.all((nan_e & nan_r)[diff])), hist)
+
+
+# ---- a recorded kernel run --------------------------------------------------------------------------
+@dataclass
+class KernelRun:
+    """One kernel launch: inputs (float32 values of ``dtype``, shape (H, N, d)), settings and outputs as bits.
+
+    ``policy_args``: keyword arguments of :func:`flashsim.triton_policy` (dtype, tiles, warps) that make the
+    policy repeating the kernel.  ``outputs``: 'o', 'lse' and, for a backward run, 'dq', 'dk', 'dv', 'delta'
+    (uint16 bits of ``dtype`` for O and the gradients, uint32 bits of float32 for LSE and delta).
+    ``debug``: 'm', 'l' (H, blocks, N_q), 'p' (H, blocks, N_q, BLOCK_N), 'acc' (H, blocks, N_q, d) as
+    uint32 bits of float32, NaN where the kernel skipped a block.  ``note``: where it came from.
+    """
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    dtype: str
+    causal: bool
+    sm_scale: float
+    softmax: SoftmaxVariant
+    policy_args: dict
+    outputs: dict[str, np.ndarray]
+    do: np.ndarray | None = None
+    debug: dict[str, np.ndarray] = field(default_factory=dict)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("q", "k", "v") + (("do",) if self.do is not None else ()):
+            x = getattr(self, name)
+            if not isinstance(x, np.ndarray) or x.ndim != 3:
+                raise ValueError(f"{name}: expected a numpy array of shape (H, N, d), got "
+                                 f"{getattr(x, 'shape', type(x).__name__)}")
+        missing = [n for n in FORWARD_OUTPUTS if n not in self.outputs]
+        if missing:
+            raise ValueError(f"outputs: missing {missing}; a run records at least {list(FORWARD_OUTPUTS)}")
+        if any(n in self.outputs for n in BACKWARD_OUTPUTS) and self.do is None:
+            raise ValueError("do: a run with backward outputs needs the dO it was given")
+        h, n_q, d = self.q.shape
+        n_k = self.k.shape[1]
+        want = {"o": (h, n_q, d), "lse": (h, n_q), "dq": (h, n_q, d), "dk": (h, n_k, d), "dv": (h, n_k, d),
+                "delta": (h, n_q)}
+        for name, bits in self.outputs.items():
+            if name not in want:
+                raise ValueError(f"outputs: unknown output {name!r}; accepted: {sorted(want)}")
+            wide = name in ("lse", "delta")
+            if bits.shape != want[name] or bits.dtype != (np.uint32 if wide else np.uint16):
+                raise ValueError(f"outputs[{name!r}]: expected {'uint32' if wide else 'uint16'} bits of shape "
+                                 f"{want[name]}, got {bits.dtype} {bits.shape}")
+
+    @property
+    def backward(self) -> bool:
+        return all(n in self.outputs for n in BACKWARD_OUTPUTS)
+
+    def policy(self):
+        return triton_policy(**self.policy_args)
+
+
+def _variant_dict(v: SoftmaxVariant) -> dict:
+    return asdict(v) if hasattr(v, "__dataclass_fields__") else {"name": v.name}
+
+
+def save_run(path: str | Path, run: KernelRun) -> Path:
+    """Write ``run`` as one .npz (arrays, and the settings as JSON in 'meta'); returns the path."""
+    meta = {"dtype": run.dtype, "causal": bool(run.causal), "sm_scale": float(run.sm_scale),
+            "softmax": _variant_dict(run.softmax), "policy_args": run.policy_args, "note": run.note}
+    arrays = {"q": run.q.astype(np.float32), "k": run.k.astype(np.float32), "v": run.v.astype(np.float32),
+              "meta": np.array(json.dumps(meta))}
+    if run.do is not None:
+        arrays["do"] = run.do.astype(np.float32)
+    arrays.update({f"out_{k}": v for k, v in run.outputs.items()})
+    arrays.update({f"dbg_{k}": v for k, v in run.debug.items()})
+    path = Path(path)
+    np.savez_compressed(path, **arrays)
+    return path if path.suffix == ".npz" else path.with_name(path.name + ".npz")
+
+
+def load_run(path: str | Path) -> KernelRun:
+    """Read a run written by :func:`save_run`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"run: no such file {str(path)!r} (write runs with flashsim.crosscheck.save_run "
+                                "or python -m gpu.crosscheck)")
+    with np.load(path, allow_pickle=False) as z:
+        if "meta" not in z.files:
+            raise ValueError(f"run: {path} is not a kernel run (no 'meta'; written by save_run?)")
+        meta = json.loads(str(z["meta"]))
+        arrays = {k: z[k] for k in z.files}
+    sm = dict(meta["softmax"])
+    variant = get_softmax(sm.pop("name"), **sm)
+    return KernelRun(q=arrays["q"], k=arrays["k"], v=arrays["v"], dtype=meta["dtype"], causal=meta["causal"],
+                     sm_scale=meta["sm_scale"], softmax=variant, policy_args=meta["policy_args"],
+                     outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
+                     do=arrays.get("do"), debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
+                     note=meta.get("note", ""))
+
+
+# ---- rerun and compare ------------------------------------------------------------------------------
+def emulate(run: KernelRun) -> dict[str, np.ndarray]:
+    """The run's outputs as the emulator computes them, as bits (the backward too when it was recorded)."""
+    pol = run.policy()
+    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale)
+    out = {"o": to_bits(f.o, run.dtype), "lse": to_bits(f.lse, None)}
+    if run.backward:
+        b = flash_backward(run.q, run.k, run.v, f.o, f.lse, run.do, pol, causal=run.causal, sm_scale=run.sm_scale)
+        out.update(dq=to_bits(b.dq, run.dtype), dk=to_bits(b.dk, run.dtype), dv=to_bits(b.dv, run.dtype),
+                   delta=to_bits(b.delta, None))
+    return out
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """The first intermediate of one row where emulator and kernel differ.
+
+    ``step``: processing order of the K/V block (``block`` its index), or None when every recorded
+    intermediate agrees and the difference arose after the loop (normalisation, output cast, LSE).
+    ``quantity``: 'm', 'p', 'l' or 'acc'; ``column``: the element of P (within the block) or of acc.
+    """
+
+    head: int
+    row: int
+    step: int | None
+    block: int | None
+    quantity: str | None
+    column: int | None = None
+    emulated: float = float("nan")
+    recorded: float = float("nan")
+    ulps: int = 0
+
+    def __str__(self) -> str:
+        where = f"head {self.head}, row {self.row}"
+        if self.step is None:
+            return (f"{where}: every recorded per-block m, P, l, acc agrees; the difference arises after the "
+                    "K/V loop (O = acc / l, the output cast or LSE)")
+        col = "" if self.column is None else f"[{self.column}]"
+        return (f"{where}: first divergence at step {self.step} (K/V block {self.block}), {self.quantity}{col}: "
+                f"emulated {self.emulated!r}, kernel {self.recorded!r} ({self.ulps} ulp)")
+
+
+def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
+    """Step the emulator through ``row`` of ``head`` and compare each K/V step's m, P (before its cast), l and
+    acc with the instrumented kernel's, in that order; the first element that differs in its bits."""
+    if not run.debug:
+        raise ValueError("run: no per-block intermediates recorded (run the kernel with debug=True)")
+    pol = run.policy()
+    steps = step_rows(run.q[head], run.k[head], run.v[head], pol, rows=row, softmax=run.softmax,
+                      causal=run.causal, sm_scale=run.sm_scale, trace=False)
+    for st in steps:
+        b = st.block
+        emu = {"m": np.asarray(st.m, np.float32)[:1], "p": np.asarray(st.p_exp, np.float32)[0],
+               "l": np.asarray(st.l, np.float32).reshape(-1)[:1], "acc": np.asarray(st.acc, np.float32)[0]}
+        for key in DEBUG_KEYS:
+            rec = run.debug[key][head, b, row]
+            rec = rec.reshape(-1)[: emu[key].size]
+            e = to_bits(emu[key], None).reshape(-1)
+            bad = np.flatnonzero(e != rec)
+            if bad.size:
+                j = int(bad[0])
+                return Divergence(head, row, st.index, b, key, j if key in ("p", "acc") else None,
+                                  float(e[j:j + 1].view(np.float32)[0]), float(rec[j:j + 1].view(np.float32)[0]),
+                                  int(ulp_distance(e[j:j + 1], rec[j:j + 1])[0]))
+    return Divergence(head, row, None, None, None)
+
+
+@dataclass
+class CrosscheckReport:
+    """Per-output agreement of one run and, when some row differs, where it first diverged."""
+
+    checks: list[OutputCheck]
+    first_row: tuple[int, int] | None  # (head, row) of the first row whose O or LSE differs
+    divergence: Divergence | None
+    note: str = ""
+
+    @property
+    def identical(self) -> bool:
+        return all(c.identical == c.n for c in self.checks)
+
+    def __str__(self) -> str:
+        lines = [f"run: {self.note}"] if self.note else []
+        lines += [str(c) for c in self.checks]
+        if self.first_row is None:
+            lines.append("every row of O and LSE bit-identical")
+        elif self.divergence is not None:
+            lines.append(str(self.divergence))
+        else:
+            lines.append(f"first differing row: head {self.first_row[0]}, row {self.first_row[1]} (no per-block "
+                         "intermediates recorded: rerun the kernel with debug=True to locate the step)")
+        return "\n".join(lines)
+
+
+def crosscheck(run: KernelRun) -> CrosscheckReport:
+    """Rerun ``run`` under its policy and compare every recorded output; locate the first differing row's
+    first divergent step when per-block intermediates were recorded."""
+    emu = emulate(run)
+    checks = [check_bits(name, emu[name], run.outputs[name], run.dtype) for name in emu if name in run.outputs]
+    o_bad = (emu["o"] != run.outputs["o"]).any(axis=-1) | (emu["lse"] != run.outputs["lse"])
+    first = None
+    div = None
+    if o_bad.any():
+        h, r = (int(i) for i in np.argwhere(o_bad)[0])
+        first = (h, r)
+        if run.debug:
+            div = first_divergence(run, h, r)
+    return CrosscheckReport(checks, first, div, run.note)
+
+
+__all__ = ["BACKWARD_OUTPUTS", "CrosscheckReport", "DEBUG_KEYS", "Divergence", "FORWARD_OUTPUTS", "KernelRun",
+           "OutputCheck", "check_bits", "crosscheck", "emulate", "first_divergence", "load_run",
+           "save_run", "to_bits", "ulp_distance"]

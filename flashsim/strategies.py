@@ -1,0 +1,120 @@
+"""Hypothesis strategies for attention inputs that stress a kernel's rounding.
+
+Random Gaussian q, k, v almost never produce the inputs on which low-precision attention leans: exactly
+repeated row maxima, near-ties inside the round-to-1 band, attention sinks, scores so large that the
+stabilised fix underflows, values so small that products go subnormal, sequence lengths one off a block
+boundary.  :func:`attention_inputs` draws from a mixture of those, with the shape, the kind, the number of
+tied keys and the magnitude as separate draws so that a failure shrinks to a small, readable case.
+
+Needs ``hypothesis`` (a test dependency); ``import flashsim`` never imports this module.  Example::
+
+    from hypothesis import given
+    from flashsim.strategies import attention_inputs
+
+    @given(attention_inputs(dtype="bf16"))
+    def test_my_kernel(case):
+        o = my_kernel(case.q, case.k, case.v, causal=case.causal)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+
+import emufloat as ef
+
+KINDS = ("random", "repeated", "near_repeated", "sink", "negative_v", "huge", "tiny")
+BLOCK_EDGES = (16, 63, 64, 65, 127, 128, 129)
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """One head's q (N_q, d), k, v (N_k, d), dO (N_q, d): float32 arrays holding values of ``dtype``."""
+
+    q: np.ndarray
+    k: np.ndarray
+    v: np.ndarray
+    do: np.ndarray
+    dtype: str
+    causal: bool
+    kind: str
+    seed: int
+
+    def __repr__(self) -> str:
+        return (f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, n_q={self.q.shape[0]}, "
+                f"n_k={self.k.shape[0]}, d={self.q.shape[1]}, causal={self.causal}, seed={self.seed})")
+
+    def _repr_pretty_(self, p, cycle) -> None:  # what Hypothesis prints for a failing example
+        p.text(repr(self))
+
+
+def _lengths(max_len: int) -> st.SearchStrategy[int]:
+    edges = [n for n in BLOCK_EDGES if n <= max_len]
+    return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
+
+
+def make_inputs(kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2,
+                scale_exp: int = 0) -> dict[str, np.ndarray]:
+    """q, k, v, dO of one ``kind`` (numpy, reproducible from ``seed``), rounded RNE into ``dtype``.
+
+    ``ties``: keys per group of identical keys ('repeated'; 'near_repeated' moves one of each group by one
+    ulp of ``dtype`` in one component); ``scale_exp``: q and k scaled by 2**scale_exp.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    fmt = {"bf16": ef.BF16, "fp16": ef.FP16}.get(dtype)
+    if fmt is None:
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((n_q, d))
+    k = rng.standard_normal((n_k, d))
+    v = rng.standard_normal((n_k, d))
+    if kind in ("repeated", "near_repeated"):
+        k = np.repeat(k[: -(-n_k // ties)], ties, axis=0)[:n_k]
+        q *= 2.0
+        v = rng.normal(-1.5, 0.5, (n_k, d))
+    elif kind == "sink":
+        k[0] = q.mean(axis=0) * 4.0
+        q += k[0] / max(np.linalg.norm(k[0]), 1e-30) * 3.0
+        v = rng.normal(-1.0, 0.5, (n_k, d))
+    elif kind == "negative_v":
+        v = rng.normal(-1.5, 0.5, (n_k, d))
+    elif kind == "huge":
+        q *= 30.0 / d ** 0.25
+        k *= 30.0 / d ** 0.25
+    elif kind == "tiny":
+        q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
+    q, k = q * 2.0 ** scale_exp, k * 2.0 ** scale_exp
+    out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in
+           (("q", q), ("k", k), ("v", v), ("do", rng.standard_normal((n_q, d))))}
+    if kind == "near_repeated":
+        kk = out["k"]
+        step = np.float32(2.0) ** (np.floor(np.log2(np.maximum(np.abs(kk[::ties, 0]), 1e-30))) - fmt.precision + 1)
+        kk[::ties, 0] = ef.quantize(kk[::ties, 0] + step.astype(np.float32), fmt).astype(np.float32)
+    return out
+
+
+@st.composite
+def attention_inputs(draw, dtype: str | None = None, head_dims: tuple[int, ...] = (64, 128), max_len: int = 200,
+                     kinds: tuple[str, ...] = KINDS, causal: bool | None = None) -> AttentionInputs:
+    """One head of attention inputs: a kind from ``kinds``, ragged lengths up to ``max_len`` (block edges
+    weighted), a head dim from ``head_dims``, ``dtype`` 'bf16'/'fp16' (drawn when None), causal or not."""
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise ValueError(f"kinds: expected a non-empty subset of {KINDS}, got {kinds!r}")
+    kind = draw(st.sampled_from(kinds))
+    dt = dtype or draw(st.sampled_from(("bf16", "fp16")))
+    d = draw(st.sampled_from(head_dims))
+    n_q = draw(_lengths(max_len))
+    n_k = draw(st.one_of(st.just(n_q), _lengths(max_len)))
+    cz = draw(st.booleans()) if causal is None else causal
+    ties = draw(st.integers(2, 8))
+    scale_exp = draw(st.integers(-2, 2)) if kind in ("random", "negative_v", "repeated") else 0
+    seed = draw(st.integers(0, 2**32 - 1))
+    x = make_inputs(kind, n_q, n_k, d, dt, seed, ties, scale_exp)
+    return AttentionInputs(x["q"], x["k"], x["v"], x["do"], dt, cz, kind, seed)
+
+
+__all__ = ["AttentionInputs", "BLOCK_EDGES", "KINDS", "attention_inputs", "make_inputs"]

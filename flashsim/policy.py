@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import emufloat as ef
-from emufloat import BF16, FP16, FP32, FP64, H100_WGMMA_BF16, H100_WGMMA_FP16, Sequential
+from emufloat import BF16, E4M3FN, FP16, FP32, FP64, H100_WGMMA_BF16, H100_WGMMA_FP8, H100_WGMMA_FP16, Sequential
 
 from .specs import (
     EXP_FUNCTIONS,
@@ -326,13 +326,17 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
     base 2 by emufloat.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
     P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
-    the same tiles), dK, dQ times sm_scale at the end.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs).
+    the same tiles), dK, dQ times sm_scale at the end.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
+    'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
+    steps stay BF16, as the kernels have no FP8 backward).
     """
-    fmt = {"bf16": BF16, "fp16": FP16}.get(dtype)
+    fmt = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}.get(dtype)
     if fmt is None:
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    model = H100_WGMMA_BF16 if fmt == BF16 else H100_WGMMA_FP16
-    grad = Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt))
+        raise ValueError(f"dtype: expected 'bf16', 'fp16' or 'e4m3', got {dtype!r}")
+    model = {"bf16": H100_WGMMA_BF16, "fp16": H100_WGMMA_FP16, "e4m3": H100_WGMMA_FP8}[dtype]
+    out = BF16 if dtype == "e4m3" else fmt
+    gfmt, gmodel = (BF16, H100_WGMMA_BF16) if dtype == "e4m3" else (fmt, model)
+    grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt))
     return Policy(
         name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
         note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
@@ -341,10 +345,10 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
         subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
         row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
         pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
-        normalize=Norm("divide", "div_full", FP32), output=Op(fmt), lse=Func("log2_fma", FP32),
+        normalize=Norm("divide", "div_full", FP32), output=Op(out), lse=Func("log2_fma", FP32),
         tiling=Tiling(block_m, block_n, "forward"),
         delta=Delta("h100_tl_sum", FP32),
-        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(fmt, model),
+        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(gfmt, gmodel),
         ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
         bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),
     )

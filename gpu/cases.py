@@ -25,7 +25,7 @@ class Case:
     n_q: int
     n_k: int
     d: int
-    dtype: str  # 'bf16' or 'fp16'
+    dtype: str  # 'bf16', 'fp16' or 'e4m3' (the FP8 forward)
     causal: bool
     softmax: str
     kind: str
@@ -40,10 +40,13 @@ class Case:
         return asdict(self)
 
 
+FORMATS = {"bf16": ef.BF16, "fp16": ef.FP16, "e4m3": ef.E4M3FN}
+
+
 def _fmt(dtype: str):
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    return ef.BF16 if dtype == "bf16" else ef.FP16
+    if dtype not in FORMATS:
+        raise ValueError(f"dtype: expected one of {sorted(FORMATS)}, got {dtype!r}")
+    return FORMATS[dtype]
 
 
 def _head(rng: np.random.Generator, kind: str, nq: int, nk: int, d: int) -> dict[str, np.ndarray]:
@@ -107,6 +110,19 @@ def forward_cases() -> list[Case]:
     return out
 
 
+def fp8_cases() -> list[Case]:
+    """FP8 E4M3 forward cases (inputs rounded to e4m3; 'tiny' inputs would be mostly zeros there)."""
+    out = []
+    seed = 8000
+    for i, (nq, nk) in enumerate([(64, 64), (77, 130), (200, 200), (333, 333), (1024, 1024)]):
+        for d in (64, 128):
+            for causal in (False, True):
+                for j, sm in enumerate(SOFTMAXES):
+                    seed += 1
+                    out.append(Case(nq, nk, d, "e4m3", causal, sm, KINDS[(i + j + int(causal)) % 4], seed))
+    return out
+
+
 def backward_cases() -> list[Case]:
     """The recorded backward cases (the variant changes only the forward's O and LSE that feed it)."""
     out = []
@@ -123,4 +139,4 @@ def backward_cases() -> list[Case]:
     return out
 
 
-__all__ = ["Case", "KINDS", "SOFTMAXES", "batch", "inputs", "forward_cases", "backward_cases"]
+__all__ = ["Case", "KINDS", "SOFTMAXES", "batch", "inputs", "forward_cases", "backward_cases", "fp8_cases"]

@@ -24,11 +24,12 @@ from flashsim.attention import LOG2E
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, P_PRECISION, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
 DTYPES = (torch.bfloat16, torch.float16)
+FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 
@@ -49,8 +50,8 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, flo
             raise ValueError("softmax: the kernels count only unmasked entries (count_masked=False)")
         out.update(eps_raw=_f32(variant.eps * raw), eps_t=_f32(variant.eps * scaled), beta=_f32(variant.beta))
     elif isinstance(variant, RobustSoftmax):
-        if variant.p_precision != 8 and variant.p_precision != 11:
-            raise ValueError("softmax: the robust variant's p_precision must be P's format (8 bf16, 11 fp16)")
+        if variant.p_precision not in P_PRECISION.values():
+            raise ValueError(f"softmax: the robust variant's p_precision must be P's format {P_PRECISION}")
         out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
                    max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
     elif not isinstance(variant, StandardSoftmax):
@@ -58,14 +59,16 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, flo
     return out
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False) -> None:
+    accepted = DTYPES + ((FP8,) if fp8 else ())
     for name, x in (("q", q), ("k", k), ("v", v)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name}: expected shape (B, H, N, d), got {tuple(x.shape)}")
-        if x.dtype not in DTYPES:
-            raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: bfloat16, float16")
+        if x.dtype not in accepted:
+            names = "bfloat16, float16" + (", float8_e4m3fn" if fp8 else " (float8_e4m3fn: forward only)")
+            raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: {names}")
         if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError(f"{name}: must be a CUDA tensor (the Triton kernels run on the GPU)")
     if not (q.dtype == k.dtype == v.dtype):
@@ -81,18 +84,21 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
             sm_scale: float | None = None, softmax: str | SoftmaxVariant = "standard",
             config: Config | None = None, debug: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
-    for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped)."""
-    _check(q, k, v)
+    for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
+
+    float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
+    bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md)."""
+    _check(q, k, v, fp8=True)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
-    variant = kernel_variant(softmax, "bf16" if q.dtype == torch.bfloat16 else "fp16")
+    variant = kernel_variant(softmax, {torch.bfloat16: "bf16", torch.float16: "fp16", FP8: "e4m3"}[q.dtype])
     consts = softmax_constants(variant, scale)
     cfg = config or FWD_CONFIGS[(d, bool(causal))]
     q, k, v = (x.contiguous() for x in (q, k, v))
-    o = torch.empty_like(q)
+    o = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
     lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
     n_blk = triton.cdiv(n_k, cfg.block_n)
     dbg = None

@@ -24,7 +24,7 @@ import triton.language as tl
 from triton.testing import do_bench
 
 from . import flash
-from .cases import backward_cases, batch, forward_cases, inputs
+from .cases import backward_cases, batch, forward_cases, fp8_cases, inputs
 from .kernels.fwd import log2_fma
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -273,36 +273,31 @@ def _errs(o, grads, o64, g64) -> dict:
     return out
 
 
-def bench(res: dict, deadline: float) -> None:
-    """TFLOP/s, B=4, H=32: ours (three variants) and every SDPA backend, forward and backward."""
-    rows = []
-    for d in (64, 128):
-        for n in (1024, 4096, 16384):
-            for causal in (False, True):
-                if time.time() > deadline:
-                    res["bench_stopped"] = "time"
-                    break
-                q, k, v = rand((4, 32, n, d), torch.bfloat16)
-                do = torch.randn_like(q)
-                flops = fwd_flops(4, 32, n, d, causal)
-                entry = {"d": d, "n": n, "causal": causal}
-                impls = {f"ours_{sm}": (flash.attention, dict(causal=causal, softmax=sm)) for sm in flash.SOFTMAX_IDS}
-                for name, be in sdpa_backends().items():
-                    impls[f"sdpa_{name}"] = (run_sdpa, dict(backend=be, causal=causal))
-                for name, (fn, kw) in impls.items():
-                    try:
-                        t_f = bench_one(fn, q, k, v, **kw)
-                        qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
-                        o = fn(qq, kk, vv, **kw)
-                        t_b = bench_one(o.backward, do, retain_graph=True)
-                        entry[name] = {"fwd_tflops": flops / t_f / 1e9, "bwd_tflops": 2.5 * flops / t_b / 1e9}
-                    except Exception as exc:  # noqa: BLE001
-                        entry[name] = repr(exc)[:200]
-                rows.append(entry)
-                print("bench", d, n, causal, {k: (round(x["fwd_tflops"]), round(x["bwd_tflops"]))
-                                               if isinstance(x, dict) else x for k, x in entry.items()
-                                               if k.startswith(("ours", "sdpa"))}, flush=True)
-    res["bench"] = rows
+def fp8(res: dict, out: Path, deadline: float) -> None:
+    """FP8 E4M3 forward: outputs as bits for the emulator (gpu/cases.fp8_cases), errors against FP64 on the
+    e4m3 values beside our bf16 kernel on the same values."""
+    arrays: dict[str, np.ndarray] = {}
+    done, errs = [], []
+    for case in fp8_cases():
+        if time.time() > deadline:
+            res["fp8_stopped"] = "time"
+            break
+        x = inputs(case)
+        q8, k8, v8 = (torch.from_numpy(x[n]).cuda().to(flash.FP8) for n in ("q", "k", "v"))
+        o, lse, _ = flash.forward(q8, k8, v8, causal=case.causal, softmax=case.softmax)
+        arrays[f"f8/{case.key}/o"] = o.view(torch.int16).cpu().numpy().view(np.uint16)
+        arrays[f"f8/{case.key}/lse"] = lse.view(torch.int32).cpu().numpy().view(np.uint32)
+        qb, kb, vb = (t.to(torch.bfloat16) for t in (q8, k8, v8))
+        ob, _, _ = flash.forward(qb, kb, vb, causal=case.causal, softmax=case.softmax)
+        o64, _, _ = reference(qb, kb, vb, case.causal, 1 / math.sqrt(case.d))
+        errs.append({"case": case.key, "fp8_max": (o.double() - o64).abs().max().item(),
+                     "bf16_max": (ob.double() - o64).abs().max().item(),
+                     "fp8_mean": (o.double() - o64).abs().mean().item(),
+                     "bf16_mean": (ob.double() - o64).abs().mean().item()})
+        done.append(case.to_dict())
+    res["fp8_files"] = save_parts(arrays, out, "fp8_cases")
+    res["fp8"] = {"cases": done, "errors": errs}
+    print(f"fp8: {len(done)} cases", flush=True)
 
 
 def train(res: dict, deadline: float, steps: int = 300) -> None:
@@ -313,7 +308,7 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
                      if k.startswith("loss")}, flush=True)
 
 
-SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "bench", "train")
+SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "train")
 
 
 def main() -> None:
@@ -339,8 +334,8 @@ def main() -> None:
         try:
             if name in ("log2",):
                 log2(res, out)
-            elif name == "record":
-                record(res, out, deadline)
+            elif name in ("record", "fp8"):
+                globals()[name](res, out, deadline)
             else:
                 globals()[name](res, deadline)
         except Exception as exc:  # noqa: BLE001 - keep what the other sections measured

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The live cross-check on a GPU (issue 6): the GPU-marked tests (kernels against FP64 and autograd, Hypothesis
+# properties: kernel == emulator on drawn inputs, P < 1 under the robust fix) and gpu.crosscheck --live over
+# the case grid, whose runs are packed into $OUT/runs.tgz for `python -m flashsim crosscheck`.
+#
+#   OUT=/path/to/empty/folder bash gpu/run_checks.sh [MAX_LEN]
+#
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to the output folder}"
+mkdir -p "$OUT/runs"
+export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY="${PYTHON:-python}"
+"$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py tests/test_kernel_properties.py \
+    --hypothesis-show-statistics 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
+"$PY" -m gpu.crosscheck --live --max-len "${1:-200}" --save "$OUT/runs" --quiet 2>&1 | tee "$OUT/crosscheck_live.txt" | tail -20
+tar czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs"

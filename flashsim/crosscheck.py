@@ -27,7 +27,8 @@ from .policy import triton_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
 
-DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
+#: input dtype of a run -> the dtype its O and gradients are stored in (the FP8 forward writes bfloat16)
+DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.bfloat16}
 FORWARD_OUTPUTS = ("o", "lse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
 DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
@@ -35,7 +36,8 @@ DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
 
 # ---- bits ------------------------------------------------------------------------------------------
 def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
-    """Values as stored bits: uint16 of ``dtype`` ('bf16'/'fp16', rounded RNE), or uint32 of float32 (None)."""
+    """Values as stored bits: uint16 of the output dtype of a ``dtype`` run (rounded RNE), or uint32 of float32
+    (None)."""
     if dtype is None:
         return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
     return np.ascontiguousarray(np.asarray(x, np.float32).astype(DTYPES[dtype])).view(np.uint16)
@@ -44,7 +46,7 @@ def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
 def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:
     if bits.dtype == np.uint32:
         return (bits & 0x7FFFFFFF) > 0x7F800000
-    return (bits & 0x7FFF) > (0x7F80 if dtype == "bf16" else 0x7C00)
+    return (bits & 0x7FFF) > (0x7C00 if dtype == "fp16" else 0x7F80)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

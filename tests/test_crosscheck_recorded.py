@@ -63,3 +63,117 @@ def test_check_reports_differences():
     res = check("x", a[[0, 2]], b[[0, 2]], "bf16")
     assert res.identical == 1 and res.nan_only
 
+
+
+# ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
+def test_fp8_forward_bit_identical():
+    """Recorded by ``OUT=$OUT bash gpu/run_attention.sh --sections fp8`` (results.json 'fp8'): q, k, v and P in
+    e4m3 on the fp8 tensor cores, O in bf16; emulated by flashsim.triton_policy('e4m3')."""
+    z = np.load(DATA / "fp8.npz")
+    cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in z.files]
+    assert len(cases) >= 40 and {c.softmax for c in cases} == {"standard", "stabilised", "robust"}
+    for case in cases:
+        for res in compare(case, {n: z[f"f8/{case.key}/{n}"] for n in ("o", "lse")}):
+            assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
+
+
+# ---- KernelRun files, the divergence report, the CLI ------------------------------------------------------
+def _debug_run():
+    from gpu.crosscheck import recorded_runs
+    return next(r for r in recorded_runs() if r.debug and not r.causal)
+
+
+def _multi_block_run():
+    """A run whose 'kernel' side is the emulator itself, with per-block intermediates from the stepper: the
+    divergence search must find exactly the element a test perturbs (4 K/V blocks)."""
+    import flashsim as fs
+    from flashsim.crosscheck import KernelRun, emulate, to_bits
+    from gpu.cases import batch
+    from gpu.configs import kernel_policy_args
+    x = batch("repeated", "bf16", (1, 1, 130, 64), 11, n_k=200)
+    q, k, v = x["q"][0], x["k"][0], x["v"][0]
+    args = kernel_policy_args("bf16", 64, False)
+    pol = fs.triton_policy(**args)
+    n_blk = -(-200 // args["block_n"])
+    dbg = {"m": np.full((1, n_blk, 130), np.nan, np.float32), "l": np.full((1, n_blk, 130), np.nan, np.float32),
+           "p": np.full((1, n_blk, 130, args["block_n"]), np.nan, np.float32),
+           "acc": np.full((1, n_blk, 130, 64), np.nan, np.float32)}
+    for start in range(0, 130, args["block_m"]):
+        rows = slice(start, min(start + args["block_m"], 130))
+        for st in fs.step_rows(q[0], k[0], v[0], pol, rows=rows, softmax="robust", trace=False):
+            dbg["m"][0, st.block, rows] = st.m
+            dbg["l"][0, st.block, rows] = st.l
+            dbg["p"][0, st.block, rows, :st.p_exp.shape[1]] = st.p_exp
+            dbg["acc"][0, st.block, rows] = st.acc
+    run = KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.125,
+                    softmax=fs.get_softmax("robust"), policy_args=args, outputs={"o": np.zeros((1, 130, 64),
+                    np.uint16), "lse": np.zeros((1, 130), np.uint32)}, debug={n: to_bits(a, None) for n, a in
+                                                                              dbg.items()})
+    run.outputs.update(emulate(run))
+    return run
+
+
+def test_first_divergence_finds_the_perturbed_element():
+    from flashsim.crosscheck import crosscheck, first_divergence
+    run = _multi_block_run()
+    assert crosscheck(run).identical and first_divergence(run, 0, 129).step is None
+    for key, idx, col in (("acc", (0, 3, 129, 17), 17), ("p", (0, 2, 129, 5), 5), ("m", (0, 1, 129), None),
+                          ("l", (0, 3, 129), None)):
+        saved = run.debug[key].copy()
+        run.debug[key][idx] ^= 1
+        div = first_divergence(run, 0, 129)
+        assert (div.block, div.step, div.quantity, div.column, div.ulps) == (idx[1], idx[1], key, col, 1), div
+        run.debug[key] = saved
+    # an earlier step wins over a later one; within a step m, P, l, acc are checked in that order
+    run.debug["acc"][0, 1, 129, 0] ^= 2
+    run.debug["l"][0, 2, 129] ^= 1
+    div = first_divergence(run, 0, 129)
+    assert (div.step, div.quantity, div.ulps) == (1, "acc", 2) and "step 1 (K/V block 1), acc[0]" in str(div)
+
+
+def test_crosscheck_reports_the_first_differing_row(tmp_path):
+    from flashsim.crosscheck import crosscheck, load_run, save_run
+    run = _debug_run()
+    path = save_run(tmp_path / "run.npz", run)
+    back = load_run(path)
+    assert back.softmax == run.softmax and back.policy_args == run.policy_args and crosscheck(back).identical
+    back.outputs["o"][0, 5, 3] ^= 0x0001
+    rep = crosscheck(back)
+    assert not rep.identical and rep.first_row == (0, 5)
+    assert rep.divergence.step is None and "after the K/V loop" in str(rep)
+    assert "1 ulp: 1" in str(rep.checks[0])
+    back.debug = {}
+    assert "rerun the kernel with debug=True" in str(crosscheck(back))
+
+
+def test_flashsim_crosscheck_cli(tmp_path, capsys):
+    from flashsim.cli import main
+    from flashsim.crosscheck import load_run, save_run
+    run = _debug_run()
+    save_run(tmp_path / "a.npz", run)
+    assert main(["crosscheck", str(tmp_path)]) == 0
+    assert "1 runs: 1 bit-identical" in capsys.readouterr().out
+    bad = load_run(tmp_path / "a.npz")
+    bad.outputs["lse"][0, 2] ^= 1
+    save_run(tmp_path / "b.npz", bad)
+    assert main(["crosscheck", str(tmp_path / "a.npz"), str(tmp_path / "b.npz")]) == 1
+    out = capsys.readouterr().out
+    assert "lse: 15 of 16 bit-identical" in out and "2 runs: 1 bit-identical" in out
+    with pytest.raises(SystemExit):
+        main(["crosscheck", str(tmp_path / "missing.npz")])
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_kernel_run_checks_its_arguments():
+    from flashsim.crosscheck import KernelRun
+    run = _debug_run()
+    kw = dict(q=run.q, k=run.k, v=run.v, dtype="bf16", causal=False, sm_scale=0.125, softmax=run.softmax,
+              policy_args=run.policy_args)
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        KernelRun(**(kw | {"dtype": "fp8"}), outputs=run.outputs)
+    with pytest.raises(ValueError, match=r"outputs: missing \['lse'\]"):
+        KernelRun(**kw, outputs={"o": run.outputs["o"]})
+    with pytest.raises(ValueError, match=r"outputs\['o'\]: expected uint16 bits of shape"):
+        KernelRun(**kw, outputs={"o": run.outputs["o"].astype(np.uint32), "lse": run.outputs["lse"]})
+    with pytest.raises(ValueError, match="do: a run with backward outputs"):
+        KernelRun(**kw, outputs=run.outputs | {"dq": run.outputs["o"]})

@@ -1,5 +1,5 @@
-"""All GPU work of the attention kernels in one call: smoke test, tile search, accuracy, benchmarks,
-recorded cases for the emulator, and a short training check.
+"""GPU work of the attention kernels in one call: smoke test, tile search, accuracy, recorded cases (bf16,
+fp16, FP8) for the emulator, and a short training check (throughput: benchmarks/bench_gpu.py).
 
     OUT=/path bash gpu/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
 

@@ -127,9 +127,12 @@ class RobustSoftmax:
     A block row is *tie-prone* when more than one entry would give P = 1 after P is rounded into the
     format of ``p_precision`` significand bits (BF16: 8), i.e. lies within ``band`` of the row max r,
     where ``band = 2 * -ln(1 - 2**-(p+1))`` (twice the width of the round-to-1 band, 0.0039 for BF16,
-    in the scores' natural units; ``ctx.units`` converts), or when the running shift ``m_old`` is
-    already within ``band`` of r (a tie split across K/V blocks).  Both thresholds (r - band and
-    m_old - band) are computed in the max step's format, as a kernel computes them.  Such a row is shifted to
+    in the scores' natural units; ``ctx.units`` converts), or when the running shift ``m_old`` lies
+    within ``band`` of r on either side (a tie split across K/V blocks).  A block whose max rises more
+    than ``band`` above ``m_old`` is a new single max, not a tie, and is left alone: shifting such rows
+    leans O (+2.2e-4, p = 7e-27, on 10^4 single-max rows of 512 keys under ``triton_h100``; see
+    docs/flashsim.md).  The thresholds (r - band, m_old - band, m_old + band) are computed in the max
+    step's format, as a kernel computes them.  Such a row is shifted to
     ``m = r + shift`` with ``shift = clip((beta - 1) * |r|, band, max_shift)``, rounded as the policy's
     max step rounds.  So: r == 0 and small |r| still move by at least ``band`` (the paper leaves r == 0
     alone and moves r in (-0.002, 0) by |r|, too little); the band, not a fixed eps = 1e-3, decides what
@@ -159,7 +162,7 @@ class RobustSoftmax:
 
     def tie_prone(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
                   ctx: MaxContext) -> np.ndarray:
-        """Rows with two or more entries in the round-to-1 band, or a running shift in it."""
+        """Rows with two or more entries in the round-to-1 band, or a running shift within band of r."""
         spec, tr, lab = ctx.spec, ctx.trace, ctx.label
         with np.errstate(invalid="ignore"):
             thr = arith.binary("sub", rowmax, arith.constant(self.band * ctx.units, spec), spec, tr, lab)
@@ -167,8 +170,11 @@ class RobustSoftmax:
             if valid is not None:
                 near &= valid
             r_m = rowmax if ctx.m_scale is None else arith.binary("mul", rowmax, ctx.m_scale, spec, tr, lab)
-            thr_m = arith.binary("sub", m_old, arith.constant(self.band * ctx.running_units, spec), spec, tr, lab)
-            split = np.isfinite(arith.f64(m_old)) & (arith.f64(r_m) >= arith.f64(thr_m))
+            band_m = arith.constant(self.band * ctx.running_units, spec)
+            thr_m = arith.binary("sub", m_old, band_m, spec, tr, lab)
+            top_m = arith.binary("add", m_old, band_m, spec, tr, lab)
+            split = (np.isfinite(arith.f64(m_old)) & (arith.f64(r_m) >= arith.f64(thr_m))
+                     & (arith.f64(r_m) <= arith.f64(top_m)))
         return (np.count_nonzero(near, axis=-1) > 1) | split
 
     def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,

@@ -61,10 +61,10 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
         cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
         rep = cnt > 1
         m = tl.where(rep & (r > 0), r * beta, tl.where(rep & (r < 0), 0.0, r))
-    elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or a running max within it
+    elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or the running max within band of r
         thr = r - band_s
         cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
-        split = (m_i > float("-inf")) & (r_m >= m_i - band_m)
+        split = (m_i > float("-inf")) & (r_m >= m_i - band_m) & (r_m <= m_i + band_m)
         prone = (cnt > 1) | split
         shift = tl.minimum(tl.maximum(tl.abs(r) * (beta - 1.0), band_s), max_shift_s)
         m = tl.where(prone, r + shift, r)

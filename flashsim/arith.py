@@ -48,6 +48,17 @@ def cast(x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | No
     return ef.quantize(x, fmt, rounding, trace=trace, label=label)
 
 
+def output_cast(x: np.ndarray, spec: Op, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """x rounded into the step's format, NaN results given the step's ``nan_bits`` encoding if it has one."""
+    out = cast(x, spec.fmt, spec.rounding, trace, label)
+    if spec.nan_bits is not None:
+        nan = np.isnan(out.astype(np.float32))
+        if nan.any():
+            bits = out.view(np.dtype(f"u{out.dtype.itemsize}"))
+            bits[nan] = spec.nan_bits
+    return out
+
+
 def constant(value: float, spec: Spec) -> np.ndarray:
     """A scalar constant as a kernel holds it: rounded (RNE) into the step's compute format, or its fmt."""
     fmt = compute_format(spec)

@@ -267,7 +267,7 @@ def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray
         yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)
     l = lsum.total()
     o = arith.normalize(acc, l, pol.normalize, trace)
-    o = arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output")
+    o = arith.output_cast(o, pol.output, trace, "output")
     return RowsResult(o, pipe.lse(m, l), m, l, acc)
 
 
@@ -306,7 +306,7 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
         pn = arith.normalize(p, l, pol.normalize, trace)
         pl = arith.cast(pn, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         o = arith.dot(pl, vc, dataclasses.replace(pol.pv, into_acc=False), trace=trace, label="pv")
-        o = arith.cast(o, pol.output.fmt, pol.output.rounding, trace, "output")
+        o = arith.output_cast(o, pol.output, trace, "output")
         return ForwardResult(o, pipe.lse(m, l))
 
     return _per_head(one, q, k, v)

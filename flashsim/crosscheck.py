@@ -40,7 +40,10 @@ def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
     (None)."""
     if dtype is None:
         return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
-    return np.ascontiguousarray(np.asarray(x, np.float32).astype(DTYPES[dtype])).view(np.uint16)
+    x = np.asarray(x)
+    if x.dtype != DTYPES[dtype]:  # already in the format: keep the bits (NaN payloads included)
+        x = x.astype(np.float32).astype(DTYPES[dtype])
+    return np.ascontiguousarray(x).view(np.uint16)
 
 
 def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 import emufloat as ef
 from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 from emufloat.accum import PRESETS as MODEL_PRESETS
@@ -112,20 +114,30 @@ class Op(_Spec):
     """An elementwise step (max, subtract, P cast, rescale, O accumulation, output cast).
 
     ``fused``: only for ``subtract`` under scale placement 'max'/'exp': x = S*c - m as one FMA.
+    ``nan_bits``: the encoding NaN results take in ``fmt`` (hardware that converts its canonical NaN keeps
+    payload bits: 0x7FFF for bf16 and fp16 on the H100, recorded); None: emufloat's canonical quiet NaN.
     """
 
     fmt: Format
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     fused: bool = False
+    nan_bits: int | None = None
 
     def __post_init__(self) -> None:
         self._normalise()
         if self.fused and is_native(self.fmt):
             raise ValueError("Op.fused: numpy has no FMA, so an FP64 step cannot be fused")
+        if self.nan_bits is not None:
+            bits = self.nan_bits
+            ok = (isinstance(bits, int) and not is_native(self.fmt) and 0 <= bits < 1 << self.fmt.width
+                  and math.isnan(float(ef.decode(np.array([bits], np.uint64), self.fmt)[0])))
+            if not ok:
+                raise ValueError(f"Op.nan_bits: expected an encoding of a NaN of {self.fmt.name}, got {bits!r}")
 
     def __str__(self) -> str:
-        return self._store() + (", fused (FMA)" if self.fused else "")
+        return (self._store() + (", fused (FMA)" if self.fused else "")
+                + (f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""))
 
 
 @dataclass(frozen=True)

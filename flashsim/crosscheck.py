@@ -23,7 +23,7 @@ import numpy as np
 
 from .attention import flash_forward
 from .backward import flash_backward
-from .policy import triton_policy
+from .policy import Policy, triton_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
 
@@ -158,7 +158,8 @@ class KernelRun:
     def backward(self) -> bool:
         return all(n in self.outputs for n in BACKWARD_OUTPUTS)
 
-    def policy(self):
+    def policy(self) -> Policy:
+        """The flashsim policy that repeats the kernel's launch."""
         return triton_policy(**self.policy_args)
 
 

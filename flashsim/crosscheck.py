@@ -18,17 +18,16 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from .attention import flash_forward
 from .backward import flash_backward
-from .policy import Policy, triton_policy
+from .policy import KERNEL_FORMATS, Policy, kernel_output_format, triton_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
 
-#: input dtype of a run -> the dtype its O and gradients are stored in (the FP8 forward writes bfloat16)
-DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3": ml_dtypes.bfloat16}
+#: input dtype of a run -> the numpy dtype its O and gradients are stored in (the FP8 forward writes bfloat16)
+DTYPES = {name: kernel_output_format(name).carrier for name in KERNEL_FORMATS}
 FORWARD_OUTPUTS = ("o", "lse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
 DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
@@ -47,9 +46,7 @@ def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
 
 
 def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:
-    if bits.dtype == np.uint32:
-        return (bits & 0x7FFFFFFF) > 0x7F800000
-    return (bits & 0x7FFF) > (0x7C00 if dtype == "fp16" else 0x7F80)
+    return np.isnan(bits.view(np.float32 if bits.dtype == np.uint32 else DTYPES[dtype]).astype(np.float32))
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -317,6 +317,22 @@ FA2 = Policy(
 
 
 
+#: the project's kernels: input dtype name -> the format of q, k, v and P
+KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
+
+
+def kernel_format(dtype: str) -> ef.Format:
+    """The format of the kernels' inputs and P for a dtype name ('bf16', 'fp16', 'e4m3')."""
+    if dtype not in KERNEL_FORMATS:
+        raise ValueError(f"dtype: expected one of {sorted(KERNEL_FORMATS)}, got {dtype!r}")
+    return KERNEL_FORMATS[dtype]
+
+
+def kernel_output_format(dtype: str) -> ef.Format:
+    """The format the kernels write O (and gradients) in: BF16 for the FP8 forward, else the input format."""
+    return BF16 if dtype == "e4m3" else kernel_format(dtype)
+
+
 def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
                   bwd_block_m: int = 64, bwd_block_n: int = 64, name: str | None = None) -> Policy:
     """The project's Triton kernels (gpu/kernels) on the H100, for one launch configuration.
@@ -330,12 +346,10 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
     steps stay BF16, as the kernels have no FP8 backward).
     """
-    fmt = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}.get(dtype)
-    if fmt is None:
-        raise ValueError(f"dtype: expected 'bf16', 'fp16' or 'e4m3', got {dtype!r}")
-    model = {"bf16": H100_WGMMA_BF16, "fp16": H100_WGMMA_FP16, "e4m3": H100_WGMMA_FP8}[dtype]
-    out = BF16 if dtype == "e4m3" else fmt
-    gfmt, gmodel = (BF16, H100_WGMMA_BF16) if dtype == "e4m3" else (fmt, model)
+    fmt, out = kernel_format(dtype), kernel_output_format(dtype)
+    models = {BF16: H100_WGMMA_BF16, FP16: H100_WGMMA_FP16, E4M3FN: H100_WGMMA_FP8}
+    model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
+    gmodel = models[gfmt]
     grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt))
     return Policy(
         name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
@@ -393,4 +407,5 @@ for _p in (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2, TRITON_H100):
 
 __all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "BWD_STEPS", "BWD_STEP_DOCS", "BWD_TRACE_LABELS",
            "default_backward", "Policy", "get_policy", "register_policy", "policy_names", "ALIASES",
-           "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2", "TRITON_H100", "triton_policy"]
+           "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2", "TRITON_H100", "triton_policy",
+           "KERNEL_FORMATS", "kernel_format", "kernel_output_format"]

@@ -25,7 +25,11 @@ from hypothesis import strategies as st
 
 import emufloat as ef
 
-KINDS = ("random", "repeated", "near_repeated", "sink", "negative_v", "huge", "tiny")
+from .inputs import KINDS as INPUT_KINDS
+from .inputs import draw_head
+from .policy import kernel_format
+
+KINDS = (*INPUT_KINDS, "near_repeated")
 BLOCK_EDGES = (16, 63, 64, 65, 127, 128, 129)
 
 
@@ -57,38 +61,15 @@ def _lengths(max_len: int) -> st.SearchStrategy[int]:
 
 def make_inputs(kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2,
                 scale_exp: int = 0) -> dict[str, np.ndarray]:
-    """q, k, v, dO of one ``kind`` (numpy, reproducible from ``seed``), rounded RNE into ``dtype``.
-
-    ``ties``: keys per group of identical keys ('repeated'; 'near_repeated' moves one of each group by one
-    ulp of ``dtype`` in one component); ``scale_exp``: q and k scaled by 2**scale_exp.
-    """
+    """q, k, v, dO of one ``kind`` (:func:`flashsim.inputs.draw_head`, reproducible from ``seed``), q and k
+    scaled by 2**scale_exp, rounded RNE into ``dtype``.  'near_repeated' is 'repeated' with the first key
+    of each group of ``ties`` moved by one ulp of ``dtype`` in one component."""
     if kind not in KINDS:
         raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    fmt = {"bf16": ef.BF16, "fp16": ef.FP16}.get(dtype)
-    if fmt is None:
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((n_q, d))
-    k = rng.standard_normal((n_k, d))
-    v = rng.standard_normal((n_k, d))
-    if kind in ("repeated", "near_repeated"):
-        k = np.repeat(k[: -(-n_k // ties)], ties, axis=0)[:n_k]
-        q *= 2.0
-        v = rng.normal(-1.5, 0.5, (n_k, d))
-    elif kind == "sink":
-        k[0] = q.mean(axis=0) * 4.0
-        q += k[0] / max(np.linalg.norm(k[0]), 1e-30) * 3.0
-        v = rng.normal(-1.0, 0.5, (n_k, d))
-    elif kind == "negative_v":
-        v = rng.normal(-1.5, 0.5, (n_k, d))
-    elif kind == "huge":
-        q *= 30.0 / d ** 0.25
-        k *= 30.0 / d ** 0.25
-    elif kind == "tiny":
-        q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
-    q, k = q * 2.0 ** scale_exp, k * 2.0 ** scale_exp
-    out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in
-           (("q", q), ("k", k), ("v", v), ("do", rng.standard_normal((n_q, d))))}
+    fmt = kernel_format(dtype)
+    x = draw_head(np.random.default_rng(seed), "repeated" if kind == "near_repeated" else kind, n_q, n_k, d, ties)
+    x["q"], x["k"] = x["q"] * 2.0 ** scale_exp, x["k"] * 2.0 ** scale_exp
+    out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in x.items()}
     if kind == "near_repeated":
         kk = out["k"]
         step = np.float32(2.0) ** (np.floor(np.log2(np.maximum(np.abs(kk[::ties, 0]), 1e-30))) - fmt.precision + 1)

@@ -3,9 +3,7 @@
 A :class:`Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
 variant, input kind and seed.  :func:`inputs` builds q, k, v (and dO) from the seed with numpy and
 rounds them to the dtype (RNE, as ``torch.Tensor.to`` does), so the CPU regenerates exactly the tensors
-the GPU ran on.  Kinds: ``random`` (N(0, 1)); ``repeated`` (every key duplicated: exact repeated maxima,
-V of mean -1.5); ``sink`` (key 0 aligned with every query, large scores, negative V); ``large`` (q, k of
-magnitude ~30: sharp rows); ``tiny`` (q, k, v ~ 1e-3).
+the GPU ran on; the kinds are :mod:`flashsim.inputs`' (``repeated`` with pairs of identical keys).
 """
 
 from __future__ import annotations
@@ -15,8 +13,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 import emufloat as ef
+from flashsim.inputs import draw_head
+from flashsim.policy import kernel_format
 
-KINDS = ("random", "repeated", "sink", "large", "tiny")
+KINDS = ("random", "repeated", "sink", "large", "tiny")  # the kinds of the recorded grid, in the grid's order
 SOFTMAXES = ("standard", "stabilised", "robust")
 
 
@@ -40,46 +40,14 @@ class Case:
         return asdict(self)
 
 
-FORMATS = {"bf16": ef.BF16, "fp16": ef.FP16, "e4m3": ef.E4M3FN}
-
-
-def _fmt(dtype: str):
-    if dtype not in FORMATS:
-        raise ValueError(f"dtype: expected one of {sorted(FORMATS)}, got {dtype!r}")
-    return FORMATS[dtype]
-
-
-def _head(rng: np.random.Generator, kind: str, nq: int, nk: int, d: int) -> dict[str, np.ndarray]:
-    """One head's q, k, v, dO (float64, not yet rounded) of the given kind."""
-    if kind not in KINDS:
-        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    q = rng.standard_normal((nq, d))
-    k = rng.standard_normal((nk, d))
-    v = rng.standard_normal((nk, d))
-    if kind == "repeated":
-        k = np.repeat(k[: (nk + 1) // 2], 2, axis=0)[:nk]
-        q *= 2.0
-        v = rng.normal(-1.5, 0.5, (nk, d))
-    elif kind == "sink":
-        k[0] = q.mean(axis=0) * 4.0
-        q += k[0] / np.linalg.norm(k[0]) * 3.0
-        v = rng.normal(-1.0, 0.5, (nk, d))
-    elif kind == "large":
-        q *= 30.0 / np.sqrt(d) ** 0.5
-        k *= 30.0 / np.sqrt(d) ** 0.5
-    elif kind == "tiny":
-        q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
-    return {"q": q, "k": k, "v": v, "do": rng.standard_normal((nq, d))}
-
-
 def batch(kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
           ) -> dict[str, np.ndarray]:
     """q, k, v, dO of shape (B, H, N, d) (k, v with ``n_k`` rows if given): every head drawn as
     :func:`inputs` draws one, from one generator seeded with ``seed``; float32 arrays of dtype values."""
     b, h, nq, d = shape
     rng = np.random.default_rng(seed)
-    heads = [_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
-    fmt = _fmt(dtype)
+    heads = [draw_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
+    fmt = kernel_format(dtype)
     return {name: ef.quantize(np.stack([hd[name] for hd in heads]), fmt).astype(np.float32).reshape(
         b, h, *heads[0][name].shape) for name in ("q", "k", "v", "do")}
 

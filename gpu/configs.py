@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flashsim import Policy, triton_policy
+from flashsim.policy import kernel_format
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
 
 
@@ -43,12 +44,8 @@ def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = 
     return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
 
 
-#: significand bits of P as the PV product takes it, per input dtype
-P_PRECISION = {"bf16": 8, "fp16": 11, "e4m3": 4}
-
-
 def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:
     """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``)."""
     if isinstance(softmax, str) and softmax == "robust":
-        return RobustSoftmax(p_precision=P_PRECISION[dtype])
+        return RobustSoftmax(p_precision=kernel_format(dtype).precision)  # P's significand bits
     return get_softmax(softmax)

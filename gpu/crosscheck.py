@@ -92,7 +92,8 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
 
 
 # ---- live (torch, Triton, a GPU) --------------------------------------------------------------------
-def _bits(t) -> np.ndarray:
+def bits_of(t) -> np.ndarray:
+    """The bits of a 16- or 32-bit torch tensor as a uint16/uint32 numpy array (NaN payloads kept)."""
     import torch
     width = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32)}[t.element_size()]
     return t.contiguous().view(width[0]).cpu().numpy().view(width[1])
@@ -110,9 +111,9 @@ def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None 
 
     from . import flash
 
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}
+    dt = {n: t for n, t in flash.TORCH_DTYPES.items() if n != "e4m3" or do is None}
     if dtype not in dt:
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+        raise ValueError(f"dtype: expected one of {sorted(dt)} (e4m3: forward only), got {dtype!r}")
     arrs = {"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {})
     heads = {}
     for name, a in arrs.items():
@@ -127,16 +128,16 @@ def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None 
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     o, lse, dbg = flash.forward(x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax,
                                 config=fwd, debug=debug)
-    outputs = {"o": _bits(o[0]), "lse": _bits(lse[0])}
+    outputs = {"o": bits_of(o[0]), "lse": bits_of(lse[0])}
     if do is not None:
         dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, sm_scale=scale,
                                            config=bwd)
-        outputs.update(dq=_bits(dq[0]), dk=_bits(dk[0]), dv=_bits(dv[0]), delta=_bits(delta[0]))
+        outputs.update(dq=bits_of(dq[0]), dk=bits_of(dk[0]), dv=bits_of(dv[0]), delta=bits_of(delta[0]))
     rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
     return KernelRun(q=rounded["q"], k=rounded["k"], v=rounded["v"], do=rounded.get("do"), dtype=dtype,
                      causal=causal, sm_scale=scale, softmax=kernel_variant(softmax, dtype),
                      policy_args=kernel_policy_args(dtype, d, causal, fwd, bwd), outputs=outputs,
-                     debug={n: _bits(t) for n, t in (dbg or {}).items()}, note=note)
+                     debug={n: bits_of(t) for n, t in (dbg or {}).items()}, note=note)
 
 
 def live_cases(max_len: int = 512) -> list[Case]:
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if exact == total else 1
 
 
-__all__ = ["DATA", "case_run", "compare", "live_cases", "live_run", "load_recorded", "main",
+__all__ = ["DATA", "bits_of", "case_run", "compare", "live_cases", "live_run", "load_recorded", "main",
            "recorded_runs"]
 
 if __name__ == "__main__":

@@ -21,15 +21,18 @@ import triton
 from emufloat import FP32
 from flashsim import arith
 from flashsim.attention import LOG2E
+from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, P_PRECISION, Config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
-DTYPES = (torch.bfloat16, torch.float16)
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
+#: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
+DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
 HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 
@@ -50,8 +53,9 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, flo
             raise ValueError("softmax: the kernels count only unmasked entries (count_masked=False)")
         out.update(eps_raw=_f32(variant.eps * raw), eps_t=_f32(variant.eps * scaled), beta=_f32(variant.beta))
     elif isinstance(variant, RobustSoftmax):
-        if variant.p_precision not in P_PRECISION.values():
-            raise ValueError(f"softmax: the robust variant's p_precision must be P's format {P_PRECISION}")
+        accepted = {name: f.precision for name, f in KERNEL_FORMATS.items()}
+        if variant.p_precision not in accepted.values():
+            raise ValueError(f"softmax: the robust variant's p_precision must be P's format {accepted}")
         out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
                    max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
     elif not isinstance(variant, StandardSoftmax):
@@ -94,7 +98,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
-    variant = kernel_variant(softmax, {torch.bfloat16: "bf16", torch.float16: "fp16", FP8: "e4m3"}[q.dtype])
+    variant = kernel_variant(softmax, next(n for n, t in TORCH_DTYPES.items() if t == q.dtype))
     consts = softmax_constants(variant, scale)
     cfg = config or FWD_CONFIGS[(d, bool(causal))]
     q, k, v = (x.contiguous() for x in (q, k, v))

@@ -25,9 +25,10 @@ from triton.testing import do_bench
 
 from . import flash
 from .cases import backward_cases, batch, forward_cases, fp8_cases, inputs
+from .crosscheck import bits_of
 from .kernels.fwd import log2_fma
 
-DT = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DT = flash.TORCH_DTYPES
 
 
 def env() -> dict:
@@ -161,7 +162,7 @@ def log2(res: dict, out: Path) -> None:
     x = torch.from_numpy(bits.view(np.int32)).cuda().view(torch.float32)
     y = torch.empty_like(x)
     _log2_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
-    ybits = y.view(torch.int32).cpu().numpy().view(np.uint32)
+    ybits = bits_of(y)
     np.savez_compressed(out / "log2.npz", x=bits, y=ybits)
     res["log2"] = {"n": int(bits.size), "file": "log2.npz"}
     print(f"log2: {bits.size} inputs recorded", flush=True)
@@ -181,11 +182,11 @@ def record(res: dict, out: Path, deadline: float) -> None:
         except Exception as exc:  # noqa: BLE001 - record the failure, go on with the other cases
             res.setdefault("record_failures", []).append([case.key, repr(exc)[:300]])
             continue
-        arrays[f"f/{case.key}/o"] = o.view(torch.int16).cpu().numpy().view(np.uint16)
-        arrays[f"f/{case.key}/lse"] = lse.view(torch.int32).cpu().numpy().view(np.uint32)
+        arrays[f"f/{case.key}/o"] = bits_of(o)
+        arrays[f"f/{case.key}/lse"] = bits_of(lse)
         if dbg is not None:
             for name, t in dbg.items():
-                arrays[f"f/{case.key}/dbg_{name}"] = t.view(torch.int32).cpu().numpy().view(np.uint32)
+                arrays[f"f/{case.key}/dbg_{name}"] = bits_of(t)
         done_f.append(case.to_dict())
     for case in backward_cases():
         if time.time() > deadline:
@@ -193,10 +194,8 @@ def record(res: dict, out: Path, deadline: float) -> None:
         x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
         o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
         dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=case.causal)
-        for name, t in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv)):
-            arrays[f"b/{case.key}/{name}"] = t.view(torch.int16).cpu().numpy().view(np.uint16)
-        for name, t in (("lse", lse), ("delta", delta)):
-            arrays[f"b/{case.key}/{name}"] = t.view(torch.int32).cpu().numpy().view(np.uint32)
+        for name, t in (("o", o), ("dq", dq), ("dk", dk), ("dv", dv), ("lse", lse), ("delta", delta)):
+            arrays[f"b/{case.key}/{name}"] = bits_of(t)
         done_b.append(case.to_dict())
     res["record_files"] = save_parts(arrays, out, "attention_cases")
     fwd_cfg = {f"{d}_{'causal' if c else 'full'}": cfg.__dict__ for (d, c), cfg in flash.FWD_CONFIGS.items()}
@@ -283,10 +282,10 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
             res["fp8_stopped"] = "time"
             break
         x = inputs(case)
-        q8, k8, v8 = (torch.from_numpy(x[n]).cuda().to(flash.FP8) for n in ("q", "k", "v"))
+        q8, k8, v8 = (torch.from_numpy(x[n]).cuda().to(DT["e4m3"]) for n in ("q", "k", "v"))
         o, lse, _ = flash.forward(q8, k8, v8, causal=case.causal, softmax=case.softmax)
-        arrays[f"f8/{case.key}/o"] = o.view(torch.int16).cpu().numpy().view(np.uint16)
-        arrays[f"f8/{case.key}/lse"] = lse.view(torch.int32).cpu().numpy().view(np.uint32)
+        arrays[f"f8/{case.key}/o"] = bits_of(o)
+        arrays[f"f8/{case.key}/lse"] = bits_of(lse)
         qb, kb, vb = (t.to(torch.bfloat16) for t in (q8, k8, v8))
         ob, _, _ = flash.forward(qb, kb, vb, causal=case.causal, softmax=case.softmax)
         o64, _, _ = reference(qb, kb, vb, case.causal, 1 / math.sqrt(case.d))

@@ -146,3 +146,17 @@ def test_live_robust_kernel_leaves_no_block_with_two_p_equal_one(case):
     o_fix = run.outputs["o"].view(DT[case.dtype]).astype(np.float64)
     o_std = std.outputs["o"].view(DT[case.dtype]).astype(np.float64)
     assert np.abs(o_fix - o_std).max() <= _bound(case)
+
+
+def test_input_kinds_check_their_arguments():
+    from flashsim.inputs import draw_head
+    from flashsim.strategies import make_inputs
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError, match="kind: expected one of"):
+        draw_head(rng, "huge", 4, 4, 8)
+    with pytest.raises(ValueError, match="ties: expected a positive integer"):
+        draw_head(rng, "repeated", 4, 4, 8, ties=0)
+    with pytest.raises(ValueError, match="dtype: expected one of"):
+        make_inputs("random", 4, 4, 8, "fp32", seed=0)
+    x = make_inputs("repeated", 5, 9, 8, "bf16", seed=1, ties=3)
+    assert np.array_equal(x["k"][0], x["k"][2]) and not np.array_equal(x["k"][2], x["k"][3])

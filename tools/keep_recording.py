@@ -16,21 +16,19 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = REPO / "tests" / "data" / "h100" / "attention"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpu.crosscheck import DATA, load_device_folder  # noqa: E402
 
 
 def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
-    folder = Path(sys.argv[1])
-    run = json.loads((folder / "attention.json").read_text())
-    arrays: dict[str, np.ndarray] = {}
-    for part in sorted(folder.glob("attention_cases_*.npz")):
-        with np.load(part) as z:
-            arrays.update({k: z[k] for k in z.files})
+    run, arrays = load_device_folder(Path(sys.argv[1]))
     kept = {}
     for key, a in arrays.items():
+        if not key.startswith(("f/", "b/")):  # FP8 cases are kept in fp8.npz
+            continue
         kind, case, name = key.split("/")
         nq, nk = (int(case.split(f"_{c}")[1].split("_")[0]) for c in "qk")
         if kind == "b" or (nq * nk <= 333 * 333 and (not name.startswith("dbg_") or nq * nk <= 64 * 64)):

@@ -35,6 +35,10 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
 HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
+#: forward kernels: "overlap" (Gluon, softmax overlapped with the tensor cores; bf16/fp16 on Hopper, no
+#: debug outputs), "triton" (tl, everything incl. FP8 and debug); "auto" takes overlap where it can.  Both
+#: compute the same bits (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
+KERNELS = ("auto", "overlap", "triton")
 
 
 
@@ -86,13 +90,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False)
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
             sm_scale: float | None = None, softmax: str | SoftmaxVariant = "standard",
-            config: Config | None = None, debug: bool = False) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+            config: Config | None = None, debug: bool = False,
+            kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
-    bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md)."""
+    bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md).
+    ``kernel``: one of :data:`KERNELS`."""
     _check(q, k, v, fp8=True)
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
@@ -114,6 +122,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     else:
         ptrs = (lse, lse, lse, lse)
     grid = (triton.cdiv(n_q, cfg.block_m), b * h)
+    overlap_ok = not debug and q.dtype != FP8 and cfg.block_n == d and _hopper(q)
+    if kernel == "overlap" and not overlap_ok:
+        raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU, debug=False and block_n == head dim")
+    if kernel != "triton" and overlap_ok:
+        _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
+        return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
     attn_fwd[grid](q, k, v, o, lse, *ptrs, consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"],
                    consts["band_raw"], consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"],
@@ -121,6 +135,31 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
                    SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages,
                    num_warps=cfg.num_warps, num_stages=stages)
     return o, lse, dbg
+
+
+def _hopper(x: torch.Tensor) -> bool:
+    return x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9
+
+
+def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
+    """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap` (TMA descriptors over (B*H*N, d) views)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .kernels.fwd_overlap import attn_fwd_overlap
+
+    d = q.shape[-1]
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+
+    def desc(x, rows):
+        flat = x.view(-1, d)
+        return TensorDescriptor.from_tensor(flat, [rows, d], gl.NVMMASharedLayout.get_default_for([rows, d], gdt))
+
+    attn_fwd_overlap[grid](desc(q, cfg.block_m), desc(k, cfg.block_n), desc(v, cfg.block_n), k, v, o, lse,
+                           consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"], consts["band_raw"],
+                           consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"], q.shape[2], k.shape[2],
+                           HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
+                           STAGES=cfg.num_stages, num_warps=cfg.num_warps)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

@@ -299,6 +299,51 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
     print(f"fp8: {len(done)} cases", flush=True)
 
 
+def overlap(res: dict, deadline: float) -> None:
+    """The Gluon forward (kernel="overlap") against the tl forward (kernel="triton"): bits of O and LSE on
+    every recorded forward case and on large adversarial batches, then both kernels' TFLOP/s."""
+    rows = []
+    for d in (64, 128):
+        q, k, v = rand((4, 32, 4096, d), torch.bfloat16)
+        for causal in (False, True):
+            row = {"d": d, "n": 4096, "causal": causal}
+            for kern in ("overlap", "triton"):
+                for sm in flash.SOFTMAX_IDS:
+                    ms = bench_one(flash.forward, q, k, v, causal=causal, softmax=sm, kernel=kern)
+                    row[f"{kern}_{sm}"] = fwd_flops(4, 32, 4096, d, causal) / ms / 1e9
+            rows.append(row)
+            print("overlap bench", row, flush=True)
+    res["overlap_bench"] = rows
+    same, differ, failed = 0, [], []
+
+    def compare(key, q, k, v, causal, sm):
+        nonlocal same
+        try:
+            a = flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")
+            b = flash.forward(q, k, v, causal=causal, softmax=sm, kernel="triton")
+        except Exception as exc:  # noqa: BLE001 - record, go on
+            failed.append([key, repr(exc)[:300]])
+            return
+        if all(np.array_equal(bits_of(x), bits_of(y)) for x, y in zip(a[:2], b[:2], strict=True)):
+            same += 1
+        else:
+            differ.append(key)
+
+    for case in forward_cases():
+        if time.time() > deadline:
+            break
+        x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
+        compare(case.key, x["q"], x["k"], x["v"], case.causal, case.softmax)
+    for i, kind in enumerate(("random", "repeated", "sink", "negative_v", "large", "tiny")):
+        for d in (64, 128):
+            q, k, v, _ = kind_inputs(kind, "bf16" if i % 2 else "fp16", (2, 4, 4096 - 61 * i, d), 77 + i)
+            for causal in (False, True):
+                for sm in flash.SOFTMAX_IDS:
+                    compare(f"{kind}/{d}/{causal}/{sm}", q, k, v, causal, sm)
+    res["overlap_bits"] = {"identical": same, "differ": differ, "failed": failed}
+    print(f"overlap: {same} identical, {len(differ)} differ, {len(failed)} failed", flush=True)
+
+
 def train(res: dict, deadline: float, steps: int = 300) -> None:
     """A small causal transformer on a fixed synthetic token stream: ours vs SDPA, same init and data."""
     from .train_check import run_training
@@ -307,7 +352,7 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
                      if k.startswith("loss")}, flush=True)
 
 
-SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "train")
+SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "train")
 
 
 def main() -> None:

@@ -99,6 +99,15 @@ def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_r
 
 
 @triton.jit
+def _weights(x, m_i, m_new, l_i):
+    """P = exp2(x), alpha = exp2(m_i - m_new), l = fma(l, alpha, rowsum P): the block update before the
+    rescale acc * alpha and the P V product (shared by both forward kernels, so they round alike)."""
+    p = tl.math.exp2(x)
+    alpha = tl.math.exp2(m_i - m_new)
+    return p, alpha, tl.fma(l_i, alpha, tl.sum(p, 1))
+
+
+@triton.jit
 def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
@@ -126,9 +135,7 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k))
             m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
-        p = tl.math.exp2(x)
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = tl.fma(l_i, alpha, tl.sum(p, 1))
+        p, alpha, l_i = _weights(x, m_i, m_new, l_i)
         acc = acc * alpha[:, None]
         if MASKED:
             v = tl.load(V + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)

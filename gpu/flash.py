@@ -142,7 +142,8 @@ def _hopper(x: torch.Tensor) -> bool:
 
 
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
-    """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap` (TMA descriptors over (B*H*N, d) views)."""
+    """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
+    K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -151,15 +152,16 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
     d = q.shape[-1]
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
 
-    def desc(x, rows):
-        flat = x.view(-1, d)
-        return TensorDescriptor.from_tensor(flat, [rows, d], gl.NVMMASharedLayout.get_default_for([rows, d], gdt))
+    def desc(x, block):
+        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
-    attn_fwd_overlap[grid](desc(q, cfg.block_m), desc(k, cfg.block_n), desc(v, cfg.block_n), k, v, o, lse,
+    kv = [1, cfg.block_n, d]
+    attn_fwd_overlap[grid](desc(q.view(-1, d), [cfg.block_m, d]), desc(k.view(-1, k.shape[2], d), kv),
+                           desc(v.view(-1, v.shape[2], d), kv), o, lse,
                            consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"], consts["band_raw"],
                            consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"], q.shape[2], k.shape[2],
                            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                           STAGES=cfg.num_stages, num_warps=cfg.num_warps)
+                           STAGES=cfg.num_stages, num_warps=4)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

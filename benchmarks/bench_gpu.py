@@ -3,10 +3,11 @@
     PYTHONPATH=. python benchmarks/bench_gpu.py [--n 1024,4096,16384] [--d 64,128] [--json FILE]
 
 B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median).
-Rows: ours standard / stabilised (Qiu & Yao) / robust; SDPA cuDNN, flash, efficient; our FP8 E4M3 forward
-(O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN, and the cost of each fix against
-our kernel without it. Needs a CUDA GPU (torch, Triton); GPU work of the project runs through
-gpu/run_attention.sh, which calls this script.
+Rows: ours standard / stabilised (Qiu & Yao) / robust (``flash.attention``: the forward kernel "auto"
+picks, gpu/configs.FWD_KERNEL); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
+bits); our FP8 E4M3 forward (O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN,
+and the cost of each fix against our kernel without it. Needs a CUDA GPU (torch, Triton); GPU work of the
+project runs through gpu/run_attention.sh, which calls this script.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def measure(d: int, n: int, causal: bool, fp8: bool = True) -> dict:
             out[name] = {"fwd": flops / t_f / 1e9, "bwd": 2.5 * flops / t_b / 1e9}
         except Exception as exc:  # noqa: BLE001 - a backend may not support a shape
             out[name] = repr(exc)[:200]
+    for sm in flash.SOFTMAX_IDS:  # the tl forward kernel, for comparison where "auto" takes the overlap one
+        t_f = bench_one(flash.forward, q, k, v, causal=causal, softmax=sm, kernel="triton")
+        out[f"tl_{sm}"] = {"fwd": flops / t_f / 1e9}
     if fp8:
         q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))
         for sm in ("standard", "robust"):
@@ -63,7 +67,7 @@ def _tf(row: dict, name: str, pass_: str) -> float | None:
 def table(rows: list[dict]) -> str:
     """Markdown: TFLOP/s per implementation, and the ratios the issue asks for."""
     names = ["ours_standard", "ours_stabilised", "ours_robust", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient",
-             "ours_fp8_standard", "ours_fp8_robust"]
+             "tl_standard", "tl_stabilised", "tl_robust", "ours_fp8_standard", "ours_fp8_robust"]
     head = ["pass", "d", "N", "causal", *[n.replace("ours_", "").replace("sdpa_", "sdpa ") for n in names],
             "stab/flash", "stab/cuDNN", "robust/cuDNN", "stab cost", "robust cost"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -4,7 +4,7 @@
 
 B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median).
 Rows: ours standard / stabilised (Qiu & Yao) / robust (``flash.attention``: the forward kernel "auto"
-picks, gpu/configs.FWD_KERNEL); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
+picks, gpu/configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
 bits); our FP8 E4M3 forward (O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN,
 and the cost of each fix against our kernel without it. Needs a CUDA GPU (torch, Triton); GPU work of the
 project runs through gpu/run_attention.sh, which calls this script.

@@ -23,9 +23,11 @@ class Config:
 #: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.
 FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
                (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3)}
-#: (head_dim, causal) -> the forward kernel "auto" picks where the overlap kernel can run: the faster at
-#: N=4096 (gpu/run_attention.py --sections overlap; docs/performance.md).  Both give the same bits.
-FWD_KERNEL = {(64, False): "triton", (64, True): "triton", (128, False): "overlap", (128, True): "overlap"}
+#: head_dim -> the number of keys from which the forward kernel "auto" picks the overlap kernel (where it
+#: can run); other head dims always take the tl kernel.  Measured on the H100 (benchmarks/bench_gpu.py,
+#: docs/performance.md): at d=128 the overlap kernel is faster from N=4096 on and slower at N=1024; at d=64
+#: it is slower.  Both kernels give the same bits, so the choice changes only the time.
+OVERLAP_FROM_KEYS = {128: 2048}
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
 BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
 DELTA_BLOCK = 64

@@ -25,7 +25,7 @@ from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, FWD_KERNEL, Config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
@@ -37,7 +37,7 @@ HEAD_DIMS = (64, 128)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; bf16/fp16
 #: on Hopper, no debug outputs), "triton" (tl: everything incl. FP8 and debug); "auto" takes the faster for
-#: the head dim (configs.FWD_KERNEL) where it can run.  Both compute the same bits
+#: the head dim and length (configs.OVERLAP_FROM_KEYS) where it can run.  Both compute the same bits
 #: (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
 
@@ -128,7 +128,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     if kernel == "overlap" and not overlap_ok:
         raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU, debug=False, block_n == head dim, "
                          "block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
-    if overlap_ok and (kernel == "overlap" or (kernel == "auto" and FWD_KERNEL[(d, bool(causal))] == "overlap")):
+    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get(d, float("inf"))
+    if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results

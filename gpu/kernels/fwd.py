@@ -54,16 +54,28 @@ def log2_fma(x):
 
 
 @triton.jit
+def _count_at_least(s, thr):
+    """Per row, how many entries of s are >= thr, as float32 (exact: a count below 2^24).  PTX
+    ``set.ge.f32.f32`` gives 1.0 where ``s >= thr`` and 0.0 elsewhere (NaN: 0.0, as ``s >= thr``) in one
+    instruction a score (SASS FSET), summed by FADD; Triton's ``(s >= thr).to(int32)`` costs a compare, a
+    select and integer adds, which the fixes pay on every score of every block."""
+    t = tl.broadcast_to(thr[:, None], s.shape)
+    ind = tl.inline_asm_elementwise("set.ge.f32.f32 $0, $1, $2;", "=r,r,r", [s, t], dtype=tl.float32,
+                                    is_pure=True, pack=1)
+    return tl.sum(ind, 1)
+
+
+@triton.jit
 def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl.constexpr):
     """The block's shift candidate in the units of ``s`` (r = rowmax(s); r_m: r in m's units)."""
     if SOFTMAX == 1:  # Qiu & Yao: repeated maxima (more than one s >= r - eps) -> beta*r (r > 0), 0 (r < 0)
         thr = r - eps_s
-        cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
+        cnt = _count_at_least(s, thr)
         rep = cnt > 1
         m = tl.where(rep & (r > 0), r * beta, tl.where(rep & (r < 0), 0.0, r))
     elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or the running max within band of r
         thr = r - band_s
-        cnt = tl.sum((s >= thr[:, None]).to(tl.int32), 1)
+        cnt = _count_at_least(s, thr)
         split = (m_i > float("-inf")) & (r_m >= m_i - band_m) & (r_m <= m_i + band_m)
         prone = (cnt > 1) | split
         shift = tl.minimum(tl.maximum(tl.abs(r) * (beta - 1.0), band_s), max_shift_s)

@@ -344,6 +344,35 @@ def overlap(res: dict, deadline: float) -> None:
     print(f"overlap: {same} identical, {len(differ)} differ, {len(failed)} failed", flush=True)
 
 
+def replay(res: dict, deadline: float) -> None:
+    """Rerun every kept recorded case (tests/data/h100/attention: forward, backward, FP8) with the current
+    kernels, both forward kernels where both run, and compare every output's bits with the recording: a
+    kernel change that keeps these bits keeps the emulator's agreement (the CPU tests check the recording
+    against the emulator)."""
+    from .crosscheck import recorded_runs
+    same, differ = 0, []
+    for run in recorded_runs():
+        if time.time() > deadline:
+            res["replay_stopped"] = "time"
+            break
+        x = [torch.from_numpy(a[None]).cuda().to(DT[run.dtype]) for a in (run.q, run.k, run.v)]
+        for kern in ("triton", "overlap") if run.dtype != "e4m3" else ("triton",):
+            o, lse, _ = flash.forward(*x, causal=run.causal, sm_scale=run.sm_scale, softmax=run.softmax,
+                                      kernel=kern)  # the default tiles, as recorded
+            got = {"o": o, "lse": lse}
+            if run.do is not None:
+                do = torch.from_numpy(run.do[None]).cuda().to(DT[run.dtype])
+                got.update(zip(("dq", "dk", "dv", "delta"), flash.backward(*x, o, lse, do, causal=run.causal,
+                                                                            sm_scale=run.sm_scale), strict=True))
+            bad = [n for n, t in got.items() if not np.array_equal(bits_of(t)[0], run.outputs[n])]
+            if bad:
+                differ.append([run.note, kern, bad])
+            else:
+                same += 1
+    res["replay"] = {"identical": same, "differ": differ}
+    print(f"replay: {same} identical, {len(differ)} differ {differ[:5]}", flush=True)
+
+
 def train(res: dict, deadline: float, steps: int = 300) -> None:
     """A small causal transformer on a fixed synthetic token stream: ours vs SDPA, same init and data."""
     from .train_check import run_training
@@ -352,7 +381,7 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
                      if k.startswith("loss")}, flush=True)
 
 
-SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "train")
+SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train")
 
 
 def main() -> None:

@@ -10,7 +10,10 @@ Every explicit FMA is ``tl.fma``, and no product feeds an addition elsewhere, so
 contraction left to choose.
 
 SOFTMAX: 0 standard, 1 Qiu & Yao's stabilised fix (beta, eps), 2 the project's robust variant
-(flashsim.softmax.RobustSoftmax); the thresholds arrive as float32 constants computed on the host.
+(flashsim.softmax.RobustSoftmax); the thresholds arrive as float32 constants computed on the host.  The
+fixes count the scores near the block max with inline PTX (:func:`_count_at_least`), which Triton's CPU
+interpreter cannot run.  :mod:`gpu.kernels.fwd_overlap` calls the helpers here, so both forward kernels
+round alike.
 """
 
 from __future__ import annotations

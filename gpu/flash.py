@@ -126,8 +126,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     overlap_ok = (not debug and q.dtype != FP8 and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
                   and all(x.data_ptr() % 16 == 0 for x in (q, k, v)))
     if kernel == "overlap" and not overlap_ok:
-        raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU, debug=False, block_n == head dim, "
-                         "block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
+        raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU with Gluon, debug=False, block_n == "
+                         "head dim, block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
     auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get(d, float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
@@ -142,7 +142,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
 
 
 def _hopper(x: torch.Tensor) -> bool:
-    return x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9
+    """A Hopper GPU with Gluon's Hopper module (Triton >= 3.5; the overlap kernel was measured on 3.6)."""
+    if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+        return False
+    try:
+        import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:

@@ -99,9 +99,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
     bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md).
     ``kernel``: one of :data:`KERNELS`."""
-    _check(q, k, v, fp8=True)
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    _check(q, k, v, fp8=True)
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)

@@ -100,6 +100,13 @@ def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
     assert spilled and max(spilled) <= 16, log  # at most a few registers (measured: 0-16 bytes)
 
 
+def test_forward_kernel_argument_is_checked():
+    from gpu import flash
+    q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="kernel: expected one of"):
+        flash.forward(q, q, q, kernel="fast")
+
+
 # ---- live, on a GPU ------------------------------------------------------------------------------------
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

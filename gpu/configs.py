@@ -28,8 +28,6 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
 #: docs/performance.md): at d=128 the overlap kernel is faster from N=4096 on and slower at N=1024; at d=64
 #: it is slower.  Both kernels give the same bits, so the choice changes only the time.
 OVERLAP_FROM_KEYS = {128: 2048}
-#: whether the overlap kernel's two compute warpgroups take turns issuing their products (FA3's ping-pong)
-OVERLAP_PINGPONG = False
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
 BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2)}
 DELTA_BLOCK = 64

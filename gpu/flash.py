@@ -25,7 +25,7 @@ from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, OVERLAP_PINGPONG, Config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 
@@ -152,8 +152,7 @@ def _hopper(x: torch.Tensor) -> bool:
     return True
 
 
-def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid,
-                     pingpong: bool = OVERLAP_PINGPONG) -> None:
+def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
     from triton.experimental.gluon import language as gl
@@ -173,7 +172,7 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
                            consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"], consts["band_raw"],
                            consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"], q.shape[2], k.shape[2],
                            HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                           STAGES=cfg.num_stages, PINGPONG=pingpong and cfg.block_m == 128, num_warps=4)
+                           STAGES=cfg.num_stages, num_warps=4)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

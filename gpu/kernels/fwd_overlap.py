@@ -74,14 +74,12 @@ def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
 
 
 @gluon.jit
-def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE,
+def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
              off_hz, first_row, lo, n_blocks, N_Q, N_K,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-             SOFTMAX: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
-    """A compute warpgroup: query rows first_row + HALF*64 ... + 63 of the program, every K/V block.
-    PINGPONG: the two warpgroups take turns issuing their products (``turn`` barriers), so one's softmax
-    runs while the other's products occupy the tensor cores (FA3's inter-warpgroup schedule)."""
+             SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
+    """A compute warpgroup: query rows first_row + HALF*64 ... + 63 of the program, every K/V block."""
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                   instr_shape=[16, BLOCK_N, 16])
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
@@ -105,16 +103,12 @@ def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, tu
         s = j % STAGES
         s1 = (j + 1) % STAGES
         mbarrier.wait(k_full.index(s1), ((j + 1) // STAGES) & 1)
-        if PINGPONG:  # warpgroup 0 goes first: a fresh barrier passes a wait for parity 1
-            mbarrier.wait(turn.index(HALF), (j & 1) ^ (1 - HALF))
         qk = warpgroup_mma(q, k_smem.index(s1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False,
                            is_async=True)
         acc = acc * alpha[:, None]
         mbarrier.wait(v_full.index(s), (j // STAGES) & 1)
         acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc,
                             is_async=True)
-        if PINGPONG:
-            mbarrier.arrive(turn.index(1 - HALF), count=1)
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
         mbarrier.arrive(k_empty.index(s1), count=1)
         p, alpha, l_i, m_i = _softmax(qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
@@ -141,7 +135,7 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
                      qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
                      N_Q, N_K,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr, PINGPONG: gl.constexpr):
+                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
     """One BLOCK_M slice of queries of one (batch, head).  q_desc: 2-D over (B*H*N_Q, d) (rows past N_Q
     read the next head's queries or zeros; their outputs are not stored); k_desc, v_desc: 3-D (B*H, N_K, d).
     Launch with num_warps=4 (the first compute warpgroup; the others are partitions)."""
@@ -168,10 +162,7 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
-    mbarrier.init(turn.index(0), count=1)
-    mbarrier.init(turn.index(1), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_full.index(i), count=1)
         mbarrier.init(v_full.index(i), count=1)
@@ -180,18 +171,18 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
 
     if BLOCK_M == 2 * ROWS:
         gl.warp_specialize([
-            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE, off_hz,
-                        first_row, lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t,
-                        max_shift_raw, max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, PINGPONG)),
-            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE, off_hz,
-                        first_row, lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t,
-                        max_shift_raw, max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, PINGPONG)),
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
                      off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4, 4], [240, 24])
     else:
         gl.warp_specialize([
-            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, turn, O, LSE, off_hz,
-                        first_row, lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t,
-                        max_shift_raw, max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, False)),
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
                      off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4], [24])

@@ -114,6 +114,26 @@ def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_r
 
 
 @triton.jit
+def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta, band_raw,
+                  band_t, max_shift_raw, max_shift_t, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
+                  SOFTMAX: tl.constexpr):
+    """A block with masked columns (ragged end, causal diagonal): the causal diagonal by _diag_block, the
+    others by _plain_block on scores with the columns past N_K at -inf."""
+    cols = start_n + offs_n
+    col_ok = cols < N_K
+    if CAUSAL:
+        diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
+    else:
+        diag = start_n < 0
+    if diag:
+        m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX)
+    else:
+        qk = tl.where(col_ok[None, :], qk, float("-inf"))
+        m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+    return m_new, x
+
+
+@triton.jit
 def _weights(x, m_i, m_new, l_i):
     """P = exp2(x), alpha = exp2(m_i - m_new), l = fma(l, alpha, rowsum P): the block update before the
     rescale acc * alpha and the P V product (shared by both forward kernels, so they round alike)."""
@@ -136,16 +156,8 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
         if MASKED:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
             qk = tl.dot(q, tl.trans(k))
-            if CAUSAL:
-                diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
-            else:
-                diag = start_n < 0
-            if diag:
-                m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t,
-                                       SOFTMAX)
-            else:
-                qk = tl.where(col_ok[None, :], qk, float("-inf"))
-                m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+            m_new, x = _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta,
+                                     band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX)
         else:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k))

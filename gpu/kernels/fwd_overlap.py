@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .fwd import _diag_block, _plain_block, _weights, log2_fma
+from .fwd import _masked_block, _plain_block, _weights, log2_fma
 
 ROWS = gl.constexpr(64)  # query rows per compute warpgroup (wgmma's M)
 
@@ -55,18 +55,8 @@ def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SOFTMAX: gl.constexpr):
     """One block's shift, P, alpha and l, exactly as gpu.kernels.fwd._kv_loop computes them."""
     if start_n >= lo:  # masked block: ragged columns or the causal diagonal
-        cols = start_n + offs_n
-        col_ok = cols < N_K
-        if CAUSAL:
-            diag = gl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
-        else:
-            diag = start_n < 0
-        if diag:
-            m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t,
-                                   SOFTMAX)
-        else:
-            qk = gl.where(col_ok[None, :], qk, float("-inf"))
-            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+        m_new, x = _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta,
+                                 band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX)
     else:
         m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
     p, alpha, l_i = _weights(x, m_i, m_new, l_i)

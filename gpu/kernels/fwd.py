@@ -12,14 +12,17 @@ contraction left to choose.
 SOFTMAX: 0 standard, 1 Qiu & Yao's stabilised fix (beta, eps), 2 the project's robust variant
 (flashsim.softmax.RobustSoftmax); the thresholds arrive as float32 constants computed on the host.  The
 fixes count the scores near the block max with inline PTX (:func:`_count_at_least`), which Triton's CPU
-interpreter cannot run.  :mod:`gpu.kernels.fwd_overlap` calls the helpers here, so both forward kernels
-round alike.
+interpreter cannot run; row maxima and counts are folded in a tree (:func:`_fold_to_8`).
+:mod:`gpu.kernels.fwd_overlap` calls the helpers here, so both forward kernels round alike.
 """
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._semantic import GluonSemantic
+from triton.language.core import TRITON_BUILTIN
 
 from emufloat.functions import LOG2_FMA_COEFFS
 
@@ -57,15 +60,76 @@ def log2_fma(x):
 
 
 @triton.jit
+def _max(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _add(a, b):
+    return a + b
+
+
+@triton.jit
+def _fold(x, combine: tl.constexpr):
+    """[R, K] -> [R, K/2]: column j combined with column j + K/2."""
+    R: tl.constexpr = x.shape[0]
+    K: tl.constexpr = x.shape[1]
+    a, b = tl.split(tl.permute(tl.reshape(x, [R, 2, K // 2]), [0, 2, 1]))
+    return combine(a, b)
+
+
+@triton.jit
+def _fold_to_8(x, combine: tl.constexpr):
+    """x with its columns folded down to 8 by ``combine`` (exact and associative: max; integer sums), for
+    a row reduction with a short dependency chain.  tl.reduce folds a thread's share of a row one element
+    after another (32 dependent instructions for a 128-column wgmma tile), and the softmax waits on the
+    chain; halving pairs column j with j + K/2, which the wgmma accumulator layout keeps in one thread
+    down to 8 columns, so the chain is 4 deep before tl.max/tl.sum finish the row.  Exactness makes the
+    order invisible: the bits of a plain tl.max/tl.sum."""
+    if x.shape[1] > 128:
+        x = _fold(x, combine)
+    if x.shape[1] > 64:
+        x = _fold(x, combine)
+    if x.shape[1] > 32:
+        x = _fold(x, combine)
+    if x.shape[1] > 16:
+        x = _fold(x, combine)
+    if x.shape[1] > 8:
+        x = _fold(x, combine)
+    return x
+
+
+def _rows_of(r, x, _semantic=None):
+    """r, a reduction of x over its columns, in the layout of x's rows.  Triton infers layouts, so r
+    passes through; Gluon wants SliceLayout(1, layout of x), which the folded reduction has under another
+    name (the same rows in the same threads: assert_trivial checks that no data moves).  A builtin: the
+    compiler passes its semantic; the interpreter calls it as plain Python, without one."""
+    if isinstance(_semantic, GluonSemantic):
+        return _semantic.convert_layout(r, gl.SliceLayout(1, x.type.layout), True)
+    return r
+
+
+setattr(_rows_of, TRITON_BUILTIN, True)
+
+
+@triton.jit
+def _row_max(x):
+    """tl.max(x, 1), folded first (:func:`_fold_to_8`)."""
+    return _rows_of(tl.max(_fold_to_8(x, _max), 1), x)
+
+
+@triton.jit
 def _count_at_least(s, thr):
     """Per row, how many entries of s are >= thr, as float32 (exact: a count below 2^24).  PTX
     ``set.ge.f32.f32`` gives 1.0 where ``s >= thr`` and 0.0 elsewhere (NaN: 0.0, as ``s >= thr``) in one
     instruction a score (SASS FSET), summed by FADD; Triton's ``(s >= thr).to(int32)`` costs a compare, a
-    select and integer adds, which the fixes pay on every score of every block."""
+    select and integer adds, which the fixes pay on every score of every block.  (Summing the bits of the
+    1.0s as int32, which ptxas packs into 3-input IADD3s, was no faster on the H100 and slowed the tl
+    kernel's robust variant by 5-7%: docs/performance.md.)"""
     t = tl.broadcast_to(thr[:, None], s.shape)
     ind = tl.inline_asm_elementwise("set.ge.f32.f32 $0, $1, $2;", "=r,r,r", [s, t], dtype=tl.float32,
                                     is_pure=True, pack=1)
-    return tl.sum(ind, 1)
+    return _rows_of(tl.sum(_fold_to_8(ind, _add), 1), s)
 
 
 @triton.jit
@@ -94,7 +158,7 @@ def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, ma
     bias = tl.where(cols[None, :] <= offs_m[:, None], 0.0, MASK_BIAS)
     t = tl.fma(qk, qk_scale, bias)
     t = tl.where(col_ok[None, :], t, float("-inf"))
-    r = tl.max(t, 1)
+    r = _row_max(t)
     m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
     m_new = tl.maximum(m_i, m_blk)
     return m_new, t - m_new[:, None]
@@ -103,7 +167,7 @@ def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, ma
 @triton.jit
 def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX: tl.constexpr):
     """No causal masking: the max of raw qk, m = max * c, x = fma(qk, c, -m)."""
-    r = tl.max(qk, 1)
+    r = _row_max(qk)
     r_m = r * qk_scale
     if SOFTMAX == 0:
         m_blk = r_m

@@ -13,7 +13,6 @@ LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 fo
 from __future__ import annotations
 
 import math
-import os
 
 import torch
 import triton
@@ -28,6 +27,10 @@ from flashsim.specs import Op
 from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
+from .kernels.interpreter import INTERPRET, patch_numpy_scalars
+
+if INTERPRET:
+    patch_numpy_scalars()
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
@@ -78,8 +81,11 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False)
         if x.dtype not in accepted:
             names = "bfloat16, float16" + (", float8_e4m3fn" if fp8 else " (float8_e4m3fn: forward only)")
             raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: {names}")
-        if not x.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+        if not x.is_cuda and not INTERPRET:
             raise ValueError(f"{name}: must be a CUDA tensor (the Triton kernels run on the GPU)")
+        if INTERPRET and x.dtype != torch.float16:
+            raise ValueError(f"{name}: dtype {x.dtype} under TRITON_INTERPRET=1: Triton's CPU interpreter multiplies "
+                             "bfloat16 and float8 as raw integers; only float16 is meaningful there")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:

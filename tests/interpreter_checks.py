@@ -1,0 +1,128 @@
+"""Checks of the Triton kernels' logic under Triton's CPU interpreter; run by tests/test_kernels_interpreter.py.
+
+Each check runs in its own process with ``TRITON_INTERPRET=1`` (Triton reads it at import), as
+``python tests/interpreter_checks.py CHECK [args]``; it raises AssertionError on a failure and prints "ok".
+The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the checks are:
+
+- ``forward``: O and LSE of the tl forward kernel against FP64 attention within fp16 tolerances, on
+  ragged shapes (keys and queries not multiples of the tiles), causal or not, every softmax variant;
+- ``shifts``: on integer-valued q and k, whose scores are exact in any summation order (so the
+  interpreter's numpy dot and the H100's wgmma give the same scores), many of them tied, the running max m
+  the kernel keeps after every K/V block (its debug output) equals, bit for bit, the m that flashsim's
+  model of the kernel (``gpu.configs.kernel_policy``) computes: the tie counts, thresholds, the split
+  rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
+- ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+
+import numpy as np
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+import torch  # noqa: E402
+
+from gpu import flash  # noqa: E402
+from gpu.configs import kernel_policy, kernel_variant  # noqa: E402
+
+SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128)]  # (N_q, N_k, d): ragged against every tile
+
+
+def _heads(shape, h: int, seed: int, integer: bool) -> tuple[torch.Tensor, ...]:
+    n_q, n_k, d = shape
+    rng = np.random.default_rng(seed)
+    if integer:  # small integers: every score, partial sum and product is exact in float32
+        draw = [rng.integers(-2, 3, (1, h, n, d)) for n in (n_q, n_k, n_k)]
+        copies = rng.random(n_k) < 0.5  # half the keys repeat an earlier key: exact ties, in and across blocks
+        copies[0] = False
+        for j in np.flatnonzero(copies):
+            draw[1][:, :, j] = draw[1][:, :, rng.integers(0, j)]
+    else:
+        draw = [rng.standard_normal((1, h, n, d)) for n in (n_q, n_k, n_k)]
+    return tuple(torch.from_numpy(a.astype(np.float32)).to(torch.float16) for a in draw)
+
+
+def _reference(q, k, v, causal: bool, do=None):
+    q64, k64, v64 = (x.double().requires_grad_(do is not None) for x in (q, k, v))
+    s = q64 @ k64.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        n_q, n_k = s.shape[-2:]
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(1), -math.inf)
+    o = torch.softmax(s, -1) @ v64
+    if do is None:
+        return o.detach(), torch.logsumexp(s, -1).detach()
+    o.backward(do.double())
+    return q64.grad, k64.grad, v64.grad
+
+
+def check_forward(causal: bool, softmax: str) -> None:
+    for i, shape in enumerate(SHAPES):
+        q, k, v = _heads(shape, 2, 10 + i, integer=False)
+        o, lse, _ = flash.forward(q, k, v, causal=causal, softmax=softmax, kernel="triton")
+        o64, lse64 = _reference(q, k, v, causal)
+        err_o = (o.double() - o64).abs().max().item()
+        err_lse = (flash.lse_natural(lse).double() - lse64).abs().max().item()
+        # fp16 O: half an ulp at |O| < 1 is 2^-12; P in fp16 and the fp32 sums add a few more
+        assert err_o < 4e-3 and err_lse < 1e-4, (shape, causal, softmax, err_o, err_lse)
+
+
+def check_shifts(causal: bool, softmax: str) -> None:
+    from flashsim.stepper import step_rows
+
+    for i, shape in enumerate(SHAPES):
+        n_q, n_k, d = shape
+        q, k, v = _heads(shape, 1, 20 + i, integer=True)
+        _, _, dbg = flash.forward(q, k, v, causal=causal, softmax=softmax, kernel="triton", debug=True)
+        got = dbg["m"][0].numpy()  # (blocks, N_q): m after each K/V block (NaN where a block was skipped)
+        pol = kernel_policy("fp16", d, causal)
+        block_m = flash.FWD_CONFIGS[(d, causal)].block_m
+        qn, kn, vn = (x[0, 0].float().numpy() for x in (q, k, v))
+        variant = kernel_variant(softmax, "fp16")
+        compared = shifted = 0
+        for start in range(0, n_q, block_m):
+            rows = slice(start, min(start + block_m, n_q))
+            plain = {st.block: np.asarray(st.m, np.float32).reshape(-1)
+                     for st in step_rows(qn, kn, vn, pol, rows=rows, causal=causal, trace=False)}
+            for st in step_rows(qn, kn, vn, pol, rows=rows, softmax=variant, causal=causal, trace=False):
+                want = np.asarray(st.m, np.float32).reshape(-1)
+                have = got[st.block, rows]
+                bad = np.flatnonzero(want.view(np.uint32) != have.view(np.uint32))
+                assert not bad.size, (shape, causal, softmax, st.block, start + bad[0], want[bad[0]], have[bad[0]])
+                compared += want.size
+                shifted += int(np.count_nonzero(want != plain[st.block]))
+        assert compared >= n_q, compared
+        # the inputs exercise the fix: over a fifth of the (row, block) steps keep a shifted m
+        assert shifted == 0 if softmax == "standard" else shifted > compared // 5, (shape, causal, softmax, shifted)
+
+
+def check_backward(causal: bool) -> None:
+    for i, shape in enumerate(SHAPES):
+        q, k, v = _heads(shape, 2, 30 + i, integer=False)
+        do = torch.randn(q.shape, generator=torch.Generator().manual_seed(i)).to(torch.float16)
+        o, lse, _ = flash.forward(q, k, v, causal=causal, kernel="triton")
+        got = flash.backward(q, k, v, o, lse, do, causal=causal)[:3]
+        for name, g, ref in zip(("dq", "dk", "dv"), got, _reference(q, k, v, causal, do), strict=True):
+            rel = ((g.double() - ref).abs().max() / ref.abs().max()).item()
+            assert rel < 1e-2, (shape, causal, name, rel)
+
+
+def main(argv: list[str]) -> None:
+    check, *args = argv
+    causal = args[0] == "causal"
+    if check == "forward":
+        check_forward(causal, args[1])
+    elif check == "shifts":
+        check_shifts(causal, args[1])
+    elif check == "backward":
+        check_backward(causal)
+    else:
+        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward")
+    print("ok")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

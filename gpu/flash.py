@@ -36,7 +36,7 @@ FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; bf16/fp16
 #: on Hopper, no debug outputs), "triton" (tl: everything incl. FP8 and debug); "auto" takes the faster for

@@ -29,7 +29,7 @@ import torch  # noqa: E402
 from gpu import flash  # noqa: E402
 from gpu.configs import kernel_policy, kernel_variant  # noqa: E402
 
-SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128)]  # (N_q, N_k, d): ragged against every tile
+SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128), (90, 150, 256)]  # (N_q, N_k, d): ragged against every tile
 
 
 def _heads(shape, h: int, seed: int, integer: bool) -> tuple[torch.Tensor, ...]:

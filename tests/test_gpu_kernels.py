@@ -44,6 +44,9 @@ def test_forward_compiles_to_wgmma(key, softmax):
 
 @pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
 def test_backward_compiles_to_wgmma(d):
+    """wgmma everywhere but d=256's dQ kernel: its 32-row Q tiles (what fits without spills) are below
+    wgmma's 64 rows, so Triton emits mma.sync m16n8k16 there; the emulator's wgmma model reproduced that
+    kernel's dQ bit for bit on the H100 (docs/performance.md, "Head dim 256")."""
     cfg = BWD_CONFIGS[d]
     const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": True}
     k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["i32"] * 2
@@ -51,7 +54,11 @@ def test_backward_compiles_to_wgmma(d):
     assert "wgmma.mma_async" in k.asm["ptx"]
     k = _compile(attn_bwd_dq, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] + ["fp32"] * 2 + ["i32"] * 2
                  + ["constexpr"] * 4, const, 7, cfg.num_warps, cfg.num_stages)
-    assert "wgmma.mma_async" in k.asm["ptx"]
+    ptx = k.asm["ptx"]
+    if cfg.block_m >= 64:
+        assert "wgmma.mma_async" in ptx
+    else:
+        assert "wgmma.mma_async" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
 
 
 def _compile_overlap(d, causal, softmax, dtype="bf16"):
@@ -75,7 +82,7 @@ def _compile_overlap(d, causal, softmax, dtype="bf16"):
     return triton.compile(src, target=H100, options={"num_warps": 4})
 
 
-@pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
+@pytest.mark.parametrize("key", sorted(k for k, c in FWD_CONFIGS.items() if c.block_n == k[0]))  # where it runs
 @pytest.mark.parametrize("softmax", [0, 1, 2])
 def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
     """The Gluon forward keeps its wgmmas asynchronous: ptxas serialises them (warning C7514) if any other
@@ -165,11 +172,12 @@ def _reference(q, k, v, causal, do):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("softmax", ["standard", "stabilised", "robust"])
-def test_live_against_fp64(dtype, causal, softmax):
+@pytest.mark.parametrize("d", [64, 256])
+def test_live_against_fp64(dtype, causal, softmax, d):
     from gpu import flash
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     torch.manual_seed(0)
-    q, k, v = (torch.randn(2, 3, 333, 64, device="cuda", dtype=dt) for _ in range(3))
+    q, k, v = (torch.randn(2, 3, 333, d, device="cuda", dtype=dt) for _ in range(3))
     do = torch.randn_like(q)
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
     o = flash.attention(qq, kk, vv, causal=causal, softmax=softmax)
@@ -187,8 +195,10 @@ def test_live_kernel_equals_emulator():
     from flashsim.crosscheck import crosscheck
     from gpu.cases import Case, inputs
     from gpu.crosscheck import live_run
-    for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1), Case(77, 130, 128, "fp16", False,
-                                                                                  "stabilised", "sink", 2)]:
+    for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1),
+                 Case(77, 130, 128, "fp16", False, "stabilised", "sink", 2),
+                 Case(90, 150, 256, "bf16", True, "robust", "repeated", 3),
+                 Case(70, 200, 256, "fp16", False, "standard", "random", 4)]:
         x = inputs(case)
         run = live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0], dtype=case.dtype, causal=case.causal,
                        softmax=case.softmax)

@@ -27,16 +27,13 @@ from flashsim.specs import Op
 from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
-from .kernels.interpreter import INTERPRET, patch_numpy_scalars
-
-if INTERPRET:
-    patch_numpy_scalars()
+from .kernels.interpreter import INTERPRET
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = tuple(sorted(BWD_CONFIGS))  # the head dims with tiles (the forward's table has the same)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; bf16/fp16
 #: on Hopper, no debug outputs), "triton" (tl: everything incl. FP8 and debug); "auto" takes the faster for

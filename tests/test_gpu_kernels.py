@@ -42,6 +42,12 @@ def test_forward_compiles_to_wgmma(key, softmax):
     assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx and "fma.rn.f32" in ptx
 
 
+def test_every_head_dim_has_forward_and_backward_tiles():
+    from gpu.flash import HEAD_DIMS
+    assert sorted({d for d, _ in FWD_CONFIGS}) == list(HEAD_DIMS) == sorted(BWD_CONFIGS)
+    assert all((d, causal) in FWD_CONFIGS for d in HEAD_DIMS for causal in (False, True))
+
+
 @pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
 def test_backward_compiles_to_wgmma(d):
     """wgmma everywhere but d=256's dQ kernel: its 32-row Q tiles (what fits without spills) are below
@@ -109,7 +115,7 @@ def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
 
 _FOLD_CHECK = """
 import numpy as np, torch, triton, triton.language as tl
-from gpu.kernels.fwd import _add, _fold_to_8, _row_max
+from gpu.kernels.fwd import _count_at_least, _row_max
 
 @triton.jit
 def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr):
@@ -117,7 +123,7 @@ def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr):
     x = tl.load(X + rows[:, None] * K + tl.arange(0, K)[None, :])
     thr = tl.load(T + rows)
     tl.store(R + rows, _row_max(x, SOFTMAX))
-    tl.store(C + rows, tl.sum(_fold_to_8(tl.where(x >= thr[:, None], 1.0, 0.0), _add), 1))
+    tl.store(C + rows, _count_at_least(x, thr))  # the interpreter's path of the kernels' tie count
 
 rng = np.random.default_rng(5)
 pool = np.float32([-np.inf, -0.0, 0.0, 1.0, 2.0, -3.5, 7.0, np.nextafter(np.float32(7), np.float32(8))])
@@ -134,10 +140,10 @@ print("folds ok")
 
 
 def test_folded_row_reductions_match_numpy_in_the_interpreter():
-    """The tree-folded row max and tie count (gpu.kernels.fwd._fold_to_8) under Triton's interpreter, a
-    fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and -inf included,
-    equal numpy's for 16 to 256 columns.  (The kernels' count uses inline PTX, which the interpreter
-    cannot run; this checks the folding around it.)"""
+    """The tree-folded row max (plain for the standard softmax) and the kernels' tie count
+    (gpu.kernels.fwd._count_at_least, its interpreter path: the compiled one is inline PTX) under Triton's
+    interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
+    -inf included, equal numpy's for 16 to 256 columns."""
     import os
     import subprocess
     import sys

@@ -11,8 +11,8 @@ online softmax, the fixes' tie counts and shifts, the backward's recurrences), n
 
 Triton 3.6's interpreter converts scalars with ``int(array)``, which numpy >= 2.4 refuses for the
 one-element arrays it holds ("only 0-dimensional arrays can be converted", triton-lang/triton#9171);
-:func:`patch_numpy_scalars` makes that conversion take the element.  :mod:`gpu.flash` applies it when the
-interpreter is on.
+:func:`patch_numpy_scalars` makes that conversion take the element; importing this module with the
+interpreter on applies it.
 """
 
 from __future__ import annotations
@@ -40,3 +40,7 @@ def patch_numpy_scalars() -> None:
 
     patched._numpy_scalars = True
     interp._patch_lang_tensor = patched
+
+
+if INTERPRET:
+    patch_numpy_scalars()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from flashsim import Policy, triton_policy
@@ -54,6 +55,14 @@ def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = 
 
 def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:
     """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``)."""
-    if isinstance(softmax, str) and softmax == "robust":
+    if isinstance(softmax, str):
+        return _named_variant(softmax, dtype)
+    return get_softmax(softmax)
+
+
+@functools.lru_cache(maxsize=64)
+def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
+    """kernel_variant for a name, cached (variants are frozen): it runs on every kernel launch."""
+    if softmax == "robust":
         return RobustSoftmax(p_precision=kernel_format(dtype).precision)  # P's significand bits
     return get_softmax(softmax)

@@ -12,6 +12,7 @@ LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 fo
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -44,12 +45,23 @@ KERNELS = ("auto", "overlap", "triton")
 
 
 
+@functools.lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
+    """x rounded to float32 as flashsim rounds constants (cached: ~25 us a call, paid on every launch)."""
     return float(arith.constant(x, Op(FP32)))
 
 
 def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, float]:
     """The kernel's float32 scalars for ``variant`` (as flashsim's ``triton_h100`` policy rounds them)."""
+    if not isinstance(variant, (StandardSoftmax, StabilisedSoftmax, RobustSoftmax)):
+        raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
+    return dict(_softmax_constants(variant, float(sm_scale)))
+
+
+@functools.lru_cache(maxsize=256)
+def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> tuple[tuple[str, float], ...]:
+    """softmax_constants, cached per (variant, scale): rounding them through flashsim cost 50-150 us, host
+    time that showed in every call at N=1024 (the kernels there take ~0.1 ms)."""
     raw, scaled = 1.0 / sm_scale, LOG2E  # units of raw and of scaled scores per natural-log unit
     out = dict(qk_scale=_f32(sm_scale * LOG2E), eps_raw=0.0, eps_t=0.0, beta=2.0, band_raw=0.0, band_t=0.0,
                max_shift_raw=0.0, max_shift_t=0.0)
@@ -63,9 +75,7 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, flo
             raise ValueError(f"softmax: the robust variant's p_precision must be P's format {accepted}")
         out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
                    max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
-    elif not isinstance(variant, StandardSoftmax):
-        raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
-    return out
+    return tuple(out.items())
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False) -> None:
@@ -146,7 +156,12 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
 
 def _hopper(x: torch.Tensor) -> bool:
     """A Hopper GPU with Gluon's Hopper module (Triton >= 3.5; the overlap kernel was measured on 3.6)."""
-    if not (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9):
+    return x.is_cuda and _hopper_device(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _hopper_device(index: int) -> bool:
+    if torch.cuda.get_device_capability(index)[0] != 9:
         return False
     try:
         import triton.experimental.gluon.language.nvidia.hopper  # noqa: F401
@@ -155,19 +170,25 @@ def _hopper(x: torch.Tensor) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=64)
+def _tma_layout(block: tuple[int, ...], bf16: bool):
+    """The shared-memory layout of a TMA block (Gluon's default for it; cached: ~5 us a call)."""
+    from triton.experimental.gluon import language as gl
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if bf16 else gl.float16)
+
+
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from .kernels.fwd_overlap import attn_fwd_overlap
 
     d = q.shape[-1]
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    bf16 = q.dtype == torch.bfloat16
 
     def desc(x, block):
-        return TensorDescriptor.from_tensor(x, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
+        return TensorDescriptor.from_tensor(x, block, _tma_layout(tuple(block), bf16))
 
     kv = [1, cfg.block_n, d]
     attn_fwd_overlap[grid](desc(q.view(-1, d), [cfg.block_m, d]), desc(k.view(-1, k.shape[2], d), kv),

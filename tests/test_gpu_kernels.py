@@ -159,6 +159,33 @@ def test_forward_kernel_argument_is_checked():
         flash.forward(q, q, q, kernel="fast")
 
 
+def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scale():
+    """The kernels' scalars (cached since every launch needs them) are the float32 roundings (numpy's RNE
+    cast: an independent oracle) of the variant's thresholds; every call returns a fresh dict, and another
+    variant or scale gets its own values."""
+    import numpy as np
+
+    from flashsim.softmax import RobustSoftmax, StabilisedSoftmax
+    from gpu import flash
+    log2e = 1 / math.log(2)
+    for scale in (0.125, 1 / math.sqrt(96), 0.3):
+        for eps in (1e-3, 2.5e-3):
+            c = flash.softmax_constants(StabilisedSoftmax(eps=eps, beta=3.0), scale)
+            assert c["qk_scale"] == float(np.float32(scale * log2e))
+            assert c["eps_raw"] == float(np.float32(eps / scale)) and c["eps_t"] == float(np.float32(eps * log2e))
+            assert c["beta"] == 3.0 and c["band_raw"] == 0.0
+        r = RobustSoftmax(p_precision=11, max_shift=20.0)
+        c = flash.softmax_constants(r, scale)
+        assert c["band_raw"] == float(np.float32(r.band / scale)) and c["band_t"] == float(np.float32(r.band * log2e))
+        assert c["max_shift_raw"] == float(np.float32(20.0 / scale))
+    c["qk_scale"] = 0.0  # the caller's copy: the next call is not affected
+    assert flash.softmax_constants(r, 0.3)["qk_scale"] == float(np.float32(0.3 * log2e))
+    with pytest.raises(ValueError, match="implement standard, stabilised and robust"):
+        flash.softmax_constants(object(), 0.125)
+    with pytest.raises(ValueError, match="count only unmasked"):
+        flash.softmax_constants(StabilisedSoftmax(count_masked=True), 0.125)
+
+
 # ---- live, on a GPU ------------------------------------------------------------------------------------
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -20,7 +20,9 @@ CASES = ([("forward", c, s) for c in ("full", "causal") for s in SOFTMAXES]
 
 @pytest.mark.parametrize("args", CASES, ids=["-".join(a) for a in CASES])
 def test_kernel_logic_under_the_interpreter(args):
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    root = str(SCRIPT.parent.parent)  # importable without an install (the script's own folder is tests/)
+    path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     run = subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True,
                          timeout=900, cwd=SCRIPT.parent.parent)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-4000:]

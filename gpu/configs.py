@@ -27,11 +27,12 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
                # d=256: the largest tiles ptxas compiles for sm_90a without spilling (a warp per 16 rows, as
                # at d=128); not searched on the GPU
                (256, False): Config(128, 64, 8, 2), (256, True): Config(128, 64, 8, 2)}
-#: head_dim -> the number of keys from which the forward kernel "auto" picks the overlap kernel (where it
-#: can run); other head dims always take the tl kernel.  Measured on the H100 (benchmarks/bench_gpu.py,
-#: docs/performance.md): at d=128 the overlap kernel is faster from N=4096 on and slower at N=1024; at d=64
-#: it is slower.  Both kernels give the same bits, so the choice changes only the time.
-OVERLAP_FROM_KEYS = {128: 2048}
+#: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
+#: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (median of 3
+#: interleaved rounds, N = 512 to 4096; results.json ``kernel_choice``, docs/performance.md): at d=128 the
+#: overlap kernel is faster from N=1024 on without causal masking and from N=2048 with it; at d=64 it is
+#: slower everywhere.  Both kernels give the same bits, so the choice changes only the time.
+OVERLAP_FROM_KEYS = {(128, False): 1024, (128, True): 2048}
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
 BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2), 256: Config(32, 64, 8, 2)}  # 256: no spills
 DELTA_BLOCK = 64

@@ -43,8 +43,6 @@ SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 KERNELS = ("auto", "overlap", "triton")
 
 
-
-
 @functools.lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
     """x rounded to float32 as flashsim rounds constants (cached: ~25 us a call, paid on every launch)."""
@@ -141,7 +139,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     if kernel == "overlap" and not overlap_ok:
         raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU with Gluon, debug=False, block_n == "
                          "head dim, block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
-    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get(d, float("inf"))
+    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, bool(causal)), float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
         return o, lse, None

@@ -104,8 +104,10 @@ def fwd_flops(b, h, n, d, causal):
 
 
 def bench_one(fn, *args, **kwargs) -> float:
-    """Milliseconds per call of fn(*args, **kwargs) (triton.testing.do_bench)."""
-    return do_bench(lambda: fn(*args, **kwargs), warmup=25, rep=100)
+    """Milliseconds per call of fn(*args, **kwargs): the median over ~100 ms of calls (triton.testing.do_bench;
+    its default, the mean, let single slow calls move the ~0.1 ms rows at N=1024; the median since
+    2026-11-24, earlier recorded runs are means)."""
+    return do_bench(lambda: fn(*args, **kwargs), warmup=25, rep=100, return_mode="median")
 
 
 def configs(res: dict, deadline: float) -> None:

@@ -34,7 +34,10 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
 #: slower everywhere.  Both kernels give the same bits, so the choice changes only the time.
 OVERLAP_FROM_KEYS = {(128, False): 1024, (128, True): 2048}
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
-BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2), 256: Config(32, 64, 8, 2)}  # 256: no spills
+#: d=256: 64 x 64 tiles with 8 warps, although ptxas spills 96 bytes a thread in the dK/dV kernel there:
+#: 206-211 TFLOP/s on the H100 at N=4096 against 149-151 for the spill-free 32 x 64 (and 86-179 for 3 other
+#: configurations; results.json ``bwd_configs_d256``), and both kernels on wgmma.
+BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2), 256: Config(64, 64, 8, 2)}
 DELTA_BLOCK = 64
 
 

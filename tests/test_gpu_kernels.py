@@ -50,9 +50,8 @@ def test_every_head_dim_has_forward_and_backward_tiles():
 
 @pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
 def test_backward_compiles_to_wgmma(d):
-    """wgmma everywhere but d=256's dQ kernel: its 32-row Q tiles (what fits without spills) are below
-    wgmma's 64 rows, so Triton emits mma.sync m16n8k16 there; the emulator's wgmma model reproduced that
-    kernel's dQ bit for bit on the H100 (docs/performance.md, "Head dim 256")."""
+    """wgmma in both backward kernels (a tile of fewer than 64 query rows would put the dQ kernel on mma.sync
+    m16n8k16, as d=256's earlier 32-row tiles did)."""
     cfg = BWD_CONFIGS[d]
     const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": True}
     k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["i32"] * 2

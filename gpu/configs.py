@@ -24,8 +24,8 @@ class Config:
 #: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.
 FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
                (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3),
-               # d=256: the largest tiles ptxas compiles for sm_90a without spilling (a warp per 16 rows, as
-               # at d=128); not searched on the GPU
+               # d=256: the fastest of 6 on the H100 (results.json fwd_configs_d256; ptxas spills 0-20 bytes a
+               # thread; wider or taller tiles spill hundreds, a third stage does not fit in shared memory)
                (256, False): Config(128, 64, 8, 2), (256, True): Config(128, 64, 8, 2)}
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (median of 3

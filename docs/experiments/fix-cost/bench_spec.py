@@ -13,8 +13,7 @@ import torch
 
 import gpu.kernels.fwd_overlap as fo
 from gpu import flash
-from gpu.cases import batch
-from gpu.run_attention import bench_one, fwd_flops, rand
+from gpu.run_attention import bench_one, fwd_flops, kind_inputs, rand
 
 T0 = time.time()
 ORIG, SPEC = fo.attn_fwd_overlap, spec_overlap.attn_fwd_overlap
@@ -27,15 +26,10 @@ def run(kern, q, k, v, causal, sm):
     return flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")
 
 
-def kind_qkv(kind, shape, seed):
-    a = batch(kind, "bf16", shape, seed)
-    return tuple(torch.from_numpy(a[n]).cuda().to(torch.bfloat16) for n in ("q", "k", "v"))
-
-
 same = differ = 0
 for kind in ("random", "repeated", "sink", "large"):
     for n in (4096, 3008):
-        qkv = kind_qkv(kind, (2, 4, n, 128), 11)
+        qkv = kind_inputs(kind, "bf16", (2, 4, n, 128), 11)[:3]
         for causal in (False, True):
             for sm in SM[1:]:
                 o1, l1, _ = run(ORIG, *qkv, causal, sm)
@@ -50,7 +44,7 @@ print(f"bits: {same} same, {differ} differ  ({time.time() - T0:.0f} s)", flush=T
 res["bits_summary"] = {"same": same, "differ": differ}
 
 B, H, N, D = 4, 32, 4096, 128
-inputs = {"randn": rand((B, H, N, D), torch.bfloat16), "repeated": kind_qkv("repeated", (B, H, N, D), 3)}
+inputs = {"randn": rand((B, H, N, D), torch.bfloat16), "repeated": kind_inputs("repeated", "bf16", (B, H, N, D), 3)[:3]}
 for name, (q, k, v) in inputs.items():
     for causal in (False, True):
         fl = fwd_flops(B, H, N, D, causal)

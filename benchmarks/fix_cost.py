@@ -1,0 +1,156 @@
+"""What each fix costs against the same forward kernel without it, from paired launches.
+
+    PYTHONPATH=. python benchmarks/fix_cost.py [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
+        [--inputs randn] [--rounds 30] [--json FILE]
+
+Why not bench_gpu's numbers: there each implementation gets its own ~100 ms of do_bench, and on the H100
+the standard softmax alone moved by up to 80 TFLOP/s between such rounds, so one pass can put a fix's
+cost anywhere between 4% and 11%.  Here a round runs standard, stabilised and robust back to back (the
+order rotated from round to round), each as one CUDA-graph replay of enough forward launches to last
+~3 ms (no host time inside), timed by its own CUDA events; neighbouring replays see the same clocks and
+power state.  A round's cost is 1 - t_standard / t_fix; the table gives the median over the rounds and the
+10th-90th percentile range, so a reader sees both the cost and how sure it is.
+
+B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
+only where it runs: d=128).  Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
+row has repeated maxima, so the fixes change the shift).  Needs a CUDA GPU; on the lent H100:
+``PYTHONPATH=. python benchmarks/fix_cost.py --json $OUT/fix_cost.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from gpu import flash  # noqa: E402
+from gpu.run_attention import env, fwd_flops, kind_inputs, rand  # noqa: E402
+
+B, H = 4, 32
+SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
+TARGET_MS = 3.0
+
+
+def _graph(fn, reps: int) -> torch.cuda.CUDAGraph:
+    """``reps`` calls of fn captured in one CUDA graph (fn warmed up outside it: compilation, caches)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return g
+
+
+def _quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    i = q * (len(s) - 1)
+    lo = math.floor(i)
+    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (i - lo)
+
+
+def measure(q, k, v, causal: bool, kernel: str, rounds: int) -> dict:
+    """Per softmax: ms per forward in every round (paired rounds, rotated order)."""
+    fns = {sm: (lambda sm=sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel=kernel)) for sm in SOFTMAXES}
+    for fn in fns.values():  # compile, then estimate one launch's time
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fns["standard"]()
+    torch.cuda.synchronize()
+    reps = max(1, min(64, math.ceil(TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
+    graphs = {sm: _graph(fn, reps) for sm, fn in fns.items()}
+    for g in graphs.values():  # one untimed replay each: graph upload, clocks up
+        g.replay()
+    events = []
+    for r in range(rounds):
+        order = SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]
+        for sm in order:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs[sm].replay()
+            end.record()
+            events.append((r, sm, start, end))
+    torch.cuda.synchronize()
+    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
+    for r, sm, start, end in events:
+        ms[sm][r] = start.elapsed_time(end) / reps
+    return {"reps": reps, "ms": ms}
+
+
+def summarise(ms: dict, flops: float) -> dict:
+    """Median TFLOP/s per softmax; per fix the median and 10-90% range of the rounds' paired costs (%)."""
+    out = {"tflops": {sm: flops / statistics.median(t) / 1e9 for sm, t in ms.items()}}
+    for sm in SOFTMAXES[1:]:
+        costs = [100 * (1 - a / b) for a, b in zip(ms["standard"], ms[sm], strict=True)]
+        out[f"{sm}_cost"] = {"median": statistics.median(costs), "p10": _quantile(costs, 0.1),
+                             "p90": _quantile(costs, 0.9)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--d", default="64,128")
+    ap.add_argument("--n", default="1024,4096,16384")
+    ap.add_argument("--kernels", default="overlap,triton", help="of gpu.flash.KERNELS")
+    ap.add_argument("--inputs", default="randn", help="randn, repeated")
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--json", help="write the rows (with every round's time) here")
+    a = ap.parse_args(argv)
+    kernels = a.kernels.split(",")
+    for name in kernels:
+        if name not in flash.KERNELS:
+            ap.error(f"--kernels: {name!r} is not one of {flash.KERNELS}")
+    kinds = a.inputs.split(",")
+    for kind in kinds:
+        if kind not in ("randn", "repeated"):
+            ap.error(f"--inputs: {kind!r} is not one of randn, repeated")
+    if a.rounds < 3:
+        ap.error(f"--rounds: at least 3 (a rotation of the order), got {a.rounds}")
+    command = " ".join(sys.argv if argv is None else ["benchmarks/fix_cost.py", *argv])
+    res = {"env": env(), "command": command, "rounds": a.rounds, "rows": []}
+    print(f"# {res['env']['gpu']}, torch {res['env']['torch']}, Triton {res['env']['triton']}; B={B} H={H} bf16; "
+          f"{a.rounds} paired rounds; cost = 1 - t_standard / t_fix per round: median [10%, 90%]")
+    print("| input | d | N | causal | kernel | standard | stabilised | robust | stabilised cost | robust cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for kind in kinds:
+        for d in map(int, a.d.split(",")):
+            for n in map(int, a.n.split(",")):
+                shape = (B, H, n, d)
+                q, k, v = (rand(shape, torch.bfloat16) if kind == "randn"
+                           else kind_inputs("repeated", "bf16", shape, 3)[:3])
+                for causal in (False, True):
+                    for kernel in kernels:
+                        row = {"input": kind, "d": d, "n": n, "causal": causal, "kernel": kernel}
+                        try:
+                            m = measure(q, k, v, causal, kernel, a.rounds)
+                        except ValueError as e:  # the overlap kernel does not run at this head dim
+                            print(f"| {kind} | {d} | {n} | {causal} | {kernel} | {e} |||||", flush=True)
+                            continue
+                        row.update(m, **summarise(m["ms"], fwd_flops(B, H, n, d, causal)))
+                        res["rows"].append(row)
+                        t = row["tflops"]
+                        c = {sm: row[f"{sm}_cost"] for sm in SOFTMAXES[1:]}
+                        cost = {sm: f"{x['median']:+.1f}% [{x['p10']:+.1f}, {x['p90']:+.1f}]" for sm, x in c.items()}
+                        print(f"| {kind} | {d} | {n} | {'yes' if causal else 'no'} | {kernel} | {t['standard']:.0f} | "
+                              f"{t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | {cost['robust']} |",
+                              flush=True)
+                        if a.json:
+                            Path(a.json).write_text(json.dumps(res, indent=1))
+                del q, k, v
+                torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

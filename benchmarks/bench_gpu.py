@@ -7,7 +7,9 @@ the best of ``--rounds`` (2) rounds over all implementations of a shape.
 Rows: ours standard / stabilised (Qiu & Yao) / robust (``flash.attention``: the forward kernel "auto"
 picks, gpu/configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
 bits); our FP8 E4M3 forward (O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN,
-and the cost of each fix against our kernel without it. Needs a CUDA GPU (torch, Triton); on the lent H100:
+and the cost of each fix against our kernel without it (from unpaired timings, so it moves by several points
+between passes: benchmarks/fix_cost.py measures it by paired launches). Needs a CUDA GPU (torch, Triton); on
+the lent H100:
 ``PYTHONPATH=. python benchmarks/bench_gpu.py --json $OUT/bench.json --seconds 480``.
 """
 
@@ -127,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 print("measured", d, n, causal, flush=True)
     e = env()
     print(f"\n# bench_gpu: B={B} H={H} bf16, {e['gpu']}, torch {e['torch']}, Triton {e['triton']}, "
-          f"cuDNN {e['cudnn']}; TFLOP/s (backward: 2.5x forward FLOPs); cost = 1 - fix/standard\n")
+          f"cuDNN {e['cudnn']}; TFLOP/s (backward: 2.5x forward FLOPs); cost = 1 - fix/standard "
+          "(unpaired; benchmarks/fix_cost.py pairs them)\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"env": e, "bench": rows}, indent=1))

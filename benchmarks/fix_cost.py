@@ -54,6 +54,7 @@ def _graph(fn, reps: int) -> torch.cuda.CUDAGraph:
 
 
 def _quantile(xs: list[float], q: float) -> float:
+    """The q-quantile by linear interpolation between order statistics (numpy's default method)."""
     s = sorted(xs)
     i = q * (len(s) - 1)
     lo = math.floor(i)

@@ -1,7 +1,7 @@
 """What each fix costs against the same forward kernel without it, from paired launches.
 
     PYTHONPATH=. python benchmarks/fix_cost.py [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
-        [--inputs randn] [--rounds 30] [--json FILE]
+        [--inputs randn] [--rounds 30] [--mode graph] [--json FILE]
 
 Why not bench_gpu's numbers: there each implementation gets its own ~100 ms of do_bench, and on the H100
 the standard softmax alone moved by up to 80 TFLOP/s between such rounds, so one pass can put a fix's
@@ -9,7 +9,9 @@ cost anywhere between 4% and 11%.  Here a round runs standard, stabilised and ro
 order rotated from round to round), each as one CUDA-graph replay of enough forward launches to last
 ~3 ms (no host time inside), timed by its own CUDA events; neighbouring replays see the same clocks and
 power state.  A round's cost is 1 - t_standard / t_fix; the table gives the median over the rounds and the
-10th-90th percentile range, so a reader sees both the cost and how sure it is.
+10th-90th percentile range, so a reader sees both the cost and how sure it is.  ``--mode flush`` keeps the
+pairing but times the way do_bench does: one eager launch per softmax and round, each after zeroing a
+256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
 
 B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
 only where it runs: d=128).  Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
@@ -61,8 +63,9 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (i - lo)
 
 
-def measure(q, k, v, causal: bool, kernel: str, rounds: int) -> dict:
-    """Per softmax: ms per forward in every round (paired rounds, rotated order)."""
+def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph") -> dict:
+    """Per softmax: ms per forward in every round (paired rounds, rotated order); ``mode`` as in the module
+    docstring."""
     fns = {sm: (lambda sm=sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel=kernel)) for sm in SOFTMAXES}
     for fn in fns.values():  # compile, then estimate one launch's time
         fn()
@@ -70,24 +73,32 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int) -> dict:
     t0 = time.perf_counter()
     fns["standard"]()
     torch.cuda.synchronize()
-    reps = max(1, min(64, math.ceil(TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
-    graphs = {sm: _graph(fn, reps) for sm, fn in fns.items()}
-    for g in graphs.values():  # one untimed replay each: graph upload, clocks up
-        g.replay()
+    if mode == "graph":
+        reps = max(1, min(64, math.ceil(TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
+        graphs = {sm: _graph(fn, reps) for sm, fn in fns.items()}
+        launch = {sm: g.replay for sm, g in graphs.items()}
+        flush = None
+    else:
+        reps, launch = 1, fns
+        flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # do_bench's L2 flush
+    for run in launch.values():  # one untimed run each: graph upload, clocks up
+        run()
     events = []
     for r in range(rounds):
         order = SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]
         for sm in order:
+            if flush is not None:
+                flush.zero_()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            graphs[sm].replay()
+            launch[sm]()
             end.record()
             events.append((r, sm, start, end))
     torch.cuda.synchronize()
     ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
     for r, sm, start, end in events:
         ms[sm][r] = start.elapsed_time(end) / reps
-    return {"reps": reps, "ms": ms}
+    return {"mode": mode, "reps": reps, "ms": ms}
 
 
 def summarise(ms: dict, flops: float) -> dict:
@@ -107,6 +118,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", default="overlap,triton", help="of gpu.flash.KERNELS")
     ap.add_argument("--inputs", default="randn", help="randn, repeated")
     ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--mode", default="graph", choices=("graph", "flush"),
+                    help="graph: back-to-back CUDA-graph replays; flush: do_bench's regime, paired")
     ap.add_argument("--json", help="write the rows (with every round's time) here")
     a = ap.parse_args(argv)
     kernels = a.kernels.split(",")
@@ -122,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(sys.argv if argv is None else ["benchmarks/fix_cost.py", *argv])
     res = {"env": env(), "command": command, "rounds": a.rounds, "rows": []}
     print(f"# {res['env']['gpu']}, torch {res['env']['torch']}, Triton {res['env']['triton']}; B={B} H={H} bf16; "
-          f"{a.rounds} paired rounds; cost = 1 - t_standard / t_fix per round: median [10%, 90%]")
+          f"{a.rounds} paired rounds ({a.mode}); cost = 1 - t_standard / t_fix per round: median [10%, 90%]")
     print("| input | d | N | causal | kernel | standard | stabilised | robust | stabilised cost | robust cost |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in kinds:
@@ -135,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
                     for kernel in kernels:
                         row = {"input": kind, "d": d, "n": n, "causal": causal, "kernel": kernel}
                         try:
-                            m = measure(q, k, v, causal, kernel, a.rounds)
+                            m = measure(q, k, v, causal, kernel, a.rounds, a.mode)
                         except ValueError as e:  # the overlap kernel does not run at this head dim
                             print(f"| {kind} | {d} | {n} | {causal} | {kernel} | {e} |||||", flush=True)
                             continue

@@ -1,7 +1,7 @@
 """What each fix costs against the same forward kernel without it, from paired launches.
 
     PYTHONPATH=. python benchmarks/fix_cost.py [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
-        [--inputs randn] [--rounds 30] [--mode graph] [--json FILE]
+        [--inputs randn] [--rounds 30] [--mode graph] [--layer] [--json FILE]
 
 Why not bench_gpu's numbers: there each implementation gets its own ~100 ms of do_bench, and on the H100
 the standard softmax alone moved by up to 80 TFLOP/s between such rounds, so one pass can put a fix's
@@ -11,7 +11,11 @@ order rotated from round to round), each as one CUDA-graph replay of enough forw
 power state.  A round's cost is 1 - t_standard / t_fix; the table gives the median over the rounds and the
 10th-90th percentile range, so a reader sees both the cost and how sure it is.  ``--mode flush`` keeps the
 pairing but times the way do_bench does: one eager launch per softmax and round, each after zeroing a
-256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
+256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.  ``--layer`` adds what
+the fix costs a training step: per (d, N), forward and backward of one causal pre-LN transformer block
+(``gpu.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by ``flash.attention``), paired
+rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the linear layers (forward and
+backward) plus 3.5x the attention forward.
 
 B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
 only where it runs: d=128).  Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
@@ -101,6 +105,38 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
     return {"mode": mode, "reps": reps, "ms": ms}
 
 
+def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
+    """Per softmax: ms per training step (forward + backward) of one causal transformer block, paired
+    rounds; and the step's FLOPs."""
+    from gpu.train_check import Block
+
+    c = H * d
+    blk = Block(c, H, "ours", "standard").cuda().to(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn((B, n, c), device="cuda", generator=g).to(torch.bfloat16)
+    dy = torch.randn((B, n, c), device="cuda", generator=g).to(torch.bfloat16)
+
+    def step(sm: str) -> None:
+        blk.softmax = sm
+        blk(x).backward(dy)
+
+    for sm in SOFTMAXES:  # compile, warm up
+        step(sm)
+    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
+    events = []
+    for r in range(rounds):
+        for sm in SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            step(sm)
+            end.record()
+            events.append((r, sm, start, end))
+    torch.cuda.synchronize()
+    for r, sm, start, end in events:
+        ms[sm][r] = start.elapsed_time(end)
+    return {"mode": "eager", "reps": 1, "ms": ms}, B * n * 72.0 * c * c + 3.5 * fwd_flops(B, H, n, d, True)
+
+
 def summarise(ms: dict, flops: float) -> dict:
     """Median TFLOP/s per softmax; per fix the median and 10-90% range of the rounds' paired costs (%)."""
     out = {"tflops": {sm: flops / statistics.median(t) / 1e9 for sm, t in ms.items()}}
@@ -120,6 +156,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--mode", default="graph", choices=("graph", "flush"),
                     help="graph: back-to-back CUDA-graph replays; flush: do_bench's regime, paired")
+    ap.add_argument("--layer", action="store_true", help="also: the cost per training step of a causal block")
     ap.add_argument("--json", help="write the rows (with every round's time) here")
     a = ap.parse_args(argv)
     kernels = a.kernels.split(",")
@@ -153,17 +190,28 @@ def main(argv: list[str] | None = None) -> None:
                             print(f"| {kind} | {d} | {n} | {causal} | {kernel} | {e} |||||", flush=True)
                             continue
                         row.update(m, **summarise(m["ms"], fwd_flops(B, H, n, d, causal)))
-                        res["rows"].append(row)
-                        t = row["tflops"]
-                        c = {sm: row[f"{sm}_cost"] for sm in SOFTMAXES[1:]}
-                        cost = {sm: f"{x['median']:+.1f}% [{x['p10']:+.1f}, {x['p90']:+.1f}]" for sm, x in c.items()}
-                        print(f"| {kind} | {d} | {n} | {'yes' if causal else 'no'} | {kernel} | {t['standard']:.0f} | "
-                              f"{t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | {cost['robust']} |",
-                              flush=True)
-                        if a.json:
-                            Path(a.json).write_text(json.dumps(res, indent=1))
+                        _report(res, row, a.json)
                 del q, k, v
                 torch.cuda.empty_cache()
+    if a.layer:
+        for d in map(int, a.d.split(",")):
+            for n in map(int, a.n.split(",")):
+                m, flops = measure_layer(d, n, a.rounds)
+                row = {"input": "randn", "d": d, "n": n, "causal": True, "kernel": "layer step", **m}
+                _report(res, dict(row, **summarise(m["ms"], flops)), a.json)
+                torch.cuda.empty_cache()
+
+
+def _report(res: dict, row: dict, json_path: str | None) -> None:
+    """Print a row of the table and keep it (and the JSON file up to date)."""
+    res["rows"].append(row)
+    t = row["tflops"]
+    cost = {sm: "{median:+.1f}% [{p10:+.1f}, {p90:+.1f}]".format(**row[f"{sm}_cost"]) for sm in SOFTMAXES[1:]}
+    print(f"| {row['input']} | {row['d']} | {row['n']} | {'yes' if row['causal'] else 'no'} | {row['kernel']} | "
+          f"{t['standard']:.0f} | {t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | "
+          f"{cost['robust']} |", flush=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

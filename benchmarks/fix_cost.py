@@ -18,7 +18,8 @@ rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the lin
 backward) plus 3.5x the attention forward.
 
 B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
-only where it runs: d=128).  Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
+where it runs: BLOCK_N equal to the head dim, d=64 and 128; rows it refuses are printed with the reason).
+Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
 row has repeated maxima, so the fixes change the shift).  Needs a CUDA GPU; on the lent H100:
 ``PYTHONPATH=. python benchmarks/fix_cost.py --json $OUT/fix_cost.json``.
 """

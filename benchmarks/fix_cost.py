@@ -68,9 +68,29 @@ def _quantile(xs: list[float], q: float) -> float:
     return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (i - lo)
 
 
+def _paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
+    """ms per call of each launch[softmax]() (which makes ``per_launch`` calls) in every round: the softmaxes
+    back to back, their order rotated from round to round, each timed by its own CUDA events (``before``,
+    e.g. an L2 flush, runs outside them)."""
+    events = []
+    for r in range(rounds):
+        for sm in SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]:
+            if before is not None:
+                before()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            launch[sm]()
+            end.record()
+            events.append((r, sm, start, end))
+    torch.cuda.synchronize()
+    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
+    for r, sm, start, end in events:
+        ms[sm][r] = start.elapsed_time(end) / per_launch
+    return ms
+
+
 def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph") -> dict:
-    """Per softmax: ms per forward in every round (paired rounds, rotated order); ``mode`` as in the module
-    docstring."""
+    """Per softmax: ms per forward in every round (paired rounds); ``mode`` as in the module docstring."""
     fns = {sm: (lambda sm=sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel=kernel)) for sm in SOFTMAXES}
     for fn in fns.values():  # compile, then estimate one launch's time
         fn()
@@ -80,30 +100,14 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
     torch.cuda.synchronize()
     if mode == "graph":
         reps = max(1, min(64, math.ceil(TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
-        graphs = {sm: _graph(fn, reps) for sm, fn in fns.items()}
-        launch = {sm: g.replay for sm, g in graphs.items()}
-        flush = None
+        launch = {sm: _graph(fn, reps).replay for sm, fn in fns.items()}
+        before = None
     else:
         reps, launch = 1, fns
-        flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")  # do_bench's L2 flush
+        before = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda").zero_  # do_bench's L2 flush
     for run in launch.values():  # one untimed run each: graph upload, clocks up
         run()
-    events = []
-    for r in range(rounds):
-        order = SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]
-        for sm in order:
-            if flush is not None:
-                flush.zero_()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            launch[sm]()
-            end.record()
-            events.append((r, sm, start, end))
-    torch.cuda.synchronize()
-    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
-    for r, sm, start, end in events:
-        ms[sm][r] = start.elapsed_time(end) / reps
-    return {"mode": mode, "reps": reps, "ms": ms}
+    return {"mode": mode, "reps": reps, "ms": _paired_rounds(launch, rounds, reps, before)}
 
 
 def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
@@ -121,21 +125,11 @@ def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
         blk.softmax = sm
         blk(x).backward(dy)
 
-    for sm in SOFTMAXES:  # compile, warm up
-        step(sm)
-    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
-    events = []
-    for r in range(rounds):
-        for sm in SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            step(sm)
-            end.record()
-            events.append((r, sm, start, end))
-    torch.cuda.synchronize()
-    for r, sm, start, end in events:
-        ms[sm][r] = start.elapsed_time(end)
-    return {"mode": "eager", "reps": 1, "ms": ms}, B * n * 72.0 * c * c + 3.5 * fwd_flops(B, H, n, d, True)
+    launch = {sm: (lambda sm=sm: step(sm)) for sm in SOFTMAXES}
+    for run in launch.values():  # compile, warm up
+        run()
+    flops = B * n * 72.0 * c * c + 3.5 * fwd_flops(B, H, n, d, True)
+    return {"mode": "eager", "reps": 1, "ms": _paired_rounds(launch, rounds)}, flops
 
 
 def summarise(ms: dict, flops: float) -> dict:

@@ -34,6 +34,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -58,14 +60,6 @@ def _graph(fn, reps: int) -> torch.cuda.CUDAGraph:
         for _ in range(reps):
             fn()
     return g
-
-
-def _quantile(xs: list[float], q: float) -> float:
-    """The q-quantile by linear interpolation between order statistics (numpy's default method)."""
-    s = sorted(xs)
-    i = q * (len(s) - 1)
-    lo = math.floor(i)
-    return s[lo] + (s[min(lo + 1, len(s) - 1)] - s[lo]) * (i - lo)
 
 
 def _paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
@@ -137,8 +131,8 @@ def summarise(ms: dict, flops: float) -> dict:
     out = {"tflops": {sm: flops / statistics.median(t) / 1e9 for sm, t in ms.items()}}
     for sm in SOFTMAXES[1:]:
         costs = [100 * (1 - a / b) for a, b in zip(ms["standard"], ms[sm], strict=True)]
-        out[f"{sm}_cost"] = {"median": statistics.median(costs), "p10": _quantile(costs, 0.1),
-                             "p90": _quantile(costs, 0.9)}
+        p10, p90 = np.quantile(costs, [0.1, 0.9])
+        out[f"{sm}_cost"] = {"median": statistics.median(costs), "p10": float(p10), "p90": float(p90)}
     return out
 
 

@@ -16,7 +16,6 @@ import functools
 import math
 
 import torch
-import triton
 
 from emufloat import FP32
 from flashsim import arith
@@ -29,6 +28,7 @@ from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, C
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd
 from .kernels.interpreter import INTERPRET
+from .launch import Launcher
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
@@ -41,12 +41,22 @@ SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: the head dim and length (configs.OVERLAP_FROM_KEYS) where it can run.  Both compute the same bits
 #: (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
+_FWD, _DELTA, _DKDV, _DQ = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq))
+
+
+#: the kernels' float32 scalars, in their parameter order (the keys of :func:`softmax_constants`)
+CONSTANTS = ("qk_scale", "eps_raw", "eps_t", "beta", "band_raw", "band_t", "max_shift_raw", "max_shift_t")
 
 
 @functools.lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
     """x rounded to float32 as flashsim rounds constants (cached: ~25 us a call, paid on every launch)."""
     return float(arith.constant(x, Op(FP32)))
+
+
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division (``triton.cdiv`` is a constexpr function in Triton 3.6: ~1.5 us a host call)."""
+    return -(-a // b)
 
 
 def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, float]:
@@ -124,7 +134,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
     lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
-    n_blk = triton.cdiv(n_k, cfg.block_n)
+    n_blk = _cdiv(n_k, cfg.block_n)
     dbg = None
     if debug:
         base = (b * h, n_blk, n_q)
@@ -133,7 +143,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    grid = (triton.cdiv(n_q, cfg.block_m), b * h)
+    grid = (_cdiv(n_q, cfg.block_m), b * h)
     overlap_ok = (not debug and q.dtype != FP8 and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
                   and all(x.data_ptr() % 16 == 0 for x in (q, k, v)))
     if kernel == "overlap" and not overlap_ok:
@@ -144,11 +154,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
-    attn_fwd[grid](q, k, v, o, lse, *ptrs, consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"],
-                   consts["band_raw"], consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"],
-                   n_q, n_k, n_blk, HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-                   SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages,
-                   num_warps=cfg.num_warps, num_stages=stages)
+    _FWD(grid, (q, k, v, o, lse, *ptrs, *map(consts.get, CONSTANTS), n_q, n_k, n_blk),
+         dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+              SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages),
+         dict(num_warps=cfg.num_warps, num_stages=stages))
     return o, lse, dbg
 
 
@@ -175,12 +184,17 @@ def _tma_layout(block: tuple[int, ...], bf16: bool):
     return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if bf16 else gl.float16)
 
 
+@functools.cache
+def _overlap_launcher() -> Launcher:
+    """The overlap kernel's launcher (imported on first use: Gluon's Hopper module is optional)."""
+    from .kernels.fwd_overlap import attn_fwd_overlap
+    return Launcher(attn_fwd_overlap)
+
+
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    from .kernels.fwd_overlap import attn_fwd_overlap
 
     d = q.shape[-1]
     bf16 = q.dtype == torch.bfloat16
@@ -189,12 +203,11 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
         return TensorDescriptor.from_tensor(x, block, _tma_layout(tuple(block), bf16))
 
     kv = [1, cfg.block_n, d]
-    attn_fwd_overlap[grid](desc(q.view(-1, d), [cfg.block_m, d]), desc(k.view(-1, k.shape[2], d), kv),
-                           desc(v.view(-1, v.shape[2], d), kv), o, lse,
-                           consts["qk_scale"], consts["eps_raw"], consts["eps_t"], consts["beta"], consts["band_raw"],
-                           consts["band_t"], consts["max_shift_raw"], consts["max_shift_t"], q.shape[2], k.shape[2],
-                           HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                           STAGES=cfg.num_stages, num_warps=4)
+    descs = (desc(q.view(-1, d), [cfg.block_m, d]), desc(k.view(-1, k.shape[2], d), kv),
+             desc(v.view(-1, v.shape[2], d), kv))
+    _overlap_launcher()(grid, (*descs, o, lse, *map(consts.get, CONSTANTS), q.shape[2], k.shape[2]),
+                        dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
+                             STAGES=cfg.num_stages), dict(num_warps=4))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -209,15 +222,14 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do.to(q.dtype)))
     lse = lse.contiguous()
     delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
-    attn_bwd_delta[(triton.cdiv(n_q, DELTA_BLOCK), b * h)](o, do, delta, n_q, HEAD_DIM=d, BLOCK_M=DELTA_BLOCK,
-                                                            num_warps=4)
+    _DELTA((_cdiv(n_q, DELTA_BLOCK), b * h), (o, do, delta, n_q), dict(HEAD_DIM=d, BLOCK_M=DELTA_BLOCK),
+           dict(num_warps=4))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     qk_scale, c = _f32(scale * LOG2E), _f32(scale)
-    kw = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal), num_warps=cfg.num_warps,
-              num_stages=cfg.num_stages)
-    attn_bwd_dkdv[(triton.cdiv(n_k, cfg.block_n), b * h)](q, k, v, do, lse, delta, dk, dv, qk_scale, c, n_q, n_k,
-                                                           **kw)
-    attn_bwd_dq[(triton.cdiv(n_q, cfg.block_m), b * h)](q, k, v, do, lse, delta, dq, qk_scale, c, n_q, n_k, **kw)
+    tiles = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal))
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    _DKDV((_cdiv(n_k, cfg.block_n), b * h), (q, k, v, do, lse, delta, dk, dv, qk_scale, c, n_q, n_k), tiles, opts)
+    _DQ((_cdiv(n_q, cfg.block_m), b * h), (q, k, v, do, lse, delta, dq, qk_scale, c, n_q, n_k), tiles, opts)
     return dq, dk, dv, delta
 
 

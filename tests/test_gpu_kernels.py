@@ -245,3 +245,35 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
             for x, y in zip(a[:2], b[:2], strict=True):
                 assert torch.equal(x.view(torch.int16 if x.element_size() == 2 else torch.int32),
                                    y.view(torch.int16 if y.element_size() == 2 else torch.int32)), (kind, sm)
+
+
+@pytest.mark.gpu
+@cuda
+def test_live_direct_launch_follows_specialisations():
+    """gpu.launch reuses a compiled kernel only for its specialisation: after aligned calls, tensors
+    starting 2 bytes off a 16-byte boundary and lengths of 1 and 17 (not divisible by 16) get their own
+    kernels, and every call gives the bits of Triton's own launch path (gpu.launch.enabled = False)."""
+    from gpu import flash, launch
+
+    def bits(t):
+        return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+    torch.manual_seed(1)
+    for n in (64, 1, 17, 64):
+        for offset in (0, 1):
+            q, k, v, do = (torch.randn(1 * 2 * n * 64 + offset, device="cuda", dtype=torch.bfloat16)[offset:]
+                           .view(1, 2, n, 64) for _ in range(4))
+            o, lse, _ = flash.forward(q, k, v, causal=True, softmax="robust", kernel="triton")  # compiles
+            flash.backward(q, k, v, o, lse, do, causal=True)
+            got = []
+            for direct in (True, False):
+                launch.enabled = direct
+                try:
+                    o, lse, _ = flash.forward(q, k, v, causal=True, softmax="robust", kernel="triton")
+                    got.append((o, lse, *flash.backward(q, k, v, o, lse, do, causal=True)))
+                finally:
+                    launch.enabled = True
+            for x, y in zip(*got, strict=True):
+                assert torch.equal(bits(x), bits(y)), (n, offset)
+    keys = list(flash._FWD._compiled)
+    assert len({key[1] for key in keys}) >= 6  # (n: 64, 1, 17) x (aligned, not): each its own kernel

@@ -1,14 +1,14 @@
 """Launching the compiled kernels without Triton's per-call argument binding.
 
 ``kernel[grid](...)`` binds and specialises every argument and looks the compiled kernel up on every
-call: 40-60% of the ~60-170 us of CPU time a forward call took on the H100's host (benchmarks/host_time.py,
-docs/performance.md), about what the kernel itself takes at N=1024.  :class:`Launcher` does that lookup
-once per specialisation: its key holds everything Triton 3.6 specialises a kernel on (per tensor argument
-its dtype and 16-byte alignment; per integer whether it is 1, divisible by 16 and its width; per tensor
-descriptor its dtype, block, layout and padding; the constexprs and launch options; the device), so a
-call with a new specialisation compiles through Triton as before and the same kernel is never launched
-on arguments it was not compiled for.  Under ``TRITON_INTERPRET=1``, or with :data:`enabled` False, it
-calls the kernel the plain way.
+call: 12-48 us of the 58-123 us of CPU time a forward or backward call took on the H100's host
+(benchmarks/host_time.py, docs/performance.md "Host time"), where the kernels themselves take 0.1-0.5 ms
+at N=1024.  :class:`Launcher` does that lookup once per specialisation: its key holds everything Triton
+3.6 specialises a kernel on (per tensor argument its dtype and 16-byte alignment; per integer whether it
+is 1, divisible by 16 and its width; per tensor descriptor its dtype, block, layout and padding; the
+constexprs and launch options; the device), so a call with a new specialisation compiles through Triton
+as before and the same kernel is never launched on arguments it was not compiled for.  Under
+``TRITON_INTERPRET=1``, or with :data:`enabled` False, it calls the kernel the plain way.
 """
 
 from __future__ import annotations
@@ -24,16 +24,8 @@ enabled = True
 
 
 def _arg_key(x: Any) -> Any:
-    """What Triton's binder specialises an argument on, or a finer description of it (tensors, floats and
-    ints by exact type first: this runs for every argument of every launch)."""
-    t = type(x)
-    if t is torch.Tensor:
-        return x.dtype, x.data_ptr() % 16 == 0
-    if t is float:
-        return float
-    if t is int:
-        return int, x == 1, x % 16 == 0, -2**31 <= x < 2**31, x < 2**63
-    if isinstance(x, torch.Tensor):  # a subclass (nn.Parameter)
+    """What Triton's binder specialises an argument on, or a finer description of it."""
+    if isinstance(x, torch.Tensor):
         return x.dtype, x.data_ptr() % 16 == 0
     if isinstance(x, bool):
         return bool, x

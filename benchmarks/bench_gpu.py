@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.run_attention import bench_one, env, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
+from gpu.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
 
 B, H = 4, 32
 
@@ -128,9 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(measure(d, n, causal, rounds=args.rounds))
                 print("measured", d, n, causal, flush=True)
     e = env()
-    print(f"\n# bench_gpu: B={B} H={H} bf16, {e['gpu']}, torch {e['torch']}, Triton {e['triton']}, "
-          f"cuDNN {e['cudnn']}; TFLOP/s (backward: 2.5x forward FLOPs); cost = 1 - fix/standard "
-          "(unpaired; benchmarks/fix_cost.py pairs them)\n")
+    print(f"\n# bench_gpu: B={B} H={H} bf16, {env_line(e)}; TFLOP/s (backward: 2.5x forward FLOPs); "
+          "cost = 1 - fix/standard (unpaired; benchmarks/fix_cost.py pairs them)\n")
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"env": e, "bench": rows}, indent=1))

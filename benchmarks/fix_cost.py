@@ -41,25 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.run_attention import env, fwd_flops, kind_inputs, rand  # noqa: E402
+from gpu.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
 
 B, H = 4, 32
 SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
 TARGET_MS = 3.0
-
-
-def _graph(fn, reps: int) -> torch.cuda.CUDAGraph:
-    """``reps`` calls of fn captured in one CUDA graph (fn warmed up outside it: compilation, caches)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    return g
 
 
 def _paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
@@ -94,7 +80,7 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
     torch.cuda.synchronize()
     if mode == "graph":
         reps = max(1, min(64, math.ceil(TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
-        launch = {sm: _graph(fn, reps).replay for sm, fn in fns.items()}
+        launch = {sm: cuda_graph(fn, reps).replay for sm, fn in fns.items()}
         before = None
     else:
         reps, launch = 1, fns
@@ -160,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--rounds: at least 3 (a rotation of the order), got {a.rounds}")
     command = " ".join(sys.argv if argv is None else ["benchmarks/fix_cost.py", *argv])
     res = {"env": env(), "command": command, "rounds": a.rounds, "rows": []}
-    print(f"# {res['env']['gpu']}, torch {res['env']['torch']}, Triton {res['env']['triton']}; B={B} H={H} bf16; "
+    print(f"# {env_line(res['env'])}; B={B} H={H} bf16; "
           f"{a.rounds} paired rounds ({a.mode}); cost = 1 - t_standard / t_fix per round: median [10%, 90%]")
     print("| input | d | N | causal | kernel | standard | stabilised | robust | stabilised cost | robust cost |")
     print("|---|---|---|---|---|---|---|---|---|---|")

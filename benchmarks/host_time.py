@@ -31,19 +31,17 @@ import pstats
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 from gpu import flash, launch  # noqa: E402
-from gpu.run_attention import env, rand  # noqa: E402
+from gpu.run_attention import cuda_graph, env, env_line, rand, run_sdpa, sdpa_backends  # noqa: E402
 
 B, H = 4, 32
-BACKENDS = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 clocks: longer than any batch of calls below
 
 
@@ -80,14 +78,7 @@ def _launch_path(direct: bool):
 
 def gpu_us(fn, replays: int = 20) -> float:
     """Microseconds of GPU time per call of fn: one call captured in a CUDA graph, median of replays."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
+    g = cuda_graph(fn)
     g.replay()
     times = []
     for _ in range(replays):
@@ -116,18 +107,10 @@ def rows_for(d: int, n: int) -> dict:
         rows["flash.forward (triton)"] = lambda: flash.forward(q, k, v, kernel="triton")
     rows["flash.backward"] = lambda: flash.backward(q, k, v, o, lse, do)
     rows["flash.attention fwd+bwd"] = ours_train
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    for name, backend in BACKENDS.items():
-        def fwd(backend=backend):
-            with sdpa_kernel(backend):
-                sdpa(q, k, v)
-
-        def train(backend=backend):
-            with sdpa_kernel(backend):
-                sdpa(qg, kg, vg).backward(do)
-
-        rows[f"sdpa {name} forward"] = fwd
-        rows[f"sdpa {name} fwd+bwd"] = train
+    for name, backend in sdpa_backends().items():
+        rows[f"sdpa {name} forward"] = partial(run_sdpa, q, k, v, backend=backend, causal=False)
+        rows[f"sdpa {name} fwd+bwd"] = lambda backend=backend: run_sdpa(qg, kg, vg, backend=backend,
+                                                                        causal=False).backward(do)
     return rows
 
 
@@ -167,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--d: {d} is not one of {flash.HEAD_DIMS}")
     command = " ".join(sys.argv if argv is None else ["benchmarks/host_time.py", *argv])
     res = {"env": env(), "command": command, "calls": a.calls, "rows": []}
-    print(f"# {res['env']['gpu']}, torch {res['env']['torch']}, Triton {res['env']['triton']}; B={B} H={H} bf16, "
+    print(f"# {env_line(res['env'])}; B={B} H={H} bf16, "
           f"non-causal; host: best of 7 batches of {a.calls} calls with the GPU busy; GPU: CUDA-graph replay")
     print("| d | N | call | host us | host us, Triton's launch | GPU us | host/GPU | host vs SDPA cuDNN |")
     print("|---|---|---|---|---|---|---|---|")

@@ -38,6 +38,26 @@ def env() -> dict:
             "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
+def env_line(e: dict) -> str:
+    """The GPU and library versions of :func:`env`, for a benchmark's header."""
+    return f"{e['gpu']}, torch {e['torch']}, Triton {e['triton']}, cuDNN {e['cudnn']}"
+
+
+def cuda_graph(fn, reps: int = 1) -> torch.cuda.CUDAGraph:
+    """``reps`` calls of fn captured in one CUDA graph (fn run once outside it first, on a side stream as
+    capture requires: compilation, caches), for timing without host time."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    return g
+
+
 def reference(q, k, v, causal: bool, scale: float, do=None):
     """FP64 attention (and gradients) on the GPU."""
     q64, k64, v64 = (x.double().requires_grad_(do is not None) for x in (q, k, v))

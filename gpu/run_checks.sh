@@ -3,7 +3,11 @@
 # properties: kernel == emulator on drawn inputs, P < 1 under the robust fix) and gpu.crosscheck --live over
 # the case grid, whose runs are packed into $OUT/runs.tgz for `python -m flashsim crosscheck`.
 #
-#   OUT=/path/to/empty/folder bash gpu/run_checks.sh [MAX_LEN]
+#   OUT=/path/to/empty/folder bash gpu/run_checks.sh [MAX_LEN] [PYTEST_K]
+#
+# With cold compile caches the GPU tests alone outlast one device call (2026-11-25: 31 of 32 in 585 s on the
+# lent H100); PYTEST_K runs the tests that pytest's -k selects and skips the cross-check, so two calls cover
+# them: `... run_checks.sh 200 "fp64"` and `... run_checks.sh 200 "not fp64"`.
 #
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +16,8 @@ mkdir -p "$OUT/runs"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python}"
 "$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py tests/test_kernel_properties.py \
-    --hypothesis-show-statistics 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
+    ${2:+-k "$2"} --hypothesis-show-statistics 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
+status=${PIPESTATUS[0]}
+[ -n "${2:-}" ] && exit "$status"
 "$PY" -m gpu.crosscheck --live --max-len "${1:-200}" --save "$OUT/runs" --quiet 2>&1 | tee "$OUT/crosscheck_live.txt" | tail -20
 tar czf "$OUT/runs.tgz" -C "$OUT" runs && rm -rf "$OUT/runs"

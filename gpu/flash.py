@@ -54,6 +54,23 @@ def _f32(x: float) -> float:
     return float(arith.constant(x, Op(FP32)))
 
 
+#: (batch, head) pairs per launch.  Every kernel puts them on the grid's y axis, which CUDA caps at 65535;
+#: larger batches run as several launches over consecutive heads (:func:`_by_heads`).  A multiple of 16, so
+#: every slice starts 16-byte aligned and runs the kernel the whole batch would.
+HEADS_PER_LAUNCH = 65520
+
+
+def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
+    """(heads, tensors) per launch: ``[(bh, tensors)]`` up to :data:`HEADS_PER_LAUNCH` heads, else the
+    contiguous tensors viewed as (bh, -1) and sliced into runs of consecutive heads (the kernels find a
+    head from its pointer and its index on the grid, so a slice is simply a smaller batch)."""
+    if bh <= HEADS_PER_LAUNCH:
+        return [(bh, tensors)]
+    flat = [x.view(bh, -1) for x in tensors]
+    return [(min(HEADS_PER_LAUNCH, bh - s), tuple(x[s:s + HEADS_PER_LAUNCH] for x in flat))
+            for s in range(0, bh, HEADS_PER_LAUNCH)]
+
+
 def _cdiv(a: int, b: int) -> int:
     """Ceiling division (``triton.cdiv`` is a constexpr function in Triton 3.6: ~1.5 us a host call)."""
     return -(-a // b)
@@ -143,7 +160,6 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    grid = (_cdiv(n_q, cfg.block_m), b * h)
     overlap_ok = (not debug and q.dtype != FP8 and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
                   and all(x.data_ptr() % 16 == 0 for x in (q, k, v)))
     if kernel == "overlap" and not overlap_ok:
@@ -151,13 +167,15 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
                          "head dim, block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
     auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, bool(causal)), float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
-        _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name], grid)
+        _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name])
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
-    _FWD(grid, (q, k, v, o, lse, *ptrs, *map(consts.get, CONSTANTS), n_q, n_k, n_blk),
-         dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-              SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages),
-         dict(num_warps=cfg.num_warps, num_stages=stages))
+    scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
+                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages)
+    for heads, tensors in _by_heads(b * h, q, k, v, o, lse, *ptrs):
+        _FWD((_cdiv(n_q, cfg.block_m), heads), (*tensors, *scalars), constexprs,
+             dict(num_warps=cfg.num_warps, num_stages=stages))
     return o, lse, dbg
 
 
@@ -191,23 +209,26 @@ def _overlap_launcher() -> Launcher:
     return Launcher(attn_fwd_overlap)
 
 
-def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, grid) -> None:
+def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    d = q.shape[-1]
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
     bf16 = q.dtype == torch.bfloat16
 
     def desc(x, block):
         return TensorDescriptor.from_tensor(x, block, _tma_layout(tuple(block), bf16))
 
     kv = [1, cfg.block_n, d]
-    descs = (desc(q.view(-1, d), [cfg.block_m, d]), desc(k.view(-1, k.shape[2], d), kv),
-             desc(v.view(-1, v.shape[2], d), kv))
-    _overlap_launcher()(grid, (*descs, o, lse, *map(consts.get, CONSTANTS), q.shape[2], k.shape[2]),
-                        dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                             STAGES=cfg.num_stages), dict(num_warps=4))
+    scalars = (*map(consts.get, CONSTANTS), n_q, n_k)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
+                      STAGES=cfg.num_stages)
+    for heads, (q_, k_, v_, o_, lse_) in _by_heads(b * h, q, k, v, o, lse):
+        descs = (desc(q_.view(-1, d), [cfg.block_m, d]), desc(k_.view(-1, n_k, d), kv), desc(v_.view(-1, n_k, d), kv))
+        _overlap_launcher()((_cdiv(n_q, cfg.block_m), heads), (*descs, o_, lse_, *scalars), constexprs,
+                            dict(num_warps=4))
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
@@ -222,14 +243,18 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do.to(q.dtype)))
     lse = lse.contiguous()
     delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
-    _DELTA((_cdiv(n_q, DELTA_BLOCK), b * h), (o, do, delta, n_q), dict(HEAD_DIM=d, BLOCK_M=DELTA_BLOCK),
-           dict(num_warps=4))
+    bh = b * h
+    for heads, tensors in _by_heads(bh, o, do, delta):
+        _DELTA((_cdiv(n_q, DELTA_BLOCK), heads), (*tensors, n_q), dict(HEAD_DIM=d, BLOCK_M=DELTA_BLOCK),
+               dict(num_warps=4))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    qk_scale, c = _f32(scale * LOG2E), _f32(scale)
+    scalars = (_f32(scale * LOG2E), _f32(scale), n_q, n_k)
     tiles = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal))
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    _DKDV((_cdiv(n_k, cfg.block_n), b * h), (q, k, v, do, lse, delta, dk, dv, qk_scale, c, n_q, n_k), tiles, opts)
-    _DQ((_cdiv(n_q, cfg.block_m), b * h), (q, k, v, do, lse, delta, dq, qk_scale, c, n_q, n_k), tiles, opts)
+    for heads, tensors in _by_heads(bh, q, k, v, do, lse, delta, dk, dv):
+        _DKDV((_cdiv(n_k, cfg.block_n), heads), (*tensors, *scalars), tiles, opts)
+    for heads, tensors in _by_heads(bh, q, k, v, do, lse, delta, dq):
+        _DQ((_cdiv(n_q, cfg.block_m), heads), (*tensors, *scalars), tiles, opts)
     return dq, dk, dv, delta
 
 

@@ -11,7 +11,9 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
   the kernel keeps after every K/V block (its debug output) equals, bit for bit, the m that flashsim's
   model of the kernel (``gpu.configs.kernel_policy``) computes: the tie counts, thresholds, the split
   rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
-- ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd.
+- ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
+- ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
+  here with the limit set to 4) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta.
 """
 
 from __future__ import annotations
@@ -99,6 +101,19 @@ def check_backward(causal: bool) -> None:
             assert rel < 1e-2, (shape, causal, name, rel)
 
 
+def check_heads(causal: bool) -> None:
+    q, k, v = (x.reshape(3, 2, *x.shape[2:]) for x in _heads((70, 77, 64), 6, 40, integer=False))
+    do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(torch.float16)
+    runs = []
+    for per_launch in (flash.HEADS_PER_LAUNCH, 4):  # 6 heads: one launch, then launches of 4 and 2
+        flash.HEADS_PER_LAUNCH = per_launch
+        o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
+        runs.append([o, lse, *dbg.values(), *flash.backward(q, k, v, o, lse, do, causal=causal)])
+    for a, b in zip(*runs, strict=True):
+        assert torch.equal(a.view(-1).view(torch.int16) if a.dtype == torch.float16 else a.view(torch.int32),
+                           b.view(-1).view(torch.int16) if b.dtype == torch.float16 else b.view(torch.int32)), causal
+
+
 def main(argv: list[str]) -> None:
     check, *args = argv
     causal = args[0] == "causal"
@@ -108,8 +123,10 @@ def main(argv: list[str]) -> None:
         check_shifts(causal, args[1])
     elif check == "backward":
         check_backward(causal)
+    elif check == "heads":
+        check_heads(causal)
     else:
-        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward")
+        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads")
     print("ok")
 
 

@@ -295,3 +295,27 @@ def test_live_direct_launch_follows_specialisations():
                 assert np.array_equal(bits_of(x), bits_of(y)), (n, offset)
     keys = list(flash._FWD._compiled)
     assert len({key[1] for key in keys}) >= 6  # (n: 64, 1, 17) x (aligned, not): each its own kernel
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("kernel", ["triton", "overlap"])
+def test_live_more_heads_than_one_grid_holds(kernel):
+    """B*H = 65568 (CUDA caps the grid's y axis, where the heads are, at 65535) runs as several launches of
+    consecutive heads: a head in the first or the last launch gets the bits it gets in a batch of its own."""
+    import numpy as np
+
+    from gpu import flash
+    from gpu.crosscheck import bits_of
+    torch.manual_seed(2)
+    b, h, n, d = 4098, 16, 8, 128
+    assert b * h > flash.HEADS_PER_LAUNCH
+    q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    o, lse, _ = flash.forward(q, k, v, causal=True, softmax="robust", kernel=kernel)
+    grads = flash.backward(q, k, v, o, lse, do, causal=True)
+    for part in (slice(0, 1), slice(b - 3, b)):  # heads 0-15 (first launch), 65520-65567 (second)
+        o1, lse1, _ = flash.forward(q[part], k[part], v[part], causal=True, softmax="robust", kernel=kernel)
+        grads1 = flash.backward(q[part], k[part], v[part], o1, lse1, do[part], causal=True)
+        for name, x, y in zip(("o", "lse", "dq", "dk", "dv", "delta"), (o, lse, *grads), (o1, lse1, *grads1),
+                              strict=True):
+            assert np.array_equal(bits_of(x[part]), bits_of(y)), (kernel, part, name)

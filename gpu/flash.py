@@ -161,10 +161,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     else:
         ptrs = (lse, lse, lse, lse)
     overlap_ok = (not debug and q.dtype != FP8 and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
-                  and all(x.data_ptr() % 16 == 0 for x in (q, k, v)))
+                  and all(x.data_ptr() % 16 == 0 for x in (q, k, v)) and q.numel() > 0 and k.numel() > 0)
     if kernel == "overlap" and not overlap_ok:
         raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU with Gluon, debug=False, block_n == "
-                         "head dim, block_m 64 or 128 and 16-byte aligned tensors; kernel='triton' runs everything")
+                         "head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA descriptors); "
+                         "kernel='triton' runs everything")
     auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, bool(causal)), float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name])

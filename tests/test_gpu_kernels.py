@@ -319,3 +319,25 @@ def test_live_more_heads_than_one_grid_holds(kernel):
         for name, x, y in zip(("o", "lse", "dq", "dk", "dv", "delta"), (o, lse, *grads), (o1, lse1, *grads1),
                               strict=True):
             assert np.array_equal(bits_of(x[part]), bits_of(y)), (kernel, part, name)
+
+
+@pytest.mark.gpu
+@cuda
+def test_live_empty_inputs():
+    """No queries, no keys or no heads: the tl kernels launch nothing or mask everything (no keys: O = 0/0,
+    NaN, and LSE = -inf; no queries: dK = dV = 0); the overlap kernel, whose TMA descriptors need a
+    non-empty tensor, is refused with an error that says so."""
+    from gpu import flash
+    for q_shape, k_shape in (((1, 2, 0, 128), (1, 2, 5, 128)), ((1, 2, 5, 128), (1, 2, 0, 128)),
+                             ((0, 2, 5, 128), (0, 2, 5, 128))):
+        q = torch.randn(q_shape, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(k_shape, device="cuda", dtype=torch.bfloat16)
+        o, lse, _ = flash.forward(q, k, k, softmax="robust")
+        dq, dk, dv, _ = flash.backward(q, k, k, o, lse, torch.randn_like(o))
+        assert o.shape == dq.shape == q.shape and lse.shape == q.shape[:3] and dk.shape == dv.shape == k.shape
+        if q.numel() and not k.numel():
+            assert torch.isnan(o).all() and (lse == float("-inf")).all()
+        if k.numel() and not q.numel():
+            assert not dk.any() and not dv.any()
+        with pytest.raises(ValueError, match="non-empty"):
+            flash.forward(q, k, k, kernel="overlap")

@@ -136,7 +136,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
 
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
     bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md).
-    ``kernel``: one of :data:`KERNELS`."""
+    ``kernel``: one of :data:`KERNELS`.  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's convention (flashsim
+    refuses empty inputs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     _check(q, k, v, fp8=True)
@@ -166,6 +167,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU with Gluon, debug=False, block_n == "
                          "head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA descriptors); "
                          "kernel='triton' runs everything")
+    if n_k == 0:  # no keys: O = 0 and LSE = log2 0, as SDPA and FlashAttention return (the kernel would divide 0/0)
+        o.zero_()
+        lse.fill_(float("-inf"))
+        return o, lse, dbg
     auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, bool(causal)), float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name])

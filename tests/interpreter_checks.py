@@ -13,7 +13,8 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
   rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
 - ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
 - ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
-  here with the limit set to 4) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta.
+  here with the limit set to 4) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
+- ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0.
 """
 
 from __future__ import annotations
@@ -114,6 +115,18 @@ def check_heads(causal: bool) -> None:
                            b.view(-1).view(torch.int16) if b.dtype == torch.float16 else b.view(torch.int32)), causal
 
 
+def check_empty(causal: bool) -> None:
+    q, k = (torch.randn(1, 2, n, 64).to(torch.float16) for n in (5, 7))
+    none = k[:, :, :0]
+    o, lse, _ = flash.forward(q, none, none, causal=causal, kernel="triton")
+    dq = flash.backward(q, none, none, o, lse, torch.randn_like(o), causal=causal)[0]
+    assert not o.any() and bool((lse == float("-inf")).all()) and not dq.any()
+    assert torch.equal(o, torch.nn.functional.scaled_dot_product_attention(q, none, none))
+    o, lse, _ = flash.forward(none, k, k, causal=causal, kernel="triton")
+    _, dk, dv, _ = flash.backward(none, k, k, o, lse, o, causal=causal)
+    assert o.shape == none.shape and not dk.any() and not dv.any()
+
+
 def main(argv: list[str]) -> None:
     check, *args = argv
     causal = args[0] == "causal"
@@ -125,8 +138,10 @@ def main(argv: list[str]) -> None:
         check_backward(causal)
     elif check == "heads":
         check_heads(causal)
+    elif check == "empty":
+        check_empty(causal)
     else:
-        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads")
+        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty")
     print("ok")
 
 

@@ -324,9 +324,9 @@ def test_live_more_heads_than_one_grid_holds(kernel):
 @pytest.mark.gpu
 @cuda
 def test_live_empty_inputs():
-    """No queries, no keys or no heads: the tl kernels launch nothing or mask everything (no keys: O = 0/0,
-    NaN, and LSE = -inf; no queries: dK = dV = 0); the overlap kernel, whose TMA descriptors need a
-    non-empty tensor, is refused with an error that says so."""
+    """No queries, no keys or no heads give outputs of the right shapes (no keys: O = 0 and LSE = -inf as SDPA
+    returns, dQ = 0; no queries: dK = dV = 0); the overlap kernel, whose TMA descriptors need a non-empty
+    tensor, is refused with an error that says so."""
     from gpu import flash
     for q_shape, k_shape in (((1, 2, 0, 128), (1, 2, 5, 128)), ((1, 2, 5, 128), (1, 2, 0, 128)),
                              ((0, 2, 5, 128), (0, 2, 5, 128))):
@@ -336,7 +336,9 @@ def test_live_empty_inputs():
         dq, dk, dv, _ = flash.backward(q, k, k, o, lse, torch.randn_like(o))
         assert o.shape == dq.shape == q.shape and lse.shape == q.shape[:3] and dk.shape == dv.shape == k.shape
         if q.numel() and not k.numel():
-            assert torch.isnan(o).all() and (lse == float("-inf")).all()
+            assert not o.any() and (lse == float("-inf")).all() and not dq.any()
+            sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, k)
+            assert torch.equal(o, sdpa), "SDPA's convention for no keys"
         if k.numel() and not q.numel():
             assert not dk.any() and not dv.any()
         with pytest.raises(ValueError, match="non-empty"):

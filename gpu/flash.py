@@ -66,7 +66,7 @@ def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Te
     head from its pointer and its index on the grid, so a slice is simply a smaller batch)."""
     if bh <= HEADS_PER_LAUNCH:
         return [(bh, tensors)]
-    flat = [x.view(bh, -1) for x in tensors]
+    flat = [x.view(bh, x.numel() // bh) for x in tensors]  # not -1: an empty tensor has no inferable size
     return [(min(HEADS_PER_LAUNCH, bh - s), tuple(x[s:s + HEADS_PER_LAUNCH] for x in flat))
             for s in range(0, bh, HEADS_PER_LAUNCH)]
 

@@ -12,6 +12,7 @@ LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 fo
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 
@@ -120,11 +121,48 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False)
                              "bfloat16 and float8 as raw integers; only float16 is meaningful there")
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device}); accepted: one device")
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
         raise ValueError(f"q, k, v: shapes (B, H, N, d) must agree (B, H, d; k and v equal): "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
-    if q.shape[-1] != k.shape[-1] or q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS} (equal for q, k, v)")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"q: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS}")
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"k, v: head dim {k.shape[-1]} differs from q's {q.shape[-1]}; accepted: equal head dims")
+    for name, x in (("q", q), ("k", k)):
+        if x.shape[2] * x.shape[3] >= 2**31:
+            raise ValueError(f"{name}: N * d = {x.shape[2] * x.shape[3]}; accepted: below 2^31 (the kernels index the "
+                             "rows of one head with 32-bit offsets)")
+
+
+def _flag(x: bool, name: str) -> bool:
+    """A boolean argument, refused rather than coerced (``bool("False")`` is True)."""
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {x!r}")
+    return x
+
+
+def _scale(sm_scale: float | None, d: int, name: str = "sm_scale") -> float:
+    """The softmax scale (default 1/sqrt(d)), checked as the kernels receive it: sm_scale and sm_scale * log2 e
+    rounded to float32 must be normal, finite and positive (0 or Inf there would turn scores into NaN)."""
+    if sm_scale is None:
+        return 1.0 / math.sqrt(d)
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"{name}: expected a float (or None for 1/sqrt(d)), got {type(sm_scale).__name__}")
+    scale = float(sm_scale)
+    tiny, big = 2.0**-126, float(torch.finfo(torch.float32).max)
+    if not (math.isfinite(scale) and tiny <= _f32(scale) <= big and tiny <= _f32(scale * LOG2E) <= big):
+        raise ValueError(f"{name}: expected a finite positive number whose float32 roundings (of it and of it times "
+                         f"log2 e) are normal, about 1.2e-38 to 2.3e38; got {sm_scale!r}")
+    return scale
+
+
+def _on(x: torch.Tensor) -> contextlib.AbstractContextManager:
+    """x's GPU as the current device while launching (Triton launches on the current one), if it is not."""
+    if x.is_cuda and x.device.index is not None and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return contextlib.nullcontext()
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
@@ -141,14 +179,23 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     _check(q, k, v, fp8=True)
+    scale = _scale(sm_scale, q.shape[-1])
+    causal, debug = _flag(causal, "causal"), _flag(debug, "debug")
+    if not isinstance(softmax, (str, SoftmaxVariant)):
+        raise TypeError(f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
+                        f"got {type(softmax).__name__}")
+    with _on(q):
+        return _forward(q, k, v, causal, scale, softmax, config, debug, kernel)
+
+
+def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool,
+             kernel: str) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+    """:func:`forward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
     variant = kernel_variant(softmax, next(n for n, t in TORCH_DTYPES.items() if t == q.dtype))
     consts = softmax_constants(variant, scale)
-    cfg = config or FWD_CONFIGS[(d, bool(causal))]
+    cfg = config or FWD_CONFIGS[(d, causal)]
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
     lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
@@ -171,14 +218,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse, dbg
-    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, bool(causal)), float("inf"))
+    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, causal), float("inf"))
     if overlap_ok and (kernel == "overlap" or auto):
-        _forward_overlap(q, k, v, o, lse, consts, cfg, bool(causal), SOFTMAX_IDS[variant.name])
+        _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name])
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
     scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk)
-    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal),
-                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=bool(debug), STAGES=stages)
+    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
+                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages)
     for heads, tensors in _by_heads(b * h, q, k, v, o, lse, *ptrs):
         _FWD((_cdiv(n_q, cfg.block_m), heads), (*tensors, *scalars), constexprs,
              dict(num_warps=cfg.num_warps, num_stages=stages))
@@ -240,14 +287,29 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
              do: torch.Tensor, *, causal: bool = False, sm_scale: float | None = None,
              config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV, delta) from the forward's O and base-2 LSE."""
+    """(dQ, dK, dV, delta) from the forward's O and base-2 LSE; ``o`` and ``do`` of q's shape and dtype,
+    ``lse`` float32 (B, H, N_q), all on q's device."""
     _check(q, k, v)
+    for name, x, shape, dtype in (("o", o, q.shape, q.dtype), ("do", do, q.shape, q.dtype),
+                                  ("lse", lse, q.shape[:3], torch.float32)):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        if x.shape != shape or x.dtype != dtype or x.device != q.device:
+            raise ValueError(f"{name}: {tuple(x.shape)} {x.dtype} on {x.device}; accepted: {tuple(shape)} {dtype} on "
+                             f"{q.device}" + (" (the forward's base-2 LSE)" if name == "lse" else ""))
+    scale = _scale(sm_scale, q.shape[-1])
+    causal = _flag(causal, "causal")
+    with _on(q):
+        return _backward(q, k, v, o, lse, do, causal, scale, config)
+
+
+def _backward(q, k, v, o, lse, do, causal: bool, scale: float,
+              config: Config | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`backward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     cfg = config or BWD_CONFIGS[d]
-    q, k, v, o, do = (x.contiguous() for x in (q, k, v, o, do.to(q.dtype)))
-    lse = lse.contiguous()
+    q, k, v, o, do, lse = (x.contiguous() for x in (q, k, v, o, do, lse))
     delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
     bh = b * h
     for heads, tensors in _by_heads(bh, o, do, delta):
@@ -255,7 +317,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                dict(num_warps=4))
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     scalars = (_f32(scale * LOG2E), _f32(scale), n_q, n_k)
-    tiles = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=bool(causal))
+    tiles = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     for heads, tensors in _by_heads(bh, q, k, v, do, lse, delta, dk, dv):
         _DKDV((_cdiv(n_k, cfg.block_n), heads), (*tensors, *scalars), tiles, opts)
@@ -275,6 +337,7 @@ class FlashAttention(torch.autograd.Function):
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # the backward kernels have no derivative of their own
     def backward(ctx, do):
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv, _ = backward(q, k, v, o, lse, do, causal=ctx.causal, sm_scale=ctx.sm_scale)
@@ -291,14 +354,17 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
                                  attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
                                  is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
                                  *, softmax: str = "standard") -> torch.Tensor:
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` (no mask tensor, dropout or GQA)."""
+    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` for 4-D (B, H, N, d) bfloat16/float16
+    CUDA tensors with d in :data:`HEAD_DIMS`; no mask tensor, dropout, GQA, broadcasting or zero scale."""
     if attn_mask is not None:
         raise ValueError("attn_mask: not supported by these kernels; use is_causal for causal masking")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: only 0.0 is supported, got {dropout_p!r}")
     if enable_gqa:
         raise ValueError("enable_gqa: grouped-query attention is not supported")
-    return attention(query, key, value, causal=is_causal, sm_scale=scale, softmax=softmax)
+    if isinstance(query, torch.Tensor) and query.dim() == 4:  # else forward names what is wrong
+        _scale(scale, query.shape[-1], "scale")
+    return attention(query, key, value, causal=_flag(is_causal, "is_causal"), sm_scale=scale, softmax=softmax)
 
 
 def lse_natural(lse: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,10 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
 - ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
 - ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
   here with the limit set to 4) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
-- ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0.
+- ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0;
+- ``arguments``: bad arguments raise errors that name them instead of being coerced (a string for a
+  flag or a scale, a scale whose float32 rounding is 0 or Inf, backward's o / do / lse of another shape or
+  dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0.
 """
 
 from __future__ import annotations
@@ -127,6 +130,52 @@ def check_empty(causal: bool) -> None:
     assert o.shape == none.shape and not dk.any() and not dv.any()
 
 
+def _raises(error: type, match: str, fn, *args, **kwargs) -> None:
+    try:
+        fn(*args, **kwargs)
+    except error as e:
+        assert match in str(e), (match, str(e))
+        return
+    raise AssertionError(f"no {error.__name__} ({match})")
+
+
+def check_arguments(causal: bool) -> None:
+    q, k, v, do = (torch.randn(1, 2, 16, 64).to(torch.float16) for _ in range(4))
+    fwd = flash.forward
+    _raises(TypeError, "causal: expected a bool", fwd, q, k, v, causal="False")
+    _raises(TypeError, "debug: expected a bool", fwd, q, k, v, debug=1)
+    _raises(TypeError, "is_causal: expected a bool", flash.scaled_dot_product_attention, q, k, v, is_causal="no")
+    for bad in ("0.125", True, torch.tensor(0.125)):
+        _raises(TypeError, "sm_scale: expected a float", fwd, q, k, v, sm_scale=bad)
+    for bad in (0.0, -0.125, float("nan"), float("inf"), 1e-50, 1e-40, 1e39):  # 1e-40: a subnormal float32
+        _raises(ValueError, "sm_scale: expected a finite positive number", fwd, q, k, v, sm_scale=bad)
+    _raises(ValueError, "scale: expected a finite positive", flash.scaled_dot_product_attention, q, k, v, scale=1e-50)
+    _raises(TypeError, "softmax: expected a name", fwd, q, k, v, softmax=["standard"])
+    k128 = torch.randn(1, 2, 16, 128).to(torch.float16)
+    _raises(ValueError, "k, v: head dim 128 differs from q's 64", fwd, q, k128, k128)
+    long = torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 1, 2**25, 64)  # stride 0: no memory
+    _raises(ValueError, "q: N * d = 2147483648; accepted: below 2^31", fwd, long, long, long)
+    meta = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="meta")
+    _raises(ValueError, "q, k, v: on different devices", fwd, q, meta, meta)
+
+    o, lse, _ = fwd(q, k, v, causal=causal)
+    bwd = flash.backward
+    for name, args in (("lse", (o, lse[:, :, :8], do)), ("lse", (o, lse.half(), do)),
+                       ("lse", (o, lse.to(torch.float64), do)), ("do", (o, lse, do.float())),
+                       ("do", (o, lse, do.transpose(2, 3)[..., :16, :])), ("o", (o[:, :, :4], lse, do))):
+        _raises(ValueError, f"{name}: ", bwd, q, k, v, *args, causal=causal)
+    _raises(TypeError, "do: expected a torch.Tensor", bwd, q, k, v, o, lse, [1.0], causal=causal)
+    _raises(ValueError, "sm_scale: expected a finite positive", bwd, q, k, v, o, lse, do, causal=causal, sm_scale=0)
+    want = bwd(q, k, v, o, lse, do, causal=causal)  # accepted: the same call with good arguments
+    got = bwd(q, k, v, o, lse, do.transpose(2, 3).contiguous().transpose(2, 3), causal=causal)  # strides are fine
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
+
+    qg = q.clone().requires_grad_()
+    out = flash.attention(qg, k, v, causal=causal)
+    (g,) = torch.autograd.grad(out.float().pow(2).sum(), qg, create_graph=True)
+    _raises(RuntimeError, "once_differentiable", g.float().pow(2).sum().backward)
+
+
 def main(argv: list[str]) -> None:
     check, *args = argv
     causal = args[0] == "causal"
@@ -140,8 +189,10 @@ def main(argv: list[str]) -> None:
         check_heads(causal)
     elif check == "empty":
         check_empty(causal)
+    elif check == "arguments":
+        check_arguments(causal)
     else:
-        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty")
+        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments")
     print("ok")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import numbers
 
 import torch
 
@@ -148,7 +149,7 @@ def _scale(sm_scale: float | None, d: int, name: str = "sm_scale") -> float:
     rounded to float32 must be normal, finite and positive (0 or Inf there would turn scores into NaN)."""
     if sm_scale is None:
         return 1.0 / math.sqrt(d)
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):  # numpy's floats are Real too
         raise TypeError(f"{name}: expected a float (or None for 1/sqrt(d)), got {type(sm_scale).__name__}")
     scale = float(sm_scale)
     tiny, big = 2.0**-126, float(torch.finfo(torch.float32).max)

@@ -70,9 +70,12 @@ class _Pipeline:
             s = arith.binary("mul", s, c, pol.scale, tr, "scale")
             if visible is not None:
                 s = self._fill(s, visible)
-        elif where == "max" and pol.mask.how == "add" and visible is not None:
-            bias = arith.cast(np.where(visible, 0.0, pol.mask.value), pol.scale.fmt)
+        elif where == "max" and pol.mask.how in ("add", "select") and visible is not None:
+            add = pol.mask.how == "add"  # the tutorial's bias; select: an FMA with a zero addend, then value
+            bias = arith.cast(np.where(visible, 0.0, pol.mask.value if add else 0.0), pol.scale.fmt)
             s = arith.fma(s, c, bias, pol.scale, tr, "mask")  # Triton's diagonal block: qk*scale + bias
+            if not add:
+                s = self._fill(s, visible)
             scaled = True
         elif visible is not None:
             s = self._fill(s, visible)

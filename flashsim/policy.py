@@ -7,6 +7,7 @@ numerics, not the name; :meth:`Policy.diff` lists the steps that differ) and ext
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import emufloat as ef
@@ -133,8 +134,8 @@ class Policy:
             spec = getattr(self, step)
             if spec.compute is not None and spec.compute != spec.fmt:
                 raise ValueError(f"{step}: a cast rounds once; compute must be None, got {spec.compute.name}")
-        if self.mask.how == "add" and self.scale.where != "max":
-            raise ValueError(f"mask: how='add' (Triton's diagonal block) needs scale.where 'max', "
+        if self.mask.how in ("add", "select") and self.scale.where != "max":
+            raise ValueError(f"mask: how={self.mask.how!r} (Triton's diagonal block) needs scale.where 'max', "
                              f"got {self.scale.where!r}")
         if self.scores.into_acc:
             raise ValueError("scores: into_acc is only for the pv step")
@@ -355,7 +356,7 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
         name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
         note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
              f"backward {bwd_block_m}x{bwd_block_n})",
-        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-1.0e6, "add"), max=Op(FP32),
+        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-math.inf, "select"), max=Op(FP32),
         subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
         row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
         pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),

@@ -166,16 +166,17 @@ class Mask:
     """How causal masking enters the scores.
 
     ``how='fill'``: masked scores are replaced by ``value`` (after scaling under placement 'scores', on
-    raw S otherwise); ``how='add'`` (Triton's diagonal block): S*c + where(mask, value, 0) as one FMA,
-    the row max taken over that, then a separate subtraction.  Blocks without masked entries are
-    untouched in both.
+    raw S otherwise); ``how='add'`` (the Triton tutorial's diagonal block): S*c + where(mask, value, 0) as
+    one FMA, the row max taken over that, then a separate subtraction; ``how='select'`` (the project's
+    kernels): the same FMA, then masked entries replaced by ``value`` (-inf), so no masked score can win
+    the max or bring a NaN in.  Blocks without masked entries are untouched in all three.
     """
 
     value: float = -math.inf
     how: str = "fill"
 
     def __post_init__(self) -> None:
-        _choice(self.how, ("fill", "add"), "Mask.how")
+        _choice(self.how, ("fill", "add", "select"), "Mask.how")
         if math.isnan(self.value) or self.value > 0:
             raise ValueError(f"Mask.value: expected a negative value or -inf, got {self.value!r}")
 

@@ -17,7 +17,9 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
 - ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0;
 - ``arguments``: bad arguments raise errors that name them instead of being coerced (a string for a
   flag or a scale, a scale whose float32 rounding is 0 or Inf, backward's o / do / lse of another shape or
-  dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0.
+  dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0;
+- ``causality``: under causal masking a row never sees a later key: not a score far above its own (the
+  tutorial's -1e6 bias let it win), not a NaN (which made the earlier rows of its tile NaN).
 """
 
 from __future__ import annotations
@@ -176,6 +178,24 @@ def check_arguments(causal: bool) -> None:
     _raises(RuntimeError, "once_differentiable", g.float().pow(2).sum().backward)
 
 
+def check_causality(causal: bool) -> None:
+    for d in (64, 256):  # d=256: 128-row tiles over 64-key blocks, so rows with every key of a block masked
+        q, k, v = (torch.zeros(1, 1, 2, d, dtype=torch.float16) for _ in range(3))
+        q[0, 0, 0], k[0, 0, 0], v[0, 0, 1] = -300.0, 300.0, 1.0  # row 0's only key scores -1.04e6 (log2 units)
+        for softmax in ("standard", "stabilised", "robust"):
+            o = flash.forward(q, k, v, causal=True, softmax=softmax, kernel="triton")[0]
+            assert o[0, 0, 0, 0] == 0.0, (d, softmax, o[0, 0, 0, 0])  # v of key 0, not of the masked key 1
+        q, k, v = _heads((80, 80, d), 1, 50, integer=False)
+        for softmax in ("standard", "stabilised", "robust"):
+            want = flash.forward(q, k, v, causal=True, softmax=softmax, kernel="triton")
+            bad = k.clone()
+            bad[0, 0, 10, 0] = float("nan")
+            got = flash.forward(q, bad, v, causal=True, softmax=softmax, kernel="triton")
+            assert torch.equal(got[0][:, :, :10], want[0][:, :, :10]), (d, softmax)
+            assert torch.equal(got[1][:, :, :10], want[1][:, :, :10]), (d, softmax)
+            assert torch.isnan(got[0][:, :, 10:]).all(), (d, softmax)
+
+
 def main(argv: list[str]) -> None:
     check, *args = argv
     causal = args[0] == "causal"
@@ -191,8 +211,11 @@ def main(argv: list[str]) -> None:
         check_empty(causal)
     elif check == "arguments":
         check_arguments(causal)
+    elif check == "causality":
+        check_causality(causal)
     else:
-        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments")
+        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments, "
+                         "causality")
     print("ok")
 
 

@@ -343,3 +343,29 @@ def test_live_empty_inputs():
             assert not dk.any() and not dv.any()
         with pytest.raises(ValueError, match="non-empty"):
             flash.forward(q, k, k, kernel="overlap")
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_live_causal_rows_never_see_later_keys(d):
+    """Causal masking selects -inf: a later key whose score is far above the row's own (the tutorial's -1e6
+    bias let it win) or NaN (it made the earlier rows of its tile NaN) leaves earlier rows alone, in both
+    forward kernels where they run."""
+    from gpu import flash
+    kernels = ("triton", "overlap") if flash.FWD_CONFIGS[(d, True)].block_n == d else ("triton",)
+    q, k, v = (torch.zeros(1, 1, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    q[0, 0, 0], k[0, 0, 0], v[0, 0, 1] = -300.0, 300.0, 1.0  # row 0's only key scores about -1e6 (log2 units)
+    torch.manual_seed(3)
+    x = [torch.randn(1, 2, 200, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    bad = x[1].clone()
+    bad[0, 1, 150, 5] = float("nan")
+    for kernel in kernels:
+        for softmax in ("standard", "stabilised", "robust"):
+            o = flash.forward(q, k, v, causal=True, softmax=softmax, kernel=kernel)[0]
+            assert o[0, 0, 0, 0] == 0.0, (kernel, softmax)
+            want = flash.forward(*x, causal=True, softmax=softmax, kernel=kernel)
+            got = flash.forward(x[0], bad, x[2], causal=True, softmax=softmax, kernel=kernel)
+            for w, g in zip(want[:2], got[:2], strict=True):
+                assert torch.equal(w[:, 0], g[:, 0]) and torch.equal(w[:, 1, :150], g[:, 1, :150]), (kernel, softmax)
+            assert torch.isnan(got[0][:, 1, 150:]).all(), (kernel, softmax)

@@ -3,7 +3,8 @@
 The arithmetic is written so that every rounding is pinned down and flashsim's ``triton_h100`` policy can
 repeat it bit for bit: scores by ``tl.dot`` (wgmma, fp32), the shift m in scaled base-2 units (Triton's
 tutorial: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m)); blocks with causal masking add a -1e6 bias
-by FMA first and subtract m separately; ``tl.math.exp2`` (ex2.approx.ftz); l = fma(l, alpha, tl.sum(p));
+by FMA first, set masked entries to -inf and subtract m separately; ``tl.math.exp2`` (ex2.approx.ftz);
+l = fma(l, alpha, tl.sum(p));
 acc = acc * alpha, then ``tl.dot(p.to(dtype), v, acc)``; O = acc / l (div.full) rounded to the input
 dtype; LSE = m + log2(l) in base 2 by :func:`log2_fma` (FP32 FMAs, modelled by emufloat.log2_fma).
 Every explicit FMA is ``tl.fma``, and no product feeds an addition elsewhere, so the compiler has no
@@ -34,7 +35,7 @@ _C1 = tl.constexpr(LOG2_FMA_COEFFS[1])
 _C2 = tl.constexpr(LOG2_FMA_COEFFS[2])
 _C3 = tl.constexpr(LOG2_FMA_COEFFS[3])
 _C4 = tl.constexpr(LOG2_FMA_COEFFS[4])
-MASK_BIAS = tl.constexpr(-1.0e6)  # the causal bias of the diagonal blocks (Triton tutorial)
+MASK_BIAS = tl.constexpr(-1.0e6)  # the diagonal blocks' causal bias (Triton tutorial), then -inf by a select
 
 
 @triton.jit
@@ -151,7 +152,7 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
     if SOFTMAX == 1:  # Qiu & Yao: repeated maxima (more than one s >= r - eps) -> beta*r (r > 0), 0 (r < 0)
         thr = r - eps_s
         cnt = _count_at_least(s, thr)
-        rep = cnt > 1
+        rep = (cnt > 1) & (r > float("-inf"))  # a row with every entry masked (-inf >= -inf) is not a tie
         m = tl.where(rep & (r > 0), r * beta, tl.where(rep & (r < 0), 0.0, r))
     elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or the running max within band of r
         thr = r - band_s
@@ -167,10 +168,13 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
 
 @triton.jit
 def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX: tl.constexpr):
-    """A block with causal masking: qk*c + bias (one FMA), the max over it, a separate subtraction."""
-    bias = tl.where(cols[None, :] <= offs_m[:, None], 0.0, MASK_BIAS)
-    t = tl.fma(qk, qk_scale, bias)
-    t = tl.where(col_ok[None, :], t, float("-inf"))
+    """A block with causal masking: qk*c + bias (one FMA, the tutorial's), masked entries then set to -inf,
+    the max over it, a separate subtraction.  The select keeps future keys out whatever their scores: with
+    the bias alone a masked score more than 1e6 above the row's max won, and a NaN key made its earlier
+    rows NaN."""
+    visible = (cols[None, :] <= offs_m[:, None]) & col_ok[None, :]
+    t = tl.fma(qk, qk_scale, tl.where(visible, 0.0, MASK_BIAS))
+    t = tl.where(visible, t, float("-inf"))
     r = _row_max(t, SOFTMAX)
     m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
     m_new = tl.maximum(m_i, m_blk)

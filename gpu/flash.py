@@ -144,6 +144,9 @@ def _flag(x: bool, name: str) -> bool:
     return x
 
 
+_F32_NORMAL = (2.0**-126, float(torch.finfo(torch.float32).max))  # float32's positive normal range
+
+
 def _scale(sm_scale: float | None, d: int, name: str = "sm_scale") -> float:
     """The softmax scale (default 1/sqrt(d)), checked as the kernels receive it: sm_scale and sm_scale * log2 e
     rounded to float32 must be normal, finite and positive (0 or Inf there would turn scores into NaN)."""
@@ -152,7 +155,7 @@ def _scale(sm_scale: float | None, d: int, name: str = "sm_scale") -> float:
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):  # numpy's floats are Real too
         raise TypeError(f"{name}: expected a float (or None for 1/sqrt(d)), got {type(sm_scale).__name__}")
     scale = float(sm_scale)
-    tiny, big = 2.0**-126, float(torch.finfo(torch.float32).max)
+    tiny, big = _F32_NORMAL
     if not (math.isfinite(scale) and tiny <= _f32(scale) <= big and tiny <= _f32(scale * LOG2E) <= big):
         raise ValueError(f"{name}: expected a finite positive number whose float32 roundings (of it and of it times "
                          f"log2 e) are normal, about 1.2e-38 to 2.3e38; got {sm_scale!r}")

@@ -26,16 +26,19 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import sys
 
 import numpy as np
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
 from gpu.configs import kernel_policy, kernel_variant  # noqa: E402
+from gpu.crosscheck import bits_of  # noqa: E402
 from gpu.run_attention import reference  # noqa: E402
 
 SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128), (90, 150, 256)]  # (N_q, N_k, d): ragged against every tile
@@ -116,8 +119,7 @@ def check_heads(causal: bool) -> None:
         o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
         runs.append([o, lse, *dbg.values(), *flash.backward(q, k, v, o, lse, do, causal=causal)])
     for a, b in zip(*runs, strict=True):
-        assert torch.equal(a.view(-1).view(torch.int16) if a.dtype == torch.float16 else a.view(torch.int32),
-                           b.view(-1).view(torch.int16) if b.dtype == torch.float16 else b.view(torch.int32)), causal
+        assert np.array_equal(bits_of(a), bits_of(b)), causal
 
 
 def check_empty(causal: bool) -> None:
@@ -133,12 +135,9 @@ def check_empty(causal: bool) -> None:
 
 
 def _raises(error: type, match: str, fn, *args, **kwargs) -> None:
-    try:
+    """fn(*args, **kwargs) raises ``error`` with ``match`` (plain text, not a pattern) in its message."""
+    with pytest.raises(error, match=re.escape(match)):
         fn(*args, **kwargs)
-    except error as e:
-        assert match in str(e), (match, str(e))
-        return
-    raise AssertionError(f"no {error.__name__} ({match})")
 
 
 def check_arguments(causal: bool) -> None:

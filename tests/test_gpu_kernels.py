@@ -28,16 +28,22 @@ def _compile(fn, types, constexprs, n_ptr, warps, stages):
     return triton.compile(src, target=H100, options={"num_warps": warps, "num_stages": stages})
 
 
-@pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
-@pytest.mark.parametrize("softmax", [0, 2])
-def test_forward_compiles_to_wgmma(key, softmax):
+def _compile_forward(key, softmax, ones=()):
+    """The tl forward kernel for tiles ``key`` = (d, causal), bf16; the integer arguments named in ``ones``
+    equal to 1, made constants as Triton's launcher does."""
     d, causal = key
     cfg = FWD_CONFIGS[key]
     types = ["*bf16"] * 4 + ["*fp32"] * 5 + ["fp32"] * 8 + ["i32"] * 3 + ["constexpr"] * 7
-    k = _compile(attn_fwd, types, {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
-                                   "SOFTMAX": softmax, "DEBUG": False, "STAGES": cfg.num_stages},
-                 9, cfg.num_warps, cfg.num_stages)
-    ptx = k.asm["ptx"]
+    types = ["constexpr" if n in ones else t for n, t in zip(attn_fwd.arg_names, types, strict=True)]
+    const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "SOFTMAX": softmax,
+             "DEBUG": False, "STAGES": cfg.num_stages, **dict.fromkeys(ones, 1)}
+    return _compile(attn_fwd, types, const, 9, cfg.num_warps, cfg.num_stages)
+
+
+@pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
+@pytest.mark.parametrize("softmax", [0, 2])
+def test_forward_compiles_to_wgmma(key, softmax):
+    ptx = _compile_forward(key, softmax).asm["ptx"]
     assert "wgmma.mma_async" in ptx  # the tensor-core model flashsim uses is wgmma's
     assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx and "fma.rn.f32" in ptx
 
@@ -47,18 +53,9 @@ def test_forward_compiles_for_one_query(key):
     """A call with one query and one key (N_Q = N_K = N_BLK = 1) compiles through ptxas for every tile and
     softmax.  Triton 3.6 makes an integer argument equal to 1 a constant unless the kernel says not to;
     with all three constant, ptxas 12.8 crashed (SIGSEGV) on d=64, causal, robust (found on the H100)."""
-    d, causal = key
-    cfg = FWD_CONFIGS[key]
-    names = attn_fwd.arg_names
     ints = [p.name for p in attn_fwd.params if p.name in ("N_Q", "N_K", "N_BLK") and not p.do_not_specialize]
-    types = ["*bf16"] * 4 + ["*fp32"] * 5 + ["fp32"] * 8 + ["i32"] * 3 + ["constexpr"] * 7
-    sig = {n: ("constexpr" if n in ints else t) for n, t in zip(names, types, strict=True)}
     for softmax in (0, 1, 2):
-        const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal,
-                 "SOFTMAX": softmax, "DEBUG": False, "STAGES": cfg.num_stages, **dict.fromkeys(ints, 1)}
-        src = ASTSource(attn_fwd, sig, constexprs=const, attrs={(i,): ALIGNED for i in range(9)})
-        k = triton.compile(src, target=H100, options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
-        assert k.asm["cubin"]  # ptxas ran
+        assert _compile_forward(key, softmax, ints).asm["cubin"]  # ptxas ran
 
 
 def test_every_head_dim_has_forward_and_backward_tiles():

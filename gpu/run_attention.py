@@ -366,17 +366,23 @@ def overlap(res: dict, deadline: float) -> None:
     print(f"overlap: {same} identical, {len(differ)} differ, {len(failed)} failed", flush=True)
 
 
-def replay(res: dict, deadline: float) -> None:
+def replay(res: dict, deadline: float, first: int = 0) -> None:
     """Rerun every kept recorded case (tests/data/h100/attention: forward, backward, FP8) with the current
     kernels, both forward kernels where both run, and compare every output's bits with the recording: a
     kernel change that keeps these bits keeps the emulator's agreement (the CPU tests check the recording
-    against the emulator)."""
+    against the emulator). `first` skips the recorded runs before it, to finish a replay that ran out of
+    time (a cold machine compiles every kernel first)."""
     from .crosscheck import recorded_runs
     same, differ = 0, []
-    for run in recorded_runs():
+    runs = recorded_runs()
+    if not 0 <= first <= len(runs):
+        raise ValueError(f"--replay-from must be in 0..{len(runs)} (recorded runs), got {first}")
+    done = first
+    for run in runs[first:]:
         if time.time() > deadline:
-            res["replay_stopped"] = "time"
+            res["replay_stopped"] = f"time, before run {done} of {len(runs)}"
             break
+        done += 1
         x = [torch.from_numpy(a[None]).cuda().to(DT[run.dtype]) for a in (run.q, run.k, run.v)]
         for kern in ("triton", "overlap") if run.dtype != "e4m3" else ("triton",):
             o, lse, _ = flash.forward(*x, causal=run.causal, sm_scale=run.sm_scale, softmax=run.softmax,
@@ -391,8 +397,9 @@ def replay(res: dict, deadline: float) -> None:
                 differ.append([run.note, kern, bad])
             else:
                 same += 1
-    res["replay"] = {"identical": same, "differ": differ}
-    print(f"replay: {same} identical, {len(differ)} differ {differ[:5]}", flush=True)
+    res["replay"] = {"identical": same, "differ": differ, "runs": [first, done], "of": len(runs)}
+    print(f"replay of recorded runs {first}-{done - 1} of {len(runs)}: {same} identical, {len(differ)} differ "
+          f"{differ[:5]}", flush=True)
 
 
 def train(res: dict, deadline: float, steps: int = 300) -> None:
@@ -411,6 +418,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--sections", default="smoke")
     ap.add_argument("--seconds", type=float, default=540)
+    ap.add_argument("--replay-from", type=int, default=0,
+                    help="section replay: start at this recorded run (0-based; to finish a replay cut short)")
     args = ap.parse_args()
     t0 = time.time()
     deadline = t0 + args.seconds
@@ -429,6 +438,8 @@ def main() -> None:
         try:
             if name in ("log2",):
                 log2(res, out)
+            elif name == "replay":
+                replay(res, deadline, args.replay_from)
             elif name in ("record", "fp8"):
                 globals()[name](res, out, deadline)
             else:

@@ -19,6 +19,17 @@ class Config:
     num_warps: int
     num_stages: int
 
+    def __post_init__(self) -> None:
+        """Refuse tiles the kernels cannot run (tl.arange needs powers of two, tl.dot at least 16), rather than
+        fail later inside Triton with a division by zero or a compiler error."""
+        for name, lo, hi in (("block_m", 16, 256), ("block_n", 16, 256), ("num_warps", 1, 16)):
+            x = getattr(self, name)
+            if isinstance(x, bool) or not isinstance(x, int) or not lo <= x <= hi or x & (x - 1):
+                raise ValueError(f"Config.{name}: expected a power of two from {lo} to {hi}, got {x!r}")
+        x = self.num_stages
+        if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 8:
+            raise ValueError(f"Config.num_stages: expected an integer from 1 to 8, got {x!r}")
+
 
 #: (head_dim, causal) -> forward config; the fastest of 8 tried on the H100 at N=4096 (gpu/run_attention.py
 #: --sections configs; docs/performance.md).  The tiles and warps are part of what the kernel computes.

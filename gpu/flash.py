@@ -105,36 +105,48 @@ def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> tuple[tuple[
     return tuple(out.items())
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False,
+           names: tuple[str, str, str] = ("q", "k", "v")) -> None:
+    """Refuse what the kernels cannot run, naming the argument (``names``: the caller's names for q, k, v)."""
     accepted = DTYPES + ((FP8,) if fp8 else ())
-    for name, x in (("q", q), ("k", k), ("v", v)):
+    nq, nk, nv = names
+    qkv = ", ".join(names)
+    for name, x in zip(names, (q, k, v), strict=True):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.dim() != 4:
             raise ValueError(f"{name}: expected shape (B, H, N, d), got {tuple(x.shape)}")
         if x.dtype not in accepted:
-            names = "bfloat16, float16" + (", float8_e4m3fn" if fp8 else " (float8_e4m3fn: forward only)")
-            raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: {names}")
+            dtypes = "bfloat16, float16" + (", float8_e4m3fn" if fp8 else " (float8_e4m3fn: forward only)")
+            raise ValueError(f"{name}: dtype {x.dtype} not supported; accepted: {dtypes}")
         if not x.is_cuda and not INTERPRET:
             raise ValueError(f"{name}: must be a CUDA tensor (the Triton kernels run on the GPU)")
         if INTERPRET and x.dtype != torch.float16:
             raise ValueError(f"{name}: dtype {x.dtype} under TRITON_INTERPRET=1: Triton's CPU interpreter multiplies "
                              "bfloat16 and float8 as raw integers; only float16 is meaningful there")
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k, v: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
+        raise ValueError(f"{qkv}: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if not (q.device == k.device == v.device):
-        raise ValueError(f"q, k, v: on different devices ({q.device}, {k.device}, {v.device}); accepted: one device")
+        raise ValueError(f"{qkv}: on different devices ({q.device}, {k.device}, {v.device}); accepted: one device")
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
-        raise ValueError(f"q, k, v: shapes (B, H, N, d) must agree (B, H, d; k and v equal): "
+        raise ValueError(f"{qkv}: shapes (B, H, N, d) must agree (B, H, d; {nk} and {nv} equal): "
                          f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     if q.shape[-1] not in HEAD_DIMS:
-        raise ValueError(f"q: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS}")
+        raise ValueError(f"{nq}: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS}")
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"k, v: head dim {k.shape[-1]} differs from q's {q.shape[-1]}; accepted: equal head dims")
-    for name, x in (("q", q), ("k", k)):
+        raise ValueError(f"{nk}, {nv}: head dim {k.shape[-1]} differs from {nq}'s {q.shape[-1]}; accepted: equal "
+                         "head dims")
+    for name, x in ((nq, q), (nk, k)):
         if x.shape[2] * x.shape[3] >= 2**31:
             raise ValueError(f"{name}: N * d = {x.shape[2] * x.shape[3]}; accepted: below 2^31 (the kernels index the "
                              "rows of one head with 32-bit offsets)")
+
+
+def _config(config: Config | None) -> Config | None:
+    """``config`` if it is a :class:`Config` or None (Config itself refuses tiles the kernels cannot run)."""
+    if config is not None and not isinstance(config, Config):
+        raise TypeError(f"config: expected a gpu.configs.Config or None (the tuned tiles), got {type(config).__name__}")
+    return config
 
 
 def _flag(x: bool, name: str) -> bool:
@@ -189,7 +201,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
         raise TypeError(f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
                         f"got {type(softmax).__name__}")
     with _on(q):
-        return _forward(q, k, v, causal, scale, softmax, config, debug, kernel)
+        return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel)
 
 
 def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool,
@@ -304,7 +316,7 @@ def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
     scale = _scale(sm_scale, q.shape[-1])
     causal = _flag(causal, "causal")
     with _on(q):
-        return _backward(q, k, v, o, lse, do, causal, scale, config)
+        return _backward(q, k, v, o, lse, do, causal, scale, _config(config))
 
 
 def _backward(q, k, v, o, lse, do, causal: bool, scale: float,
@@ -366,8 +378,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise ValueError(f"dropout_p: only 0.0 is supported, got {dropout_p!r}")
     if enable_gqa:
         raise ValueError("enable_gqa: grouped-query attention is not supported")
-    if isinstance(query, torch.Tensor) and query.dim() == 4:  # else forward names what is wrong
-        _scale(scale, query.shape[-1], "scale")
+    _check(query, key, value, names=("query", "key", "value"))  # errors name this function's arguments
+    _scale(scale, query.shape[-1], "scale")
     return attention(query, key, value, causal=_flag(is_causal, "is_causal"), sm_scale=scale, softmax=softmax)
 
 

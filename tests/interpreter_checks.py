@@ -152,8 +152,14 @@ def check_arguments(causal: bool) -> None:
         _raises(ValueError, "sm_scale: expected a finite positive number", fwd, q, k, v, sm_scale=bad)
     _raises(ValueError, "scale: expected a finite positive", flash.scaled_dot_product_attention, q, k, v, scale=1e-50)
     _raises(TypeError, "softmax: expected a name", fwd, q, k, v, softmax=["standard"])
+    _raises(TypeError, "config: expected a gpu.configs.Config or None", fwd, q, k, v, config=(64, 64, 4, 2))
     k128 = torch.randn(1, 2, 16, 128).to(torch.float16)
     _raises(ValueError, "k, v: head dim 128 differs from q's 64", fwd, q, k128, k128)
+    sdpa = flash.scaled_dot_product_attention  # its errors name its own arguments
+    _raises(ValueError, "key, value: head dim 128 differs from query's 64", sdpa, q, k128, k128)
+    _raises(TypeError, "value: expected a torch.Tensor", sdpa, q, k, None)
+    _raises(ValueError, "query, key, value: shapes (B, H, N, d) must agree (B, H, d; key and value equal)", sdpa, q,
+            k[:, :1], v)
     long = torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 1, 2**25, 64)  # stride 0: no memory
     _raises(ValueError, "q: N * d = 2147483648; accepted: below 2^31", fwd, long, long, long)
     meta = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="meta")
@@ -166,6 +172,7 @@ def check_arguments(causal: bool) -> None:
                        ("do", (o, lse, do.transpose(2, 3)[..., :16, :])), ("o", (o[:, :, :4], lse, do))):
         _raises(ValueError, f"{name}: ", bwd, q, k, v, *args, causal=causal)
     _raises(TypeError, "do: expected a torch.Tensor", bwd, q, k, v, o, lse, [1.0], causal=causal)
+    _raises(TypeError, "config: expected a gpu.configs.Config", bwd, q, k, v, o, lse, do, config={"block_m": 64})
     _raises(ValueError, "sm_scale: expected a finite positive", bwd, q, k, v, o, lse, do, causal=causal, sm_scale=0)
     want = bwd(q, k, v, o, lse, do, causal=causal)  # accepted: the same call with good arguments
     got = bwd(q, k, v, o, lse, do.transpose(2, 3).contiguous().transpose(2, 3), causal=causal)  # strides are fine

@@ -1,0 +1,26 @@
+"""gpu.configs.Config refuses tiles the kernels cannot run (no torch or GPU needed)."""
+
+import pytest
+
+from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, Config
+
+
+def test_tuned_tables_are_accepted():
+    for cfg in (*FWD_CONFIGS.values(), *BWD_CONFIGS.values()):
+        assert Config(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == cfg
+
+
+@pytest.mark.parametrize("field, bad", [
+    ("block_m", 0), ("block_m", 48), ("block_m", 8), ("block_m", 512), ("block_m", 64.0), ("block_m", True),
+    ("block_n", 0), ("block_n", -64), ("block_n", 96), ("num_warps", 0), ("num_warps", 3), ("num_warps", 32),
+])
+def test_bad_tiles_are_refused(field, bad):
+    args = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, field: bad}
+    with pytest.raises(ValueError, match=f"Config.{field}: expected a power of two"):
+        Config(**args)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 9, 2.0, None])
+def test_bad_stage_counts_are_refused(bad):
+    with pytest.raises(ValueError, match="Config.num_stages: expected an integer from 1 to 8"):
+        Config(64, 64, 4, bad)

@@ -378,9 +378,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
         raise ValueError(f"dropout_p: only 0.0 is supported, got {dropout_p!r}")
     if enable_gqa:
         raise ValueError("enable_gqa: grouped-query attention is not supported")
-    _check(query, key, value, names=("query", "key", "value"))  # errors name this function's arguments
-    _scale(scale, query.shape[-1], "scale")
-    return attention(query, key, value, causal=_flag(is_causal, "is_causal"), sm_scale=scale, softmax=softmax)
+    causal = _flag(is_causal, "is_causal")
+    try:
+        return attention(query, key, value, causal=causal, sm_scale=scale, softmax=softmax)
+    except (TypeError, ValueError):  # checked again only on failure (no host time on the way), to name
+        _check(query, key, value, names=("query", "key", "value"))  # this function's arguments
+        _scale(scale, query.shape[-1], "scale")
+        raise
 
 
 def lse_natural(lse: torch.Tensor) -> torch.Tensor:

@@ -6,8 +6,9 @@
 #   OUT=/path/to/empty/folder bash gpu/run_checks.sh [MAX_LEN] [PYTEST_K]
 #
 # With cold compile caches the GPU tests alone outlast one device call (2026-11-25: 31 of 32 in 585 s on the
-# lent H100); PYTEST_K runs the tests that pytest's -k selects and skips the cross-check, so two calls cover
-# them: `... run_checks.sh 200 "fp64"` and `... run_checks.sh 200 "not fp64"`.
+# lent H100); PYTEST_K runs the tests that pytest's -k selects and skips the cross-check, so three calls cover
+# them: `... run_checks.sh 200 "fp64"` (24 tests, ~140 s), `... run_checks.sh 200 "not fp64 and not
+# two_p_equal_one"` (13 tests, ~580 s cold) and `... run_checks.sh 200 "two_p_equal_one"` (~40 s).
 #
 set -uo pipefail
 cd "$(dirname "$0")/.."

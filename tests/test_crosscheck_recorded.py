@@ -186,3 +186,21 @@ def test_output_step_nan_encoding():
     for bad in (0x3F80, 1 << 16, -1, 0x7FFF + 0.5):
         with pytest.raises(ValueError, match="Op.nan_bits: expected an encoding of a NaN of bf16"):
             Op("bf16", nan_bits=bad)
+
+
+def test_replay_start_and_stop_bookkeeping():
+    """gpu/run_attention.py --sections replay --replay-from K: the start is checked against the recording, and
+    the result says which runs a call compared (no GPU needed for the cases that run nothing)."""
+    pytest.importorskip("torch")
+    from gpu.crosscheck import recorded_runs
+    from gpu.run_attention import replay
+    n = len(recorded_runs())
+    for bad in (-1, n + 1):
+        with pytest.raises(ValueError, match=rf"--replay-from must be in 0\.\.{n} \(recorded runs\), got {bad}"):
+            replay({}, float("inf"), bad)
+    res: dict = {}
+    replay(res, float("inf"), n)  # from the end: nothing left to compare
+    assert res["replay"] == {"identical": 0, "differ": [], "runs": [n, n], "of": n}
+    res = {}
+    replay(res, 0.0, 5)  # past the deadline before the first run
+    assert res["replay_stopped"] == f"time, before run 5 of {n}" and res["replay"]["runs"] == [5, 5]

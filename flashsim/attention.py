@@ -71,10 +71,11 @@ class _Pipeline:
             if visible is not None:
                 s = self._fill(s, visible)
         elif where == "max" and pol.mask.how in ("add", "select") and visible is not None:
-            add = pol.mask.how == "add"  # the tutorial's bias; select: an FMA with a zero addend, then value
-            bias = arith.cast(np.where(visible, 0.0, pol.mask.value if add else 0.0), pol.scale.fmt)
-            s = arith.fma(s, c, bias, pol.scale, tr, "mask")  # Triton's diagonal block: qk*scale + bias
-            if not add:
+            # Triton's diagonal block: qk*scale + bias as one FMA ('add': the tutorial's bias on masked entries;
+            # 'select': the entries it would bias are set to the value after the FMA, so a zero addend suffices)
+            bias = np.where(visible, 0.0, pol.mask.value) if pol.mask.how == "add" else np.zeros(s.shape)
+            s = arith.fma(s, c, arith.cast(bias, pol.scale.fmt), pol.scale, tr, "mask")
+            if pol.mask.how == "select":
                 s = self._fill(s, visible)
             scaled = True
         elif visible is not None:

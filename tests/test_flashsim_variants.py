@@ -103,3 +103,25 @@ def test_variant_arguments_are_checked():
     with pytest.raises(ValueError, match="p_precision"):
         fs.RobustSoftmax(p_precision=1)
     assert fs.get_softmax("robust", beta=3.0).beta == 3.0
+
+
+@pytest.mark.parametrize("softmax", ["standard", "stabilised", "robust"])
+def test_triton_policy_masks_by_select(softmax):
+    """triton_h100 models the kernels' causal select (Mask(-inf, 'select')): a later key scoring more than 1e6
+    (log2 units) above a row's own key, or a NaN key, leaves the earlier rows alone.  Under the tutorial's bias
+    alone (Mask(-1e6, 'add'), the same FMA) the later key wins row 0 and the NaN reaches the rows before it."""
+    import dataclasses
+    select = fs.triton_policy("fp16", block_m=64, block_n=64, num_warps=4)
+    bias = dataclasses.replace(select, mask=fs.specs.Mask(-1.0e6, "add"))
+    q, k, v = (np.zeros((2, 64), np.float16) for _ in range(3))
+    q[0], k[0], v[1] = -300.0, 300.0, 1.0  # row 0's only visible key scores -1.04e6 in log2 units
+    o_sel = fs.flash_forward(q, k, v, select, softmax=softmax, causal=True).o
+    o_bias = fs.flash_forward(q, k, v, bias, softmax=softmax, causal=True).o
+    assert o_sel[0, 0] == 0.0 and o_bias[0, 0] == 1.0  # v of key 0 / of the masked key 1
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal((20, 64)).astype(np.float16) for _ in range(3))
+    k[12, 3] = np.nan
+    o_sel = fs.flash_forward(q, k, v, select, softmax=softmax, causal=True).o
+    o_bias = fs.flash_forward(q, k, v, bias, softmax=softmax, causal=True).o
+    assert not np.isnan(o_sel[:12]).any() and np.isnan(o_sel[12:]).all()
+    assert np.isnan(o_bias[:12]).any()

@@ -199,15 +199,18 @@ def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, ep
                   band_t, max_shift_raw, max_shift_t, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
                   SOFTMAX: tl.constexpr):
     """A block with masked columns (ragged end, causal diagonal): the causal diagonal by _diag_block, the
-    others by _plain_block on scores with the columns past N_K at -inf."""
+    others by _plain_block on scores with the columns past N_K at -inf.  Without causal masking no block is
+    diagonal, and the diagonal path is not compiled at all (it used to be, behind a run-time test that never
+    held, and its code moved the rest of the kernel's: docs/performance.md)."""
     cols = start_n + offs_n
     col_ok = cols < N_K
     if CAUSAL:
-        diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
-    else:
-        diag = start_n < 0
-    if diag:
-        m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX)
+        if tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row:
+            m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t,
+                                   SOFTMAX)
+        else:
+            qk = tl.where(col_ok[None, :], qk, float("-inf"))
+            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
     else:
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
         m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)

@@ -204,13 +204,11 @@ def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, ep
     held, and its code moved the rest of the kernel's: docs/performance.md)."""
     cols = start_n + offs_n
     col_ok = cols < N_K
+    diag = False  # a constant unless CAUSAL: the test below is then decided at compile time
     if CAUSAL:
-        if tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row:
-            m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t,
-                                   SOFTMAX)
-        else:
-            qk = tl.where(col_ok[None, :], qk, float("-inf"))
-            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+        diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
+    if diag:
+        m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX)
     else:
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
         m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)

@@ -200,8 +200,8 @@ def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, ep
                   SOFTMAX: tl.constexpr):
     """A block with masked columns (ragged end, causal diagonal): the causal diagonal by _diag_block, the
     others by _plain_block on scores with the columns past N_K at -inf.  Without causal masking no block is
-    diagonal, and the diagonal path is not compiled at all (it used to be, behind a run-time test that never
-    held, and its code moved the rest of the kernel's: docs/performance.md)."""
+    diagonal and the diagonal path is not compiled, so its code cannot shape the rest of the kernel's
+    (measured: docs/performance.md)."""
     cols = start_n + offs_n
     col_ok = cols < N_K
     diag = False  # a constant unless CAUSAL: the test below is then decided at compile time

@@ -1,22 +1,29 @@
-"""The split-softmax overlap kernel (split_softmax.patch) against the committed kernels, in one process.
+"""The forward kernels of this tree against those of a base commit, in one process: bits, then paired fix costs.
 
-On the GPU machine, from the repository root at commit ea23731:
+On the GPU machine, from the repository root, with the base's kernels saved beside the tree (BASE a commit):
 
     mkdir -p /tmp/base && touch /tmp/base/__init__.py
-    git show ea23731:gpu/kernels/fwd.py | sed 's/^from .interpreter/from gpu.kernels.interpreter/' \
+    git show BASE:gpu/kernels/fwd.py | sed 's/^from .interpreter/from gpu.kernels.interpreter/' \
         > /tmp/base/old_fwd.py
-    git show ea23731:gpu/kernels/fwd_overlap.py | sed 's/^from .fwd import/from base.old_fwd import/' \
+    git show BASE:gpu/kernels/fwd_overlap.py | sed 's/^from .fwd import/from base.old_fwd import/' \
         > /tmp/base/old_overlap.py
-    git apply docs/experiments/fix-cost/split_softmax.patch
-    OUT=$OUT PYTHONPATH=.:/tmp python docs/experiments/fix-cost/bench_split.py
+    OUT=$OUT PYTHONPATH=.:/tmp python docs/experiments/fix-cost/bench_vs_base.py [--shapes 128x4096,...]
+        [--causal no,yes] [--passes 2] [--json NAME]
 
-Warms Triton's cache from 15 processes, checks that the patched overlap kernel and the committed overlap and tl
-kernels give the patched tl kernel's bits (O and LSE) on adversarial inputs, then times all four with
-benchmarks/fix_cost.py's paired rounds (two passes) and writes $OUT/split_softmax.json (results.json
-``fix_cost_investigation.runs.split_softmax``).  The recorded run (2026-11-25) ran this logic from an
-untracked copy (the committed kernels as scratch.old_*, bits compared with torch.equal).
+Warms Triton's cache from 15 processes, checks that this tree's overlap kernel and the base's overlap and tl
+kernels give this tree's tl kernel's bits (O and LSE) on adversarial inputs, then times all four ('new',
+'old', 'triton', 'triton-old') with benchmarks/fix_cost.py's paired rounds and writes $OUT/NAME.
+
+Recorded runs (results.json ``fix_cost_investigation.runs``), from untracked copies of this logic (the base
+kernels as scratch.old_*, bits compared with torch.equal):
+
+- ``split_softmax``: BASE = ea23731 with `git apply docs/experiments/fix-cost/split_softmax.patch`; defaults.
+- ``dead_diag``: BASE = c654a69, the tree at f7fbb43; ``--shapes 64x4096,64x16384,128x4096 --causal no
+  --passes 3 --json dead_diag.json`` (the bit check on d=64/128 without causal masking, N=4096 randn and
+  N=1000 repeated, large and sink).
 """
 
+import argparse
 import json
 import multiprocessing as mp
 import os
@@ -26,13 +33,12 @@ import time
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
-SHAPES = [(128, 4096), (128, 16384), (64, 4096)]
 _OLD: dict = {}
 _NEW: tuple = ()
 
 
 def use(which: str) -> None:
-    """Route flash's overlap and tl launches to the committed ('old') or the patched ('new') kernels."""
+    """Route flash's overlap and tl launches to the base commit's ('old') or this tree's ('new') kernels."""
     from gpu import flash
     from gpu.launch import Launcher
     if which == "old":
@@ -60,10 +66,18 @@ def warm(args) -> str:
     return f"{args} compiled"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     global _NEW
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="128x4096,128x16384,64x4096", help="d x N, comma-separated")
+    ap.add_argument("--causal", default="no,yes")
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--json", default="split_softmax.json", help="file name under $OUT")
+    a = ap.parse_args(argv)
+    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
+    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
     t0 = time.time()
-    jobs = [(d, c, w, n) for d in (64, 128) for c in (False, True) for w in ("old", "new") for n in (4096, 1000)]
+    jobs = [(d, c, w, n) for d in (64, 128) for c in causals for w in ("old", "new") for n in (4096, 1000)]
     with mp.get_context("spawn").Pool(15) as pool:
         for line in pool.imap_unordered(warm, jobs):
             print(line, f"{time.time() - t0:.0f}s", flush=True)
@@ -79,7 +93,7 @@ def main() -> None:
         for kind, n in (("randn", 4096), ("repeated", 4096), ("repeated", 1000), ("large", 1000), ("sink", 1000)):
             shape = (2, 4, n, d)
             q, k, v = rand(shape, torch.bfloat16) if kind == "randn" else kind_inputs(kind, "bf16", shape, 3)[:3]
-            for causal in (False, True):
+            for causal in causals:
                 for sm in flash.SOFTMAX_IDS:
                     ref = flash.forward(q, k, v, causal=causal, softmax=sm, kernel="triton")
                     for which, kernel in (("new", "overlap"), ("old", "overlap"), ("old", "triton")):
@@ -90,13 +104,13 @@ def main() -> None:
                         if not all((bits_of(a) == bits_of(b)).all() for a, b in zip(got[:2], ref[:2], strict=True)):
                             bad += 1
                             print("DIFFERENT", d, kind, n, causal, sm, which, kernel, flush=True)
-    print(f"bits: {total - bad} of {total} runs identical to the patched tl kernel", flush=True)
+    print(f"bits: {total - bad} of {total} runs identical to this tree's tl kernel", flush=True)
     rows = []
     print("| d | N | causal | kernel | standard | stabilised | robust | stab cost | robust cost |")
-    for d, n in SHAPES:
+    for d, n in shapes:
         q, k, v = rand((4, 32, n, d), torch.bfloat16)
-        for causal in (False, True):
-            for rnd in range(2):
+        for causal in causals:
+            for rnd in range(a.passes):
                 for which in ("new", "old", "triton", "triton-old"):
                     use("old" if which.endswith("old") else "new")
                     m = fix_cost.measure(q, k, v, causal, "triton" if which.startswith("triton") else "overlap", 10)
@@ -110,7 +124,7 @@ def main() -> None:
                           f"{row['robust_cost']['median']:+.1f}% |", flush=True)
         del q, k, v
         torch.cuda.empty_cache()
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), "split_softmax.json"), "w") as f:
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
         json.dump({"env": fix_cost.env(), "rows": rows}, f)
 
 

@@ -59,15 +59,24 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr).reshape(-1).view(fmt.uint)
 
 
+# Every kernel reads float64 values (or int64 encodings) and writes uint32 encodings (uint64 for FP64),
+# whatever the formats: one Numba specialisation per kernel.  A specialisation per combination of operand
+# and output dtypes cost 30-80 s of cold compilation each (2 cores) and put CI past 50 minutes; the
+# widening passes cost far less.
 def new_output(fmt: Format, n: int) -> np.ndarray:
-    """Flat buffer of encodings, which is what every kernel writes."""
-    return np.empty(n, dtype=fmt.uint)
+    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats)."""
+    return np.empty(n, dtype=np.uint32 if fmt.width <= 32 else np.uint64)
+
+
+def output_bits(out: np.ndarray, fmt: Format) -> np.ndarray:
+    """A kernel's uint32 encodings in the format's own unsigned dtype."""
+    return out if out.dtype == fmt.uint else out.astype(fmt.uint)
 
 
 def finish_output(out: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
-    """Encodings as an array of the format's carrier dtype (a view when it has a dtype)."""
+    """Encodings as an array of the format's carrier dtype."""
     if fmt.dtype is not None:
-        return out.view(fmt.dtype).reshape(shape)
+        return output_bits(out, fmt).view(fmt.dtype).reshape(shape)
     return decode_bits(out, fmt).astype(fmt.carrier).reshape(shape)
 
 
@@ -92,25 +101,22 @@ def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
     flat = np.ascontiguousarray(bits).reshape(-1)
     if fmt.width <= 16:
         return lut(fmt)[flat.astype(np.intp)].reshape(np.shape(bits))
-    return _decode_kernel(flat, fmt.params).reshape(np.shape(bits))
+    return _decode_kernel(flat.astype(np.int64), fmt.params).reshape(np.shape(bits))
 
 
-_EMPTY_LUT = np.empty(0, np.float64)
+def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> np.ndarray:
+    """An operand broadcast to ``shape``, as a flat contiguous float64 array of its exact values.
 
-
-def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """(flat array, lookup table, format params) for an operand broadcast to ``shape``.
-
-    Narrow formats travel as their encodings plus a decode table; float32 and
-    float64 as values.  Operands must be exactly representable in FP32: the
-    exact-arithmetic core relies on it.
+    Operands must be exactly representable in FP32: the exact-arithmetic core relies on it.
     """
-    fmt = source_format(arr)
     check_fp32_values(arr, argname)
-    full = np.ascontiguousarray(np.broadcast_to(arr, shape)).reshape(-1)
+    fmt = source_format(arr)
     if fmt.width <= 16:
-        return full.view(fmt.uint), lut(fmt), fmt.params
-    return full, _EMPTY_LUT, fmt.params
+        values = lut(fmt)[arr.view(fmt.uint)]  # same itemsize: a view of any layout, 0-d included
+    else:
+        with np.errstate(invalid="ignore"):  # signalling NaNs widen to quiet ones: NaN is all the kernels see
+            values = arr.astype(np.float64, copy=False)
+    return np.ascontiguousarray(np.broadcast_to(values, shape)).reshape(-1)
 
 
 def check_fp32_values(arr: np.ndarray, argname: str) -> None:

@@ -343,25 +343,6 @@ def round_special(cls, sign, params) -> tuple:
     return enc_nan(sign, params), np.int64(0)
 
 
-# ---- typed load: one kernel body for bit arrays and float arrays --------------
-def load(arr, lut, idx):  # pragma: no cover - replaced by the overload in Numba code
-    raise NotImplementedError
-
-
-@nb.extending.overload(load)
-def _ol_load(arr, lut, idx):
-    """Element i as float64: integer arrays are encodings looked up in ``lut``."""
-    if isinstance(arr.dtype, nb.types.Integer):
-
-        def impl_bits(arr, lut, idx):
-            return lut[arr[idx]]
-        return impl_bits
-
-    def impl_float(arr, lut, idx):
-        return np.float64(arr[idx])
-    return impl_float
-
-
 # ---- the fast path: normal (or zero) in, normal out, decided without branches --
 BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
 FP64_PARAMS = (11, 52, 1023, SPEC_IEEE, 1, OVF_INF)
@@ -471,20 +452,3 @@ def fast_decode(bits, dplan) -> tuple:
     value = bits_f64(f64 if mag != 0 else sign << 63)
     ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | (np.int64(mag == 0) & (1 - (dplan[5] & sign)))
     return ok, value
-
-
-def load_fast(arr, dplan, idx):  # pragma: no cover - replaced by the overload in Numba code
-    raise NotImplementedError
-
-
-@nb.extending.overload(load_fast)
-def _ol_load_fast(arr, dplan, idx):
-    """(ok, value): encodings decoded by :func:`fast_decode`, floats read as they are."""
-    if isinstance(arr.dtype, nb.types.Integer):
-        def impl_bits(arr, dplan, idx):
-            return fast_decode(np.int64(arr[idx]), dplan)
-        return impl_bits
-
-    def impl_float(arr, dplan, idx):
-        return np.int64(1), np.float64(arr[idx])
-    return impl_float

@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from . import _core
-from .formats import FP64, Format, format_of_dtype
+from .formats import FP32, FP64, Format, format_of_dtype
 
 SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
 
@@ -59,8 +59,8 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(arr).reshape(-1).view(fmt.uint)
 
 
-# Every kernel reads float64 values (or int64 encodings) and writes uint32 encodings (uint64 for FP64),
-# whatever the formats: one Numba specialisation per kernel.  A specialisation per combination of operand
+# Every kernel reads uint32 (or int64) encodings and writes uint32 encodings (uint64 for FP64), whatever
+# the formats: one Numba specialisation per kernel.  A specialisation per combination of operand
 # and output dtypes cost 30-80 s of cold compilation each (2 cores) and put CI past 50 minutes; the
 # widening passes cost far less.
 def new_output(fmt: Format, n: int) -> np.ndarray:
@@ -96,6 +96,9 @@ def _decode_kernel(bits, params):
     return out
 
 
+_EMPTY_LUT = np.empty(0, np.float64)
+
+
 def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
     """float64 values of encodings (any integer array)."""
     flat = np.ascontiguousarray(bits).reshape(-1)
@@ -104,19 +107,21 @@ def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
     return _decode_kernel(flat.astype(np.int64), fmt.params).reshape(np.shape(bits))
 
 
-def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> np.ndarray:
-    """An operand broadcast to ``shape``, as a flat contiguous float64 array of its exact values.
+def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """(flat uint32 encodings, decode table, format params) of an operand broadcast to ``shape``.
 
+    Formats of at most 16 bits travel as their encodings (widened) with their decode table; float32 as its
+    bits (no copy when contiguous), float64 as the FP32 encodings of its values, with an empty table.
     Operands must be exactly representable in FP32: the exact-arithmetic core relies on it.
     """
     check_fp32_values(arr, argname)
     fmt = source_format(arr)
     if fmt.width <= 16:
-        values = lut(fmt)[arr.view(fmt.uint)]  # same itemsize: a view of any layout, 0-d included
-    else:
-        with np.errstate(invalid="ignore"):  # signalling NaNs widen to quiet ones: NaN is all the kernels see
-            values = arr.astype(np.float64, copy=False)
-    return np.ascontiguousarray(np.broadcast_to(values, shape)).reshape(-1)
+        return np.broadcast_to(arr.view(fmt.uint), shape).astype(np.uint32).reshape(-1), lut(fmt), fmt.params
+    if fmt == FP64:
+        with np.errstate(invalid="ignore"):  # NaN stays NaN (the kernels look at nothing more)
+            arr = arr.astype(np.float32)
+    return np.ascontiguousarray(np.broadcast_to(arr, shape)).reshape(-1).view(np.uint32), _EMPTY_LUT, FP32.params
 
 
 def check_fp32_values(arr: np.ndarray, argname: str) -> None:

@@ -343,6 +343,21 @@ def round_special(cls, sign, params) -> tuple:
     return enc_nan(sign, params), np.int64(0)
 
 
+# ---- operands: uint32 encodings (see emufloat._arrays.operand) -----------------
+@nb.njit(inline="always", cache=True)
+def f32_value(b) -> np.float64:
+    """The value of an FP32 encoding, exactly (subnormals, infinities and NaN included)."""
+    return np.float64(np.uint32(b).view(np.float32))
+
+
+@nb.njit(inline="always", cache=True)
+def load(bits, lut, idx) -> np.float64:
+    """Operand element idx: a narrow format's encoding through its decode table, or FP32 when lut is empty."""
+    if lut.size:
+        return lut[bits[idx]]
+    return f32_value(bits[idx])
+
+
 # ---- the fast path: normal (or zero) in, normal out, decided without branches --
 BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
 FP64_PARAMS = (11, 52, 1023, SPEC_IEEE, 1, OVF_INF)
@@ -452,3 +467,12 @@ def fast_decode(bits, dplan) -> tuple:
     value = bits_f64(f64 if mag != 0 else sign << 63)
     ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | (np.int64(mag == 0) & (1 - (dplan[5] & sign)))
     return ok, value
+
+
+@nb.njit(inline="always", cache=True)
+def load_fast(bits, lut, dplan, idx) -> tuple:
+    """(ok, value) of operand element idx for the fast path: narrow encodings by :func:`fast_decode`
+    (ok for normal numbers and zeros), FP32 ones as they are (always ok)."""
+    if lut.size:
+        return fast_decode(np.int64(bits[idx]), dplan)
+    return np.int64(1), f32_value(bits[idx])

@@ -32,13 +32,13 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
             n_declined = 0
             if mode == SR:
                 for i in range(lo, hi):
-                    ok, enc = _core.fast_round(src[i], plan, random_bits(seed, i, srbits))
+                    ok, enc = _core.fast_round(np.int64(src[i]), plan, random_bits(seed, i, srbits))
                     out[i] = enc
                     declined[i - lo] = 1 - ok
                     n_declined += 1 - ok
             else:
                 for i in range(lo, hi):
-                    ok, enc = _core.fast_round(src[i], plan, 0)
+                    ok, enc = _core.fast_round(np.int64(src[i]), plan, 0)
                     out[i] = enc
                     declined[i - lo] = 1 - ok
                     n_declined += 1 - ok
@@ -47,7 +47,7 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
         for i in range(lo, hi):
             if declined[i - lo] == 0:
                 continue
-            bits = src[i]
+            bits = np.int64(src[i])
             rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
             cls, sign, sig, exp = _core.decode_parts(bits, src_params)
             if cls == _core.CLS_FINITE:
@@ -70,7 +70,7 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     rnd = as_rounding(rounding)
     check_trace(trace)
     sfmt = _arrays.source_format(src)
-    bits = _arrays.flat_bits(src).astype(np.int64)  # one kernel signature for every source format
+    bits = _arrays.flat_bits(src).astype(np.uint32 if sfmt.width <= 32 else np.uint64, copy=False)  # 2 signatures
     n = bits.size
     out = _arrays.new_output(fmt, n)
     tracing = trace is not None

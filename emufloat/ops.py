@@ -118,7 +118,8 @@ def _exact_sum_operands(op, x, y, z):
 
 
 @nb.njit(parallel=True, cache=True)
-def _arith_kernel(op, a, b, c, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
+def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits,
+                  ex_hi, ex_lo, flags, tracing):
     """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
 
     Block by block as in the cast kernel: add, sub, mul and fma first take the
@@ -129,6 +130,9 @@ def _arith_kernel(op, a, b, c, out, params, mode, seed, srbits, ex_hi, ex_lo, fl
     fast_op = op == ADD or op == SUB or op == MUL or op == FMA
     plan = _core.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
     mb = params[1]
+    adp = _core.decode_plan(ap)
+    bdp = _core.decode_plan(bp)
+    cdp = _core.decode_plan(cp)
     for blk in nb.prange((n + _core.BLOCK - 1) // _core.BLOCK):
         lo = blk * _core.BLOCK
         hi = min(lo + _core.BLOCK, n)
@@ -139,12 +143,15 @@ def _arith_kernel(op, a, b, c, out, params, mode, seed, srbits, ex_hi, ex_lo, fl
         else:
             n_declined = 0
             for i in range(lo, hi):
-                u, v = _exact_sum_operands(op, a[i], b[i], c[i])
+                oka, x = _core.load_fast(a, alut, adp, i)
+                okb, y = _core.load_fast(b, blut, bdp, i)
+                okc, z = _core.load_fast(c, clut, cdp, i)
+                u, v = _exact_sum_operands(op, x, y, z)
                 s, t = _core.two_sum(u, v)
                 rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
                 ok, enc = _core.fast_round_dd(s, t, plan, mb, mode, rnd)
                 # exact zero sums take their sign from the rounding mode: general path
-                ok &= np.int64(s != 0.0) | np.int64(op == MUL)
+                ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
                 out[i] = enc
                 declined[i - lo] = 1 - ok
                 n_declined += 1 - ok
@@ -153,9 +160,9 @@ def _arith_kernel(op, a, b, c, out, params, mode, seed, srbits, ex_hi, ex_lo, fl
         for i in range(lo, hi):
             if declined[i - lo] == 0:
                 continue
-            x = a[i]
-            y = b[i]
-            z = c[i]
+            x = _core.load(a, alut, i)
+            y = _core.load(b, blut, i)
+            z = _core.load(c, clut, i)
             rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
             s = 0.0  # the exact result is s + t (s alone when not finite or zero)
             t = 0.0
@@ -275,7 +282,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     code = op_code if extra_code is None else extra_code
     with _arrays.threads_for(n):
         bad = _arith_kernel(
-            code, *flat,
+            code, *flat[0], *flat[1], *flat[2],
             out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing,
         )
     _arrays.check_no_nan_format(bad, f, op_name)

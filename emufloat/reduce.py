@@ -92,7 +92,7 @@ def _to_f64(zero, sign, sig, exp, sticky):
 
 
 @nb.njit(parallel=True, cache=True)
-def _sum_kernel(x, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
+def _sum_kernel(x, lut, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
     for r in nb.prange(rows):
         acc = np.zeros(_NLIMB, np.int64)
         nan = False
@@ -101,7 +101,7 @@ def _sum_kernel(x, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags
         ref = np.int64(-(1 << 20))
         all_neg_zero = True
         for j in range(k):
-            v = x[r * k + j]
+            v = _core.load(x, lut, r * k + j)
             cls, sign, sig, exp = _core.f64_parts(v)
             if cls == _core.CLS_NAN:
                 nan = True
@@ -179,12 +179,12 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     shape = moved.shape[:-1]
     k = moved.shape[-1]
     rows = math.prod(shape)
-    flat = _arrays.operand(moved, moved.shape, "x")
+    flat, lut, _params = _arrays.operand(moved, moved.shape, "x")
     out = _arrays.new_output(f, rows)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)
     with _arrays.threads_for(rows * k):
-        _sum_kernel(flat, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
+        _sum_kernel(flat, lut, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
                     ex_hi, ex_lo, flags, tracing)
     if not f.has_nan and rows:
         vals = moved.astype(np.float64)

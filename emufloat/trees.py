@@ -309,14 +309,14 @@ def _cast(v, params, mode, rnd, srbits):
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_sum_kernel(x, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing):
+def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing):
     """Row by row along the tree; when tracing, step k of row r writes event r * nsteps + k (its two
     addends, its exact sum and flags) and the rounded values stay in ``ops[2]``."""
     nsteps = prog.shape[0]
     for r in nb.prange(rows):
         buf = np.empty(n + nsteps)
         for j in range(n):
-            buf[j] = x[r * n + j]
+            buf[j] = _core.load(x, lut, r * n + j)
         if nsteps == 0:
             rnd = random_bits(seed, r, srbits) if mode == SR else np.int64(0)
             enc, _v = _cast(buf[0], params, mode, rnd, srbits)
@@ -342,12 +342,12 @@ def _tree_sum_kernel(x, rows, n, prog, out, bad, params, mode, seed, srbits, ops
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_max_kernel(x, rows, n, prog, out, op):
+def _tree_max_kernel(x, lut, rows, n, prog, out, op):
     nsteps = prog.shape[0]
     for r in nb.prange(rows):
         buf = np.empty(n + nsteps)
         for j in range(n):
-            buf[j] = x[r * n + j]
+            buf[j] = _core.load(x, lut, r * n + j)
         for k in range(nsteps):
             buf[n + k] = _minmax(op, buf[prog[k, 0]], buf[prog[k, 1]])
         v = buf[n + nsteps - 1]
@@ -364,7 +364,8 @@ def _rows_of(x, tree: ReductionTree, argname: str = "x"):
         raise ValueError(f"{argname}: the last axis has length {arr.shape[-1]}, but the tree has "
                          f"{tree.n_leaves} leaves")
     shape = arr.shape[:-1]
-    return arr, shape, math.prod(shape), _arrays.operand(arr, arr.shape, argname)
+    flat, lut, _params = _arrays.operand(arr, arr.shape, argname)
+    return arr, shape, math.prod(shape), flat, lut
 
 
 def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne", *,
@@ -384,7 +385,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     its ``cast``).
     """
     check_trace(trace)
-    arr, shape, rows, flat = _rows_of(x, tree)
+    arr, shape, rows, flat, lut = _rows_of(x, tree)
     f = _result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
     out = _arrays.new_output(f, rows)
@@ -397,7 +398,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     ops = np.empty((3, n_ev))
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n_ev, trace is not None)
     with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_sum_kernel(flat, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
+        _tree_sum_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
                          np.uint64(rnd.seed), rnd.bits, ops, ex_hi, ex_lo, flags, trace is not None)
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
     result = _arrays.finish_output(out, f, shape)
@@ -417,8 +418,8 @@ def tree_max(x, tree: ReductionTree, *, propagate_nan: bool = False) -> np.ndarr
     any NaN wins); ``-0 < +0`` in both.  Exact, so the order only matters for which zero or NaN comes
     out; a NaN result is the canonical quiet NaN.  Returns values of ``x``'s format, shape ``x.shape[:-1]``.
     """
-    arr, shape, rows, flat = _rows_of(x, tree)
+    arr, shape, rows, flat, lut = _rows_of(x, tree)
     out = np.empty(rows, np.float64)
     with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_max_kernel(flat, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)
+        _tree_max_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)
     return out.astype(_arrays.source_format(arr).carrier).reshape(shape)

@@ -467,12 +467,3 @@ def fast_decode(bits, dplan) -> tuple:
     value = bits_f64(f64 if mag != 0 else sign << 63)
     ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | (np.int64(mag == 0) & (1 - (dplan[5] & sign)))
     return ok, value
-
-
-@nb.njit(inline="always", cache=True)
-def load_fast(bits, lut, dplan, idx) -> tuple:
-    """(ok, value) of operand element idx for the fast path: narrow encodings by :func:`fast_decode`
-    (ok for normal numbers and zeros), FP32 ones as they are (always ok)."""
-    if lut.size:
-        return fast_decode(np.int64(bits[idx]), dplan)
-    return np.int64(1), f32_value(bits[idx])

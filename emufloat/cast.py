@@ -70,9 +70,9 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     rnd = as_rounding(rounding)
     check_trace(trace)
     sfmt = _arrays.source_format(src)
-    bits = _arrays.flat_bits(src).astype(np.uint32 if sfmt.width <= 32 else np.uint64, copy=False)  # 2 signatures
+    bits = _arrays.flat_bits(src)
     n = bits.size
-    out = _arrays.new_output(fmt, n)
+    out = _arrays.new_output(fmt, n, (bits,))
     tracing = trace is not None
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
     with _arrays.threads_for(n):

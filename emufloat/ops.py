@@ -143,9 +143,9 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
         else:
             n_declined = 0
             for i in range(lo, hi):
-                oka, x = _core.load_fast(a, alut, adp, i)
-                okb, y = _core.load_fast(b, blut, bdp, i)
-                okc, z = _core.load_fast(c, clut, cdp, i)
+                oka, x = _core.fast_decode(np.int64(a[i]), adp)  # FP32 too: no branch on the format here
+                okb, y = _core.fast_decode(np.int64(b[i]), bdp)
+                okc, z = _core.fast_decode(np.int64(c[i]), cdp)
                 u, v = _exact_sum_operands(op, x, y, z)
                 s, t = _core.two_sum(u, v)
                 rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
@@ -276,7 +276,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     while len(flat) < 3:
         flat.append(flat[0])
     n = math.prod(shape)
-    out = _arrays.new_output(f, n)
+    out = _arrays.new_output(f, n, tuple(a for a, _lut, _p in flat))
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
     code = op_code if extra_code is None else extra_code

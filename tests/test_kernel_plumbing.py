@@ -1,0 +1,74 @@
+"""How arrays reach emufloat's Numba kernels: one specialisation per kernel whatever the formats (each costs
+30-80 s of cold compilation), and outputs placed away from the operands modulo 4096 bytes."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import emufloat as ef
+from emufloat import _arrays, cast, ops
+from emufloat.formats import BF16, FP32
+
+
+def _operands():
+    x = np.array([1.5, -0.0, np.inf, np.nan, 1e-40, -3.0], np.float32)
+    ro = x.copy()
+    ro.flags.writeable = False
+    return x, ro
+
+
+def test_every_format_combination_shares_one_arithmetic_kernel():
+    x, ro = _operands()
+    calls = [
+        lambda: ef.add(x, x, "bf16"),
+        lambda: ef.add(x.astype(ml_dtypes.bfloat16), x.astype(ml_dtypes.float8_e4m3fn), "fp32"),
+        lambda: ef.mul(ro, 2.0, "e5m2"),
+        lambda: ef.fma(x.astype(np.float16), x.astype(ml_dtypes.bfloat16), x.astype(np.float64), "fp32"),
+        lambda: ef.div(ro[None, :], x[:, None], "fp16"),
+    ]
+    for call in calls:
+        call()
+    assert len(ops._arith_kernel.signatures) == 1, ops._arith_kernel.signatures
+
+
+def test_casts_compile_once_per_source_and_output_width():
+    x, ro = _operands()
+    for src in (x, ro, x.astype(ml_dtypes.bfloat16), x.astype(ml_dtypes.float8_e5m2), x.astype(np.float64)):
+        for fmt in ("e4m3fn", "fp16", "fp64"):
+            ef.quantize(src, fmt, "rtz")
+    kinds = {(str(sig[0].dtype), str(sig[2].dtype)) for sig in cast._cast_kernel.signatures}
+    assert kinds <= {(a, b) for a in ("uint32", "uint64") for b in ("uint32", "uint64")}, kinds
+    assert len(cast._cast_kernel.signatures) == len(kinds)  # read-only sources compile nothing new
+
+
+def test_read_only_and_broadcast_operands_give_the_same_bits():
+    x, ro = _operands()
+    want = ef.add(x, x[::-1].copy(), "bf16").view(np.uint16)
+    got = ef.add(ro, ro[::-1], "bf16").view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(ef.mul(x, 3.0, "fp32"), ef.mul(x, np.full(6, 3.0, np.float32), "fp32"))
+
+
+@pytest.mark.parametrize("offsets", [(16,), (0, 16), (16, 1040, 2064), (4080, 8)])
+def test_outputs_keep_clear_of_their_inputs_modulo_a_page(offsets):
+    n = 1 << 16
+    backing = [np.empty(n + 4096, np.uint8) for _ in offsets]
+    inputs = []
+    for buf, off in zip(backing, offsets, strict=True):
+        start = (-buf.ctypes.data + off) % 4096
+        inputs.append(buf[start:start + n])
+    out = _arrays.new_output(BF16, n // 4, tuple(inputs))
+    assert out.dtype == np.uint32 and out.shape == (n // 4,) and out.flags.writeable
+    at = out.ctypes.data % 4096
+    for a in inputs:
+        gap = (at - a.ctypes.data) % 4096
+        assert min(gap, 4096 - gap) >= 4096 // (2 * len(inputs)) - 64, (offsets, at)
+
+
+def test_operands_travel_as_uint32_encodings():
+    x, ro = _operands()
+    for arr, fmt in ((x, FP32), (x.astype(np.float64), FP32), (x.astype(ml_dtypes.bfloat16), BF16)):
+        bits, lut, params = _arrays.operand(arr, arr.shape, "a")
+        assert bits.dtype == np.uint32 and bits.flags.writeable and params == fmt.params
+        values = lut[bits] if lut.size else bits.view(np.float32).astype(np.float64)
+        np.testing.assert_array_equal(values, arr.astype(np.float64))

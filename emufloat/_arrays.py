@@ -64,29 +64,9 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 # whatever the formats: one Numba specialisation per kernel (at most four per cast).  A specialisation per
 # combination of operand and output dtypes cost 30-80 s of cold compilation each (2 cores) and put CI past
 # 50 minutes; the widening and narrowing passes cost far less.
-_PAGE = 4096
-
-
-def new_output(fmt: Format, n: int, inputs: tuple[np.ndarray, ...] = ()) -> np.ndarray:
-    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats).
-
-    Placed as far as it can be, modulo 4096 bytes, from the start of each of ``inputs`` (the arrays the
-    kernel streams through in step with it): an output 16 bytes past an operand modulo 4096, as
-    numpy's page-aligned allocations often are, makes every store alias a later load (x86 "4K aliasing"),
-    and a bf16 add ran at 18-20 instead of 7 ns per element (2**22 elements; measured).
-    """
-    dtype = np.dtype(np.uint32 if fmt.width <= 32 else np.uint64)
-    if not inputs or n * dtype.itemsize < _PAGE:
-        return np.empty(n, dtype)
-    buf = np.empty(n + _PAGE // dtype.itemsize, dtype)
-    starts = [a.ctypes.data % _PAGE for a in inputs]
-
-    def clearance(skip: int) -> int:
-        at = (buf.ctypes.data + skip * dtype.itemsize) % _PAGE
-        return min(min((at - s) % _PAGE, (s - at) % _PAGE) for s in starts)
-
-    skip = max(range(0, _PAGE // dtype.itemsize, 64 // dtype.itemsize), key=clearance)
-    return buf[skip:skip + n]
+def new_output(fmt: Format, n: int) -> np.ndarray:
+    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats)."""
+    return np.empty(n, dtype=np.uint32 if fmt.width <= 32 else np.uint64)
 
 
 def output_bits(out: np.ndarray, fmt: Format) -> np.ndarray:

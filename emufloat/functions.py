@@ -150,7 +150,7 @@ def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Round
     check_trace(trace)
     _arrays.check_fp32_values(arr, "x")
     flat = np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
-    out = _arrays.new_output(f, flat.size, (flat,))
+    out = _arrays.new_output(f, flat.size)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(flat.size, tracing)
     with _arrays.threads_for(flat.size):

@@ -276,7 +276,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     while len(flat) < 3:
         flat.append(flat[0])
     n = math.prod(shape)
-    out = _arrays.new_output(f, n, tuple(a for a, _lut, _p in flat))
+    out = _arrays.new_output(f, n)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
     code = op_code if extra_code is None else extra_code

@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.trials):
         a, b = x.astype(ml_dtypes.bfloat16), y.astype(ml_dtypes.bfloat16)
         keep.append((a, b))
-        call = {"add": lambda: ef.add(a, b), "mul": lambda: ef.mul(a, b),
+        call = {"add": lambda a=a, b=b: ef.add(a, b), "mul": lambda a=a, b=b: ef.mul(a, b),
                 "quantize": lambda: ef.quantize(x.copy(), "bf16")}[args.op]
         call()
         best = float("inf")

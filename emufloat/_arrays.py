@@ -70,7 +70,7 @@ def new_output(fmt: Format, n: int) -> np.ndarray:
 
 
 def output_bits(out: np.ndarray, fmt: Format) -> np.ndarray:
-    """A kernel's uint32 encodings in the format's own unsigned dtype."""
+    """A kernel's encodings (uint32 or uint64) in the format's own unsigned dtype."""
     return out if out.dtype == fmt.uint else out.astype(fmt.uint)
 
 

@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from . import _core
-from .formats import FP32, FP64, Format, format_of_dtype
+from .formats import FP64, Format, format_of_dtype
 
 SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
 
@@ -116,14 +116,12 @@ def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.n
     Operands must be exactly representable in FP32: the exact-arithmetic core relies on it.
     """
     check_fp32_values(arr, argname)
-    fmt = source_format(arr)
-    if fmt.width <= 16:
-        return np.broadcast_to(arr.view(fmt.uint), shape).astype(np.uint32).reshape(-1), lut(fmt), fmt.params
-    if fmt == FP64:
+    if source_format(arr) == FP64:
         with np.errstate(invalid="ignore"):  # NaN stays NaN (the kernels look at nothing more)
             arr = arr.astype(np.float32)
-    bits = np.ascontiguousarray(arr if arr.shape == shape else np.broadcast_to(arr, shape)).reshape(-1).view(np.uint32)
-    return writable(bits), _EMPTY_LUT, FP32.params
+    fmt = source_format(arr)
+    bits = flat_bits(arr if arr.shape == shape else np.broadcast_to(arr, shape))  # same shape: no copy
+    return bits, (lut(fmt) if fmt.width <= 16 else _EMPTY_LUT), fmt.params
 
 
 def writable(arr: np.ndarray) -> np.ndarray:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from bench_emufloat import measure  # noqa: E402  (this folder is on sys.path when run as a script)
 
 import emufloat as ef  # noqa: E402
 
@@ -34,20 +35,14 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(0)
     x = rng.standard_normal(args.n).astype(np.float32)
     y = rng.standard_normal(args.n).astype(np.float32)
-    keep = []  # earlier trials' arrays stay alive, so every trial allocates afresh
+    keep = []  # earlier trials' inputs stay alive, so every trial allocates afresh
     times = []
     for _ in range(args.trials):
         a, b = x.astype(ml_dtypes.bfloat16), y.astype(ml_dtypes.bfloat16)
         keep.append((a, b))
         call = {"add": lambda a=a, b=b: ef.add(a, b), "mul": lambda a=a, b=b: ef.mul(a, b),
                 "quantize": lambda: ef.quantize(x.copy(), "bf16")}[args.op]
-        call()
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            keep.append(call())
-            best = min(best, time.perf_counter() - t)
-        times.append(best / args.n * 1e9)
+        times.append(measure([call], 3)[0].best / args.n * 1e9)
     print(f"# {args.op}, n = {args.n}, ns/element per fresh allocation (best of 3):")
     print(" ".join(f"{t:.2f}" for t in times))
     return 0

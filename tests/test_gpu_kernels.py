@@ -133,11 +133,11 @@ import numpy as np, torch, triton, triton.language as tl
 from gpu.kernels.fwd import _count_at_least, _row_max
 
 @triton.jit
-def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr):
+def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     rows = tl.arange(0, 16)
     x = tl.load(X + rows[:, None] * K + tl.arange(0, K)[None, :])
     thr = tl.load(T + rows)
-    tl.store(R + rows, _row_max(x, SOFTMAX))
+    tl.store(R + rows, _row_max(x, SOFTMAX, FOLD))
     tl.store(C + rows, _count_at_least(x, thr))  # the interpreter's path of the kernels' tie count
 
 rng = np.random.default_rng(5)
@@ -147,7 +147,7 @@ for K in (16, 64, 128, 256):
         x = rng.choice(pool, (16, K)) if t % 2 else rng.standard_normal((16, K)).astype(np.float32)
         thr = (x.max(1) - np.float32(1e-3 if t % 4 < 2 else 0.0)).astype(np.float32)
         r, c = torch.empty(16), torch.empty(16)
-        k[(1,)](torch.from_numpy(x), r, c, torch.from_numpy(thr), K, t % 3)  # plain (0) and folded max
+        k[(1,)](torch.from_numpy(x), r, c, torch.from_numpy(thr), K, t % 3, t % 4 < 2)  # plain and folded max
         assert np.array_equal(r.numpy(), x.max(1)), (K, t)
         assert np.array_equal(c.numpy(), (x >= thr[:, None]).sum(1).astype(np.float32)), (K, t)
 print("folds ok")
@@ -155,7 +155,7 @@ print("folds ok")
 
 
 def test_folded_row_reductions_match_numpy_in_the_interpreter():
-    """The tree-folded row max (plain for the standard softmax) and the kernels' tie count
+    """The row max, tree-folded (the fixes in 64-key blocks and the overlap kernel) or plain, and the kernels' tie count
     (gpu.kernels.fwd._count_at_least, its interpreter path: the compiled one is inline PTX) under Triton's
     interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
     -inf included, equal numpy's for 16 to 256 columns."""

@@ -117,12 +117,15 @@ setattr(_rows_of, TRITON_BUILTIN, True)
 
 
 @triton.jit
-def _row_max(x, SOFTMAX: tl.constexpr):
-    """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows.  Measured on the H100 (N=4096,
-    results.json ``fix_cost_investigation.runs.folds_tl``): folded, the tl kernel's stabilised variant at
-    d=64 ran 357 TFLOP/s against 335 unfolded; plain, its standard softmax 409 against 398 folded (the
-    overlap kernel: within noise either way), so the standard softmax keeps the plain reduction."""
-    if SOFTMAX == 0:
+def _row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
+    """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows and FOLD is set.  The same bits
+    either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so max is independent
+    of the order.  Measured on the H100 (N=4096, paired launches; docs/performance.md, "Which row max"):
+    the fixes want the fold in the overlap kernel and in the tl kernel's 64-key blocks (d=64: stabilised
+    cost 17.2% folded against 19.0% plain), the plain reduction in the tl kernel's 128-key blocks (d=128:
+    robust 1.7% against 4.5%, causal 1.9% / 3.5% against 4.3% / 5.4%); the standard softmax keeps the
+    plain one (tl, d=64: 409 TFLOP/s against 398 folded)."""
+    if SOFTMAX == 0 or not FOLD:
         r = tl.max(x, 1)
     else:
         r = _rows_of(tl.max(_fold_to_8(x, _max), 1), x)
@@ -167,7 +170,8 @@ def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl
 
 
 @triton.jit
-def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX: tl.constexpr):
+def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX: tl.constexpr,
+                FOLD: tl.constexpr):
     """A block with causal masking: qk*c + bias (one FMA, the tutorial's), masked entries then set to -inf,
     the max over it, a separate subtraction.  The select keeps future keys out whatever their scores: with
     the bias alone a masked score more than 1e6 above the row's max won, and a NaN key made its earlier
@@ -175,16 +179,17 @@ def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, ma
     visible = (cols[None, :] <= offs_m[:, None]) & col_ok[None, :]
     t = tl.fma(qk, qk_scale, tl.where(visible, 0.0, MASK_BIAS))
     t = tl.where(visible, t, float("-inf"))
-    r = _row_max(t, SOFTMAX)
+    r = _row_max(t, SOFTMAX, FOLD)
     m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
     m_new = tl.maximum(m_i, m_blk)
     return m_new, t - m_new[:, None]
 
 
 @triton.jit
-def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX: tl.constexpr):
+def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX: tl.constexpr,
+                 FOLD: tl.constexpr):
     """No causal masking: the max of raw qk, m = max * c, x = fma(qk, c, -m)."""
-    r = _row_max(qk, SOFTMAX)
+    r = _row_max(qk, SOFTMAX, FOLD)
     r_m = r * qk_scale
     if SOFTMAX == 0:
         m_blk = r_m
@@ -197,7 +202,7 @@ def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_r
 @triton.jit
 def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta, band_raw,
                   band_t, max_shift_raw, max_shift_t, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-                  SOFTMAX: tl.constexpr):
+                  SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     """A block with masked columns (ragged end, causal diagonal): the causal diagonal by _diag_block, the
     others by _plain_block on scores with the columns past N_K at -inf.  Without causal masking no block is
     diagonal and the diagonal path is not compiled, so its code cannot shape the rest of the kernel's
@@ -208,10 +213,11 @@ def _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, ep
     if CAUSAL:
         diag = tl.minimum(start_n + BLOCK_N, N_K) - 1 > first_row
     if diag:
-        m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX)
+        m_new, x = _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, max_shift_t, SOFTMAX,
+                               FOLD)
     else:
         qk = tl.where(col_ok[None, :], qk, float("-inf"))
-        m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+        m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX, FOLD)
     return m_new, x
 
 
@@ -232,6 +238,7 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
              SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
     """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the pipelined loop);
     MASKED=True for the last few (ragged columns, causal diagonal), not pipelined."""
+    FOLD: tl.constexpr = BLOCK_N < 128  # the fixes' row max: folded in blocks of 64 keys, plain in 128 (_row_max)
     for start_n in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         cols = start_n + offs_n
         col_ok = cols < N_K
@@ -239,11 +246,12 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
             qk = tl.dot(q, tl.trans(k))
             m_new, x = _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta,
-                                     band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX)
+                                     band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX, FOLD)
         else:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k))
-            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX)
+            m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX,
+                                    FOLD)
         p, alpha, l_i = _weights(x, m_i, m_new, l_i)
         acc = acc * alpha[:, None]
         if MASKED:

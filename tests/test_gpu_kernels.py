@@ -138,7 +138,7 @@ def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     x = tl.load(X + rows[:, None] * K + tl.arange(0, K)[None, :])
     thr = tl.load(T + rows)
     tl.store(R + rows, _row_max(x, SOFTMAX, FOLD))
-    tl.store(C + rows, _count_at_least(x, thr))  # the interpreter's path of the kernels' tie count
+    tl.store(C + rows, _count_at_least(x, thr, FOLD))  # the interpreter's path of the kernels' tie count
 
 rng = np.random.default_rng(5)
 pool = np.float32([-np.inf, -0.0, 0.0, 1.0, 2.0, -3.5, 7.0, np.nextafter(np.float32(7), np.float32(8))])
@@ -155,8 +155,8 @@ print("folds ok")
 
 
 def test_folded_row_reductions_match_numpy_in_the_interpreter():
-    """The row max, tree-folded (the fixes in 64-key blocks and the overlap kernel) or plain, and the kernels' tie count
-    (gpu.kernels.fwd._count_at_least, its interpreter path: the compiled one is inline PTX) under Triton's
+    """The row max and the kernels' tie count (gpu.kernels.fwd._count_at_least, its interpreter path: the
+    compiled one is inline PTX), tree-folded (the fixes in 64-key blocks, the overlap kernel) or plain, under Triton's
     interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
     -inf included, equal numpy's for 16 to 256 columns."""
     import os

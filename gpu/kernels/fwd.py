@@ -118,13 +118,16 @@ setattr(_rows_of, TRITON_BUILTIN, True)
 
 @triton.jit
 def _row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
-    """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows and FOLD is set.  The same bits
-    either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so max is independent
-    of the order.  Measured on the H100 (N=4096, paired launches; docs/performance.md, "Which row max"):
-    the fixes want the fold in the overlap kernel and in the tl kernel's 64-key blocks (d=64: stabilised
-    cost 17.2% folded against 19.0% plain), the plain reduction in the tl kernel's 128-key blocks (d=128:
-    robust 1.7% against 4.5%, causal 1.9% / 3.5% against 4.3% / 5.4%); the standard softmax keeps the
-    plain one (tl, d=64: 409 TFLOP/s against 398 folded)."""
+    """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows and FOLD is set.
+
+    FOLD: whether the fixes' row reductions (this max and the tie count) are folded.  The bits are the same
+    either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so a max does not depend
+    on its order, and a count of 0s and 1s is exact in any order.  Only the time differs, measured on the
+    H100 (N=4096, paired launches; docs/performance.md, "Which row max"): the fixes want the folds in the
+    overlap kernel and in the tl kernel's 64-key blocks (d=64: stabilised cost 17.0% folded against 18.3%
+    plain), the plain reductions in the tl kernel's 128-key blocks (d=128: 1.5% / 1.3% against 2.9% / 4.5%
+    folded; causal 1.3% / 3.2% against 4.3% / 5.4%).  The standard softmax keeps the plain max (tl, d=64:
+    409 TFLOP/s against 398 folded)."""
     if SOFTMAX == 0 or not FOLD:
         r = tl.max(x, 1)
     else:
@@ -133,33 +136,37 @@ def _row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
 
 
 @triton.jit
-def _count_at_least(s, thr):
+def _count_at_least(s, thr, FOLD: tl.constexpr):
     """Per row, how many entries of s are >= thr, as float32 (exact: a count below 2^24).  PTX
     ``set.ge.f32.f32`` gives 1.0 where ``s >= thr`` and 0.0 elsewhere (NaN: 0.0, as ``s >= thr``) in one
     instruction a score (SASS FSET), summed by FADD; Triton's ``(s >= thr).to(int32)`` costs a compare, a
     select and integer adds, which the fixes pay on every score of every block.  (Summing the bits of the
     1.0s as int32, which ptxas packs into 3-input IADD3s, was no faster on the H100 and slowed the tl
-    kernel's robust variant by 5-7%: docs/performance.md.)"""
+    kernel's robust variant by 5-7%: docs/performance.md.)  FOLD as in :func:`_row_max`."""
     if PTX:
         t = tl.broadcast_to(thr[:, None], s.shape)
         ind = tl.inline_asm_elementwise("set.ge.f32.f32 $0, $1, $2;", "=r,r,r", [s, t], dtype=tl.float32,
                                         is_pure=True, pack=1)
     else:  # Triton's interpreter runs no PTX: the same predicate, counted the plain way
         ind = tl.where(s >= thr[:, None], 1.0, 0.0)
-    return _rows_of(tl.sum(_fold_to_8(ind, _add), 1), s)
+    if FOLD:
+        cnt = _rows_of(tl.sum(_fold_to_8(ind, _add), 1), s)
+    else:
+        cnt = tl.sum(ind, 1)
+    return cnt
 
 
 @triton.jit
-def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl.constexpr):
+def _shift(s, r, m_i, r_m, eps_s, beta, band_s, band_m, max_shift_s, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     """The block's shift candidate in the units of ``s`` (r = rowmax(s); r_m: r in m's units)."""
     if SOFTMAX == 1:  # Qiu & Yao: repeated maxima (more than one s >= r - eps) -> beta*r (r > 0), 0 (r < 0)
         thr = r - eps_s
-        cnt = _count_at_least(s, thr)
+        cnt = _count_at_least(s, thr, FOLD)
         rep = (cnt > 1) & (r > float("-inf"))  # a row with every entry masked (-inf >= -inf) is not a tie
         m = tl.where(rep & (r > 0), r * beta, tl.where(rep & (r < 0), 0.0, r))
     elif SOFTMAX == 2:  # robust: two entries in the round-to-1 band, or the running max within band of r
         thr = r - band_s
-        cnt = _count_at_least(s, thr)
+        cnt = _count_at_least(s, thr, FOLD)
         split = (m_i > float("-inf")) & (r_m >= m_i - band_m) & (r_m <= m_i + band_m)
         prone = (cnt > 1) | split
         shift = tl.minimum(tl.maximum(tl.abs(r) * (beta - 1.0), band_s), max_shift_s)
@@ -180,7 +187,7 @@ def _diag_block(qk, cols, col_ok, offs_m, m_i, qk_scale, eps_t, beta, band_t, ma
     t = tl.fma(qk, qk_scale, tl.where(visible, 0.0, MASK_BIAS))
     t = tl.where(visible, t, float("-inf"))
     r = _row_max(t, SOFTMAX, FOLD)
-    m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX)
+    m_blk = _shift(t, r, m_i, r, eps_t, beta, band_t, band_t, max_shift_t, SOFTMAX, FOLD)
     m_new = tl.maximum(m_i, m_blk)
     return m_new, t - m_new[:, None]
 
@@ -194,7 +201,7 @@ def _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_r
     if SOFTMAX == 0:
         m_blk = r_m
     else:
-        m_blk = _shift(qk, r, m_i, r_m, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX) * qk_scale
+        m_blk = _shift(qk, r, m_i, r_m, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX, FOLD) * qk_scale
     m_new = tl.maximum(m_i, m_blk)
     return m_new, tl.fma(qk, qk_scale, -m_new[:, None])
 
@@ -238,7 +245,7 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
              SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
     """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the pipelined loop);
     MASKED=True for the last few (ragged columns, causal diagonal), not pipelined."""
-    FOLD: tl.constexpr = BLOCK_N < 128  # the fixes' row max: folded in blocks of 64 keys, plain in 128 (_row_max)
+    FOLD: tl.constexpr = BLOCK_N < 128  # the fixes' row reductions: folded in 64-key blocks, plain in 128 (_row_max)
     for start_n in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         cols = start_n + offs_n
         col_ok = cols < N_K

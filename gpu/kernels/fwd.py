@@ -123,11 +123,11 @@ def _row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     FOLD: whether the fixes' row reductions (this max and the tie count) are folded.  The bits are the same
     either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so a max does not depend
     on its order, and a count of 0s and 1s is exact in any order.  Only the time differs, measured on the
-    H100 (N=4096, paired launches; docs/performance.md, "Which row max"): the fixes want the folds in the
-    overlap kernel and in the tl kernel's 64-key blocks (d=64: stabilised cost 17.0% folded against 18.3%
-    plain), the plain reductions in the tl kernel's 128-key blocks (d=128: 1.5% / 1.3% against 2.9% / 4.5%
-    folded; causal 1.3% / 3.2% against 4.3% / 5.4%).  The standard softmax keeps the plain max (tl, d=64:
-    409 TFLOP/s against 398 folded)."""
+    H100 (N=4096, paired launches; docs/performance.md, "Which row reductions"): the fixes want the folds in
+    the overlap kernel and in the tl kernel's 64-key blocks (d=64: stabilised cost 17.0-17.2% folded against
+    18.3-19.0% with either reduction plain), the plain reductions in the tl kernel's 128-key blocks (d=128:
+    1.5% / 1.3% against 2.9% / 4.5% folded; causal 1.2-1.3% / 3.2% against 4.3% / 5.4%).  The standard
+    softmax keeps the plain max (tl, d=64: 409 TFLOP/s against 398 folded)."""
     if SOFTMAX == 0 or not FOLD:
         r = tl.max(x, 1)
     else:

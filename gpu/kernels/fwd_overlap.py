@@ -55,7 +55,7 @@ def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
              BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SOFTMAX: gl.constexpr):
     """One block's shift, P, alpha and l, exactly as gpu.kernels.fwd._kv_loop computes them."""
     # the fixes' row reductions folded (gpu.kernels.fwd._row_max): plain ones moved the cost here by a point
-    # either way (docs/performance.md, "Which row max"), so the fold stays
+    # either way (docs/performance.md, "Which row reductions"), so the fold stays
     if start_n >= lo:  # masked block: ragged columns or the causal diagonal
         m_new, x = _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta,
                                  band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX, True)

@@ -146,18 +146,19 @@ for K in (16, 64, 128, 256):
     for t in range(20):
         x = rng.choice(pool, (16, K)) if t % 2 else rng.standard_normal((16, K)).astype(np.float32)
         thr = (x.max(1) - np.float32(1e-3 if t % 4 < 2 else 0.0)).astype(np.float32)
-        r, c = torch.empty(16), torch.empty(16)
-        k[(1,)](torch.from_numpy(x), r, c, torch.from_numpy(thr), K, t % 3, t % 4 < 2)  # plain and folded max
-        assert np.array_equal(r.numpy(), x.max(1)), (K, t)
-        assert np.array_equal(c.numpy(), (x >= thr[:, None]).sum(1).astype(np.float32)), (K, t)
+        for fold in (False, True):  # plain and folded reductions (the standard softmax's max is always plain)
+            r, c = torch.empty(16), torch.empty(16)
+            k[(1,)](torch.from_numpy(x), r, c, torch.from_numpy(thr), K, t % 3, fold)
+            assert np.array_equal(r.numpy(), x.max(1)), (K, t, fold)
+            assert np.array_equal(c.numpy(), (x >= thr[:, None]).sum(1).astype(np.float32)), (K, t, fold)
 print("folds ok")
 """
 
 
 def test_folded_row_reductions_match_numpy_in_the_interpreter():
     """The row max and the kernels' tie count (gpu.kernels.fwd._count_at_least, its interpreter path: the
-    compiled one is inline PTX), tree-folded (the fixes in 64-key blocks, the overlap kernel) or plain, under Triton's
-    interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
+    compiled one is inline PTX), tree-folded (the fixes in 64-key blocks, the overlap kernel) or plain, under
+    Triton's interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
     -inf included, equal numpy's for 16 to 256 columns."""
     import os
     import subprocess

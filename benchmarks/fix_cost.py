@@ -48,24 +48,25 @@ SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
 TARGET_MS = 3.0
 
 
-def _paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
-    """ms per call of each launch[softmax]() (which makes ``per_launch`` calls) in every round: the softmaxes
-    back to back, their order rotated from round to round, each timed by its own CUDA events (``before``,
-    e.g. an L2 flush, runs outside them)."""
+def paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
+    """ms per call of each launch[key]() (which makes ``per_launch`` calls) in every round: the callables
+    back to back, their order (the dict's) rotated from round to round, each timed by its own CUDA events
+    (``before``, e.g. an L2 flush, runs outside them)."""
+    keys = list(launch)
     events = []
     for r in range(rounds):
-        for sm in SOFTMAXES[r % 3:] + SOFTMAXES[:r % 3]:
+        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
             if before is not None:
                 before()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            launch[sm]()
+            launch[key]()
             end.record()
-            events.append((r, sm, start, end))
+            events.append((r, key, start, end))
     torch.cuda.synchronize()
-    ms = {sm: [0.0] * rounds for sm in SOFTMAXES}
-    for r, sm, start, end in events:
-        ms[sm][r] = start.elapsed_time(end) / per_launch
+    ms = {key: [0.0] * rounds for key in keys}
+    for r, key, start, end in events:
+        ms[key][r] = start.elapsed_time(end) / per_launch
     return ms
 
 
@@ -87,7 +88,7 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
         before = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda").zero_  # do_bench's L2 flush
     for run in launch.values():  # one untimed run each: graph upload, clocks up
         run()
-    return {"mode": mode, "reps": reps, "ms": _paired_rounds(launch, rounds, reps, before)}
+    return {"mode": mode, "reps": reps, "ms": paired_rounds(launch, rounds, reps, before)}
 
 
 def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
@@ -109,7 +110,7 @@ def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
     for run in launch.values():  # compile, warm up
         run()
     flops = B * n * 72.0 * c * c + 3.5 * fwd_flops(B, H, n, d, True)
-    return {"mode": "eager", "reps": 1, "ms": _paired_rounds(launch, rounds)}, flops
+    return {"mode": "eager", "reps": 1, "ms": paired_rounds(launch, rounds)}, flops
 
 
 def summarise(ms: dict, flops: float) -> dict:

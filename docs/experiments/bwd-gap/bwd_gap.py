@@ -5,6 +5,9 @@ order rotated, CUDA events), (a) ``flash.backward`` on each softmax's (O, LSE), 
 of them, and (c) the autograd path bench_gpu times (``o.backward(do, retain_graph=True)``).
 
     PYTHONPATH=. python docs/experiments/bwd-gap/bwd_gap.py [--n 4096] [--d 128] [--rounds 20]
+
+Rounds as in benchmarks/fix_cost.py (``paired_rounds``).  The run recorded in results.json ``bwd_gap`` used an
+inline copy of that timer which synchronised after each timed call; same pairing, same events.
 """
 
 import argparse
@@ -12,32 +15,15 @@ import statistics
 import sys
 
 sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
 
 import torch  # noqa: E402
+from fix_cost import paired_rounds  # noqa: E402
 
 from gpu import flash  # noqa: E402
 from gpu.run_attention import fwd_flops, rand  # noqa: E402
 
 SMS = ("standard", "stabilised", "robust")
-
-
-def paired(calls: dict, rounds: int, reps: int = 5) -> dict:
-    """Median ms per call of each callable, from rounds with the callables back to back, order rotated."""
-    ms = {k: [] for k in calls}
-    keys = list(calls)
-    for fn in calls.values():
-        fn()
-    torch.cuda.synchronize()
-    for r in range(rounds):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(reps):
-                calls[key]()
-            b.record()
-            torch.cuda.synchronize()
-            ms[key].append(a.elapsed_time(b) / reps)
-    return {k: statistics.median(v) for k, v in ms.items()}
 
 
 def main() -> None:
@@ -59,7 +45,11 @@ def main() -> None:
         qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
         o = flash.attention(qq, kk, vv, softmax=sm)
         calls[f"autograd {sm}"] = (lambda o=o: o.backward(do, retain_graph=True))
-    res = paired(calls, a.rounds)
+    reps = 5
+    for fn in calls.values():  # compile, warm up
+        fn()
+    runs = {key: (lambda fn=fn: [fn() for _ in range(reps)]) for key, fn in calls.items()}
+    res = {key: statistics.median(ms) for key, ms in paired_rounds(runs, a.rounds, reps).items()}
     for sm in SMS:
         o, lse = fw[sm]
         diff = (o.float() - fw["standard"][0].float()).abs().max().item()

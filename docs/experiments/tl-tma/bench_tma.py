@@ -1,0 +1,122 @@
+"""The tl forward kernel with K/V by TMA (fwd_tma.py here) against the committed tl and overlap kernels:
+bits first, then paired timing (benchmarks/fix_cost.py's rounds, every kernel and softmax of a shape in one
+rotation).  On the GPU machine, from the repository root:
+
+    OUT=$OUT PYTHONPATH=. python docs/experiments/tl-tma/bench_tma.py [--shapes 128x4096,...] [--rounds 15]
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+SOFTMAXES = ("standard", "stabilised", "robust")
+
+
+def impls(d: int, causal: bool) -> dict:
+    """name -> forward(q, k, v, softmax) for the kernels compared at this shape."""
+    from fwd_tma import forward_tma
+
+    from gpu import flash
+    from gpu.configs import FWD_CONFIGS, Config
+    cfg = FWD_CONFIGS[(d, causal)]
+    out = {"tl": lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="triton")[:2],
+           "tma": lambda q, k, v, sm: forward_tma(q, k, v, causal, sm)}
+    if cfg.num_stages != 2:
+        two = Config(cfg.block_m, cfg.block_n, cfg.num_warps, 2)
+        out["tma_s2"] = lambda q, k, v, sm: forward_tma(q, k, v, causal, sm, two)
+    if d == 128:
+        out["overlap"] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
+    return out
+
+
+def warm(args) -> str:
+    d, causal = args
+    import torch
+    for n in (4096, 1000):
+        q = torch.randn((1, 1, n, d), device="cuda", dtype=torch.bfloat16)
+        for fn in impls(d, causal).values():
+            for sm in SOFTMAXES:
+                fn(q, q, q, sm)
+    torch.cuda.synchronize()
+    return f"{args} compiled"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default="128x4096,128x16384,64x4096")
+    ap.add_argument("--causal", default="no,yes")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--json", default="tl_tma.json")
+    a = ap.parse_args()
+    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
+    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
+    t0 = time.time()
+    with mp.get_context("spawn").Pool(8) as pool:
+        for line in pool.imap_unordered(warm, [(d, c) for d in sorted({d for d, _ in shapes}) for c in causals]):
+            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    import fix_cost
+    import torch
+
+    from gpu.crosscheck import bits_of
+    from gpu.run_attention import cuda_graph, kind_inputs, rand
+    bad = total = 0
+    for d in sorted({d for d, _ in shapes}):
+        for kind, n in (("randn", 4096), ("repeated", 4096), ("repeated", 1000), ("large", 1000), ("sink", 1000),
+                        ("random", 333)):
+            shape = (2, 4, n, d)
+            q, k, v = rand(shape, torch.bfloat16) if kind == "randn" else kind_inputs(kind, "bf16", shape, 3)[:3]
+            for causal in causals:
+                fns = impls(d, causal)
+                for sm in SOFTMAXES:
+                    ref = fns["tl"](q, k, v, sm)
+                    for name, fn in fns.items():
+                        if name == "tl" or (name == "overlap" and n < 1000):
+                            continue
+                        got = fn(q, k, v, sm)
+                        total += 1
+                        if not all((bits_of(x) == bits_of(y)).all() for x, y in zip(got, ref, strict=True)):
+                            bad += 1
+                            print("DIFFERENT", d, kind, n, causal, sm, name, flush=True)
+    print(f"bits: {total - bad} of {total} runs identical to the committed tl kernel", flush=True)
+    rows = []
+    print("| d | N | causal | kernel | standard | stabilised | robust | stab cost | robust cost |")
+    for d, n in shapes:
+        q, k, v = rand((4, 32, n, d), torch.bfloat16)
+        flops = fix_cost.fwd_flops(4, 32, n, d, False)
+        for causal in causals:
+            fl = flops / 2 if causal else flops
+            fns = impls(d, causal)
+            launch = {}
+            for name, fn in fns.items():
+                for sm in SOFTMAXES:
+                    def call(fn=fn, sm=sm, qkv=(q, k, v)):
+                        return fn(*qkv, sm)
+                    launch[(name, sm)] = cuda_graph(call, 8).replay
+            for run in launch.values():
+                run()
+            ms = fix_cost.paired_rounds(launch, a.rounds, 8)
+            for name in fns:
+                t = {sm: fl / statistics.median(ms[(name, sm)]) / 1e9 for sm in SOFTMAXES}
+                cost = {sm: statistics.median(100 * (1 - s / f) for s, f in zip(ms[(name, "standard")], ms[(name, sm)],
+                                                                                     strict=True))
+                        for sm in SOFTMAXES[1:]}
+                rows.append(dict(d=d, n=n, causal=causal, kernel=name, tflops=t, cost=cost,
+                                 ms={sm: ms[(name, sm)] for sm in SOFTMAXES}))
+                print(f"| {d} | {n} | {causal} | {name} | {t['standard']:.0f} | {t['stabilised']:.0f} | "
+                      f"{t['robust']:.0f} | {cost['stabilised']:+.1f}% | {cost['robust']:+.1f}% |", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
+        json.dump({"env": fix_cost.env(), "bits": {"identical": total - bad, "runs": total}, "rows": rows}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -20,25 +20,37 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 SOFTMAXES = ("standard", "stabilised", "robust")
 
 
+IMPLS = ["tl", "tma", "tma:2", "overlap"]
+
+
 def impls(d: int, causal: bool) -> dict:
-    """name -> forward(q, k, v, softmax) for the kernels compared at this shape."""
+    """name -> forward(q, k, v, softmax) for the kernels of IMPLS at this shape.  A name ``tl:S`` or
+    ``tma:S`` runs that kernel with S stages, ``tl:S:M`` / ``tma:S:M`` also with M query rows and M // 16
+    warps (the committed tiles otherwise)."""
     from fwd_tma import forward_tma
 
     from gpu import flash
     from gpu.configs import FWD_CONFIGS, Config
     cfg = FWD_CONFIGS[(d, causal)]
-    out = {"tl": lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="triton")[:2],
-           "tma": lambda q, k, v, sm: forward_tma(q, k, v, causal, sm)}
-    if cfg.num_stages != 2:
-        two = Config(cfg.block_m, cfg.block_n, cfg.num_warps, 2)
-        out["tma_s2"] = lambda q, k, v, sm: forward_tma(q, k, v, causal, sm, two)
-    if d == 128:
-        out["overlap"] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
+    out = {}
+    for name in IMPLS:
+        kind, *opts = name.split(":")
+        stages = int(opts[0]) if opts else cfg.num_stages
+        bm = int(opts[1]) if len(opts) > 1 else cfg.block_m
+        c = Config(bm, cfg.block_n, bm // 16 if len(opts) > 1 else cfg.num_warps, stages)
+        if kind == "tl":
+            out[name] = (lambda q, k, v, sm, c=c: flash.forward(q, k, v, causal=causal, softmax=sm, config=c,
+                                                                kernel="triton")[:2])
+        elif kind == "tma":
+            out[name] = lambda q, k, v, sm, c=c: forward_tma(q, k, v, causal, sm, c)
+        elif kind == "overlap" and d == 128:
+            out[name] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
     return out
 
 
 def warm(args) -> str:
-    d, causal, name = args
+    d, causal, name, names = args
+    IMPLS[:] = names
     import torch
     fn = impls(d, causal).get(name)
     for n in (4096, 1000) if fn else ():
@@ -55,12 +67,14 @@ def main() -> None:
     ap.add_argument("--causal", default="no,yes")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="tl_tma.json")
+    ap.add_argument("--impls", default=",".join(IMPLS), help="kernels to compare with the committed tl kernel "
+                    "(the first, 'tl', is the bits' reference): tl[:S[:M]], tma[:S[:M]], overlap")
     a = ap.parse_args()
+    IMPLS[:] = a.impls.split(",")
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
     causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
     t0 = time.time()
-    jobs = [(d, c, name) for d in sorted({d for d, _ in shapes}) for c in causals
-            for name in ("tl", "tma", "tma_s2", "overlap")]
+    jobs = [(d, c, name, list(IMPLS)) for d in sorted({d for d, _ in shapes}) for c in causals for name in IMPLS]
     with mp.get_context("spawn").Pool(15) as pool:
         for line in pool.imap_unordered(warm, jobs):
             print(line, f"{time.time() - t0:.0f}s", flush=True)

@@ -16,6 +16,7 @@ import time
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "overlap-3wg"))
 
 SOFTMAXES = ("standard", "stabilised", "robust")
 
@@ -43,6 +44,10 @@ def impls(d: int, causal: bool) -> dict:
                                                                 kernel="triton")[:2])
         elif kind == "tma":
             out[name] = lambda q, k, v, sm, c=c: forward_tma(q, k, v, causal, sm, c)
+        elif kind == "ov3" and d == 128:  # docs/experiments/overlap-3wg: [stages[:block_m]]
+            from fwd_overlap3 import forward3
+            out[name] = (lambda q, k, v, sm, o=opts: forward3(q, k, v, causal, sm, int(o[1]) if len(o) > 1 else 192,
+                                                              int(o[0]) if o else 2))
         elif kind == "overlap" and d == 128:
             out[name] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
     return out
@@ -68,7 +73,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--json", default="tl_tma.json")
     ap.add_argument("--impls", default=",".join(IMPLS), help="kernels to compare with the committed tl kernel "
-                    "(the first, 'tl', is the bits' reference): tl[:S[:M]], tma[:S[:M]], overlap")
+                    "(the first, 'tl', is the bits' reference): tl[:S[:M]], tma[:S[:M]], overlap, ov3[:S[:M]]")
     a = ap.parse_args()
     IMPLS[:] = a.impls.split(",")
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]

@@ -1,0 +1,291 @@
+"""Experiment (not used by gpu/): gpu/kernels/fwd_overlap.py with three compute warpgroups (BLOCK_M = 192)
+beside the two-warpgroup form, so that each scheduler has three compute warps to interleave.  Only what
+that needs changed; the arithmetic is the committed kernel's, so without causal masking the bits are the tl
+kernel's (with it, the 192-row programs split blocks into masked and unmasked ones differently).
+
+The forward kernel again, in Gluon, with the softmax overlapped with the tensor cores (FA3's schedule).
+
+Triton's compiler waits for every ``tl.dot`` right after issuing it, so in :mod:`gpu.kernels.fwd` the
+tensor cores idle while the softmax runs, and the softmax (the fixes' tie count included) adds to the
+time.  Here the work is split over warp partitions as in FlashAttention-3:
+
+- a load partition (4 warps, few registers) brings Q once and K/V tiles by TMA into a ring of ``STAGES``
+  buffers, waiting on "empty" barriers before it refills one;
+- one compute partition per 64 query rows (a warpgroup each: two for BLOCK_M = 128).  Per K/V block j it
+  issues the scores of block j+1 (asynchronous wgmma), rescales acc, issues P_j V_j, and runs block j+1's
+  softmax while P_j V_j is in flight.  The two compute warpgroups are not kept in step, so one's softmax
+  also runs beside the other's products.
+
+K/V descriptors are 3-D (B*H, N, d): TMA fills rows past N_K with zeros, so the masked blocks (ragged end,
+causal diagonal) arrive the same way, and a zero V row times P = 0 stays 0 (the next head's V never enters).
+
+The arithmetic is that of :mod:`gpu.kernels.fwd` operation for operation (the same helpers compute the
+shift, P, l and the LSE; the same wgmma instruction shapes and operand sources, rows per warp and column
+layout of the row reductions; the same block split into unmasked and masked blocks by the BLOCK_M-row
+program), so the two kernels give the same bits and flashsim's ``triton_h100`` policy models both.
+bf16 and fp16 only (FP8 and the debug outputs use :mod:`gpu.kernels.fwd`); BLOCK_N must equal HEAD_DIM.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
+
+from gpu.kernels.fwd import _masked_block, _plain_block, _weights, log2_fma
+
+ROWS = gl.constexpr(64)  # query rows per compute warpgroup (wgmma's M)
+
+
+@gluon.jit
+def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
+          off_hz, q_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, QPARTS: gl.constexpr = 1):
+    """The load partition: Q once (in QPARTS pieces of the descriptor's block), then K and V of every block
+    into the ring."""
+    mbarrier.expect(q_bar, QPARTS * q_desc.block_type.nbytes)
+    if QPARTS == 1:
+        tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
+    else:
+        for i in gl.static_range(QPARTS):
+            tma.async_copy_global_to_shared(q_desc, [q_row + i * ROWS, 0], q_bar, q_smem.slice(i * ROWS, ROWS))
+    for j in range(n_blocks):
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_empty.index(s), phase ^ 1)  # the first round passes: a fresh barrier's phase -1
+        mbarrier.expect(k_full.index(s), k_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [off_hz, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
+        mbarrier.wait(v_empty.index(s), phase ^ 1)
+        mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [off_hz, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
+             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SOFTMAX: gl.constexpr):
+    """One block's shift, P, alpha and l, exactly as gpu.kernels.fwd._kv_loop computes them."""
+    # the fixes' row reductions folded (gpu.kernels.fwd._row_max): plain ones moved the cost here by a point
+    # either way (docs/performance.md, "Which row reductions"), so the fold stays
+    if start_n >= lo:  # masked block: ragged columns or the causal diagonal
+        m_new, x = _masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, qk_scale, eps_raw, eps_t, beta,
+                                 band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX, True)
+    else:
+        m_new, x = _plain_block(qk, m_i, qk_scale, eps_raw, beta, band_raw, band_t, max_shift_raw, SOFTMAX, True)
+    p, alpha, l_i = _weights(x, m_i, m_new, l_i)
+    return p, alpha, l_i, m_new
+
+
+@gluon.jit
+def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
+             off_hz, first_row, lo, n_blocks, N_Q, N_K,
+             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+             SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
+    """A compute warpgroup: query rows first_row + HALF*64 ... + 63 of the program, every K/V block."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    dtype: gl.constexpr = q_smem.dtype
+    offs_m = first_row + HALF * ROWS + gl.arange(0, ROWS, layout=rows)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, mma)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows)
+    l_i = gl.zeros([ROWS], gl.float32, rows)
+    q = q_smem.slice(HALF * ROWS, ROWS)
+    mbarrier.wait(q_bar, 0)
+
+    mbarrier.wait(k_full.index(0), 0)
+    qk = warpgroup_mma(q, k_smem.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False)
+    mbarrier.arrive(k_empty.index(0), count=1)
+    p, alpha, l_i, m_i = _softmax(qk, 0, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, qk_scale, eps_raw, eps_t,
+                                  beta, band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N, CAUSAL, SOFTMAX)
+    for j in range(n_blocks - 1):
+        s = j % STAGES
+        s1 = (j + 1) % STAGES
+        mbarrier.wait(k_full.index(s1), ((j + 1) // STAGES) & 1)
+        qk = warpgroup_mma(q, k_smem.index(s1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False,
+                           is_async=True)
+        acc = acc * alpha[:, None]
+        mbarrier.wait(v_full.index(s), (j // STAGES) & 1)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
+        mbarrier.arrive(k_empty.index(s1), count=1)
+        p, alpha, l_i, m_i = _softmax(qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K,
+                                      qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                                      BLOCK_N, CAUSAL, SOFTMAX)
+        acc = warpgroup_mma_wait(0, deps=(acc,))  # P_j V_j is done: V buffer j may be refilled
+        mbarrier.arrive(v_empty.index(s), count=1)
+    s = (n_blocks - 1) % STAGES
+    acc = acc * alpha[:, None]
+    mbarrier.wait(v_full.index(s), ((n_blocks - 1) // STAGES) & 1)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc)
+
+    row_ok = offs_m < N_Q
+    lse = m_i + log2_fma(l_i)
+    o = acc / l_i[:, None]
+    gl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    base = off_hz.to(gl.int64) * N_Q * HEAD_DIM
+    gl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@gluon.jit
+def _compute_serial(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE,
+                    off_hz, first_row, lo, n_blocks, N_Q, N_K,
+                    qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                    HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                    SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
+    """_compute without the overlap inside the warpgroup (scores, softmax, P V, each waited for), so that
+    fewer registers are live: the tensor cores are kept busy by the other warpgroups instead."""
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 16])
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    dtype: gl.constexpr = q_smem.dtype
+    offs_m = first_row + HALF * ROWS + gl.arange(0, ROWS, layout=rows)
+    offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
+    zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+    acc = gl.zeros([ROWS, HEAD_DIM], gl.float32, mma)
+    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows)
+    l_i = gl.zeros([ROWS], gl.float32, rows)
+    q = q_smem.slice(HALF * ROWS, ROWS)
+    mbarrier.wait(q_bar, 0)
+    for j in range(n_blocks):
+        s = j % STAGES
+        phase = (j // STAGES) & 1
+        mbarrier.wait(k_full.index(s), phase)
+        qk = warpgroup_mma(q, k_smem.index(s).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False,
+                           is_async=True)
+        qk = warpgroup_mma_wait(0, deps=(qk,))
+        mbarrier.arrive(k_empty.index(s), count=1)
+        p, alpha, l_i, m_i = _softmax(qk, j * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, qk_scale,
+                                      eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t, BLOCK_N,
+                                      CAUSAL, SOFTMAX)
+        acc = acc * alpha[:, None]
+        mbarrier.wait(v_full.index(s), phase)
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc,
+                            is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(v_empty.index(s), count=1)
+
+    row_ok = offs_m < N_Q
+    lse = m_i + log2_fma(l_i)
+    o = acc / l_i[:, None]
+    gl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    base = off_hz.to(gl.int64) * N_Q * HEAD_DIM
+    gl.store(O + base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
+
+
+@gluon.jit
+def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
+                     qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                     N_Q, N_K,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
+                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr):
+    """One BLOCK_M slice of queries of one (batch, head).  q_desc: 2-D over (B*H*N_Q, d) (rows past N_Q
+    read the next head's queries or zeros; their outputs are not stored); k_desc, v_desc: 3-D (B*H, N_K, d).
+    Launch with num_warps=4 (the first compute warpgroup; the others are partitions)."""
+    gl.static_assert(BLOCK_N == HEAD_DIM)
+    gl.static_assert(BLOCK_M == ROWS or BLOCK_M == 2 * ROWS or BLOCK_M == 3 * ROWS)
+    dtype: gl.constexpr = k_desc.dtype
+    start_m = gl.program_id(0)
+    off_hz = gl.program_id(1)
+    first_row = start_m * BLOCK_M
+    if CAUSAL:
+        hi = gl.minimum(N_K, gl.minimum(first_row + BLOCK_M, N_Q))
+        # blocks before lo are full and unmasked: every column <= the block's first row and < N_K
+        lo = gl.minimum((first_row + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
+    else:
+        hi = N_K
+        lo = (N_K // BLOCK_N) * BLOCK_N
+    n_blocks = gl.cdiv(hi, BLOCK_N)
+
+    if BLOCK_M == 3 * ROWS:  # shapes are powers of two: Q arrives in three 64-row pieces
+        q_smem = gl.allocate_shared_memory(dtype, [4 * ROWS, HEAD_DIM], q_desc.layout)
+    else:
+        q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    k_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_full.index(i), count=1)
+        mbarrier.init(v_full.index(i), count=1)
+        mbarrier.init(k_empty.index(i), count=BLOCK_M // ROWS)  # one arrival per compute warpgroup
+        mbarrier.init(v_empty.index(i), count=BLOCK_M // ROWS)
+
+    if BLOCK_M == 3 * ROWS:
+        gl.warp_specialize([
+            (_compute_serial, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz,
+                               first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_compute_serial, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz,
+                               first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_compute_serial, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz,
+                               first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 2, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
+                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, 3))], [4, 4, 4], [REGS, REGS, 24])
+    elif BLOCK_M == 2 * ROWS:
+        gl.warp_specialize([
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
+                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4, 4], [240, 24])
+    else:
+        gl.warp_specialize([
+            (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
+                        lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+            (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
+                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4], [24])
+
+
+def forward3(q, k, v, causal: bool = False, softmax: str = "standard", block_m: int = 192, stages: int = 2,
+             regs: int = 160):
+    """(O, LSE base 2) by this kernel (bf16/fp16, contiguous, N_k > 0), as gpu.flash._forward_overlap launches
+    the committed one; block_m 192 runs three compute warpgroups (registers ``regs`` each)."""
+    import torch
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from gpu.flash import CONSTANTS, SOFTMAX_IDS, TORCH_DTYPES, _scale, _tma_layout, kernel_variant, softmax_constants
+    from gpu.launch import Launcher
+
+    b, h, n_q, d = q.shape
+    n_k = k.shape[2]
+    bf16 = q.dtype == torch.bfloat16
+    variant = kernel_variant(softmax, next(n for n, t in TORCH_DTYPES.items() if t == q.dtype))
+    consts = softmax_constants(variant, _scale(None, d))
+    o = torch.empty_like(q)
+    lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
+
+    def desc(x, block):
+        return TensorDescriptor.from_tensor(x, block, _tma_layout(tuple(block), bf16))
+
+    qb = 64 if block_m == 192 else block_m
+    descs = (desc(q.view(-1, d), [qb, d]), desc(k.view(-1, n_k, d), [1, d, d]), desc(v.view(-1, n_k, d), [1, d, d]))
+    global _LAUNCH
+    _LAUNCH = _LAUNCH or Launcher(attn_fwd_overlap)
+    _LAUNCH(((n_q + block_m - 1) // block_m, b * h), (*descs, o, lse, *map(consts.get, CONSTANTS), n_q, n_k),
+            dict(HEAD_DIM=d, BLOCK_M=block_m, BLOCK_N=d, CAUSAL=causal, SOFTMAX=SOFTMAX_IDS[variant.name],
+                 STAGES=stages, REGS=regs), dict(num_warps=4))
+    return o, lse
+
+
+_LAUNCH = None

@@ -1,8 +1,17 @@
-"""The tl forward kernel with K/V by TMA (fwd_tma.py here) against the committed tl and overlap kernels:
-bits first, then paired timing (benchmarks/fix_cost.py's rounds, every kernel and softmax of a shape in one
-rotation).  On the GPU machine, from the repository root:
+"""Forward-kernel variants that keep the committed bits, against the committed tl and overlap kernels: bits
+first (O and LSE against the committed tl kernel on randn, repeated, large, sink and random inputs, ragged
+lengths included), then paired timing (benchmarks/fix_cost.py's rounds; every kernel and softmax of a shape
+as a CUDA graph of 8 forwards, all in one rotation).  ``--impls`` (the first must be ``tl``):
 
-    OUT=$OUT PYTHONPATH=. python docs/experiments/tl-tma/bench_tma.py [--shapes 128x4096,...] [--rounds 15]
+- ``tl[:S[:M]]``: the committed tl kernel, optionally with S stages and M query rows (M / 16 warps);
+- ``tma[:S[:M]]``: the same with K/V by TMA (fwd_tma.py here);
+- ``overlap``: the committed overlap kernel (d=128);
+- ``ov3[:S[:M]]``: ../overlap-3wg/fwd_overlap3.patch, three compute warpgroups (d=128, no causal masking).
+
+On the GPU machine, from the repository root:
+
+    OUT=$OUT PYTHONPATH=. python docs/experiments/tl-tma/bench_tma.py [--shapes 128x4096,...] [--causal no,yes]
+        [--impls tl,tma,tma:2,overlap] [--rounds 15] [--json NAME]
 """
 
 import argparse

@@ -238,6 +238,21 @@ def _weights(x, m_i, m_new, l_i):
 
 
 @triton.jit
+def _program(CAUSAL: tl.constexpr):
+    """(start_m, off_hz): which query block of which head this program computes.  With causal masking a
+    program's work grows with start_m, so each head's programs are taken heaviest first (programs start in
+    the order of their linear index on the grid, a head's blocks after one another): the lightest come last
+    and fill the tail.  A head's programs stay together, so its K and V stay in L2; taking the heaviest
+    programs of every head first instead made the causal forward 30% slower on the H100.  The order does not
+    enter any row's arithmetic."""
+    if CAUSAL:
+        start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+    else:
+        start_m = tl.program_id(0)
+    return start_m, tl.program_id(1)
+
+
+@triton.jit
 def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
@@ -289,8 +304,8 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
              SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
     """One BLOCK_M slice of queries of one (batch, head); q, k, v, o contiguous (B*H, N, HEAD_DIM)."""
-    start_m = tl.program_id(0)
-    off_hz = tl.program_id(1).to(tl.int64)
+    start_m, hz = _program(CAUSAL)
+    off_hz = hz.to(tl.int64)
     q_base = off_hz * N_Q * HEAD_DIM
     k_base = off_hz * N_K * HEAD_DIM
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)

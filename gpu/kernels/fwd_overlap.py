@@ -27,7 +27,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .fwd import _masked_block, _plain_block, _weights, log2_fma
+from .fwd import _masked_block, _plain_block, _program, _weights, log2_fma
 
 ROWS = gl.constexpr(64)  # query rows per compute warpgroup (wgmma's M)
 
@@ -134,8 +134,7 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
     gl.static_assert(BLOCK_N == HEAD_DIM)
     gl.static_assert(BLOCK_M == ROWS or BLOCK_M == 2 * ROWS)
     dtype: gl.constexpr = k_desc.dtype
-    start_m = gl.program_id(0)
-    off_hz = gl.program_id(1)
+    start_m, off_hz = _program(CAUSAL)
     first_row = start_m * BLOCK_M
     if CAUSAL:
         hi = gl.minimum(N_K, gl.minimum(first_row + BLOCK_M, N_Q))

@@ -238,18 +238,27 @@ def _weights(x, m_i, m_new, l_i):
 
 
 @triton.jit
-def _program(CAUSAL: tl.constexpr):
-    """(start_m, off_hz): which query block of which head this program computes.  With causal masking a
-    program's work grows with start_m, so each head's programs are taken heaviest first (programs start in
-    the order of their linear index on the grid, a head's blocks after one another): the lightest come last
-    and fill the tail.  A head's programs stay together, so its K and V stay in L2; taking the heaviest
-    programs of every head first instead made the causal forward 30% slower on the H100.  The order does not
-    enter any row's arithmetic."""
+def _program(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+    """(start_m, off_hz, lo, hi): which query block of which head this program computes, and its keys: the
+    blocks before ``lo`` are full and unmasked, those in [lo, hi) masked (ragged end, causal diagonal).  Both
+    forward kernels take these from here, as their bits depend on the same split.
+
+    With causal masking a program's work grows with start_m, so each head's programs are taken heaviest
+    first (programs start in the order of their linear index on the grid, a head's blocks after one
+    another): the lightest come last and fill the tail.  A head's programs stay together, so its K and V stay
+    in L2; taking the heaviest programs of every head first instead made the causal forward 30% slower on
+    the H100.  The order does not enter any row's arithmetic."""
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
+        first_row = start_m * BLOCK_M
+        hi = tl.minimum(N_K, tl.minimum(first_row + BLOCK_M, N_Q))
+        # every column of a block before lo is <= the program's first row and < N_K
+        lo = tl.minimum((first_row + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
     else:
         start_m = tl.program_id(0)
-    return start_m, tl.program_id(1)
+        hi = N_K
+        lo = (N_K // BLOCK_N) * BLOCK_N
+    return start_m, tl.program_id(1), lo, hi
 
 
 @triton.jit
@@ -304,7 +313,7 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
              SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
     """One BLOCK_M slice of queries of one (batch, head); q, k, v, o contiguous (B*H, N, HEAD_DIM)."""
-    start_m, hz = _program(CAUSAL)
+    start_m, hz, lo, hi = _program(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
     q_base = off_hz * N_Q * HEAD_DIM
     k_base = off_hz * N_K * HEAD_DIM
@@ -317,13 +326,6 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     first_row = start_m * BLOCK_M
-    if CAUSAL:
-        hi = tl.minimum(N_K, tl.minimum(first_row + BLOCK_M, N_Q))
-        # blocks before lo are full and unmasked: every column <= the block's first row and < N_K
-        lo = tl.minimum((first_row + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
-    else:
-        hi = N_K
-        lo = (N_K // BLOCK_N) * BLOCK_N
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo,
                               DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
                                   qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,

@@ -134,15 +134,8 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
     gl.static_assert(BLOCK_N == HEAD_DIM)
     gl.static_assert(BLOCK_M == ROWS or BLOCK_M == 2 * ROWS)
     dtype: gl.constexpr = k_desc.dtype
-    start_m, off_hz = _program(CAUSAL)
+    start_m, off_hz, lo, hi = _program(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     first_row = start_m * BLOCK_M
-    if CAUSAL:
-        hi = gl.minimum(N_K, gl.minimum(first_row + BLOCK_M, N_Q))
-        # blocks before lo are full and unmasked: every column <= the block's first row and < N_K
-        lo = gl.minimum((first_row + 1) // BLOCK_N, N_K // BLOCK_N) * BLOCK_N
-    else:
-        hi = N_K
-        lo = (N_K // BLOCK_N) * BLOCK_N
     n_blocks = gl.cdiv(hi, BLOCK_N)
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)

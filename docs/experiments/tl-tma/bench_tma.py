@@ -4,7 +4,7 @@ lengths included), then paired timing (benchmarks/fix_cost.py's rounds; every ke
 as a CUDA graph of 8 forwards, all in one rotation).  ``--impls`` (the first must be ``tl``):
 
 - ``tl[:S[:M]]``: the committed tl kernel, optionally with S stages and M query rows (M / 16 warps);
-- ``tma[:S[:M]]``: the same with K/V by TMA (fwd_tma.py here);
+- ``tma[:S[:M]]``: the same with K/V by TMA (fwd_tma.patch here);
 - ``overlap``: the committed overlap kernel (d=128);
 - ``ov3[:S[:M]]``: ../overlap-3wg/fwd_overlap3.patch, three compute warpgroups (d=128, no causal masking).
 
@@ -24,7 +24,6 @@ import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SOFTMAXES = ("standard", "stabilised", "robust")
 
@@ -36,8 +35,6 @@ def impls(d: int, causal: bool) -> dict:
     """name -> forward(q, k, v, softmax) for the kernels of IMPLS at this shape.  A name ``tl:S`` or
     ``tma:S`` runs that kernel with S stages, ``tl:S:M`` / ``tma:S:M`` also with M query rows and M // 16
     warps (the committed tiles otherwise)."""
-    from fwd_tma import forward_tma
-
     from gpu import flash
     from gpu.configs import FWD_CONFIGS, Config
     cfg = FWD_CONFIGS[(d, causal)]
@@ -51,31 +48,33 @@ def impls(d: int, causal: bool) -> dict:
             out[name] = (lambda q, k, v, sm, c=c: flash.forward(q, k, v, causal=causal, softmax=sm, config=c,
                                                                 kernel="triton")[:2])
         elif kind == "tma":
-            out[name] = lambda q, k, v, sm, c=c: forward_tma(q, k, v, causal, sm, c)
+            out[name] = (lambda q, k, v, sm, c=c: _patched("fwd_tma", "gpu/kernels/fwd.py",
+                                                           "docs/experiments/tl-tma/fwd_tma.patch").forward_tma(
+                q, k, v, causal, sm, c))
         elif kind == "ov3" and d == 128:  # docs/experiments/overlap-3wg: [stages[:block_m]]
-            out[name] = (lambda q, k, v, sm, o=opts: _overlap3().forward3(
-                q, k, v, causal, sm, int(o[1]) if len(o) > 1 else 192, int(o[0]) if o else 2))
+            out[name] = (lambda q, k, v, sm, o=opts: _patched(
+                "fwd_overlap3", "gpu/kernels/fwd_overlap.py", "docs/experiments/overlap-3wg/fwd_overlap3.patch"
+            ).forward3(q, k, v, causal, sm, int(o[1]) if len(o) > 1 else 192, int(o[0]) if o else 2))
         elif kind == "overlap" and d == 128:
             out[name] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
     return out
 
 
-def _overlap3():
-    """docs/experiments/overlap-3wg/fwd_overlap3.patch applied to the committed overlap kernel, imported (the
-    patched copy lives in a temporary folder: Gluon needs a module file to read the kernels' source)."""
+def _patched(name: str, target: str, patch: str):
+    """Module ``name``: the committed ``target`` with ``patch`` applied, imported (the patched copy lives in a
+    temporary folder: Triton and Gluon need a module file to read the kernels' source)."""
     import importlib.util
     import subprocess
     import tempfile
-    path = os.path.join(tempfile.gettempdir(), "fwd_overlap3.py")
-    if not os.path.exists(path):  # patched beside it, then renamed: the warm-up processes race here
-        subprocess.run(["patch", "-s", "-o", f"{path}.{os.getpid()}", "gpu/kernels/fwd_overlap.py",
-                        "docs/experiments/overlap-3wg/fwd_overlap3.patch"], check=True)
-        os.replace(f"{path}.{os.getpid()}", path)
-    spec = importlib.util.spec_from_file_location("fwd_overlap3", path)
-    if "fwd_overlap3" not in sys.modules:
-        sys.modules["fwd_overlap3"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["fwd_overlap3"])
-    return sys.modules["fwd_overlap3"]
+    if name not in sys.modules:
+        path = os.path.join(tempfile.gettempdir(), f"{name}.py")
+        if not os.path.exists(path):  # patched beside it, then renamed: the warm-up processes race here
+            subprocess.run(["patch", "-s", "-o", f"{path}.{os.getpid()}", target, patch], check=True)
+            os.replace(f"{path}.{os.getpid()}", path)
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
 
 
 def warm(args) -> str:

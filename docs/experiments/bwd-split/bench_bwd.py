@@ -1,0 +1,172 @@
+"""The backward kernels of this tree against a base commit's, in one process: bits, then paired timings.
+
+On the GPU machine, from the repository root, with the base's backward saved beside the tree (BASE a commit):
+
+    mkdir -p base && touch base/__init__.py && git show BASE:gpu/kernels/bwd.py > base/old_bwd.py
+    OUT=$OUT PYTHONPATH=. python docs/experiments/bwd-split/bench_bwd.py [--shapes 128x4096,64x4096]
+        [--causal no,yes] [--impls old,new,new:64:64:8:2] [--rounds 10] [--json bwd_split.json]
+
+An impl is 'new' (this tree's kernels), 'old' (base/old_bwd.py) or 'A+B': the dK/dV kernel from A and the
+dQ kernel from B, each 'new', 'old' or the name of another module in base/ (a variant); optionally followed by
+':BLOCK_M:BLOCK_N:warps:stages' (default: this tree's tiles).
+Compiles in 15 processes, checks that every impl gives the bits of 'new' with the default tiles where its
+tiles are the same (dQ, dK, dV of randn, repeated, large and sink inputs, ragged lengths, both maskings), then
+times ``flash.backward`` for each impl with benchmarks/fix_cost.py's paired rounds (CUDA graphs, order
+rotated) and writes $OUT/JSON.
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+
+def parse(impl: str):
+    """'old+new:64:64:8:2' -> (('old', 'new'), Config(64, 64, 8, 2)); 'old' -> (('old', 'old'), None)."""
+    from gpu.configs import Config
+    which, *tiles = impl.split(":")
+    a, _, b = which.partition("+")
+    return (a, b or a), (Config(*map(int, tiles)) if tiles else None)
+
+
+_LAUNCH: dict = {}
+_NEW: list = []
+
+
+def launchers(src: str):
+    """(dK/dV, dQ) launchers of this tree ('new') or of the module base/{src}_bwd.py or base/{src}.py."""
+    import importlib
+
+    from gpu import flash
+    from gpu.launch import Launcher
+    if not _NEW:
+        _NEW.extend((flash._DKDV, flash._DQ))
+    if src == "new":
+        return tuple(_NEW)
+    if src not in _LAUNCH:
+        name = "old_bwd" if src == "old" else src
+        mod = importlib.import_module(f"base.{name}")
+        _LAUNCH[src] = (Launcher(mod.attn_bwd_dkdv), Launcher(mod.attn_bwd_dq))
+    return _LAUNCH[src]
+
+
+def use(srcs: tuple[str, str]) -> None:
+    """Route flash's backward launches: dK/dV from srcs[0], dQ from srcs[1]."""
+    from gpu import flash
+    flash._DKDV, flash._DQ = launchers(srcs[0])[0], launchers(srcs[1])[1]
+
+
+def backward(impl: str, q, k, v, o, lse, do, causal: bool):
+    from gpu import flash
+    srcs, cfg = parse(impl)
+    use(srcs)
+    try:
+        return flash.backward(q, k, v, o, lse, do, causal=causal, config=cfg)[:3]
+    finally:
+        use(("new", "new"))
+
+
+def warm(args) -> str:
+    import torch
+
+    from gpu import flash
+    impl, d, causal = args
+    q = torch.randn((1, 1, 300, d), device="cuda", dtype=torch.bfloat16)
+    o, lse, _ = flash.forward(q, q, q, causal=causal, kernel="triton")
+    backward(impl, q, q, q, o, lse, q, causal)
+    torch.cuda.synchronize()
+    return f"{args} compiled"
+
+
+def time_shape(impls: list[str], d: int, n: int, causal: bool, rounds: int) -> dict:
+    """Paired rounds of ``flash.backward`` by each impl at B=4, H=32 (CUDA graphs of 16384 / n calls)."""
+    import fix_cost
+    import torch
+
+    from gpu import flash
+    from gpu.run_attention import cuda_graph, rand
+    q, k, v = rand((4, 32, n, d), torch.bfloat16)
+    do = torch.randn_like(q)
+    o, lse, _ = flash.forward(q, k, v, causal=causal, kernel="triton")
+    reps = max(1, 4096 * 4 // n)
+    launch = {impl: cuda_graph(lambda impl=impl: backward(impl, q, k, v, o, lse, do, causal), reps).replay
+              for impl in impls}
+    for run in launch.values():
+        run()
+    ms = fix_cost.paired_rounds(launch, rounds, reps)
+    flops = 2.5 * fix_cost.fwd_flops(4, 32, n, d, causal)
+    return dict(d=d, n=n, causal=causal, reps=reps, ms=ms,
+                tflops={impl: flops / statistics.median(t) / 1e9 for impl, t in ms.items()})
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="128x4096,64x4096", help="d x N, comma-separated")
+    ap.add_argument("--causal", default="no,yes")
+    ap.add_argument("--impls", default="old,new")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--json", default="bwd_split.json", help="file name under $OUT")
+    a = ap.parse_args(argv)
+    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
+    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
+    impls = a.impls.split(",")
+    for impl in impls:
+        parse(impl)
+    t0 = time.time()
+    jobs = [(impl, d, c) for impl in impls for d in sorted({d for d, _ in shapes}) for c in causals]
+    with mp.get_context("spawn").Pool(min(15, len(jobs))) as pool:
+        for line in pool.imap_unordered(warm, jobs):
+            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    import fix_cost
+    import torch
+
+    from gpu import flash
+    from gpu.configs import BWD_CONFIGS
+    from gpu.crosscheck import bits_of
+    from gpu.run_attention import kind_inputs, rand
+    bad = total = 0
+    for d in sorted({d for d, _ in shapes}):
+        tiles = (BWD_CONFIGS[d].block_m, BWD_CONFIGS[d].block_n)
+        same = [i for i in impls if (c := parse(i)[1]) is None or (c.block_m, c.block_n) == tiles]
+        for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
+                             ("sink", 777, 1000), ("randn", 130, 70)):
+            shape = (2, 4, max(nq, nk), d)
+            if kind == "randn":
+                q, k, v = rand(shape, torch.bfloat16)
+                do = torch.randn_like(q)
+            else:
+                q, k, v, do = kind_inputs(kind, "bf16", shape, 3)
+            q, do = q[:, :, :nq].contiguous(), do[:, :, :nq].contiguous()
+            k, v = k[:, :, :nk].contiguous(), v[:, :, :nk].contiguous()
+            for causal in causals:
+                o, lse, _ = flash.forward(q, k, v, causal=causal, kernel="triton")
+                ref = backward("new", q, k, v, o, lse, do, causal)
+                for impl in same:
+                    got = backward(impl, q, k, v, o, lse, do, causal)
+                    total += 1
+                    if not all((bits_of(x) == bits_of(y)).all() for x, y in zip(got, ref, strict=True)):
+                        bad += 1
+                        print("DIFFERENT", d, kind, nq, nk, causal, impl, flush=True)
+    print(f"bits: {total - bad} of {total} runs identical to 'new'", flush=True)
+    rows = []
+    print("| d | N | causal | " + " | ".join(impls) + " |  (TFLOP/s, median of paired rounds; ratio to the first)")
+    for d, n in shapes:
+        for causal in causals:
+            row = time_shape(impls, d, n, causal, a.rounds)
+            rows.append(row)
+            tf = row["tflops"]
+            print(f"| {d} | {n} | {causal} | " + " | ".join(f"{tf[i]:.0f} ({tf[i] / tf[impls[0]]:.3f}x)" for i in impls)
+                  + " |", flush=True)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
+        json.dump({"env": fix_cost.env(), "impls": impls, "bits": {"identical": total - bad, "runs": total},
+                   "rows": rows}, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -327,13 +327,13 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     first_row = start_m * BLOCK_M
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo,
-                              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
-                                  qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES)
+                             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+                             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                             HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES)
     acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
-                              DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
-                                  qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                                  HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1)
+                             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+                             qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
+                             HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1)
     lse = m_i + log2_fma(l_i)
     o = acc / l_i[:, None]
     tl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)

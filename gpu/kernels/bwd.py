@@ -8,11 +8,13 @@ instead of atomics so every gradient is deterministic and the emulator can repea
 ``triton_h100`` policy: the same tiles in both kernels, as its backward accumulates dQ block by block).
 The softmax variant does not enter: the LSE makes P the same whatever shift the forward used.
 
-Each kernel walks its blocks in three ranges, in the same ascending order as one loop would: blocks that
-cross the causal diagonal or the ragged end take the masked path (bounds-checked loads, masked scores),
-the others none of it.  A mask that keeps everything changes no value, so the split changes only the time.
-The dQ kernel takes its query block and key range from :func:`gpu.kernels.fwd._program` (causal: each
-head's heaviest blocks first, as the forward); the dK/dV kernel's heaviest blocks already come first.
+Masks only where they can remove something: each kernel walks its whole blocks in an unmasked loop (plain
+loads; in the dK/dV kernel a branch masks P on the query blocks that cross the causal diagonal), then the
+ragged end and, in the dQ kernel, the blocks on the diagonal in a masked loop, in the ascending order one
+loop would take.  A mask that keeps everything changes no value, so this changes only the time (3-25% on
+the H100, docs/performance.md, "Backward: masks only where needed").  The dQ kernel takes its query block
+and key range from :func:`gpu.kernels.fwd._program` (causal: each head's heaviest blocks first, as the
+forward); the dK/dV kernel's heaviest blocks already come first.
 """
 
 from __future__ import annotations
@@ -74,8 +76,8 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, start, s
     """dK, dV accumulated over the query blocks [start, stop).  MASKED: rows past N_Q and, with causal
     masking, keys after the query masked out of P.  Otherwise every row is valid and, with causal masking,
     the blocks before ``diag_end`` (those crossing the diagonal) mask P by a branch inside the loop: a
-    separate loop for them spilled more registers at d=128 and made the causal backward 9% slower on the
-    H100 (docs/performance.md, "Backward: masks only where needed")."""
+    separate loop for them spilled more registers at d=128 and made the causal backward 5-8% slower on
+    the H100 (docs/performance.md, "Backward: masks only where needed")."""
     for start_m in tl.range(start, stop, BLOCK_M, num_stages=1 if MASKED else None):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, row_ok, _ = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM, MASKED)

@@ -241,7 +241,8 @@ def _weights(x, m_i, m_new, l_i):
 def _program(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(start_m, off_hz, lo, hi): which query block of which head this program computes, and its keys: the
     blocks before ``lo`` are full and unmasked, those in [lo, hi) masked (ragged end, causal diagonal).  Both
-    forward kernels take these from here, as their bits depend on the same split.
+    forward kernels take these from here, as their bits depend on the same split; so does the backward's dQ
+    kernel (gpu/kernels/bwd.py), whose grid is the forward's.
 
     With causal masking a program's work grows with start_m, so each head's programs are taken heaviest
     first (programs start in the order of their linear index on the grid, a head's blocks after one

@@ -25,6 +25,7 @@ import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse(impl: str):
@@ -64,6 +65,9 @@ def use(srcs: tuple[str, str]) -> None:
 
 def backward(impl: str, q, k, v, o, lse, do, causal: bool):
     from gpu import flash
+    if impl == "atomic":  # dQ by atomics (bwd_atomic.py): timed, its bits not compared
+        from bwd_atomic import backward_atomic
+        return backward_atomic(q, k, v, o, lse, do, causal)
     srcs, cfg = parse(impl)
     use(srcs)
     try:
@@ -133,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     bad = total = 0
     for d in sorted({d for d, _ in shapes}):
         tiles = (BWD_CONFIGS[d].block_m, BWD_CONFIGS[d].block_n)
-        same = [i for i in impls if (c := parse(i)[1]) is None or (c.block_m, c.block_n) == tiles]
+        same = [i for i in impls if i != "atomic" and ((c := parse(i)[1]) is None or (c.block_m, c.block_n) == tiles)]
         for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
                              ("sink", 777, 1000), ("randn", 130, 70)):
             shape = (2, 4, max(nq, nk), d)
@@ -147,6 +151,11 @@ def main(argv: list[str] | None = None) -> None:
             for causal in causals:
                 o, lse, _ = flash.forward(q, k, v, causal=causal, kernel="triton")
                 ref = backward("new", q, k, v, o, lse, do, causal)
+                if "atomic" in impls:
+                    got = backward("atomic", q, k, v, o, lse, do, causal)
+                    rel = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                              for x, y in zip(got, ref, strict=True))
+                    print(f"atomic: max |diff| / max |new| {rel:.2e} ({d}, {kind}, {nq}x{nk}, {causal})", flush=True)
                 for impl in same:
                     got = backward(impl, q, k, v, o, lse, do, causal)
                     total += 1

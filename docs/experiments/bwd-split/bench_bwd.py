@@ -8,10 +8,12 @@ On the GPU machine, from the repository root, with the base's backward saved bes
 
 An impl is 'new' (this tree's kernels), 'old' (base/old_bwd.py) or 'A+B': the dK/dV kernel from A and the
 dQ kernel from B, each 'new', 'old' or the name of another module in base/ (a variant); optionally followed by
-':BLOCK_M:BLOCK_N:warps:stages' (default: this tree's tiles).
-Compiles in 15 processes, checks that every impl gives the bits of 'new' with the default tiles where its
-tiles are the same (dQ, dK, dV of randn, repeated, large and sink inputs, ragged lengths, both maskings), then
-times ``flash.backward`` for each impl with benchmarks/fix_cost.py's paired rounds (CUDA graphs, order
+':BLOCK_M:BLOCK_N:warps:stages' (default: this tree's tiles) and by '|dkdv=...' or '|dq=...' giving one
+kernel tiles of its own; or 'atomic' (bwd_atomic.py).
+
+Compiles in 15 processes, checks that every impl but 'atomic' gives the bits of 'new' with the default tiles
+(dQ, dK, dV of randn, repeated, large and sink inputs, ragged lengths, both maskings), then times
+``flash.backward`` for each impl with benchmarks/fix_cost.py's paired rounds (CUDA graphs, order
 rotated) and writes $OUT/JSON.
 """
 
@@ -29,11 +31,40 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse(impl: str):
-    """'old+new:64:64:8:2' -> (('old', 'new'), Config(64, 64, 8, 2)); 'old' -> (('old', 'old'), None)."""
+    """'old+new:64:64:8:2' -> (('old', 'new'), Config(64, 64, 8, 2)); 'old' -> (('old', 'old'), None).
+    A suffix '|dkdv=BM:BN:W:S' or '|dq=BM:BN:W:S' (see :func:`kernel_tiles`) is not part of it."""
     from gpu.configs import Config
-    which, *tiles = impl.split(":")
+    which, *tiles = impl.split("|")[0].split(":")
     a, _, b = which.partition("+")
     return (a, b or a), (Config(*map(int, tiles)) if tiles else None)
+
+
+def kernel_tiles(impl: str) -> dict:
+    """'new|dkdv=64:128:8:2|dq=128:64:8:2' -> {'dkdv': Config(64, 128, 8, 2), 'dq': Config(128, 64, 8, 2)}:
+    one kernel's tiles and launch options instead of the shared config (flashsim's model of the kernels
+    gives the same bits for any tiles: docs/experiments/bwd-split/README.md)."""
+    from gpu.configs import Config
+    out = {}
+    for part in impl.split("|")[1:]:
+        kern, _, tiles = part.partition("=")
+        if kern not in ("dkdv", "dq"):
+            raise ValueError(f"--impls: a suffix is |dkdv=BM:BN:W:S or |dq=BM:BN:W:S, got {part!r}")
+        out[kern] = Config(*map(int, tiles.split(":")))
+    return out
+
+
+class Retiled:
+    """A backward launcher with its own tiles and options: the grid recomputed from them (the dK/dV kernel
+    tiles the keys, n_k its last argument; the dQ kernel the queries, n_q the one before)."""
+
+    def __init__(self, launcher, cfg, kern: str) -> None:
+        self.launcher, self.cfg, self.kern = launcher, cfg, kern
+
+    def __call__(self, grid, args, constexprs, options) -> None:
+        c = self.cfg
+        n, block = (args[-1], c.block_n) if self.kern == "dkdv" else (args[-2], c.block_m)
+        self.launcher((-(-n // block), grid[1]), args, {**constexprs, "BLOCK_M": c.block_m, "BLOCK_N": c.block_n},
+                      dict(num_warps=c.num_warps, num_stages=c.num_stages))
 
 
 _LAUNCH: dict = {}
@@ -70,6 +101,9 @@ def backward(impl: str, q, k, v, o, lse, do, causal: bool):
         return backward_atomic(q, k, v, o, lse, do, causal)
     srcs, cfg = parse(impl)
     use(srcs)
+    for kern, kcfg in kernel_tiles(impl).items():
+        name = "_DKDV" if kern == "dkdv" else "_DQ"
+        setattr(flash, name, Retiled(getattr(flash, name), kcfg, kern))
     try:
         return flash.backward(q, k, v, o, lse, do, causal=causal, config=cfg)[:3]
     finally:
@@ -131,13 +165,11 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from gpu import flash
-    from gpu.configs import BWD_CONFIGS
     from gpu.crosscheck import bits_of
     from gpu.run_attention import kind_inputs, rand
     bad = total = 0
     for d in sorted({d for d, _ in shapes}):
-        tiles = (BWD_CONFIGS[d].block_m, BWD_CONFIGS[d].block_n)
-        same = [i for i in impls if i != "atomic" and ((c := parse(i)[1]) is None or (c.block_m, c.block_n) == tiles)]
+        same = [i for i in impls if i != "atomic"]  # tiles included: flashsim's model says they change no bit
         for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
                              ("sink", 777, 1000), ("randn", 130, 70)):
             shape = (2, 4, max(nq, nk), d)

@@ -11,7 +11,7 @@ The softmax variant does not enter: the LSE makes P the same whatever shift the 
 Masks only where they can remove something: each kernel walks its whole blocks in an unmasked loop (plain
 loads; in the dK/dV kernel a branch masks P on the query blocks that cross the causal diagonal), then the
 ragged end and, in the dQ kernel, the blocks on the diagonal in a masked loop, in the ascending order one
-loop would take.  A mask that keeps everything changes no value, so this changes only the time (3-25% on
+loop would take.  A mask that keeps everything changes no value, so this changes only the time (2-25% on
 the H100, docs/performance.md, "Backward: masks only where needed").  The dQ kernel takes its query block
 and key range from :func:`gpu.kernels.fwd._program` (causal: each head's heaviest blocks first, as the
 forward); the dK/dV kernel's heaviest blocks already come first.

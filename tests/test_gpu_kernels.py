@@ -82,6 +82,22 @@ def test_backward_compiles_to_wgmma(d):
         assert "wgmma.mma_async" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
 
 
+@pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
+def test_backward_compiles_for_one_query(d):
+    """Both backward kernels compile through ptxas with N_Q = N_K = 1 made constants (as Triton's launcher
+    makes an integer argument equal to 1), with and without causal masking: their masked and unmasked loops
+    then fold to nothing or one block, the shape that crashed ptxas 12.8 in the forward."""
+    cfg = BWD_CONFIGS[d]
+    for causal in (False, True):
+        const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "N_Q": 1, "N_K": 1}
+        k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["constexpr"] * 6,
+                     const, 8, cfg.num_warps, cfg.num_stages)
+        assert k.asm["cubin"]
+        k = _compile(attn_bwd_dq, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] + ["fp32"] * 2 + ["constexpr"] * 6,
+                     const, 7, cfg.num_warps, cfg.num_stages)
+        assert k.asm["cubin"]
+
+
 def _compile_overlap(d, causal, softmax, dtype="bf16"):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource

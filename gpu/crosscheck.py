@@ -99,6 +99,12 @@ def bits_of(t) -> np.ndarray:
     return t.contiguous().view(width[0]).cpu().numpy().view(width[1])
 
 
+def same_bits(got, ref) -> bool:
+    """Whether every tensor of ``got`` has the shape and bits of its partner in ``ref`` (-0 is not +0, NaN
+    payloads count): how two kernels' outputs are held to each other."""
+    return all(np.array_equal(bits_of(x), bits_of(y)) for x, y in zip(got, ref, strict=True))
+
+
 def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None = None, *, dtype: str = "bf16",
              causal: bool = False, softmax: str = "standard", sm_scale: float | None = None, debug: bool = True,
              fwd: Config | None = None, bwd: Config | None = None, note: str = "") -> KernelRun:

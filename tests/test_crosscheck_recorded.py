@@ -204,3 +204,19 @@ def test_replay_start_and_stop_bookkeeping():
     res = {}
     replay(res, 0.0, 5)  # past the deadline before the first run
     assert res["replay_stopped"] == f"time, before run 5 of {n}" and res["replay"]["runs"] == [5, 5]
+
+
+def test_same_bits_holds_tensors_to_their_bits():
+    """gpu.crosscheck.same_bits, how the experiments and the replay compare two kernels' outputs: -0 is not +0,
+    a NaN equals only the same NaN, shapes must match, and the tuples must pair up."""
+    torch = pytest.importorskip("torch")
+    from gpu.crosscheck import same_bits
+    a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
+    assert same_bits((a, a.float()), (a.clone(), a.float().clone()))
+    assert not same_bits((a,), (torch.tensor([1.0, 0.0, float("nan")], dtype=torch.bfloat16),))
+    other_nan = a.view(torch.int16).clone()
+    other_nan[2] += 1
+    assert not same_bits((a,), (other_nan.view(torch.bfloat16),))
+    assert not same_bits((a,), (a[:2],))
+    with pytest.raises(ValueError):
+        same_bits((a, a), (a,))

@@ -1,15 +1,17 @@
-"""The backward kernels of this tree against a base commit's, in one process: bits, then paired timings.
+"""The backward kernels of this tree against a base commit's and against variants, in one process: bits, then
+paired timings.
 
-On the GPU machine, from the repository root, with the base's backward saved beside the tree (BASE a commit):
+On the GPU machine, from the repository root (its git must hold the base commit):
 
-    mkdir -p base && touch base/__init__.py && git show BASE:gpu/kernels/bwd.py > base/old_bwd.py
     OUT=$OUT PYTHONPATH=. python docs/experiments/bwd-split/bench_bwd.py [--shapes 128x4096,64x4096]
-        [--causal no,yes] [--impls old,new,new:64:64:8:2] [--rounds 10] [--json bwd_split.json]
+        [--causal no,yes] [--impls old,new,split,one,new:64:64:8:2] [--base ba3ac2a] [--rounds 10]
+        [--json bwd_split.json]
 
-An impl is 'new' (this tree's kernels), 'old' (base/old_bwd.py) or 'A+B': the dK/dV kernel from A and the
-dQ kernel from B, each 'new', 'old' or the name of another module in base/ (a variant); optionally followed by
-':BLOCK_M:BLOCK_N:warps:stages' (default: this tree's tiles) and by '|dkdv=...' or '|dq=...' giving one
-kernel tiles of its own; or 'atomic' (bwd_atomic.py).
+An impl is 'new' (this tree's kernels), 'old' (gpu/kernels/bwd.py at ``--base``), a variant (gpu/kernels/bwd.py
+with docs/experiments/bwd-split/{name}.patch: 'split', 'one'; loaded by benchmarks/kernel_variants.py) or
+'A+B': the dK/dV kernel from A and the dQ kernel from B; optionally followed by ':BLOCK_M:BLOCK_N:warps:stages'
+(default: this tree's tiles) and by '|dkdv=...' or '|dq=...' giving one kernel tiles of its own; or 'atomic'
+(bwd_atomic.py).
 
 Compiles in 15 processes, checks that every impl but 'atomic' gives the bits of 'new' with the default tiles
 (dQ, dK, dV of randn, repeated, large and sink inputs, ragged lengths, both maskings), then times
@@ -69,11 +71,13 @@ class Retiled:
 
 _LAUNCH: dict = {}
 _NEW: list = []
+BASE = ["ba3ac2a"]  # the commit whose backward is 'old' (--base)
 
 
 def launchers(src: str):
-    """(dK/dV, dQ) launchers of this tree ('new') or of the module base/{src}_bwd.py or base/{src}.py."""
-    import importlib
+    """(dK/dV, dQ) launchers: this tree's ('new'), gpu/kernels/bwd.py at the base commit ('old'), or with
+    docs/experiments/bwd-split/{src}.patch applied."""
+    from kernel_variants import at_commit, patched
 
     from gpu import flash
     from gpu.launch import Launcher
@@ -82,8 +86,9 @@ def launchers(src: str):
     if src == "new":
         return tuple(_NEW)
     if src not in _LAUNCH:
-        name = "old_bwd" if src == "old" else src
-        mod = importlib.import_module(f"base.{name}")
+        target = "gpu/kernels/bwd.py"
+        mod = (at_commit("bwd_old", BASE[0], target) if src == "old"
+               else patched(f"bwd_{src}", target, f"docs/experiments/bwd-split/{src}.patch"))
         _LAUNCH[src] = (Launcher(mod.attn_bwd_dkdv), Launcher(mod.attn_bwd_dq))
     return _LAUNCH[src]
 
@@ -114,7 +119,7 @@ def warm(args) -> str:
     import torch
 
     from gpu import flash
-    impl, d, causal = args
+    impl, d, causal, BASE[0] = args
     q = torch.randn((1, 1, 300, d), device="cuda", dtype=torch.bfloat16)
     o, lse, _ = flash.forward(q, q, q, causal=causal, kernel="triton")
     backward(impl, q, q, q, o, lse, q, causal)
@@ -148,16 +153,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--shapes", default="128x4096,64x4096", help="d x N, comma-separated")
     ap.add_argument("--causal", default="no,yes")
     ap.add_argument("--impls", default="old,new")
+    ap.add_argument("--base", default=BASE[0], help="the commit whose backward is 'old'")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--json", default="bwd_split.json", help="file name under $OUT")
     a = ap.parse_args(argv)
+    BASE[0] = a.base
     shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
     causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
     impls = a.impls.split(",")
     for impl in impls:
         parse(impl)
     t0 = time.time()
-    jobs = [(impl, d, c) for impl in impls for d in sorted({d for d, _ in shapes}) for c in causals]
+    jobs = [(impl, d, c, a.base) for impl in impls for d in sorted({d for d, _ in shapes}) for c in causals]
     with mp.get_context("spawn").Pool(min(15, len(jobs))) as pool:
         for line in pool.imap_unordered(warm, jobs):
             print(line, f"{time.time() - t0:.0f}s", flush=True)

@@ -25,6 +25,8 @@ import time
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
+from kernel_variants import patched  # noqa: E402
+
 SOFTMAXES = ("standard", "stabilised", "robust")
 
 
@@ -48,33 +50,16 @@ def impls(d: int, causal: bool) -> dict:
             out[name] = (lambda q, k, v, sm, c=c: flash.forward(q, k, v, causal=causal, softmax=sm, config=c,
                                                                 kernel="triton")[:2])
         elif kind == "tma":
-            out[name] = (lambda q, k, v, sm, c=c: _patched("fwd_tma", "gpu/kernels/fwd.py",
+            out[name] = (lambda q, k, v, sm, c=c: patched("fwd_tma", "gpu/kernels/fwd.py",
                                                            "docs/experiments/tl-tma/fwd_tma.patch").forward_tma(
                 q, k, v, causal, sm, c))
         elif kind == "ov3" and d == 128:  # docs/experiments/overlap-3wg: [stages[:block_m]]
-            out[name] = (lambda q, k, v, sm, o=opts: _patched(
+            out[name] = (lambda q, k, v, sm, o=opts: patched(
                 "fwd_overlap3", "gpu/kernels/fwd_overlap.py", "docs/experiments/overlap-3wg/fwd_overlap3.patch"
             ).forward3(q, k, v, causal, sm, int(o[1]) if len(o) > 1 else 192, int(o[0]) if o else 2))
         elif kind == "overlap" and d == 128:
             out[name] = lambda q, k, v, sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel="overlap")[:2]
     return out
-
-
-def _patched(name: str, target: str, patch: str):
-    """Module ``name``: the committed ``target`` with ``patch`` applied, imported (the patched copy lives in a
-    temporary folder: Triton and Gluon need a module file to read the kernels' source)."""
-    import importlib.util
-    import subprocess
-    import tempfile
-    if name not in sys.modules:
-        path = os.path.join(tempfile.gettempdir(), f"{name}.py")
-        if not os.path.exists(path):  # patched beside it, then renamed: the warm-up processes race here
-            subprocess.run(["patch", "-s", "-o", f"{path}.{os.getpid()}", target, patch], check=True)
-            os.replace(f"{path}.{os.getpid()}", path)
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
 
 
 def warm(args) -> str:

@@ -25,7 +25,8 @@ def patched(name: str, target: str, patch: str) -> ModuleType:
 
 
 def at_commit(name: str, commit: str, target: str) -> ModuleType:
-    """Module ``name``: ``target`` as it was at ``commit`` (``git show``)."""
+    """Module ``name``: ``target`` as it was at ``commit`` (``git show``).  Its relative imports resolve to
+    this tree's modules, not the commit's."""
     def write(path: str) -> None:
         with open(path, "w") as f:
             f.write(subprocess.run(["git", "show", f"{commit}:{target}"], check=True, capture_output=True,

@@ -60,6 +60,9 @@ def _f32(x: float) -> float:
 #: larger batches run as several launches over consecutive heads (:func:`_by_heads`).  A multiple of 16, so
 #: every slice starts 16-byte aligned and runs the kernel the whole batch would.
 HEADS_PER_LAUNCH = 65520
+#: dtypes whose V the tl forward kernel reads transposed, (B, H, d, N) (:func:`_keys_contiguous`): e4m3, whose
+#: tensor cores want P V's keys contiguous.  Same bits either way; a variable so that checks can set it.
+V_TRANSPOSED: tuple[torch.dtype, ...] = (FP8,)
 
 
 def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
@@ -239,13 +242,26 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name])
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
-    scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk)
+    v_t = q.dtype in V_TRANSPOSED
+    if v_t:
+        v = _keys_contiguous(v)
+    scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages)
+                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages, V_T=v_t)
     for heads, tensors in _by_heads(b * h, q, k, v, o, lse, *ptrs):
         _FWD((_cdiv(n_q, cfg.block_m), heads), (*tensors, *scalars), constexprs,
              dict(num_warps=cfg.num_warps, num_stages=stages))
     return o, lse, dbg
+
+
+def _keys_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """V (B, H, N, d) as (B, H, d, N') with N' = N rounded up to 16 (the kernel reads only the first N):
+    FP8 tensor cores take P V's B operand only with the keys contiguous, and rows of 16 bytes let Triton
+    load V tiles by cp.async into its pipeline (docs/performance.md, "FP8 E4M3 forward")."""
+    b, h, n, d = v.shape
+    vt = v.new_empty((b, h, d, _cdiv(n, 16) * 16))
+    vt[..., :n].copy_(v.transpose(-1, -2))
+    return vt
 
 
 def _hopper(x: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
 - ``arguments``: bad arguments raise errors that name them instead of being coerced (a string for a
   flag or a scale, a scale whose float32 rounding is 0 or Inf, backward's o / do / lse of another shape or
   dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0;
+- ``v_transposed``: V read transposed (FP8's layout, forced here for fp16) gives the bits of V as given;
 - ``causality``: under causal masking a row never sees a later key: not a score far above its own (the
   tutorial's -1e6 bias let it win), not a NaN (which made the earlier rows of its tile NaN).
 """
@@ -184,6 +185,20 @@ def check_arguments(causal: bool) -> None:
     _raises(RuntimeError, "once_differentiable", g.float().pow(2).sum().backward)
 
 
+def check_v_transposed(causal: bool) -> None:
+    """V read transposed (as FP8's is, here forced for fp16) gives the bits of V as given: O, LSE and every
+    debug output, on ragged shapes (the transposed rows padded to 16 keys, the padding never read)."""
+    for i, shape in enumerate(SHAPES):
+        q, k, v = _heads(shape, 2, 60 + i, integer=False)
+        runs = []
+        for dtypes in ((), (torch.float16,)):
+            flash.V_TRANSPOSED = dtypes
+            o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
+            runs.append([o, lse, *dbg.values()])
+        for a, b in zip(*runs, strict=True):
+            assert np.array_equal(bits_of(a), bits_of(b)), (shape, causal)
+
+
 def check_causality(causal: bool) -> None:
     for d in (64, 256):  # d=256: 128-row tiles over 64-key blocks, so rows with every key of a block masked
         q, k, v = (torch.zeros(1, 1, 2, d, dtype=torch.float16) for _ in range(3))
@@ -219,9 +234,11 @@ def main(argv: list[str]) -> None:
         check_arguments(causal)
     elif check == "causality":
         check_causality(causal)
+    elif check == "v_transposed":
+        check_v_transposed(causal)
     else:
         raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments, "
-                         "causality")
+                         "causality, v_transposed")
     print("ok")
 
 

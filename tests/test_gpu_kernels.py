@@ -22,22 +22,27 @@ H100 = GPUTarget("cuda", 90, 32)
 ALIGNED = [["tt.divisibility", 16]]
 
 
-def _compile(fn, types, constexprs, n_ptr, warps, stages):
+def _compile(fn, types, constexprs, n_ptr, warps, stages, aligned=()):
+    """``fn`` compiled for the H100: its first ``n_ptr`` arguments and those named in ``aligned`` divisible by
+    16, as Triton's launcher specialises 16-byte-aligned pointers and integers."""
     sig = dict(zip(fn.arg_names, types, strict=True))
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs={(i,): ALIGNED for i in range(n_ptr)})
+    attrs = {(i,): ALIGNED for i, name in enumerate(fn.arg_names) if i < n_ptr or name in aligned}
+    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=H100, options={"num_warps": warps, "num_stages": stages})
 
 
-def _compile_forward(key, softmax, ones=()):
-    """The tl forward kernel for tiles ``key`` = (d, causal), bf16; the integer arguments named in ``ones``
-    equal to 1, made constants as Triton's launcher does."""
+def _compile_forward(key, softmax, ones=(), dtype="bf16", v_t=False):
+    """The tl forward kernel for tiles ``key`` = (d, causal); the integer arguments named in ``ones``
+    equal to 1, made constants as Triton's launcher does.  ``dtype``: 'bf16' or 'fp8' (e4m3, O in bf16);
+    ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V)."""
     d, causal = key
     cfg = FWD_CONFIGS[key]
-    types = ["*bf16"] * 4 + ["*fp32"] * 5 + ["fp32"] * 8 + ["i32"] * 3 + ["constexpr"] * 7
+    types = [{"bf16": "*bf16", "fp8": "*fp8e4nv"}[dtype]] * 3 + ["*bf16"] + ["*fp32"] * 5 + ["fp32"] * 8
+    types = types + ["i32"] * 4 + ["constexpr"] * 8
     types = ["constexpr" if n in ones else t for n, t in zip(attn_fwd.arg_names, types, strict=True)]
     const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "SOFTMAX": softmax,
-             "DEBUG": False, "STAGES": cfg.num_stages, **dict.fromkeys(ones, 1)}
-    return _compile(attn_fwd, types, const, 9, cfg.num_warps, cfg.num_stages)
+             "DEBUG": False, "STAGES": cfg.num_stages, "V_T": v_t, **dict.fromkeys(ones, 1)}
+    return _compile(attn_fwd, types, const, 9, cfg.num_warps, cfg.num_stages, aligned=("N_VT",) if v_t else ())
 
 
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
@@ -46,6 +51,19 @@ def test_forward_compiles_to_wgmma(key, softmax):
     ptx = _compile_forward(key, softmax).asm["ptx"]
     assert "wgmma.mma_async" in ptx  # the tensor-core model flashsim uses is wgmma's
     assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx and "fma.rn.f32" in ptx
+
+
+@pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
+def test_fp8_forward_pipelines_v(key):
+    """FP8: with V's keys contiguous (gpu.flash passes it so) Triton loads V tiles by cp.async into a
+    multi-buffered pipeline, like K's; from V as (N, d) it cannot, as e4m3 wgmma needs the keys contiguous
+    in shared memory, so every V tile went through registers to be transposed (the contrast)."""
+    def buffered(v_t):
+        ttgir = _compile_forward(key, 0, dtype="fp8", v_t=v_t).asm["ttgir"]
+        return len(re.findall(rf"local_alloc : \(\) -> !ttg.memdesc<{FWD_CONFIGS[key].num_stages}x", ttgir))
+
+    assert buffered(True) == 2  # K and V
+    assert buffered(False) == 1  # K only
 
 
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))

@@ -15,7 +15,8 @@ SCRIPT = Path(__file__).with_name("interpreter_checks.py")
 SOFTMAXES = ("standard", "stabilised", "robust")
 CASES = ([("forward", c, s) for c in ("full", "causal") for s in SOFTMAXES]
          + [("shifts", c, s) for c in ("full", "causal") for s in SOFTMAXES]
-         + [(check, c) for check in ("backward", "heads", "empty", "arguments") for c in ("full", "causal")]
+         + [(check, c) for check in ("backward", "heads", "empty", "arguments", "v_transposed")
+            for c in ("full", "causal")]
          + [("causality", "causal")])
 
 

@@ -263,13 +263,14 @@ def _program(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.
 
 
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
-             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+def _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, row_ok, first_row, start, stop,
+             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK, N_VT,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr, V_T: tl.constexpr):
     """K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the pipelined loop);
-    MASKED=True for the last few (ragged columns, causal diagonal), not pipelined."""
+    MASKED=True for the last few (ragged columns, causal diagonal), not pipelined.  V_T: V is given
+    transposed, (B*H, HEAD_DIM, N_VT) (see :func:`attn_fwd`)."""
     FOLD: tl.constexpr = BLOCK_N < 128  # the fixes' row reductions: folded in 64-key blocks, plain in 128 (_row_max)
     for start_n in tl.range(start, stop, BLOCK_N, num_stages=STAGES):
         cols = start_n + offs_n
@@ -286,10 +287,16 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
                                     FOLD)
         p, alpha, l_i = _weights(x, m_i, m_new, l_i)
         acc = acc * alpha[:, None]
-        if MASKED:
-            v = tl.load(V + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+        if V_T:
+            vt_ptrs = V + v_base + offs_d[:, None] * N_VT + cols[None, :]
+            if MASKED:
+                v = tl.trans(tl.load(vt_ptrs, mask=col_ok[None, :], other=0.0))
+            else:
+                v = tl.trans(tl.load(vt_ptrs))
+        elif MASKED:
+            v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         else:
-            v = tl.load(V + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
+            v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
         acc = tl.dot(p.to(V.dtype.element_ty), v, acc)
         m_i = m_new
         if DEBUG:
@@ -310,14 +317,20 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, fir
 @triton.jit(do_not_specialize=["N_Q"])
 def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-             N_Q, N_K, N_BLK,
+             N_Q, N_K, N_BLK, N_VT,
              HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr):
-    """One BLOCK_M slice of queries of one (batch, head); q, k, v, o contiguous (B*H, N, HEAD_DIM)."""
+             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr, V_T: tl.constexpr):
+    """One BLOCK_M slice of queries of one (batch, head); q, k, o contiguous (B*H, N, HEAD_DIM).
+
+    V: contiguous (B*H, N_K, HEAD_DIM), or with V_T its transpose (B*H, HEAD_DIM, N_VT), keys past N_K
+    unread.  FP8 takes the transpose: e4m3 wgmma reads its B operand only K-major (here: keys contiguous),
+    so from (N_K, HEAD_DIM) tiles Triton transposed every V tile in shared memory, outside the pipeline.
+    The products and their order are the same either way."""
     start_m, hz, lo, hi = _program(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
     q_base = off_hz * N_Q * HEAD_DIM
     k_base = off_hz * N_K * HEAD_DIM
+    v_base = off_hz * HEAD_DIM * N_VT if V_T else k_base
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -327,14 +340,14 @@ def attn_fwd(Q, K, V, O, LSE, DBG_M, DBG_L, DBG_P, DBG_ACC,
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     first_row = start_m * BLOCK_M
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, 0, lo,
-                             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, row_ok, first_row, 0,
+                             lo, DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK, N_VT,
                              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                             HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES)
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, offs_m, offs_n, offs_d, row_ok, first_row, lo, hi,
-                             DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK,
+                             HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES, V_T)
+    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, row_ok, first_row, lo,
+                             hi, DBG_M, DBG_L, DBG_P, DBG_ACC, off_hz, N_Q, N_K, N_BLK, N_VT,
                              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
-                             HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1)
+                             HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1, V_T)
     lse = m_i + log2_fma(l_i)
     o = acc / l_i[:, None]
     tl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)

@@ -1,0 +1,185 @@
+"""The FP8 E4M3 forward with V as given, (N, d), against V with its keys contiguous, (d, N), in one process:
+bits, then paired timings.
+
+On the GPU machine, from the repository root:
+
+    OUT=$OUT PYTHONPATH=. python docs/experiments/fp8-vt/bench_fp8.py [--shapes 128x4096,128x16384,64x4096]
+        [--causal no,yes] [--impls nk,vt,bf16] [--rounds 10] [--json fp8_vt.json]
+
+Impls (each optionally ':BLOCK_M:BLOCK_N:warps:stages', else the committed tiles):
+
+- ``nk``: the tl kernel on FP8 with V as (N, d) (``V_T=False``), what ``flash.forward`` ran before
+  (``gpu.flash.V_TRANSPOSED`` emptied);
+- ``vt``: ``flash.forward`` as committed: V transposed by torch on every call, then the kernel (``V_T=True``);
+- ``bf16``: ``flash.forward`` on the same values in bf16 (the kernel ``auto`` picks), for scale.
+
+Every FP8 impl is first checked to give the bits of ``nk`` with the committed tiles (O and LSE; randn,
+repeated, large and sink inputs, ragged lengths, both maskings, three softmaxes); then the impls are timed
+by benchmarks/fix_cost.py's paired rounds (each impl and softmax a CUDA graph of enough forwards for ~3 ms,
+the order rotated from round to round).  Writes $OUT/JSON.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, ".")
+sys.path.insert(0, "benchmarks")
+
+SOFTMAXES = ("standard", "stabilised", "robust")
+B, H = 4, 32
+
+
+def parse(impl: str):
+    """'vt:128:128:8:2' -> ('vt', Config(128, 128, 8, 2)); 'vt' -> ('vt', None)."""
+    from gpu.configs import Config
+    name, *tiles = impl.split(":")
+    if name not in ("nk", "vt", "bf16"):
+        raise ValueError(f"--impls: nk, vt or bf16, optionally :BM:BN:W:S; got {impl!r}")
+    return name, (Config(*map(int, tiles)) if tiles else None)
+
+
+def forward(impl: str, q8, k8, v8, causal: bool, sm: str):
+    """(O, LSE) of ``impl`` on e4m3 q8, k8, v8."""
+    import torch
+
+    from gpu import flash
+    name, cfg = parse(impl)
+    if name == "bf16":  # time_shape passes bf16 copies, so that the casts stay out of the timing
+        return flash.forward(*(x.to(torch.bfloat16) for x in (q8, k8, v8)), causal=causal, softmax=sm)[:2]
+    flash.V_TRANSPOSED = (flash.FP8,) if name == "vt" else ()
+    try:
+        return flash.forward(q8, k8, v8, causal=causal, softmax=sm, config=cfg, kernel="triton")[:2]
+    finally:
+        flash.V_TRANSPOSED = (flash.FP8,)
+
+
+def warm(args) -> str:
+    """Compile one impl's kernels for one head dim and masking (run in a pool: Triton caches them on disk)."""
+    impl, d, causal = args
+    if parse(impl)[0] == "bf16":
+        return f"{args} skipped"
+    import torch
+
+    from gpu import flash
+    for n in (4096, 1000):
+        q = torch.randn((1, 1, n, d), device="cuda").to(flash.FP8)
+        for sm in SOFTMAXES:
+            forward(impl, q, q, q, causal, sm)
+    torch.cuda.synchronize()
+    return f"{args} compiled"
+
+
+def time_shape(impls, d: int, n: int, causal: bool, rounds: int) -> dict:
+    import fix_cost
+    import torch
+
+    from gpu import flash
+    from gpu.run_attention import cuda_graph, fwd_flops, rand
+    f8 = tuple(x.to(flash.FP8) for x in rand((B, H, n, d), torch.float32))
+    bf = tuple(x.to(torch.bfloat16) for x in f8)
+    fns = {(i, sm): (lambda i=i, sm=sm: forward(i, *(bf if parse(i)[0] == "bf16" else f8), causal, sm))
+           for i in impls for sm in SOFTMAXES}
+    for fn in fns.values():
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fns[(impls[0], "standard")]()
+    torch.cuda.synchronize()
+    reps = max(1, min(64, round(fix_cost.TARGET_MS / max(1e-3, 1e3 * (time.perf_counter() - t0)))))
+    graphs = {key: cuda_graph(fn, reps) for key, fn in fns.items()}
+    for g in graphs.values():
+        g.replay()
+    ms = fix_cost.paired_rounds({key: g.replay for key, g in graphs.items()}, rounds, reps)
+    flops = fwd_flops(B, H, n, d, causal)
+    tflops = {f"{i}/{sm}": flops / statistics.median(ms[(i, sm)]) / 1e9 for i, sm in fns}
+    return {"d": d, "n": n, "causal": causal, "reps": reps, "tflops": tflops,
+            "ms": {f"{i}/{sm}": v for (i, sm), v in ms.items()}}
+
+
+def transpose_ms(d: int, n: int) -> float:
+    """Median ms of gpu.flash._keys_contiguous on a (B, H, n, d) e4m3 tensor, for the record."""
+    import torch
+
+    from gpu import flash
+    v8 = torch.randn((B, H, n, d), device="cuda").to(flash.FP8)
+    ends = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        flash._keys_contiguous(v8)
+        e.record()
+        ends.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in ends[2:])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import multiprocessing as mp
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="128x4096,128x16384,64x4096", help="d x N, comma-separated")
+    ap.add_argument("--causal", default="no,yes")
+    ap.add_argument("--impls", default="nk,vt,bf16")
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--json", default="fp8_vt.json", help="file name under $OUT")
+    a = ap.parse_args(argv)
+    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
+    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
+    impls = a.impls.split(",")
+    for impl in impls:
+        parse(impl)
+    t0 = time.time()
+    jobs = [(i, d, c) for i in impls for d in sorted({d for d, _ in shapes}) for c in causals]
+    with mp.get_context("spawn").Pool(min(15, len(jobs))) as pool:
+        for line in pool.imap_unordered(warm, jobs):
+            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    import fix_cost
+    import torch
+
+    from gpu import flash
+    from gpu.crosscheck import same_bits
+    from gpu.run_attention import kind_inputs, rand
+    fp8 = [i for i in impls if parse(i)[0] != "bf16"]
+    bad = total = 0
+    for d in sorted({d for d, _ in shapes}):
+        for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
+                             ("sink", 777, 1000), ("randn", 130, 70), ("randn", 64, 1)):
+            shape = (2, 4, max(nq, nk), d)
+            if kind == "randn":
+                q, k, v = rand(shape, torch.float32)
+            else:
+                q, k, v, _ = kind_inputs(kind, "bf16", shape, 3)
+            q8 = q[:, :, :nq].to(flash.FP8).contiguous()
+            k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
+            for causal in causals:
+                for sm in SOFTMAXES:
+                    ref = forward("nk", q8, k8, v8, causal, sm)
+                    for impl in fp8:
+                        if parse(impl)[1] is not None:
+                            continue  # other tiles may change the bits (BLOCK_N decides the fixes' blocks)
+                        total += 1
+                        if not same_bits(forward(impl, q8, k8, v8, causal, sm), ref):
+                            bad += 1
+                            print("DIFFERENT", d, kind, nq, nk, causal, sm, impl, flush=True)
+    print(f"bits: {total - bad} of {total} runs identical to 'nk'", flush=True)
+    rows = []
+    for d, n in shapes:
+        for causal in causals:
+            row = time_shape(impls, d, n, causal, a.rounds)
+            row["transpose_ms"] = transpose_ms(d, n)
+            rows.append(row)
+            tf = row["tflops"]
+            print(f"d={d} N={n} causal={causal} (transpose alone {row['transpose_ms']:.3f} ms)", flush=True)
+            for sm in SOFTMAXES:
+                cells = (f"{i} {tf[f'{i}/{sm}']:.0f} ({tf[f'{i}/{sm}'] / tf[f'{impls[0]}/{sm}']:.2f}x)" for i in impls)
+                print(f"  {sm:10s} " + "  ".join(cells), flush=True)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
+        json.dump({"env": fix_cost.env(), "command": " ".join(sys.argv), "impls": impls,
+                   "bits": {"identical": total - bad, "runs": total}, "rows": rows}, f)
+
+
+if __name__ == "__main__":
+    main()

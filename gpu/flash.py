@@ -28,7 +28,7 @@ from flashsim.specs import Op
 
 from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
-from .kernels.fwd import attn_fwd
+from .kernels.fwd import attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
 from .launch import Launcher
 
@@ -43,7 +43,8 @@ SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: the head dim and length (configs.OVERLAP_FROM_KEYS) where it can run.  Both compute the same bits
 #: (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
-_FWD, _DELTA, _DKDV, _DQ = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq))
+_FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq,
+                                                   transpose_keys))
 
 
 #: the kernels' float32 scalars, in their parameter order (the keys of :func:`softmax_constants`)
@@ -63,6 +64,7 @@ HEADS_PER_LAUNCH = 65520
 #: dtypes whose V the tl forward kernel reads transposed, (B, H, d, N) (:func:`_keys_contiguous`): e4m3, whose
 #: tensor cores want P V's keys contiguous.  Same bits either way; a variable so that checks can set it.
 V_TRANSPOSED: tuple[torch.dtype, ...] = (FP8,)
+TRANSPOSE_BLOCK = 64  # keys per program of the transpose
 
 
 def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
@@ -255,12 +257,14 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
 
 
 def _keys_contiguous(v: torch.Tensor) -> torch.Tensor:
-    """V (B, H, N, d) as (B, H, d, N') with N' = N rounded up to 16 (the kernel reads only the first N):
-    FP8 tensor cores take P V's B operand only with the keys contiguous, and rows of 16 bytes let Triton
-    load V tiles by cp.async into its pipeline (docs/performance.md, "FP8 E4M3 forward")."""
+    """V (B, H, N, d) contiguous as (B, H, d, N') with N' = N rounded up to 16 (the kernel reads only the
+    first N): FP8 tensor cores take P V's B operand only with the keys contiguous, and rows of 16 bytes let
+    Triton load V tiles by cp.async into its pipeline (docs/performance.md, "FP8 E4M3 forward")."""
     b, h, n, d = v.shape
     vt = v.new_empty((b, h, d, _cdiv(n, 16) * 16))
-    vt[..., :n].copy_(v.transpose(-1, -2))
+    for heads, (v_, vt_) in _by_heads(b * h, v, vt):
+        _TRANSPOSE((_cdiv(n, TRANSPOSE_BLOCK), heads), (v_, vt_, n, vt.shape[-1]),
+                   dict(HEAD_DIM=d, BLOCK_N=TRANSPOSE_BLOCK), dict(num_warps=4))
     return vt
 
 

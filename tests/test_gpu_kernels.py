@@ -66,6 +66,18 @@ def test_fp8_forward_pipelines_v(key):
     assert buffered(False) == 1  # K only
 
 
+@pytest.mark.parametrize("d", sorted({d for d, _ in FWD_CONFIGS}))
+def test_fp8_transpose_moves_16_bytes_at_a_time(d):
+    """The transpose of FP8's V loads and stores 16 bytes a thread and instruction whatever N_K is (its
+    rows padded to 16 keys; byte-wide stores were what made torch's copy slow)."""
+    from gpu.flash import TRANSPOSE_BLOCK
+    from gpu.kernels.fwd import transpose_keys
+    kern = _compile(transpose_keys, ["*fp8e4nv", "*fp8e4nv", "i32", "i32", "constexpr", "constexpr"],
+                    {"HEAD_DIM": d, "BLOCK_N": TRANSPOSE_BLOCK}, 2, 4, 1, aligned=("N_VT",))
+    ops = set(re.findall(r"\b(?:ld|st)\.global[.\w]*", kern.asm["ptx"]))
+    assert ops == {"ld.global.v4.b32", "st.global.v4.b32"}, ops
+
+
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
 def test_forward_compiles_for_one_query(key):
     """A call with one query and one key (N_Q = N_K = N_BLK = 1) compiles through ptxas for every tile and

@@ -308,6 +308,21 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, row
     return acc, l_i, m_i
 
 
+@triton.jit
+def transpose_keys(V, VT, N_K, N_VT, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    """VT[h, :, n] = V[h, n, :] for BLOCK_N keys of one head: V (B*H, N_K, HEAD_DIM) contiguous, VT's rows
+    N_VT long, a multiple of 16 (zeros past N_K; :func:`attn_fwd` does not read them, and storing whole rows
+    keeps the stores 16 bytes wide).  For FP8's V: one pass at memory speed, where torch's strided copy of
+    1-byte elements ran at a tenth of it."""
+    off_h = tl.program_id(1).to(tl.int64)
+    cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    v = tl.load(V + off_h * N_K * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=(cols < N_K)[:, None],
+                other=0.0)
+    tl.store(VT + off_h * HEAD_DIM * N_VT + offs_d[:, None] * N_VT + cols[None, :], tl.trans(v),
+             mask=(cols < N_VT)[None, :])
+
+
 # N_Q is not specialised: Triton 3.6 turns an integer argument equal to 1 into a constant, and the ptxas
 # it bundles (CUDA 12.8) crashed with SIGSEGV on the kernel for N_Q = N_K = N_BLK = 1 at d=64, causal, robust
 # (found on the H100 by tests/test_gpu_kernels.py::test_live_direct_launch_follows_specialisations; with

@@ -168,6 +168,8 @@ def main(argv: list[str] | None = None) -> None:
                         same = same_bits(forward(impl, q8, k8, v8, causal, sm), ref)
                         if parse(impl)[1] is not None:  # other tiles may change the bits: counted apart
                             tiles[impl] = [tiles.get(impl, [0, 0])[0] + same, tiles.get(impl, [0, 0])[1] + 1]
+                            if not same:
+                                print("other bits:", impl, d, kind, nq, nk, causal, sm, flush=True)
                             continue
                         total += 1
                         if not same:

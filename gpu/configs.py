@@ -38,6 +38,12 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
                # d=256: the fastest of 6 on the H100 (results.json fwd_configs_d256; ptxas spills 0-20 bytes a
                # thread; wider or taller tiles spill hundreds, a third stage does not fit in shared memory)
                (256, False): Config(128, 64, 8, 2), (256, True): Config(128, 64, 8, 2)}
+#: (head_dim, causal) -> forward config for FP8 E4M3 where it differs from FWD_CONFIGS: at d=128 one warpgroup
+#: of 64 query rows a program runs 1.12-1.17x faster than 128 rows on 8 warps, with or without the fixes (the
+#: products on e4m3 tensor cores take half the time of bf16's, so the softmax weighs more; H100, paired rounds:
+#: docs/performance.md, "FP8 E4M3 forward").  The query tiles decide which blocks take the causal diagonal's
+#: arithmetic, so they are part of what the kernel computes, as for bf16.
+FP8_FWD_CONFIGS = {(128, False): Config(64, 128, 4, 3), (128, True): Config(64, 128, 4, 3)}
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (median of 3
 #: interleaved rounds, N = 512 to 4096; results.json ``kernel_choice``, docs/performance.md): at d=128 the
@@ -52,11 +58,17 @@ BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2), 256: Config(
 DELTA_BLOCK = 64
 
 
+def fwd_config(dtype: str, head_dim: int, causal: bool) -> Config:
+    """The forward kernel's default tiles for inputs of ``dtype`` ('bf16', 'fp16' or 'e4m3')."""
+    key = (head_dim, bool(causal))
+    return FP8_FWD_CONFIGS.get(key, FWD_CONFIGS[key]) if dtype == "e4m3" else FWD_CONFIGS[key]
+
+
 def kernel_policy_args(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
                        bwd: Config | None = None) -> dict:
     """Keyword arguments of :func:`flashsim.triton_policy` for our kernels launched with these configs
     (defaults: the tables above)."""
-    f = fwd or FWD_CONFIGS[(head_dim, bool(causal))]
+    f = fwd or fwd_config(dtype, head_dim, causal)
     b = bwd or BWD_CONFIGS[head_dim]
     return dict(dtype=dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
                 bwd_block_n=b.block_n)

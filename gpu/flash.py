@@ -26,7 +26,7 @@ from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, fwd_config, kernel_variant
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
@@ -214,9 +214,10 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
     """:func:`forward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    variant = kernel_variant(softmax, next(n for n, t in TORCH_DTYPES.items() if t == q.dtype))
+    dtype = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)
+    variant = kernel_variant(softmax, dtype)
     consts = softmax_constants(variant, scale)
-    cfg = config or FWD_CONFIGS[(d, causal)]
+    cfg = config or fwd_config(dtype, d, causal)
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
     lse = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)

@@ -2,12 +2,24 @@
 
 import pytest
 
-from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, Config
+from gpu.configs import BWD_CONFIGS, FP8_FWD_CONFIGS, FWD_CONFIGS, Config, fwd_config, kernel_policy_args
 
 
 def test_tuned_tables_are_accepted():
-    for cfg in (*FWD_CONFIGS.values(), *BWD_CONFIGS.values()):
+    for cfg in (*FWD_CONFIGS.values(), *FP8_FWD_CONFIGS.values(), *BWD_CONFIGS.values()):
         assert Config(cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages) == cfg
+
+
+def test_fp8_takes_its_own_tiles_and_the_emulator_follows():
+    """FP8 runs FP8_FWD_CONFIGS where it has an entry (the same key blocks as bf16, so the fixes see the
+    same blocks), FWD_CONFIGS elsewhere; flashsim's policy for the kernel takes the tiles that run."""
+    for key, cfg in FWD_CONFIGS.items():
+        fp8 = fwd_config("e4m3", *key)
+        assert fp8 == FP8_FWD_CONFIGS.get(key, cfg) and fp8.block_n == cfg.block_n
+        assert fwd_config("bf16", *key) == fwd_config("fp16", *key) == cfg
+        assert kernel_policy_args("e4m3", *key)["block_m"] == fp8.block_m
+        assert kernel_policy_args("e4m3", *key)["num_warps"] == fp8.num_warps
+    assert fwd_config("e4m3", 128, False) != FWD_CONFIGS[(128, False)]  # a table that is used
 
 
 @pytest.mark.parametrize("field, bad", [

@@ -1,11 +1,12 @@
 """Build the kept subset of a GPU recording: tests/data/h100/attention/recorded.npz and the 'record' entry of
-results.json.
+results.json; or, for FP8, fp8.npz and the 'fp8' entry.
 
     PYTHONPATH=. python tools/keep_recording.py DIR
 
-DIR holds what ``OUT=$OUT bash gpu/run_attention.sh --sections record`` wrote.  Kept: forward O and LSE of
-every case with n_q*n_k <= 333^2 (per-block debug m, l, P, acc for n_q*n_k <= 64^2) and all backward cases.
-Prints how many kept arrays differ from the file it replaces.
+DIR holds what ``OUT=$OUT bash gpu/run_attention.sh --sections record`` (or ``--sections fp8``) wrote.  Kept:
+forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m, l, P, acc for n_q*n_k <= 64^2) and
+all backward cases; FP8: O and LSE of the cases with n_q*n_k <= 333^2.  Prints how many kept arrays differ
+from the file they replace.
 """
 
 from __future__ import annotations
@@ -21,30 +22,49 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gpu.crosscheck import DATA, load_device_folder  # noqa: E402
 
 
+def _area(case_key: str) -> int:
+    """n_q * n_k of a case from its key ('..._q77_k130_...')."""
+    nq, nk = (int(case_key.split(f"_{c}")[1].split("_")[0]) for c in "qk")
+    return nq * nk
+
+
+def _replace(path: Path, kept: dict[str, np.ndarray]) -> list[str]:
+    """Write ``kept`` to ``path``; the keys whose arrays are new or changed."""
+    changed = list(kept)
+    if path.exists():
+        with np.load(path) as z:
+            changed = [k for k in kept if k not in z.files or not np.array_equal(z[k], kept[k])]
+    np.savez_compressed(path, **kept)
+    return changed
+
+
 def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     run, arrays = load_device_folder(Path(sys.argv[1]))
-    kept = {}
-    for key, a in arrays.items():
-        if not key.startswith(("f/", "b/")):  # FP8 cases are kept in fp8.npz
-            continue
-        kind, case, name = key.split("/")
-        nq, nk = (int(case.split(f"_{c}")[1].split("_")[0]) for c in "qk")
-        if kind == "b" or (nq * nk <= 333 * 333 and (not name.startswith("dbg_") or nq * nk <= 64 * 64)):
-            kept[key] = a
-    old_path = DATA / "recorded.npz"
-    changed = []
-    if old_path.exists():
-        with np.load(old_path) as z:
-            changed = [k for k in kept if k not in z.files or not np.array_equal(z[k], kept[k])]
-    np.savez_compressed(old_path, **kept)
     res = json.loads((DATA / "results.json").read_text())
-    n_fwd = len({k.split("/")[1] for k in kept if k.startswith("f/")})
-    res["record"] = run["record"] | {"forward_kept": n_fwd}
-    res["env"] = run["env"]
+    changed = []
+    if "record" in run:
+        kept = {}
+        for key, a in arrays.items():
+            kind, case, name = key.split("/")
+            if kind == "b" or kind == "f" and _area(case) <= (64 * 64 if name.startswith("dbg_") else 333 * 333):
+                kept[key] = a
+        changed += _replace(DATA / "recorded.npz", kept)
+        n_fwd = len({k.split("/")[1] for k in kept if k.startswith("f/")})
+        res["record"] = run["record"] | {"forward_kept": n_fwd}
+        res["env"] = run["env"]
+        print(f"kept {len(kept)} arrays ({n_fwd} forward cases)")
+    if "fp8" in run:
+        kept = {k: a for k, a in arrays.items() if k.startswith("f8/") and _area(k.split("/")[1]) <= 333 * 333}
+        changed += _replace(DATA / "fp8.npz", kept)
+        n = len(kept) // 2
+        res["fp8"] = run["fp8"] | {"command": "OUT=$OUT bash gpu/run_attention.sh --sections fp8", "env": run["env"],
+                                   "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with "
+                                           "n_q * n_k <= 333^2"}
+        print(f"kept {len(kept)} FP8 arrays ({n} cases)")
     (DATA / "results.json").write_text(json.dumps(res, indent=1))
-    print(f"kept {len(kept)} arrays ({n_fwd} forward cases); {len(changed)} differ from the previous file")
+    print(f"{len(changed)} arrays differ from the previous files")
     for k in changed[:40]:
         print("  changed:", k)
     return 0

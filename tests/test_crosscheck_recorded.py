@@ -72,6 +72,25 @@ def test_fp8_forward_bit_identical():
             assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
 
 
+def test_fp8_recording_pins_its_query_tiles():
+    """The 333 x 150 causal cases at d=128 tell FP8's 64-row tiles (gpu.configs.FP8_FWD_CONFIGS, with which
+    the H100 recorded them) from the bf16 kernel's 128-row ones: emulated with those, some output differs."""
+    from flashsim.crosscheck import crosscheck
+    from gpu.configs import FWD_CONFIGS, fwd_config
+    from gpu.crosscheck import case_run
+    assert fwd_config("e4m3", 128, True) != FWD_CONFIGS[(128, True)]
+    z = np.load(DATA / "fp8.npz")
+    cases = [Case(**c) for c in META["fp8"]["cases"]
+             if (c["n_q"], c["n_k"], c["d"], c["causal"]) == (333, 150, 128, True)]
+    assert len(cases) == 3
+    differ = 0
+    for case in cases:
+        rec = {n: z[f"f8/{case.key}/{n}"] for n in ("o", "lse")}
+        assert crosscheck(case_run(case, rec)).identical
+        differ += not crosscheck(case_run(case, rec, fwd=FWD_CONFIGS[(128, True)])).identical
+    assert differ >= 1
+
+
 # ---- KernelRun files, the divergence report, the CLI ------------------------------------------------------
 def _debug_run():
     from gpu.crosscheck import recorded_runs

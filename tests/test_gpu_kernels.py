@@ -315,6 +315,31 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
 
 @pytest.mark.gpu
 @cuda
+@pytest.mark.parametrize("d", [64, 128])
+def test_live_fp8_transposed_v_keeps_the_bits(d):
+    """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead, on the same tiles, gives
+    the same O and LSE bits; ragged lengths (a row of V^T padded to 16 keys), adversarial inputs, both
+    maskings, every softmax."""
+    from gpu import flash
+    from gpu.crosscheck import same_bits
+    from gpu.run_attention import kind_inputs
+    for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
+        q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
+        q8 = q[:, :, :nq].to(flash.FP8).contiguous()
+        k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
+        for causal in (False, True):
+            for sm in flash.SOFTMAX_IDS:
+                want = flash.forward(q8, k8, v8, causal=causal, softmax=sm)[:2]
+                flash.V_TRANSPOSED = ()
+                try:
+                    got = flash.forward(q8, k8, v8, causal=causal, softmax=sm)[:2]
+                finally:
+                    flash.V_TRANSPOSED = (flash.FP8,)
+                assert same_bits(got, want), (kind, nq, nk, causal, sm)
+
+
+@pytest.mark.gpu
+@cuda
 def test_live_direct_launch_follows_specialisations():
     """gpu.launch reuses a compiled kernel only for its specialisation: after aligned calls, tensors
     starting 2 bytes off a 16-byte boundary and lengths of 1 and 17 (not divisible by 16) get their own

@@ -38,12 +38,14 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
                # d=256: the fastest of 6 on the H100 (results.json fwd_configs_d256; ptxas spills 0-20 bytes a
                # thread; wider or taller tiles spill hundreds, a third stage does not fit in shared memory)
                (256, False): Config(128, 64, 8, 2), (256, True): Config(128, 64, 8, 2)}
-#: (head_dim, causal) -> forward config for FP8 E4M3 where it differs from FWD_CONFIGS: at d=128 one warpgroup
-#: of 64 query rows a program runs 1.12-1.17x faster than 128 rows on 8 warps, with or without the fixes (the
-#: products on e4m3 tensor cores take half the time of bf16's, so the softmax weighs more; H100, paired rounds:
-#: docs/performance.md, "FP8 E4M3 forward").  The query tiles decide which blocks take the causal diagonal's
-#: arithmetic, so they are part of what the kernel computes, as for bf16.
-FP8_FWD_CONFIGS = {(128, False): Config(64, 128, 4, 3), (128, True): Config(64, 128, 4, 3)}
+#: (head_dim, causal) -> forward config for FP8 E4M3 where it differs from FWD_CONFIGS: one warpgroup of 64
+#: query rows a program, 1.02-1.17x faster than 128 rows on 8 warps at d=128 and 1.03-1.08x (4 warps) at d=64
+#: without causal masking, with or without the fixes (the products on e4m3 tensor cores take half the time
+#: of bf16's, so the softmax weighs more; H100, paired rounds: docs/performance.md, "FP8 E4M3 forward").  The
+#: query tiles decide which blocks take the causal diagonal's arithmetic, so they are part of what the kernel
+#: computes, as for bf16 (without causal masking they change no bit).
+FP8_FWD_CONFIGS = {(64, False): Config(64, 64, 4, 3), (128, False): Config(64, 128, 4, 3),
+                   (128, True): Config(64, 128, 4, 3)}
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (median of 3
 #: interleaved rounds, N = 512 to 4096; results.json ``kernel_choice``, docs/performance.md): at d=128 the

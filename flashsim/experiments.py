@@ -108,6 +108,13 @@ def repeated_maxima_rows(n_rows: int, ties: int | Sequence[int] = (2, 3, 4, 5, 6
     return BiasRows(q, k, _bf16(vv), do, k_per_row, desc)
 
 
+def rows_in_format(rows: BiasRows, fmt: str) -> BiasRows:
+    """``rows`` with K and V rounded (RNE) to ``fmt``, e.g. 'e4m3fn' for an FP8 kernel's inputs; q (e_0) and
+    dO stay.  Tied scores round alike, so each row keeps its maxima; the others stay at least 8.8 below."""
+    k, v = (ef.quantize(x, fmt).astype(np.float32) for x in (rows.k, rows.v))
+    return BiasRows(rows.q, k, v, rows.do, rows.ties, f"{rows.description}; K, V rounded to {fmt}")
+
+
 @dataclass(frozen=True)
 class BiasResult:
     """One softmax variant on the rows: bias of O and of delta (per-row means vs FP64)."""
@@ -149,4 +156,5 @@ def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
     return "\n".join(lines)
 
 
-__all__ = ["BiasRows", "BiasResult", "V_DISTRIBUTIONS", "repeated_maxima_rows", "bias_rows", "format_bias_table"]
+__all__ = ["BiasRows", "BiasResult", "V_DISTRIBUTIONS", "repeated_maxima_rows", "rows_in_format", "bias_rows",
+           "format_bias_table"]

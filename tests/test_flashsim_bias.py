@@ -68,3 +68,23 @@ def test_inputs_have_the_requested_maxima():
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         repeated_maxima_rows(**kwargs)
+
+
+def test_fixes_lean_when_p_is_fp8():
+    """Under the FP8 kernel's policy (K, V, P in e4m3) the standard softmax does not lean on these rows,
+    and the fixes do: the largest P, e^-shift, is rounded to 4 significand bits in P V while l sums it
+    unrounded, so every shifted row's O is off by the same relative rounding (docs/flashsim.md)."""
+    from flashsim.experiments import rows_in_format
+    from gpu.configs import kernel_policy, kernel_variant
+    rows = rows_in_format(repeated_maxima_rows(1000, (2, 3, 4, 5, 6, 7, 8), seed=1), "e4m3fn")
+    assert np.array_equal(np.sort(rows.k[:, :, 0], axis=1)[:, -2:] == rows.k[:, :, 0].max(axis=1)[:, None],
+                          np.ones((1000, 2), bool))  # rounding kept at least two maxima a row
+    res = {r.softmax: r for r in bias_rows(rows, kernel_policy("e4m3", 64, False),
+                                           [kernel_variant(n, "e4m3") for n in ("standard", "stabilised", "robust")])}
+    print(format_bias_table(list(res.values()), rows.description))
+    std = res["standard"].o
+    assert std.sign_p > 0.01 and abs(std.mean_error) < 1e-4, std
+    for name in ("stabilised", "robust"):
+        fix = res[name].o
+        assert fix.sign_p < 1e-4 and fix.mean_error > 10 * abs(std.mean_error), (name, fix)
+        assert fix.mean_abs > 10 * std.mean_abs, (name, fix, std)  # and each row's error grows

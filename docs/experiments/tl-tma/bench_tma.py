@@ -16,15 +16,14 @@ On the GPU machine, from the repository root:
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
+import experiment_runs  # noqa: E402
 from kernel_variants import patched  # noqa: E402
 
 SOFTMAXES = ("standard", "stabilised", "robust")
@@ -85,19 +84,14 @@ def main() -> None:
                     "(the first, 'tl', is the bits' reference): tl[:S[:M]], tma[:S[:M]], overlap, ov3[:S[:M]]")
     a = ap.parse_args()
     IMPLS[:] = a.impls.split(",")
-    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
-    t0 = time.time()
-    jobs = [(d, c, name, list(IMPLS)) for d in sorted({d for d, _ in shapes}) for c in causals for name in IMPLS]
-    with mp.get_context("spawn").Pool(15) as pool:
-        for line in pool.imap_unordered(warm, jobs):
-            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    shapes, causals = experiment_runs.shapes(a.shapes), experiment_runs.maskings(a.causal)
+    experiment_runs.compile_in_pool(warm, [(d, c, name, list(IMPLS)) for d in sorted({d for d, _ in shapes})
+                                           for c in causals for name in IMPLS])
     import fix_cost
     import torch
 
-    from gpu.crosscheck import same_bits
     from gpu.run_attention import cuda_graph, kind_inputs, rand
-    bad = total = 0
+    bits = experiment_runs.BitTally()
     for d in sorted({d for d, _ in shapes}):
         for kind, n in (("randn", 4096), ("repeated", 4096), ("repeated", 1000), ("large", 1000), ("sink", 1000),
                         ("random", 333)):
@@ -110,12 +104,8 @@ def main() -> None:
                     for name, fn in fns.items():
                         if name == "tl" or (name == "overlap" and n < 1000):
                             continue
-                        got = fn(q, k, v, sm)
-                        total += 1
-                        if not same_bits(got, ref):
-                            bad += 1
-                            print("DIFFERENT", d, kind, n, causal, sm, name, flush=True)
-    print(f"bits: {total - bad} of {total} runs identical to the committed tl kernel", flush=True)
+                        bits.check(fn(q, k, v, sm), ref, d, kind, n, causal, sm, name)
+    print(bits.line("the committed tl kernel"), flush=True)
     rows = []
     print("| d | N | causal | kernel | standard | stabilised | robust | stab cost | robust cost |")
     for d, n in shapes:
@@ -145,7 +135,7 @@ def main() -> None:
         del q, k, v
         torch.cuda.empty_cache()
     with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
-        json.dump({"env": fix_cost.env(), "bits": {"identical": total - bad, "runs": total}, "rows": rows}, f)
+        json.dump({"env": fix_cost.env(), "bits": bits.record(), "rows": rows}, f)
 
 
 if __name__ == "__main__":

@@ -21,15 +21,15 @@ rotated) and writes $OUT/JSON.
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import statistics
 import sys
-import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import experiment_runs  # noqa: E402
 
 
 def parse(impl: str):
@@ -158,23 +158,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", default="bwd_split.json", help="file name under $OUT")
     a = ap.parse_args(argv)
     BASE[0] = a.base
-    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
+    shapes, causals = experiment_runs.shapes(a.shapes), experiment_runs.maskings(a.causal)
     impls = a.impls.split(",")
     for impl in impls:
         parse(impl)
-    t0 = time.time()
-    jobs = [(impl, d, c, a.base) for impl in impls for d in sorted({d for d, _ in shapes}) for c in causals]
-    with mp.get_context("spawn").Pool(min(15, len(jobs))) as pool:
-        for line in pool.imap_unordered(warm, jobs):
-            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    experiment_runs.compile_in_pool(warm, [(impl, d, c, a.base) for impl in impls
+                                           for d in sorted({d for d, _ in shapes}) for c in causals])
     import fix_cost
     import torch
 
     from gpu import flash
-    from gpu.crosscheck import same_bits
     from gpu.run_attention import kind_inputs, rand
-    bad = total = 0
+    bits = experiment_runs.BitTally()
     for d in sorted({d for d, _ in shapes}):
         same = [i for i in impls if i != "atomic"]  # tiles included: flashsim's model says they change no bit
         for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
@@ -196,12 +191,8 @@ def main(argv: list[str] | None = None) -> None:
                               for x, y in zip(got, ref, strict=True))
                     print(f"atomic: max |diff| / max |new| {rel:.2e} ({d}, {kind}, {nq}x{nk}, {causal})", flush=True)
                 for impl in same:
-                    got = backward(impl, q, k, v, o, lse, do, causal)
-                    total += 1
-                    if not same_bits(got, ref):
-                        bad += 1
-                        print("DIFFERENT", d, kind, nq, nk, causal, impl, flush=True)
-    print(f"bits: {total - bad} of {total} runs identical to 'new'", flush=True)
+                    bits.check(backward(impl, q, k, v, o, lse, do, causal), ref, d, kind, nq, nk, causal, impl)
+    print(bits.line("'new'"), flush=True)
     rows = []
     print("| d | N | causal | " + " | ".join(impls) + " |  (TFLOP/s, median of paired rounds; ratio to the first)")
     for d, n in shapes:
@@ -212,8 +203,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"| {d} | {n} | {causal} | " + " | ".join(f"{tf[i]:.0f} ({tf[i] / tf[impls[0]]:.3f}x)" for i in impls)
                   + " |", flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
-        json.dump({"env": fix_cost.env(), "impls": impls, "bits": {"identical": total - bad, "runs": total},
-                   "rows": rows}, f)
+        json.dump({"env": fix_cost.env(), "impls": impls, "bits": bits.record(), "rows": rows}, f)
 
 
 if __name__ == "__main__":

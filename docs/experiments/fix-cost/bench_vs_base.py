@@ -25,13 +25,13 @@ kernels as scratch.old_*, bits compared with torch.equal):
 
 import argparse
 import json
-import multiprocessing as mp
 import os
 import sys
-import time
 
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
+
+import experiment_runs  # noqa: E402
 
 _OLD: dict = {}
 _NEW: tuple = ()
@@ -74,21 +74,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--json", default="split_softmax.json", help="file name under $OUT")
     a = ap.parse_args(argv)
-    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
-    t0 = time.time()
-    jobs = [(d, c, w, n) for d in (64, 128) for c in causals for w in ("old", "new") for n in (4096, 1000)]
-    with mp.get_context("spawn").Pool(15) as pool:
-        for line in pool.imap_unordered(warm, jobs):
-            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    shapes, causals = experiment_runs.shapes(a.shapes), experiment_runs.maskings(a.causal)
+    experiment_runs.compile_in_pool(warm, [(d, c, w, n) for d in (64, 128) for c in causals for w in ("old", "new")
+                                           for n in (4096, 1000)])
     import fix_cost
     import torch
 
     from gpu import flash
-    from gpu.crosscheck import same_bits
     from gpu.run_attention import kind_inputs, rand
     _NEW = (flash._overlap_launcher, flash._FWD)
-    bad = total = 0
+    bits = experiment_runs.BitTally()
     for d in (64, 128):
         for kind, n in (("randn", 4096), ("repeated", 4096), ("repeated", 1000), ("large", 1000), ("sink", 1000)):
             shape = (2, 4, n, d)
@@ -100,11 +95,8 @@ def main(argv: list[str] | None = None) -> None:
                         use(which)
                         got = flash.forward(q, k, v, causal=causal, softmax=sm, kernel=kernel)
                         use("new")
-                        total += 1
-                        if not same_bits(got[:2], ref[:2]):
-                            bad += 1
-                            print("DIFFERENT", d, kind, n, causal, sm, which, kernel, flush=True)
-    print(f"bits: {total - bad} of {total} runs identical to this tree's tl kernel", flush=True)
+                        bits.check(got[:2], ref[:2], d, kind, n, causal, sm, which, kernel)
+    print(bits.line("this tree's tl kernel"), flush=True)
     rows = []
     print("| d | N | causal | kernel | standard | stabilised | robust | stab cost | robust cost |")
     for d, n in shapes:

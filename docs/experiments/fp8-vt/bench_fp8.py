@@ -30,6 +30,8 @@ import time
 sys.path.insert(0, ".")
 sys.path.insert(0, "benchmarks")
 
+import experiment_runs  # noqa: E402
+
 SOFTMAXES = ("standard", "stabilised", "robust")
 B, H = 4, 32
 
@@ -124,7 +126,6 @@ def transpose_ms(d: int, n: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import multiprocessing as mp
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="128x4096,128x16384,64x4096", help="d x N, comma-separated")
     ap.add_argument("--causal", default="no,yes")
@@ -132,25 +133,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--json", default="fp8_vt.json", help="file name under $OUT")
     a = ap.parse_args(argv)
-    shapes = [tuple(map(int, s.split("x"))) for s in a.shapes.split(",")]
-    causals = [{"no": False, "yes": True}[c] for c in a.causal.split(",")]
+    shapes, causals = experiment_runs.shapes(a.shapes), experiment_runs.maskings(a.causal)
     impls = a.impls.split(",")
     for impl in impls:
         parse(impl)
-    t0 = time.time()
-    jobs = [(i, d, c) for i in impls for d in sorted({d for d, _ in shapes}) for c in causals]
-    with mp.get_context("spawn").Pool(min(15, len(jobs))) as pool:
-        for line in pool.imap_unordered(warm, jobs):
-            print(line, f"{time.time() - t0:.0f}s", flush=True)
+    experiment_runs.compile_in_pool(warm, [(i, d, c) for i in impls for d in sorted({d for d, _ in shapes})
+                                           for c in causals])
     import fix_cost
     import torch
 
     from gpu import flash
-    from gpu.crosscheck import same_bits
     from gpu.run_attention import kind_inputs, rand
     fp8 = [i for i in impls if parse(i)[0] != "bf16"]
-    bad = total = 0
-    tiles = {}
+    bits = experiment_runs.BitTally()
+    tiles = {}  # impl with other tiles -> its tally: other tiles may change the bits, so they are counted apart
     for d in sorted({d for d, _ in shapes}):
         for kind, nq, nk in (("randn", 4096, 4096), ("repeated", 1000, 1000), ("large", 1000, 777),
                              ("sink", 777, 1000), ("randn", 130, 70), ("randn", 64, 1)):
@@ -165,19 +161,12 @@ def main(argv: list[str] | None = None) -> None:
                 for sm in SOFTMAXES:
                     ref = forward("nk", q8, k8, v8, causal, sm)
                     for impl in fp8:
-                        same = same_bits(forward(impl, q8, k8, v8, causal, sm), ref)
-                        if parse(impl)[1] is not None:  # other tiles may change the bits: counted apart
-                            tiles[impl] = [tiles.get(impl, [0, 0])[0] + same, tiles.get(impl, [0, 0])[1] + 1]
-                            if not same:
-                                print("other bits:", impl, d, kind, nq, nk, causal, sm, flush=True)
-                            continue
-                        total += 1
-                        if not same:
-                            bad += 1
-                            print("DIFFERENT", d, kind, nq, nk, causal, sm, impl, flush=True)
-    print(f"bits: {total - bad} of {total} runs identical to 'nk'", flush=True)
-    for impl, (same, runs) in tiles.items():
-        print(f"bits with other tiles, {impl}: {same} of {runs} runs identical to 'nk'", flush=True)
+                        tally = tiles.setdefault(impl, experiment_runs.BitTally("other bits:")) \
+                            if parse(impl)[1] is not None else bits
+                        tally.check(forward(impl, q8, k8, v8, causal, sm), ref, impl, d, kind, nq, nk, causal, sm)
+    print(bits.line("'nk'"), flush=True)
+    for impl, tally in tiles.items():
+        print(f"with other tiles, {impl}: {tally.line(repr('nk'))}", flush=True)
     rows = []
     for d, n in shapes:
         for causal in causals:
@@ -193,7 +182,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {sm:10s} " + "  ".join(cells), flush=True)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), a.json), "w") as f:
         json.dump({"env": fix_cost.env(), "command": " ".join(sys.argv), "impls": impls,
-                   "bits": {"identical": total - bad, "runs": total, "other_tiles": tiles}, "rows": rows}, f)
+                   "bits": bits.record() | {"other_tiles": {i: [t.identical, t.runs] for i, t in tiles.items()}},
+                   "rows": rows}, f)
 
 
 if __name__ == "__main__":

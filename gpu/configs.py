@@ -52,6 +52,8 @@ FP8_FWD_CONFIGS = {(64, False): Config(64, 64, 4, 3), (128, False): Config(64, 1
 #: overlap kernel is faster from N=1024 on without causal masking and from N=2048 with it; at d=64 it is
 #: slower everywhere.  Both kernels give the same bits, so the choice changes only the time.
 OVERLAP_FROM_KEYS = {(128, False): 1024, (128, True): 2048}
+#: the same for FP8 E4M3 (its own tiles: FP8_FWD_CONFIGS); empty until measured
+FP8_OVERLAP_FROM_KEYS: dict[tuple[int, bool], int] = {}
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles)
 #: d=256: 64 x 64 tiles with 8 warps, although ptxas spills 96 bytes a thread in the dK/dV kernel there:
 #: 206-211 TFLOP/s on the H100 at N=4096 against 149-151 for the spill-free 32 x 64 (and 86-179 for 3 other
@@ -64,6 +66,13 @@ def fwd_config(dtype: str, head_dim: int, causal: bool) -> Config:
     """The forward kernel's default tiles for inputs of ``dtype`` ('bf16', 'fp16' or 'e4m3')."""
     key = (head_dim, bool(causal))
     return FP8_FWD_CONFIGS.get(key, FWD_CONFIGS[key]) if dtype == "e4m3" else FWD_CONFIGS[key]
+
+
+def overlap_from_keys(dtype: str, head_dim: int, causal: bool) -> float:
+    """The number of keys from which ``kernel='auto'`` runs the overlap kernel for inputs of ``dtype`` (inf:
+    never)."""
+    table = FP8_OVERLAP_FROM_KEYS if dtype == "e4m3" else OVERLAP_FROM_KEYS
+    return table.get((head_dim, bool(causal)), float("inf"))
 
 
 def kernel_policy_args(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,

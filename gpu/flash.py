@@ -26,7 +26,7 @@ from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 from flashsim.specs import Op
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, OVERLAP_FROM_KEYS, Config, fwd_config, kernel_variant
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, kernel_variant, overlap_from_keys
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
@@ -38,9 +38,9 @@ TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
 HEAD_DIMS = tuple(sorted(BWD_CONFIGS))  # the head dims with tiles (the forward's table has the same)
 SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
-#: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; bf16/fp16
-#: on Hopper, no debug outputs), "triton" (tl: everything incl. FP8 and debug); "auto" takes the faster for
-#: the head dim and length (configs.OVERLAP_FROM_KEYS) where it can run.  Both compute the same bits
+#: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
+#: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
+#: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
 #: (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
 _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq,
@@ -230,17 +230,17 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    overlap_ok = (not debug and q.dtype != FP8 and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
+    overlap_ok = (not debug and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
                   and all(x.data_ptr() % 16 == 0 for x in (q, k, v)) and q.numel() > 0 and k.numel() > 0)
     if kernel == "overlap" and not overlap_ok:
-        raise ValueError("kernel: 'overlap' needs bf16/fp16 on a Hopper GPU with Gluon, debug=False, block_n == "
+        raise ValueError("kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, block_n == "
                          "head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA descriptors); "
                          "kernel='triton' runs everything")
     if n_k == 0:  # no keys: O = 0 and LSE = log2 0, as SDPA and FlashAttention return (the kernel would divide 0/0)
         o.zero_()
         lse.fill_(float("-inf"))
         return o, lse, dbg
-    auto = kernel == "auto" and n_k >= OVERLAP_FROM_KEYS.get((d, causal), float("inf"))
+    auto = kernel == "auto" and n_k >= overlap_from_keys(dtype, d, causal)
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name])
         return o, lse, None
@@ -286,10 +286,11 @@ def _hopper_device(index: int) -> bool:
 
 
 @functools.lru_cache(maxsize=64)
-def _tma_layout(block: tuple[int, ...], bf16: bool):
+def _tma_layout(block: tuple[int, ...], dtype: torch.dtype):
     """The shared-memory layout of a TMA block (Gluon's default for it; cached: ~5 us a call)."""
     from triton.experimental.gluon import language as gl
-    return gl.NVMMASharedLayout.get_default_for(list(block), gl.bfloat16 if bf16 else gl.float16)
+    gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, FP8: gl.float8e4nv}[dtype]
+    return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
 
 
 @functools.cache
@@ -299,26 +300,44 @@ def _overlap_launcher() -> Launcher:
     return Launcher(attn_fwd_overlap)
 
 
+def overlap_options(cfg: Config) -> dict:
+    """The overlap kernel's launch options.  One compute warpgroup (BLOCK_M = 64) is launched with 128
+    registers a thread, which the kernel shares out as 232 for the compute warps and 24 for the load warps,
+    so that two programs fit on an SM and take turns on the tensor cores, as the tl kernel's 64-row programs
+    do (uncapped, every warp gets 255 and one program runs an SM: FP8 at d=128 ran at 0.65x of the tl kernel,
+    0.92-1.03x with the cap; docs/performance.md, "FP8 E4M3 forward")."""
+    return dict(num_warps=4, maxnreg=128) if cfg.block_m == 64 else dict(num_warps=4)
+
+
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
-    K and V by 3-D ones over (B*H, N, d) (zeros past N)."""
+    K and V by 3-D ones over (B*H, N, d) (zeros past N); V of the dtypes in V_TRANSPOSED over (B*H, d, N),
+    read from the (B, H, d, N') copy with its row stride N'."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    bf16 = q.dtype == torch.bfloat16
+    v_t = q.dtype in V_TRANSPOSED
+    if v_t:
+        v = _keys_contiguous(v)
+        n_vt = v.shape[-1]  # before _by_heads, whose slices of a large batch are (heads, d * n_vt)
 
-    def desc(x, block):
-        return TensorDescriptor.from_tensor(x, block, _tma_layout(tuple(block), bf16))
+    def desc(x, block, shape=None, strides=None):
+        layout = _tma_layout(tuple(block), q.dtype)
+        return TensorDescriptor(x, shape or list(x.shape), strides or list(x.stride()), block, layout)
 
     kv = [1, cfg.block_n, d]
     scalars = (*map(consts.get, CONSTANTS), n_q, n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                      STAGES=cfg.num_stages)
+                      STAGES=cfg.num_stages, V_T=v_t)
+    options = overlap_options(cfg)
     for heads, (q_, k_, v_, o_, lse_) in _by_heads(b * h, q, k, v, o, lse):
-        descs = (desc(q_.view(-1, d), [cfg.block_m, d]), desc(k_.view(-1, n_k, d), kv), desc(v_.view(-1, n_k, d), kv))
-        _overlap_launcher()((_cdiv(n_q, cfg.block_m), heads), (*descs, o_, lse_, *scalars), constexprs,
-                            dict(num_warps=4))
+        if v_t:  # the descriptor ends at N_K: TMA fills the keys past it with zeros, not the copy's padding
+            v_desc = desc(v_, [1, d, cfg.block_n], [heads, d, n_k], [d * n_vt, n_vt, 1])
+        else:
+            v_desc = desc(v_.view(-1, n_k, d), kv)
+        descs = (desc(q_.view(-1, d), [cfg.block_m, d]), desc(k_.view(-1, n_k, d), kv), v_desc)
+        _overlap_launcher()((_cdiv(n_q, cfg.block_m), heads), (*descs, o_, lse_, *scalars), constexprs, options)
 
 
 def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,

@@ -2,7 +2,16 @@
 
 import pytest
 
-from gpu.configs import BWD_CONFIGS, FP8_FWD_CONFIGS, FWD_CONFIGS, Config, fwd_config, kernel_policy_args
+from gpu.configs import (
+    BWD_CONFIGS,
+    FP8_FWD_CONFIGS,
+    FWD_CONFIGS,
+    OVERLAP_FROM_KEYS,
+    Config,
+    fwd_config,
+    kernel_policy_args,
+    overlap_from_keys,
+)
 
 
 def test_tuned_tables_are_accepted():
@@ -20,6 +29,16 @@ def test_fp8_takes_its_own_tiles_and_the_emulator_follows():
         assert kernel_policy_args("e4m3", *key)["block_m"] == fp8.block_m
         assert kernel_policy_args("e4m3", *key)["num_warps"] == fp8.num_warps
     assert fwd_config("e4m3", 128, False) != FWD_CONFIGS[(128, False)]  # a table that is used
+
+
+def test_auto_takes_the_overlap_kernel_where_it_was_measured_faster():
+    """bf16 and fp16 from OVERLAP_FROM_KEYS' lengths at d=128; never for FP8, where the overlap kernel was
+    level with the tl kernel (docs/performance.md, "FP8 E4M3 forward"), nor at other head dims."""
+    for key in FWD_CONFIGS:
+        for dtype in ("bf16", "fp16"):
+            assert overlap_from_keys(dtype, *key) == OVERLAP_FROM_KEYS.get(key, float("inf"))
+        assert overlap_from_keys("e4m3", *key) == float("inf")
+    assert overlap_from_keys("bf16", 128, False) <= 4096 and overlap_from_keys("bf16", 64, False) == float("inf")
 
 
 @pytest.mark.parametrize("field, bad", [

@@ -132,49 +132,81 @@ def test_backward_compiles_for_one_query(d):
 
 
 def _compile_overlap(d, causal, softmax, dtype="bf16"):
+    """The overlap kernel as gpu.flash launches it for ``dtype`` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
+    V transposed), with that dtype's tiles and gpu.flash.overlap_options."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
+    from gpu.flash import overlap_options
     from gpu.kernels.fwd_overlap import attn_fwd_overlap as fn
-    cfg = FWD_CONFIGS[(d, causal)]
-    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16}[dtype]
+    cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
+    name, gdt = {"bf16": ("bf16", gl.bfloat16), "fp16": ("fp16", gl.float16), "fp8": ("fp8e4nv", gl.float8e4nv)}[dtype]
+    v_t = dtype == "fp8"
 
     def desc(block):
         lay = gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{dtype}[{', '.join(map(str, block))}],{lay!r}>"
+        return f"tensordesc<{name}[{', '.join(map(str, block))}],{lay!r}>"
 
-    types = [desc([cfg.block_m, d]), desc([1, cfg.block_n, d]), desc([1, cfg.block_n, d]), f"*{dtype}", "*fp32"] \
-        + ["fp32"] * 8 + ["i32"] * 2 + ["constexpr"] * 6
+    v_block = [1, d, cfg.block_n] if v_t else [1, cfg.block_n, d]
+    types = [desc([cfg.block_m, d]), desc([1, cfg.block_n, d]), desc(v_block), "*bf16" if v_t else f"*{name}",
+             "*fp32"] + ["fp32"] * 8 + ["i32"] * 2 + ["constexpr"] * 7
     const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "SOFTMAX": softmax,
-             "STAGES": cfg.num_stages}
+             "STAGES": cfg.num_stages, "V_T": v_t}
     src = GluonASTSource(fn, dict(zip(fn.arg_names, types, strict=True)), constexprs=const,
                          attrs={(i,): ALIGNED for i in range(3, 5)})
-    return triton.compile(src, target=H100, options={"num_warps": 4})
+    return triton.compile(src, target=H100, options=overlap_options(cfg))
 
 
-@pytest.mark.parametrize("key", sorted(k for k, c in FWD_CONFIGS.items() if c.block_n == k[0]))  # where it runs
-@pytest.mark.parametrize("softmax", [0, 1, 2])
-def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
-    """The Gluon forward keeps its wgmmas asynchronous: ptxas serialises them (warning C7514) if any other
-    instruction touches an in-flight accumulator, which would undo the overlap; spills stay at a few words."""
+def _ptxas_log(ptx: str) -> str:
+    """ptxas -v's report on ``ptx`` for sm_90a (Triton's bundled ptxas; skips the test without it)."""
     import subprocess
     import tempfile
     from pathlib import Path
-    k = _compile_overlap(*key, softmax)
-    ptx = k.asm["ptx"]
-    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
-    assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not ptxas.exists():
         pytest.skip("Triton's ptxas is not installed")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        log = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                             capture_output=True, text=True, check=True).stderr
+        return subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+                              capture_output=True, text=True, check=True).stderr
+
+
+#: (dtype, head dim, causal) where the overlap kernel runs with the dtype's default tiles (BLOCK_N == d)
+OVERLAP_KEYS = sorted([("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
+                      + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]])
+
+
+@pytest.mark.parametrize("key", OVERLAP_KEYS)
+@pytest.mark.parametrize("softmax", [0, 1, 2])
+def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
+    """The Gluon forward keeps its wgmmas asynchronous: ptxas serialises them (warning C7514) if any other
+    instruction touches an in-flight accumulator, which would undo the overlap; spills stay at a few words."""
+    dtype, d, causal = key
+    ptx = _compile_overlap(d, causal, softmax, dtype).asm["ptx"]
+    assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
+    assert ("e4m3.e4m3" in ptx) == (dtype == "fp8")
+    assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx
+    log = _ptxas_log(ptx)
     assert "C7514" not in log, log
     spilled = [int(n) for n in re.findall(r"(\d+) bytes spill stores", log)]
     assert spilled and max(spilled) <= 16, log  # at most a few registers (measured: 0-16 bytes)
+
+
+@pytest.mark.parametrize("softmax", [0, 2])
+def test_overlap_64_row_programs_fit_two_an_sm(softmax):
+    """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread,
+    so two programs' 8 warps fit the H100's 64K registers, the compute warps raised to 232 and the load
+    warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave every warp 255 (one program an
+    SM, 0.65x the tl kernel's speed)."""
+    ptx = _compile_overlap(128, False, softmax, "fp8").asm["ptx"]
+    assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), "compute warps not raised to 232"
+    assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24", ptx), "load warps not lowered to 24"
+    log = _ptxas_log(ptx)
+    used = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
+    assert used and max(used) <= 128, log
+    assert "Too many maxnreg" not in log, log
+    assert max(int(n) for n in re.findall(r"(\d+) bytes spill stores", log)) == 0, log
 
 
 _FOLD_CHECK = """
@@ -316,6 +348,27 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("d", [64, 128])
+def test_live_fp8_overlap_kernel_equals_triton_kernel(d):
+    """FP8 in the Gluon forward (V transposed, read by a TMA descriptor that ends at N_K, 64-row programs two
+    an SM) computes the tl forward's bits: ragged lengths down to one key, adversarial inputs, both maskings,
+    every softmax."""
+    from gpu import flash
+    from gpu.crosscheck import same_bits
+    from gpu.run_attention import kind_inputs
+    for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
+        q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
+        q8 = q[:, :, :nq].to(flash.FP8).contiguous()
+        k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
+        for causal in (False, True):
+            for sm in flash.SOFTMAX_IDS:
+                want = flash.forward(q8, k8, v8, causal=causal, softmax=sm, kernel="triton")[:2]
+                got = flash.forward(q8, k8, v8, causal=causal, softmax=sm, kernel="overlap")[:2]
+                assert same_bits(got, want), (kind, nq, nk, causal, sm)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("d", [64, 128])
 def test_live_fp8_transposed_v_keeps_the_bits(d):
     """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead, on the same tiles, gives
     the same O and LSE bits; ragged lengths (a row of V^T padded to 16 keys), adversarial inputs, both
@@ -374,7 +427,8 @@ def test_live_direct_launch_follows_specialisations():
 @pytest.mark.parametrize("kernel", ["triton", "overlap"])
 def test_live_more_heads_than_one_grid_holds(kernel):
     """B*H = 65568 (CUDA caps the grid's y axis, where the heads are, at 65535) runs as several launches of
-    consecutive heads: a head in the first or the last launch gets the bits it gets in a batch of its own."""
+    consecutive heads: a head in the first or the last launch gets the bits it gets in a batch of its own
+    (bf16 forward and backward, FP8 forward)."""
     import numpy as np
 
     from gpu import flash
@@ -391,6 +445,11 @@ def test_live_more_heads_than_one_grid_holds(kernel):
         for name, x, y in zip(("o", "lse", "dq", "dk", "dv", "delta"), (o, lse, *grads), (o1, lse1, *grads1),
                               strict=True):
             assert np.array_equal(bits_of(x[part]), bits_of(y)), (kernel, part, name)
+    q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))  # FP8: V transposed, and its descriptor per launch
+    o, lse, _ = flash.forward(q8, k8, v8, causal=True, softmax="robust", kernel=kernel)
+    for part in (slice(0, 1), slice(b - 3, b)):
+        o1, lse1, _ = flash.forward(q8[part], k8[part], v8[part], causal=True, softmax="robust", kernel=kernel)
+        assert np.array_equal(bits_of(o[part]), bits_of(o1)) and np.array_equal(bits_of(lse[part]), bits_of(lse1))
 
 
 @pytest.mark.gpu

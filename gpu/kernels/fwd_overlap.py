@@ -18,7 +18,8 @@ The arithmetic is that of :mod:`gpu.kernels.fwd` operation for operation (the sa
 shift, P, l and the LSE; the same wgmma instruction shapes and operand sources, rows per warp and column
 layout of the row reductions; the same block split into unmasked and masked blocks by the BLOCK_M-row
 program), so the two kernels give the same bits and flashsim's ``triton_h100`` policy models both.
-bf16 and fp16 only (FP8 and the debug outputs use :mod:`gpu.kernels.fwd`); BLOCK_N must equal HEAD_DIM.
+bf16, fp16 and FP8 E4M3 (with V transposed, as the tl kernel reads it: V_T); the debug outputs are the tl
+kernel's only.  BLOCK_N must equal HEAD_DIM.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ ROWS = gl.constexpr(64)  # query rows per compute warpgroup (wgmma's M)
 
 @gluon.jit
 def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty,
-          off_hz, q_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The load partition: Q once, then K and V of every block into the ring."""
+          off_hz, q_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
+    """The load partition: Q once, then K and V of every block into the ring (V_T: V's tiles are
+    (HEAD_DIM, BLOCK_N) blocks of V transposed)."""
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], q_bar, q_smem)
     for j in range(n_blocks):
@@ -46,7 +48,20 @@ def _load(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full,
         tma.async_copy_global_to_shared(k_desc, [off_hz, j * BLOCK_N, 0], k_full.index(s), k_smem.index(s))
         mbarrier.wait(v_empty.index(s), phase ^ 1)
         mbarrier.expect(v_full.index(s), v_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(v_desc, [off_hz, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+        if V_T:
+            tma.async_copy_global_to_shared(v_desc, [off_hz, 0, j * BLOCK_N], v_full.index(s), v_smem.index(s))
+        else:
+            tma.async_copy_global_to_shared(v_desc, [off_hz, j * BLOCK_N, 0], v_full.index(s), v_smem.index(s))
+
+
+@gluon.jit
+def _v_tile(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, V_T: gl.constexpr):
+    """Ring buffer s of V as P V's (BLOCK_N, HEAD_DIM) operand; with V_T a view of the keys-contiguous tile,
+    the only form e4m3 wgmma reads (as K in the scores)."""
+    if V_T:
+        return v_smem.index(s).reshape([HEAD_DIM, BLOCK_N]).permute((1, 0))
+    else:
+        return v_smem.index(s).reshape([BLOCK_N, HEAD_DIM])
 
 
 @gluon.jit
@@ -70,13 +85,14 @@ def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O,
              off_hz, first_row, lo, n_blocks, N_Q, N_K,
              qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
              HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-             SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
+             SOFTMAX: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
     """A compute warpgroup: query rows first_row + HALF*64 ... + 63 of the program, every K/V block."""
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 16])
-    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
     dtype: gl.constexpr = q_smem.dtype
+    bits: gl.constexpr = dtype.primitive_bitwidth  # wgmma takes 32 bytes of K a step: k=16 (16-bit), 32 (e4m3)
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, BLOCK_N, 256 // bits])
+    p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=32 // bits)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
     offs_m = first_row + HALF * ROWS + gl.arange(0, ROWS, layout=rows)
     offs_n = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma))
     zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
@@ -99,7 +115,7 @@ def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O,
                            is_async=True)
         acc = acc * alpha[:, None]
         mbarrier.wait(v_full.index(s), (j // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc,
+        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), _v_tile(v_smem, s, BLOCK_N, HEAD_DIM, V_T), acc,
                             is_async=True)
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
         mbarrier.arrive(k_empty.index(s1), count=1)
@@ -111,7 +127,7 @@ def _compute(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O,
     s = (n_blocks - 1) % STAGES
     acc = acc * alpha[:, None]
     mbarrier.wait(v_full.index(s), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), v_smem.index(s).reshape([BLOCK_N, HEAD_DIM]), acc)
+    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), _v_tile(v_smem, s, BLOCK_N, HEAD_DIM, V_T), acc)
 
     row_ok = offs_m < N_Q
     lse = m_i + log2_fma(l_i)
@@ -127,9 +143,11 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
                      qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw, max_shift_t,
                      N_Q, N_K,
                      HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr):
+                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
     """One BLOCK_M slice of queries of one (batch, head).  q_desc: 2-D over (B*H*N_Q, d) (rows past N_Q
-    read the next head's queries or zeros; their outputs are not stored); k_desc, v_desc: 3-D (B*H, N_K, d).
+    read the next head's queries or zeros; their outputs are not stored); k_desc: 3-D (B*H, N_K, d); v_desc
+    the same, or with V_T over V transposed, (B*H, d, N_K) (FP8: e4m3 wgmma reads P V's B operand only with
+    the keys contiguous; the descriptor's shape ends at N_K, so TMA fills keys past it with zeros).
     Launch with num_warps=4 (the first compute warpgroup; the others are partitions)."""
     gl.static_assert(BLOCK_N == HEAD_DIM)
     gl.static_assert(BLOCK_M == ROWS or BLOCK_M == 2 * ROWS)
@@ -140,7 +158,10 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
 
     q_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, HEAD_DIM], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
+    if V_T:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, HEAD_DIM, BLOCK_N], v_desc.layout)
+    else:
+        v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, BLOCK_N, HEAD_DIM], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     k_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -157,16 +178,16 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE,
         gl.warp_specialize([
             (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
                         lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
-                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, V_T)),
             (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
                         lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
-                        max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+                        max_shift_t, 1, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, V_T)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
-                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4, 4], [240, 24])
+                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T))], [4, 4], [240, 24])
     else:
         gl.warp_specialize([
             (_compute, (q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, O, LSE, off_hz, first_row,
                         lo, n_blocks, N_Q, N_K, qk_scale, eps_raw, eps_t, beta, band_raw, band_t, max_shift_raw,
-                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES)),
+                        max_shift_t, 0, HEAD_DIM, BLOCK_N, CAUSAL, SOFTMAX, STAGES, V_T)),
             (_load, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty, off_hz,
-                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES))], [4], [24])
+                     off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T))], [4], [24])

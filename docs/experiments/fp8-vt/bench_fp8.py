@@ -12,10 +12,14 @@ Impls (each optionally ':BLOCK_M:BLOCK_N:warps:stages', else the committed tiles
   (``gpu.flash.V_TRANSPOSED`` emptied);
 - ``vt``: ``flash.forward`` as committed: V transposed on every call (``gpu.kernels.fwd.transpose_keys``),
   then the kernel (``V_T=True``);
+- ``ov``: the Gluon overlap kernel (``kernel='overlap'``) on FP8, V transposed as for ``vt`` (its warps
+  are fixed: ':BM:BN:W:S' sets BLOCK_M, BLOCK_N = d and the stages; W is ignored);
 - ``bf16``: ``flash.forward`` on the same values in bf16 (the kernel ``auto`` picks), for scale.
 
-Every FP8 impl is first checked to give the bits of ``nk`` with the committed tiles (O and LSE; randn,
-repeated, large and sink inputs, ragged lengths, both maskings, three softmaxes); then the impls are timed
+Every FP8 impl is first checked to give the bits of ``nk`` (O and LSE; randn, repeated, large and sink
+inputs, ragged lengths, both maskings, three softmaxes): with the committed tiles, or an impl with other
+tiles against ``nk`` on the same query and key tiles (BLOCK_M // 16 warps), as the tiles decide which blocks
+take the causal diagonal's arithmetic; then the impls are timed
 by benchmarks/fix_cost.py's paired rounds (each impl and softmax a CUDA graph of enough forwards for ~3 ms,
 the order rotated from round to round).  Writes $OUT/JSON.
 """
@@ -40,8 +44,8 @@ def parse(impl: str):
     """'vt:128:128:8:2' -> ('vt', Config(128, 128, 8, 2)); 'vt' -> ('vt', None)."""
     from gpu.configs import Config
     name, *tiles = impl.split(":")
-    if name not in ("nk", "vt", "bf16"):
-        raise ValueError(f"--impls: nk, vt or bf16, optionally :BM:BN:W:S; got {impl!r}")
+    if name not in ("nk", "vt", "ov", "bf16"):
+        raise ValueError(f"--impls: nk, vt, ov or bf16, optionally :BM:BN:W:S; got {impl!r}")
     return name, (Config(*map(int, tiles)) if tiles else None)
 
 
@@ -53,11 +57,18 @@ def forward(impl: str, q8, k8, v8, causal: bool, sm: str):
     name, cfg = parse(impl)
     if name == "bf16":  # time_shape passes bf16 copies, so that the casts stay out of the timing
         return flash.forward(*(x.to(torch.bfloat16) for x in (q8, k8, v8)), causal=causal, softmax=sm)[:2]
-    flash.V_TRANSPOSED = (flash.FP8,) if name == "vt" else ()
+    flash.V_TRANSPOSED = () if name == "nk" else (flash.FP8,)
     try:
-        return flash.forward(q8, k8, v8, causal=causal, softmax=sm, config=cfg, kernel="triton")[:2]
+        return flash.forward(q8, k8, v8, causal=causal, softmax=sm, config=cfg,
+                             kernel="overlap" if name == "ov" else "triton")[:2]
     finally:
         flash.V_TRANSPOSED = (flash.FP8,)
+
+
+def reference(impl: str) -> str:
+    """The impl whose bits ``impl`` must give: ``nk`` on the same query and key tiles."""
+    cfg = parse(impl)[1]
+    return "nk" if cfg is None else f"nk:{cfg.block_m}:{cfg.block_n}:{max(4, cfg.block_m // 16)}:{cfg.num_stages}"
 
 
 def warm(args) -> str:
@@ -65,6 +76,8 @@ def warm(args) -> str:
     impl, d, causal = args
     if parse(impl)[0] == "bf16":
         return f"{args} skipped"
+    if reference(impl) != impl:
+        warm((reference(impl), d, causal))
     import torch
 
     from gpu import flash
@@ -159,14 +172,15 @@ def main(argv: list[str] | None = None) -> None:
             k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
             for causal in causals:
                 for sm in SOFTMAXES:
-                    ref = forward("nk", q8, k8, v8, causal, sm)
+                    refs = {ref: forward(ref, q8, k8, v8, causal, sm) for ref in {reference(i) for i in fp8}}
                     for impl in fp8:
                         tally = tiles.setdefault(impl, experiment_runs.BitTally("other bits:")) \
                             if parse(impl)[1] is not None else bits
-                        tally.check(forward(impl, q8, k8, v8, causal, sm), ref, impl, d, kind, nq, nk, causal, sm)
+                        tally.check(forward(impl, q8, k8, v8, causal, sm), refs[reference(impl)], impl, d, kind,
+                                    nq, nk, causal, sm)
     print(bits.line("'nk'"), flush=True)
     for impl, tally in tiles.items():
-        print(f"with other tiles, {impl}: {tally.line(repr('nk'))}", flush=True)
+        print(f"with other tiles, {impl}: {tally.line(repr(reference(impl)))}", flush=True)
     rows = []
     for d, n in shapes:
         for causal in causals:

@@ -44,8 +44,11 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
 #: of bf16's, so the softmax weighs more; H100, paired rounds: docs/performance.md, "FP8 E4M3 forward").  The
 #: query tiles decide which blocks take the causal diagonal's arithmetic, so they are part of what the kernel
 #: computes, as for bf16 (without causal masking they change no bit).
+#: At d=256, 64 x 64 tiles of 4 warps, 3 stages: 1.21-1.35x the bf16 tiles (128 x 64, 8 warps, 2 stages)
+#: in both maskings (H100, results.json ``fp8_d256``).
 FP8_FWD_CONFIGS = {(64, False): Config(64, 64, 4, 3), (128, False): Config(64, 128, 4, 3),
-                   (128, True): Config(64, 128, 4, 3)}
+                   (128, True): Config(64, 128, 4, 3), (256, False): Config(64, 64, 4, 3),
+                   (256, True): Config(64, 64, 4, 3)}
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (median of 3
 #: interleaved rounds, N = 512 to 4096; results.json ``kernel_choice``, docs/performance.md): at d=128 the

@@ -230,12 +230,13 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    overlap_ok = (not debug and cfg.block_n == d and cfg.block_m in (64, 128) and _hopper(q)
-                  and all(x.data_ptr() % 16 == 0 for x in (q, k, v)) and q.numel() > 0 and k.numel() > 0)
+    overlap_ok = (not debug and (q.dtype != FP8 or FP8 in V_TRANSPOSED) and cfg.block_n == d
+                  and cfg.block_m in (64, 128) and _hopper(q) and all(x.data_ptr() % 16 == 0 for x in (q, k, v))
+                  and q.numel() > 0 and k.numel() > 0)
     if kernel == "overlap" and not overlap_ok:
-        raise ValueError("kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, block_n == "
-                         "head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA descriptors); "
-                         "kernel='triton' runs everything")
+        raise ValueError("kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed, "
+                         "block_n == head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA "
+                         "descriptors); kernel='triton' runs everything")
     if n_k == 0:  # no keys: O = 0 and LSE = log2 0, as SDPA and FlashAttention return (the kernel would divide 0/0)
         o.zero_()
         lse.fill_(float("-inf"))
@@ -300,13 +301,20 @@ def _overlap_launcher() -> Launcher:
     return Launcher(attn_fwd_overlap)
 
 
-def overlap_options(cfg: Config) -> dict:
-    """The overlap kernel's launch options.  One compute warpgroup (BLOCK_M = 64) is launched with 128
-    registers a thread, which the kernel shares out as 232 for the compute warps and 24 for the load warps,
-    so that two programs fit on an SM and take turns on the tensor cores, as the tl kernel's 64-row programs
-    do (uncapped, every warp gets 255 and one program runs an SM: FP8 at d=128 ran at 0.65x of the tl kernel,
-    0.92-1.03x with the cap; docs/performance.md, "FP8 E4M3 forward")."""
-    return dict(num_warps=4, maxnreg=128) if cfg.block_m == 64 else dict(num_warps=4)
+#: shared memory an H100 SM gives its programs (228 KiB, of which 1 KiB is reserved per program)
+SM_SHARED_BYTES = 228 * 1024
+
+
+def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
+    """The overlap kernel's launch options.  One compute warpgroup (BLOCK_M = 64) whose Q and K/V ring fit
+    twice in an SM's shared memory is launched with 128 registers a thread, which the kernel shares out as
+    232 for the compute warps and 24 for the load warps, so that two programs run an SM and take turns on
+    the tensor cores, as the tl kernel's 64-row programs do (uncapped, every warp gets 255 and one program
+    runs an SM: FP8 at d=128 ran at 0.64-0.81x of the tl kernel, 0.92-1.03x with the cap; docs/performance.md,
+    "FP8 E4M3 forward").  Where two do not fit (bf16 at d=128: 208 KiB), the cap would only make ptxas spill."""
+    ring = (cfg.block_m + 2 * cfg.num_stages * cfg.block_n) * head_dim * itemsize
+    two = cfg.block_m == 64 and 2 * (ring + 1024 + 1024) <= SM_SHARED_BYTES  # + barriers, + reserved
+    return dict(num_warps=4, maxnreg=128) if two else dict(num_warps=4)
 
 
 def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int) -> None:
@@ -330,7 +338,7 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
     scalars = (*map(consts.get, CONSTANTS), n_q, n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
                       STAGES=cfg.num_stages, V_T=v_t)
-    options = overlap_options(cfg)
+    options = overlap_options(cfg, d, q.element_size())
     for heads, (q_, k_, v_, o_, lse_) in _by_heads(b * h, q, k, v, o, lse):
         if v_t:  # the descriptor ends at N_K: TMA fills the keys past it with zeros, not the copy's padding
             v_desc = desc(v_, [1, d, cfg.block_n], [heads, d, n_k], [d * n_vt, n_vt, 1])

@@ -154,7 +154,7 @@ def _compile_overlap(d, causal, softmax, dtype="bf16"):
              "STAGES": cfg.num_stages, "V_T": v_t}
     src = GluonASTSource(fn, dict(zip(fn.arg_names, types, strict=True)), constexprs=const,
                          attrs={(i,): ALIGNED for i in range(3, 5)})
-    return triton.compile(src, target=H100, options=overlap_options(cfg))
+    return triton.compile(src, target=H100, options=overlap_options(cfg, d, 1 if v_t else 2))
 
 
 def _ptxas_log(ptx: str) -> str:
@@ -195,18 +195,33 @@ def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
 
 @pytest.mark.parametrize("softmax", [0, 2])
 def test_overlap_64_row_programs_fit_two_an_sm(softmax):
-    """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread,
-    so two programs' 8 warps fit the H100's 64K registers, the compute warps raised to 232 and the load
-    warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave every warp 255 (one program an
-    SM, 0.65x the tl kernel's speed)."""
-    ptx = _compile_overlap(128, False, softmax, "fp8").asm["ptx"]
+    """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread and
+    using at most half an SM's shared memory, so two programs' 8 warps fit an H100 SM, the compute warps
+    raised to 232 and the load warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave
+    every warp 255 (one program an SM, 0.64-0.81x the tl kernel's speed)."""
+    from gpu.flash import SM_SHARED_BYTES
+    k = _compile_overlap(128, False, softmax, "fp8")
+    ptx = k.asm["ptx"]
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), "compute warps not raised to 232"
     assert re.search(r"setmaxnreg\.dec\.sync\.aligned\.u32\s+24", ptx), "load warps not lowered to 24"
+    assert 2 * (k.metadata.shared + 1024) <= SM_SHARED_BYTES, k.metadata.shared
     log = _ptxas_log(ptx)
     used = [int(n) for n in re.findall(r"Used (\d+) registers", log)]
     assert used and max(used) <= 128, log
     assert "Too many maxnreg" not in log, log
     assert max(int(n) for n in re.findall(r"(\d+) bytes spill stores", log)) == 0, log
+
+
+def test_overlap_caps_registers_only_where_two_programs_fit():
+    """The 128-register cap where two 64-row programs' shared memory fits an SM (FP8 at d=128, bf16 at
+    d=64), not for bf16 at d=128 (208 KiB a program), where it would only make ptxas spill."""
+    from gpu.configs import Config
+    from gpu.flash import overlap_options
+    tiles = Config(64, 128, 4, 3)
+    assert overlap_options(tiles, 128, 1).get("maxnreg") == 128
+    assert "maxnreg" not in overlap_options(tiles, 128, 2)
+    assert overlap_options(Config(64, 64, 4, 3), 64, 2).get("maxnreg") == 128
+    assert "maxnreg" not in overlap_options(Config(128, 128, 8, 3), 128, 1)  # two compute warpgroups
 
 
 _FOLD_CHECK = """
@@ -447,6 +462,8 @@ def test_live_more_heads_than_one_grid_holds(kernel):
             assert np.array_equal(bits_of(x[part]), bits_of(y)), (kernel, part, name)
     q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))  # FP8: V transposed, and its descriptor per launch
     o, lse, _ = flash.forward(q8, k8, v8, causal=True, softmax="robust", kernel=kernel)
+    ref = flash.forward(q8, k8, v8, causal=True, softmax="robust", kernel="triton")
+    assert np.array_equal(bits_of(o), bits_of(ref[0])) and np.array_equal(bits_of(lse), bits_of(ref[1]))
     for part in (slice(0, 1), slice(b - 3, b)):
         o1, lse1, _ = flash.forward(q8[part], k8[part], v8[part], causal=True, softmax="robust", kernel=kernel)
         assert np.array_equal(bits_of(o[part]), bits_of(o1)) and np.array_equal(bits_of(lse[part]), bits_of(lse1))

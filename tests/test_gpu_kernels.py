@@ -360,6 +360,17 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
                                    y.view(torch.int16 if y.element_size() == 2 else torch.int32)), (kind, sm)
 
 
+def _fp8_cases(d: int):
+    """(kind, N_q, N_k, q, k, v) in e4m3 on the GPU: adversarial inputs, ragged lengths (rows of V^T padded
+    to 16 keys) down to one key."""
+    from gpu import flash
+    from gpu.run_attention import kind_inputs
+    for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
+        q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
+        yield (kind, nq, nk, q[:, :, :nq].to(flash.FP8).contiguous(),
+               *(x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v)))
+
+
 @pytest.mark.gpu
 @cuda
 @pytest.mark.parametrize("d", [64, 128])
@@ -369,11 +380,7 @@ def test_live_fp8_overlap_kernel_equals_triton_kernel(d):
     every softmax."""
     from gpu import flash
     from gpu.crosscheck import same_bits
-    from gpu.run_attention import kind_inputs
-    for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
-        q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
-        q8 = q[:, :, :nq].to(flash.FP8).contiguous()
-        k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
+    for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
         for causal in (False, True):
             for sm in flash.SOFTMAX_IDS:
                 want = flash.forward(q8, k8, v8, causal=causal, softmax=sm, kernel="triton")[:2]
@@ -390,11 +397,7 @@ def test_live_fp8_transposed_v_keeps_the_bits(d):
     maskings, every softmax."""
     from gpu import flash
     from gpu.crosscheck import same_bits
-    from gpu.run_attention import kind_inputs
-    for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
-        q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
-        q8 = q[:, :, :nq].to(flash.FP8).contiguous()
-        k8, v8 = (x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v))
+    for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
         for causal in (False, True):
             for sm in flash.SOFTMAX_IDS:
                 want = flash.forward(q8, k8, v8, causal=causal, softmax=sm)[:2]

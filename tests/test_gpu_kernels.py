@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, fwd_config  # noqa: E402
+from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, Config, fwd_config  # noqa: E402
 from gpu.kernels.bwd import attn_bwd_dkdv, attn_bwd_dq  # noqa: E402
 from gpu.kernels.fwd import attn_fwd  # noqa: E402
 
@@ -131,15 +131,15 @@ def test_backward_compiles_for_one_query(d):
         assert k.asm["cubin"]
 
 
-def _compile_overlap(d, causal, softmax, dtype="bf16"):
+def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None):
     """The overlap kernel as gpu.flash launches it for ``dtype`` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
-    V transposed), with that dtype's tiles and gpu.flash.overlap_options."""
+    V transposed), with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
     from gpu.flash import overlap_options
     from gpu.kernels.fwd_overlap import attn_fwd_overlap as fn
-    cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
+    cfg = cfg or fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
     name, gdt = {"bf16": ("bf16", gl.bfloat16), "fp16": ("fp16", gl.float16), "fp8": ("fp8e4nv", gl.float8e4nv)}[dtype]
     v_t = dtype == "fp8"
 
@@ -175,6 +175,8 @@ def _ptxas_log(ptx: str) -> str:
 #: (dtype, head dim, causal) where the overlap kernel runs with the dtype's default tiles (BLOCK_N == d)
 OVERLAP_KEYS = sorted([("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
                       + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]])
+#: and FP8 on two compute warpgroups (128-row programs), measured but not the default (docs/performance.md)
+OVERLAP_KEYS += [("fp8", 128, False, 128), ("fp8", 128, True, 128)]
 
 
 @pytest.mark.parametrize("key", OVERLAP_KEYS)
@@ -182,8 +184,9 @@ OVERLAP_KEYS = sorted([("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n
 def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
     """The Gluon forward keeps its wgmmas asynchronous: ptxas serialises them (warning C7514) if any other
     instruction touches an in-flight accumulator, which would undo the overlap; spills stay at a few words."""
-    dtype, d, causal = key
-    ptx = _compile_overlap(d, causal, softmax, dtype).asm["ptx"]
+    dtype, d, causal, *rows = key
+    cfg = Config(rows[0], d, 8, 3) if rows else None
+    ptx = _compile_overlap(d, causal, softmax, dtype, cfg).asm["ptx"]
     assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor" in ptx  # tensor cores fed by TMA
     assert ("e4m3.e4m3" in ptx) == (dtype == "fp8")
     assert "ex2.approx.ftz.f32" in ptx and "div.full.f32" in ptx
@@ -215,7 +218,6 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
 def test_overlap_caps_registers_only_where_two_programs_fit():
     """The 128-register cap where two 64-row programs' shared memory fits an SM (FP8 at d=128, bf16 at
     d=64), not for bf16 at d=128 (208 KiB a program), where it would only make ptxas spill."""
-    from gpu.configs import Config
     from gpu.flash import overlap_options
     tiles = Config(64, 128, 4, 3)
     assert overlap_options(tiles, 128, 1).get("maxnreg") == 128

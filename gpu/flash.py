@@ -242,13 +242,13 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         lse.fill_(float("-inf"))
         return o, lse, dbg
     auto = kernel == "auto" and n_k >= overlap_from_keys(dtype, d, causal)
+    v_t = q.dtype in V_TRANSPOSED
+    if v_t:  # both kernels read this copy: (B, H, d, N') with N' a multiple of 16
+        v = _keys_contiguous(v)
     if overlap_ok and (kernel == "overlap" or auto):
-        _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name])
+        _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name], v_t)
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
-    v_t = q.dtype in V_TRANSPOSED
-    if v_t:
-        v = _keys_contiguous(v)
     scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
                       SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages, V_T=v_t)
@@ -317,18 +317,15 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
     return dict(num_warps=4, maxnreg=128) if two else dict(num_warps=4)
 
 
-def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int) -> None:
+def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, v_t: bool) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
-    K and V by 3-D ones over (B*H, N, d) (zeros past N); V of the dtypes in V_TRANSPOSED over (B*H, d, N),
-    read from the (B, H, d, N') copy with its row stride N'."""
+    K and V by 3-D ones over (B*H, N, d) (zeros past N); with ``v_t`` V is :func:`_keys_contiguous`'s
+    (B, H, d, N') copy, read over (B*H, d, N) with its row stride N'."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
-    v_t = q.dtype in V_TRANSPOSED
-    if v_t:
-        v = _keys_contiguous(v)
-        n_vt = v.shape[-1]  # before _by_heads, whose slices of a large batch are (heads, d * n_vt)
+    n_vt = v.shape[-1]  # taken before _by_heads, whose slices of a large batch are (heads, d * n_vt)
 
     def desc(x, block, shape=None, strides=None):
         layout = _tma_layout(tuple(block), q.dtype)

@@ -39,7 +39,7 @@ import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
 from gpu.configs import kernel_policy, kernel_variant  # noqa: E402
-from gpu.crosscheck import bits_of  # noqa: E402
+from gpu.crosscheck import bits_of, same_bits  # noqa: E402
 from gpu.run_attention import reference  # noqa: E402
 
 SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128), (90, 150, 256)]  # (N_q, N_k, d): ragged against every tile
@@ -195,8 +195,7 @@ def check_v_transposed(causal: bool) -> None:
             flash.V_TRANSPOSED = dtypes
             o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
             runs.append([o, lse, *dbg.values()])
-        for a, b in zip(*runs, strict=True):
-            assert np.array_equal(bits_of(a), bits_of(b)), (shape, causal)
+        assert same_bits(*runs), (shape, causal)
 
 
 def check_causality(causal: bool) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _core
 from .formats import FP64, Format, format_of_dtype
+from .interop import to_numpy
 
 SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
 
@@ -33,7 +34,9 @@ def as_float_array(x: object, argname: str) -> np.ndarray:
 
     Integer, boolean, complex and object arrays are refused rather than
     converted: a cast of integers is a decision the caller should make.
+    torch tensors arrive with their bits (bf16 and float8 as ml_dtypes arrays).
     """
+    x = to_numpy(x, argname)
     if isinstance(x, (bool, np.bool_)):
         raise TypeError(f"{argname}: expected floating-point values, got a bool")
     if isinstance(x, (int, float)):
@@ -113,12 +116,16 @@ def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.n
 
     Formats of at most 16 bits travel as their encodings (widened) with their decode table; float32 as its
     bits (no copy when contiguous), float64 as the FP32 encodings of its values, with an empty table.
-    Operands must be exactly representable in FP32: the exact-arithmetic core relies on it.
+    Operands must be exactly representable in FP32: the exact-arithmetic core relies on it.  Kernels read
+    a signalling NaN from the encodings; a float64 NaN becomes a quiet FP32 NaN (float64 has no FP32
+    signalling bit to carry, and hardware conversions quiet NaNs anyway).
     """
     check_fp32_values(arr, argname)
     if source_format(arr) == FP64:
-        with np.errstate(invalid="ignore"):  # NaN stays NaN (the kernels look at nothing more)
+        with np.errstate(invalid="ignore"):
             arr = arr.astype(np.float32)
+        bits = arr.view(np.uint32)
+        np.bitwise_or(bits, np.uint32(1 << 22), out=bits, where=np.isnan(arr))  # set the quiet bit
     fmt = source_format(arr)
     bits = flat_bits(arr if arr.shape == shape else np.broadcast_to(arr, shape))  # same shape: no copy
     return bits, (lut(fmt) if fmt.width <= 16 else _EMPTY_LUT), fmt.params

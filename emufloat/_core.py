@@ -24,7 +24,7 @@ AWAY = 1 << 5  # |rounded| > |exact|
 UNDERFLOW = 1 << 6  # exact result below the normal range (tiny before rounding) and inexact
 OVERFLOW = 1 << 7  # rounded result beyond max finite (or an infinity saturated)
 SUBNORMAL = 1 << 8  # result is subnormal (or was flushed to zero from there)
-INVALID = 1 << 9  # NaN produced from non-NaN operands (inf-inf, 0*inf, sqrt(-x), ...)
+INVALID = 1 << 9  # a signalling NaN operand, or an invalid operation (inf-inf, 0*inf, sqrt(-x), ...)
 DIVZERO = 1 << 10  # finite / 0
 
 FLAG_NAMES = (
@@ -83,6 +83,18 @@ def decode_parts(enc: np.int64, params) -> tuple:
             return CLS_ZERO, sign, np.int64(0), np.int64(0)
         return CLS_FINITE, sign, fr, np.int64(1 - bias - mb)
     return CLS_FINITE, sign, fr | (np.int64(1) << mb), np.int64(ef - bias - mb)
+
+
+@nb.njit(inline="always", cache=True)
+def is_snan(enc, params) -> bool:
+    """Whether an encoding is a signalling NaN (as ``Format.is_signalling``): an ``"ieee"`` NaN whose top
+    fraction bit is 0.  Kernels read it from the operand's encoding, since its float64 value is quiet."""
+    eb, mb, _b, spec, _s, _o = params
+    if spec != SPEC_IEEE or mb < 2:
+        return False
+    e = np.int64(enc)
+    top = (np.int64(1) << eb) - 1
+    return ((e >> mb) & top) == top and (e & ((np.int64(1) << mb) - 1)) != 0 and ((e >> (mb - 1)) & 1) == 0
 
 
 @nb.njit(inline="always", cache=True)

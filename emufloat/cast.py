@@ -17,6 +17,8 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
 
     Untraced blocks take the vectorizable fast path and revisit only the
     elements it declined; traced blocks take the general path throughout.
+    The fast path declines NaN sources, so flags (INVALID for a signalling
+    NaN) come from the general path.
     """
     n = src.size
     bad = 0
@@ -54,6 +56,8 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
                 enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
             else:
                 enc, fl = _core.round_special(cls, sign, params)
+                if cls == _core.CLS_NAN and _core.is_snan(bits, src_params):
+                    fl |= _core.INVALID  # a signalling NaN source becomes the target's quiet NaN
             if enc == _core.NO_NAN:
                 bad += 1
                 enc = 0
@@ -135,7 +139,8 @@ def is_representable(x: np.ndarray | float, fmt: Format | str) -> np.ndarray:
     """True where ``x`` is exactly a value of ``fmt`` (NaN where the format has NaN)."""
     fmt = as_format(fmt)
     src = _arrays.as_float_array(x, "x")
-    v = src.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaNs widen to quiet ones
+        v = src.astype(np.float64)
     nan = np.isnan(v)
     back = decode(encode(np.where(nan, 0.0, v), fmt, "rtz"), fmt)
     same_sign = (np.signbit(back) == np.signbit(v)) | ((v == 0) & (not fmt.has_negative_zero))

@@ -9,12 +9,11 @@ lean negative, while rows with a single maximum do not.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from . import Flag, Trace, mul, quantize
 from . import sum as exact_sum
+from .console import ArgumentParser, announce_compiles
 from .formats import BF16, FP32
 
 
@@ -80,16 +79,26 @@ def bias_experiment(rows: int = 20000, tokens: int = 64, seed: int = 0) -> str:
     return "\n".join(lines)
 
 
+MAX_VALUES = 10**8  # rows x tokens: the demo's arrays stay within a few GB
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="emufloat-demo", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m emufloat", description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=20000, help="synthetic rows (default 20000)")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per row (default 64)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    if args.rows < 1 or args.tokens < 2:
-        parser.error("--rows must be >= 1 and --tokens >= 2")
-    print(worked_example())
-    print(bias_experiment(args.rows, args.tokens, args.seed))
+    if args.rows < 1:
+        parser.error(f"--rows: expected an integer >= 1, got {args.rows}")
+    if args.tokens < 2:
+        parser.error(f"--tokens: expected an integer >= 2, got {args.tokens}")
+    if args.rows * args.tokens > MAX_VALUES:
+        parser.error(f"--rows x --tokens: at most {MAX_VALUES:.0e} values, got {args.rows * args.tokens:.3g}")
+    if args.seed < 0:
+        parser.error(f"--seed: expected an integer >= 0, got {args.seed}")
+    with announce_compiles():
+        print(worked_example())
+        print(bias_experiment(args.rows, args.tokens, args.seed))
     return 0
 
 

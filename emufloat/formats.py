@@ -117,6 +117,28 @@ class Format:
         return self.specials != "none"
 
     @property
+    def has_signalling_nan(self) -> bool:
+        """Whether some NaN encoding is signalling.
+
+        IEEE 754-2019 6.2.1: a NaN whose first trailing-significand bit is 0 is signalling, so only
+        ``"ieee"`` formats with at least two fraction bits have one (FP32, TF32, FP16, BF16, E5M2).  The
+        single NaN (per sign) of ``"fn"`` and ``"fnuz"`` formats is quiet: it is what invalid operations
+        deliver there.
+        """
+        return self.specials == "ieee" and self.man_bits >= 2
+
+    def is_signalling(self, bits: int | np.ndarray) -> bool | np.ndarray:
+        """True where the encodings ``bits`` are signalling NaNs (see :attr:`has_signalling_nan`)."""
+        b = np.asarray(bits).astype(np.uint64)
+        if self.has_signalling_nan:
+            top = (1 << self.exp_bits) - 1
+            frac = b & ((1 << self.man_bits) - 1)
+            out = ((b >> self.man_bits) & top == top) & (frac != 0) & (frac >> (self.man_bits - 1) == 0)
+        else:
+            out = np.zeros(b.shape, dtype=bool)
+        return bool(out) if out.ndim == 0 else out
+
+    @property
     def has_negative_zero(self) -> bool:
         return self.specials != "fnuz"
 

@@ -29,7 +29,7 @@ import numba as nb
 import numpy as np
 
 from . import _arrays, _core, data
-from .formats import FP32, Format
+from .formats import FP32, FP64, Format
 from .ops import _result_format, add, div, fma, mul
 from .rounding import Rounding, as_rounding
 from .trace import Flag, Trace, _Chunk, check_trace
@@ -140,7 +140,8 @@ def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Round
     x holds FP32-representable values of any format.  Evaluated as a
     double-double with relative error below 2**-100; exp2 of a non-integer
     is irrational, so no input is an exact tie.  With a trace, records op
-    ``exp2`` with the double-double as the exact value.
+    ``exp2`` with the double-double as the exact value; a signalling NaN
+    input raises INVALID (IEEE 754 7.2), a quiet one nothing.
     """
     arr = _arrays.as_float_array(x, "x")
     f = _result_format(fmt, {"x": arr})
@@ -149,7 +150,8 @@ def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Round
         raise ValueError("rounding: exp2 supports the deterministic modes (rne, rna, rtz, rup, rdown, rto)")
     check_trace(trace)
     _arrays.check_fp32_values(arr, "x")
-    flat = np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):  # a signalling NaN widens to a quiet one (its flag is set below)
+        flat = np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
     out = _arrays.new_output(f, flat.size)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(flat.size, tracing)
@@ -158,6 +160,9 @@ def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Round
     _arrays.check_no_nan_format(bad, f, "exp2")
     result = _arrays.finish_output(out, f, arr.shape)
     if tracing:
+        src = _arrays.source_format(arr)
+        if src != FP64 and src.has_signalling_nan:  # float64 operands carry FP32 values: their NaNs are quiet
+            flags[src.is_signalling(_arrays.flat_bits(arr))] |= np.uint16(_core.INVALID)
         trace._record(_Chunk(op="exp2", fmt=f, rounding=rnd, operands=(arr.reshape(-1).copy(),),
                              rounded=result.reshape(-1).copy(), exact_hi=ex_hi, exact_lo=ex_lo,
                              flags=flags.astype(np.uint16), shape=arr.shape, label=label))

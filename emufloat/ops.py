@@ -123,7 +123,9 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
     """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
 
     Block by block as in the cast kernel: add, sub, mul and fma first take the
-    vectorizable fast path on their exact double-double result.
+    vectorizable fast path on their exact double-double result.  NaN operands
+    always take the general path, which raises INVALID for signalling ones
+    (unary ops pass ``a`` as ``b`` and ``c``, binary ones as ``c``).
     """
     n = out.size
     bad = 0
@@ -217,13 +219,19 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
             else:
                 s = _minmax(op, x, y)
             cls = CLS_FINITE
+            nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
             if not finite:
                 cls, sign, sig, exp = _core.f64_parts(s)
                 finite = cls == CLS_FINITE
                 if cls == CLS_NAN:
-                    if not (np.isnan(x) or np.isnan(y) or np.isnan(z)):
+                    # invalid on numbers; a quiet NaN operand suppresses it, except for fma(0, inf, qNaN)
+                    if not nan_in or (op == FMA and ((x == 0.0 and np.isinf(y)) or (np.isinf(x) and y == 0.0))):
                         fl |= _core.INVALID
                     sign = 0
+            if nan_in and op != NEG and op != ABS:  # neg and abs are quiet operations (IEEE 754 5.5.1)
+                # the values are quiet NaNs by now: the encodings say which operand was signalling
+                if _core.is_snan(a[i], ap) or _core.is_snan(b[i], bp) or _core.is_snan(c[i], cp):
+                    fl |= _core.INVALID
             if finite:
                 enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
             else:

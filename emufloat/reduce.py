@@ -92,10 +92,12 @@ def _to_f64(zero, sign, sig, exp, sticky):
 
 
 @nb.njit(parallel=True, cache=True)
-def _sum_kernel(x, lut, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
+def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
+    """Row r of the k-column term matrix ``x`` (encodings of format params ``xp``) summed exactly, rounded once."""
     for r in nb.prange(rows):
         acc = np.zeros(_NLIMB, np.int64)
         nan = False
+        snan = False
         pinf = False
         ninf = False
         ref = np.int64(-(1 << 20))
@@ -105,6 +107,7 @@ def _sum_kernel(x, lut, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, 
             cls, sign, sig, exp = _core.f64_parts(v)
             if cls == _core.CLS_NAN:
                 nan = True
+                snan = snan or _core.is_snan(x[r * k + j], xp)
             elif cls == _core.CLS_INF:
                 if sign:
                     ninf = True
@@ -122,7 +125,7 @@ def _sum_kernel(x, lut, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, 
         if nan or (pinf and ninf):
             enc = _core.enc_nan(0, params)
             hi = np.nan
-            if not nan:
+            if snan or not nan:  # a signalling NaN term, or inf - inf without a NaN term
                 fl = np.int64(_core.INVALID)
         elif pinf or ninf:
             enc, fl = _core.round_special(_core.CLS_INF, np.int64(ninf), params)
@@ -165,7 +168,9 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     one event per output: operand ``a`` is the term of largest magnitude, and
     CARRY means the exact sum lies in a higher binade than every term (the
     significand overflowed), as in the paper's example where two same-binade
-    BF16 values add up to one bit below BF16 precision.
+    BF16 values add up to one bit below BF16 precision.  A NaN term gives NaN;
+    INVALID is raised for a signalling NaN term, or for +inf and -inf terms
+    without a NaN term.
     """
     arr = _arrays.as_float_array(x, "x")
     if arr.ndim == 0:
@@ -179,20 +184,22 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     shape = moved.shape[:-1]
     k = moved.shape[-1]
     rows = math.prod(shape)
-    flat, lut, _params = _arrays.operand(moved, moved.shape, "x")
+    flat, lut, xp = _arrays.operand(moved, moved.shape, "x")
     out = _arrays.new_output(f, rows)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)
     with _arrays.threads_for(rows * k):
-        _sum_kernel(flat, lut, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
+        _sum_kernel(flat, lut, xp, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
                     ex_hi, ex_lo, flags, tracing)
     if not f.has_nan and rows:
-        vals = moved.astype(np.float64)
+        with np.errstate(invalid="ignore"):  # signalling NaN terms widen to quiet ones
+            vals = moved.astype(np.float64)
         nan_rows = np.isnan(vals).any(-1) | (np.isposinf(vals).any(-1) & np.isneginf(vals).any(-1))
         _arrays.check_no_nan_format(int(np.count_nonzero(nan_rows)), f, "x")
     result = _arrays.finish_output(out, f, shape)
     if tracing:
-        vals = moved.reshape(rows, k).astype(np.float64)
+        with np.errstate(invalid="ignore"):
+            vals = moved.reshape(rows, k).astype(np.float64)
         biggest = vals[np.arange(rows), np.argmax(np.nan_to_num(np.abs(vals), nan=np.inf), axis=-1)] if k else \
             np.zeros(rows)
         trace._record(_Chunk(

@@ -47,7 +47,7 @@ FLAG_DOC = {
     "underflow": "tiny before rounding and inexact",
     "overflow": "beyond max finite (became inf, NaN or max)",
     "subnormal": "subnormal result (or flushed to zero from there)",
-    "invalid": "NaN from non-NaN operands",
+    "invalid": "a signalling NaN operand, or an invalid operation (inf - inf, 0 * inf, 0 / 0, sqrt(-x), ...)",
     "divzero": "finite / 0",
 }
 
@@ -130,12 +130,13 @@ class Trace:
                 cols["op"].append(np.full(n, OP_CODE[ch.op], np.uint8))
                 cols["call"].append(np.full(n, k, np.int32))
                 cols["index"].append(np.arange(n, dtype=np.int64))
-                for j, name in enumerate("abc"):
-                    cols[name].append(
-                        ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan))
+                with np.errstate(invalid="ignore"):  # a signalling NaN operand widens to a quiet one
+                    for j, name in enumerate("abc"):
+                        cols[name].append(
+                            ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan))
+                    cols["rounded"].append(ch.rounded.astype(np.float64))
                 cols["exact_hi"].append(ch.exact_hi)
                 cols["exact_lo"].append(ch.exact_lo)
-                cols["rounded"].append(ch.rounded.astype(np.float64))
                 cols["flags"].append(ch.flags)
             empty = {"op": np.uint8, "call": np.int32, "index": np.int64, "flags": np.uint16}
             out = {
@@ -268,9 +269,12 @@ class TraceSummary:
     sign_p: float  # sign test on the counts of positive and negative errors
     mean_p: float  # z-test of mean error == 0
     per_op: dict[str, int]
+    nonfinite: int = 0  # events whose error is NaN or infinite (non-finite results): left out of the statistics
 
     def __str__(self) -> str:
         lines = [
+            *([f"NON-FINITE: {self.nonfinite} event(s) with a NaN or infinite error, left out of every statistic "
+               "below"] if self.nonfinite else []),
             f"events: {self.events}  inexact: {self.inexact}  by op: {self.per_op}",
             f"mean signed error: {self.mean_error:.6g} (inexact only: {self.mean_error_inexact:.6g}); "
             f"sum: {self.sum_error:.6g}; p(mean = 0) = {self.mean_p:.3g}",
@@ -309,4 +313,5 @@ def summarize(trace: Trace, mask: np.ndarray | None = None) -> TraceSummary:
         sign_p=sign_test(pos, neg),
         mean_p=mean_test(eh[finite] + el[finite]),
         per_op=per_op,
+        nonfinite=int(n - np.count_nonzero(finite)),
     )

@@ -309,14 +309,20 @@ def _cast(v, params, mode, rnd, srbits):
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing):
+def _tree_sum_kernel(x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags,
+                     tracing):
     """Row by row along the tree; when tracing, step k of row r writes event r * nsteps + k (its two
-    addends, its exact sum and flags) and the rounded values stay in ``ops[2]``."""
+    addends, its exact sum and flags) and the rounded values stay in ``ops[2]``.  A step whose addend is a
+    signalling-NaN leaf (encodings ``x`` of format params ``xp``) raises INVALID, as ``emufloat.add`` does;
+    sums are never signalling."""
     nsteps = prog.shape[0]
     for r in nb.prange(rows):
         buf = np.empty(n + nsteps)
+        snan = np.zeros(n if tracing else 0, np.bool_)
         for j in range(n):
             buf[j] = _core.load(x, lut, r * n + j)
+            if tracing and np.isnan(buf[j]):
+                snan[j] = _core.is_snan(x[r * n + j], xp)
         if nsteps == 0:
             rnd = random_bits(seed, r, srbits) if mode == SR else np.int64(0)
             enc, _v = _cast(buf[0], params, mode, rnd, srbits)
@@ -331,6 +337,8 @@ def _tree_sum_kernel(x, lut, rows, n, prog, out, bad, params, mode, seed, srbits
                 if enc == _core.NO_NAN:
                     bad[r] = 1
                 if tracing:
+                    if (prog[k, 0] < n and snan[prog[k, 0]]) or (prog[k, 1] < n and snan[prog[k, 1]]):
+                        fl |= _core.INVALID
                     e = r * nsteps + k
                     ops[0, e] = a
                     ops[1, e] = b
@@ -364,8 +372,8 @@ def _rows_of(x, tree: ReductionTree, argname: str = "x"):
         raise ValueError(f"{argname}: the last axis has length {arr.shape[-1]}, but the tree has "
                          f"{tree.n_leaves} leaves")
     shape = arr.shape[:-1]
-    flat, lut, _params = _arrays.operand(arr, arr.shape, argname)
-    return arr, shape, math.prod(shape), flat, lut
+    flat, lut, params = _arrays.operand(arr, arr.shape, argname)
+    return arr, shape, math.prod(shape), flat, lut, params
 
 
 def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne", *,
@@ -385,7 +393,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     its ``cast``).
     """
     check_trace(trace)
-    arr, shape, rows, flat, lut = _rows_of(x, tree)
+    arr, shape, rows, flat, lut, xp = _rows_of(x, tree)
     f = _result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
     out = _arrays.new_output(f, rows)
@@ -398,7 +406,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     ops = np.empty((3, n_ev))
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n_ev, trace is not None)
     with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_sum_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
+        _tree_sum_kernel(flat, lut, xp, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
                          np.uint64(rnd.seed), rnd.bits, ops, ex_hi, ex_lo, flags, trace is not None)
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
     result = _arrays.finish_output(out, f, shape)
@@ -418,7 +426,7 @@ def tree_max(x, tree: ReductionTree, *, propagate_nan: bool = False) -> np.ndarr
     any NaN wins); ``-0 < +0`` in both.  Exact, so the order only matters for which zero or NaN comes
     out; a NaN result is the canonical quiet NaN.  Returns values of ``x``'s format, shape ``x.shape[:-1]``.
     """
-    arr, shape, rows, flat, lut = _rows_of(x, tree)
+    arr, shape, rows, flat, lut, _params = _rows_of(x, tree)
     out = np.empty(rows, np.float64)
     with _arrays.threads_for(rows * tree.n_leaves):
         _tree_max_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)

@@ -82,9 +82,10 @@ class Maxima:
 
     def describe(self) -> str:
         if math.isnan(self.row_max):
-            return "no attended key"
-        def keys(ks):
-            return ", ".join(f"{k} (block {self.block_of[k]})" if k in self.block_of else str(k) for k in ks)
+            return "no finite score: no key is attended, or every attended score is NaN or infinite"
+        def keys(ks, show: int = 16):
+            listed = ", ".join(f"{k} (block {self.block_of[k]})" if k in self.block_of else str(k) for k in ks[:show])
+            return listed + (f", ... ({len(ks) - show} more)" if len(ks) > show else "")
         lines = [f"row max {self.row_max:.9g} (scaled score, natural-log units; 1 ulp in {self.fmt} = "
                  f"{self.ulp:.3g})"]
         lines.append(f"exact ties at the max: {len(self.exact)} key(s): {keys(self.exact)}"
@@ -201,6 +202,7 @@ class StepError:
     mean_p: float  # z-test of mean error = 0
     tie_sticky: int  # events with TIE and STICKY set (the paper's would-be ties)
     mean_ulps: float = math.nan  # mean signed error in ulps of each event's result format
+    nonfinite: int = 0  # events whose error is NaN or infinite (a non-finite result): not in the means
 
     def to_dict(self) -> dict:
         return _jsonable(dataclasses.asdict(self))
@@ -213,9 +215,11 @@ def _step_error(trace: Trace, mask: np.ndarray, label: str, ulps: np.ndarray) ->
     ts = int(np.count_nonzero(trace.has(Flag.TIE)[mask] & trace.has(Flag.STICKY)[mask]))
     u = ulps[mask]
     u = u[np.isfinite(u)]
-    return StepError(label, s.events, s.inexact, s.mean_error, s.sum_error,
-                     float(np.abs(fin).max()) if fin.size else 0.0, s.frac_away, s.positive, s.negative, s.sign_p,
-                     s.mean_p, ts, float(np.mean(u)) if u.size else math.nan)
+    nan = math.nan
+    return StepError(label, s.events, s.inexact, s.mean_error if fin.size else nan, s.sum_error if fin.size else nan,
+                     float(np.abs(fin).max()) if fin.size else nan, s.frac_away, s.positive, s.negative,
+                     s.sign_p if fin.size else nan, s.mean_p if fin.size >= 2 else nan, ts,
+                     float(np.mean(u)) if u.size else nan, int(err.size - fin.size))
 
 
 def event_rows(run: RowStepper) -> tuple[np.ndarray, np.ndarray]:
@@ -266,12 +270,106 @@ def step_errors(run: RowStepper, row: int | None = None, calls: range | None = N
     return [_step_error(run.trace, mask & (labels == lab), lab, ulps) for lab in order]
 
 
+# ---- non-finite values ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NonFinite:
+    """How many values of one array (of one row) are NaN or infinite, the first of them, and why."""
+
+    name: str  # what was looked at: 'q[row]', 'k', 'v', 'O', 'O_fp64', 'LSE', ...
+    size: int
+    nan: int
+    posinf: int
+    neginf: int
+    first: tuple[int, ...] = ()  # index of the first non-finite value (empty when all are finite)
+    cause: str = ""  # why, where the run tells (l = 0 after the shift, overflow, a NaN input, ...)
+
+    @property
+    def count(self) -> int:
+        return self.nan + self.posinf + self.neginf
+
+    def describe(self) -> str:
+        """'O: 64 of 64 values NaN (first at [0]): l = 0 ...'."""
+        kinds = [f"{c} {w}" for c, w in ((self.nan, "NaN"), (self.posinf, "+inf"), (self.neginf, "-inf")) if c]
+        where = f"first at {list(self.first)}" if self.first else ""
+        return (f"{self.name}: {', '.join(kinds)} of {self.size} value(s)" + (f" ({where})" if where else "")
+                + (f": {self.cause}" if self.cause else ""))
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["count"] = self.count
+        return _jsonable(d)
+
+
+def count_nonfinite(values: np.ndarray, name: str, cause: str = "") -> NonFinite:
+    """Count the NaN and infinite entries of ``values`` (any float array; ml_dtypes formats included)."""
+    x = arith.f64(values)
+    nan, inf = np.isnan(x), np.isinf(x)
+    bad = np.flatnonzero(nan | inf)
+    first = tuple(int(i) for i in np.unravel_index(bad[0], x.shape)) if bad.size else ()
+    return NonFinite(name, int(x.size), int(np.count_nonzero(nan)), int(np.count_nonzero(inf & (x > 0))),
+                     int(np.count_nonzero(inf & (x < 0))), first, cause if bad.size else "")
+
+
+def input_nonfinite(run: RowStepper, row: int | None = None) -> list[NonFinite]:
+    """Non-finite values in what the row reads: its query, K and V (those with any)."""
+    _row, _i = _row_pos(run, row)
+    q, k, v = run.inputs
+    found = [count_nonfinite(q[_row], f"q[{_row}]"), count_nonfinite(k, "k"), count_nonfinite(v, "v")]
+    return [f for f in found if f.count]
+
+
+def _output_cause(run: RowStepper, i: int, inputs_bad: bool) -> str:
+    """Why the row's O is not finite, as far as the final state tells."""
+    fin = run.final
+    m = float(np.ravel(arith.f64(fin.m[i]))[0])
+    l = float(np.sum(arith.f64(fin.l[i])))
+    acc = arith.f64(fin.acc[i])
+    if inputs_bad:
+        return "a NaN or infinite input propagates (see the inputs above)"
+    if math.isnan(m):
+        return "the row max m is NaN (a NaN score)"
+    if m == -math.inf:
+        return "no key is attended (every score masked), so m = -inf and l = 0"
+    if math.isnan(l):
+        return "the row sum l is NaN"
+    if l == 0.0:
+        return f"l = 0: every P of the row underflowed to 0 after the shift (m = {m:.6g}), so O = 0 / 0"
+    if math.isinf(l):
+        return f"the row sum l overflowed {run.policy.row_sum.fmt.name}"
+    if not np.all(np.isfinite(acc)):
+        return "the accumulator acc overflowed or took a NaN (P V products)"
+    return f"the normalisation or the output cast ({run.policy.output.fmt.name}) overflowed"
+
+
+def output_nonfinite(run: RowStepper, row: int | None = None, name: str = "O") -> list[NonFinite]:
+    """Non-finite values of the row's O and LSE (those with any), with their cause."""
+    run = _done(run)
+    _row, i = _row_pos(run, row)
+    inputs_bad = bool(input_nonfinite(run, _row))
+    cause = _output_cause(run, i, inputs_bad)
+    lse_cause = cause if inputs_bad or "NaN" in cause else (
+        "l = 0 makes log(l) = -inf" if float(np.sum(arith.f64(run.final.l[i]))) == 0 else cause)
+    found = [count_nonfinite(run.final.o[i], name, cause),
+             count_nonfinite(run.final.lse[i], f"LSE of {name}" if name != "O" else "LSE", lse_cause)]
+    return [f for f in found if f.count]
+
+
+def _refuse_nonfinite(bad: list[NonFinite]) -> None:
+    if bad:
+        raise ValueError(f"{bad[0].describe()}; the analysis refuses non-finite inputs (allow_nonfinite=True "
+                         "traces them: statistics then exclude non-finite errors and say how many)")
+
+
 # ---- bias of O against FP64 -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Bias:
-    """Signed errors of a set of values: how large, which way, how significant."""
+    """Signed errors of a set of values: how large, which way, how significant.
 
-    n: int
+    Non-finite errors (NaN or infinite values on either side) are not averaged: ``excluded`` counts them,
+    and with no finite error left the means and p-values are NaN, never a reassuring 0 or 1.
+    """
+
+    n: int  # finite errors the statistics are over
     mean_error: float
     mean_abs: float
     max_abs: float
@@ -280,25 +378,29 @@ class Bias:
     negative: int
     sign_p: float  # exact two-sided sign test on the counts
     mean_p: float  # z-test of mean = 0 (normal approximation; use with >= ~30 values)
+    excluded: int = 0  # errors left out because they are NaN or infinite
 
     def to_dict(self) -> dict:
         return _jsonable(dataclasses.asdict(self))
 
 
 def bias(errors: np.ndarray, ulps: np.ndarray | float | None = None) -> Bias:
-    """Mean signed error, counts, sign test and z-test of ``errors`` (non-finite values ignored).
+    """Mean signed error, counts, sign test and z-test of the finite ``errors`` (the rest counted as excluded).
 
     ``ulps``: the ulp of each reference value (for :attr:`Bias.mean_ulps`); None leaves it NaN.
     """
     e = np.ravel(arith.f64(errors))
     ok = np.isfinite(e)
     u = np.broadcast_to(np.asarray(np.nan if ulps is None else ulps, np.float64), np.shape(errors)).ravel()
+    excluded = int(e.size - np.count_nonzero(ok))
     e, u = e[ok], u[ok]
+    if e.size == 0:
+        return Bias(0, math.nan, math.nan, math.nan, math.nan, 0, 0, math.nan, math.nan, excluded)
     pos, neg = int(np.count_nonzero(e > 0)), int(np.count_nonzero(e < 0))
     with np.errstate(invalid="ignore", divide="ignore"):
-        in_ulps = float(np.mean(e / u)) if e.size and np.all(u > 0) else math.nan
-    return Bias(int(e.size), math.fsum(e) / e.size if e.size else 0.0, float(np.mean(np.abs(e))) if e.size else 0.0,
-                float(np.max(np.abs(e))) if e.size else 0.0, in_ulps, pos, neg, sign_test(pos, neg), mean_test(e))
+        in_ulps = float(np.mean(e / u)) if np.all(u > 0) else math.nan
+    return Bias(int(e.size), math.fsum(e) / e.size, float(np.mean(np.abs(e))), float(np.max(np.abs(e))), in_ulps,
+                pos, neg, sign_test(pos, neg), mean_test(e) if e.size >= 2 else math.nan, excluded)
 
 
 @dataclass(frozen=True)
@@ -484,8 +586,9 @@ class BlockRow:
     m: float
     l: float
     pv: StepError | None
-    out_error: float  # mean over elements of (acc/l) - (acc/l)_fp64 after this block
+    out_error: float  # mean over the finite elements of (acc/l) - (acc/l)_fp64 after this block
     out_error_sum: float
+    out_nonfinite: int = 0  # elements of acc/l or its FP64 partner that are NaN or infinite
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -509,6 +612,7 @@ class RowAnalysis:
     steps: list[StepError]
     p_one: POneRounding
     blocks: list[BlockRow]
+    nonfinite: tuple[NonFinite, ...] = ()  # NaN or infinite inputs of the row, O, LSE, O_fp64 (those with any)
 
     @property
     def errors(self) -> np.ndarray:
@@ -517,6 +621,7 @@ class RowAnalysis:
 
     def to_dict(self) -> dict:
         return {
+            "nonfinite": [f.to_dict() for f in self.nonfinite],
             "policy": self.policy, "softmax": self.softmax, "row": self.row,
             "block_m": self.run.block_m, "block_n": self.run.block_n, "kv_order": self.run.kv_order,
             "causal": self.run.causal, "sm_scale": self.run.sm_scale,
@@ -528,10 +633,18 @@ class RowAnalysis:
 
 
 def analyse_run(run: RowStepper, row: int | None = None, *, tol_ulps: float = 1.0,
-                ref: RowStepper | None = None) -> RowAnalysis:
-    """Analyse one row of a stepper run (run to its end if needed) against an FP64 run of the same inputs."""
+                ref: RowStepper | None = None, allow_nonfinite: bool = False) -> RowAnalysis:
+    """Analyse one row of a stepper run (run to its end if needed) against an FP64 run of the same inputs.
+
+    NaN or infinite values in what the row reads (its query, K, V) are refused unless ``allow_nonfinite``;
+    then, as for non-finite outputs, :attr:`RowAnalysis.nonfinite` counts them and every statistic says how
+    many errors it excluded.
+    """
     run = _done(run)
     row, i = _row_pos(run, row)
+    bad_inputs = input_nonfinite(run, row)
+    if not allow_nonfinite:
+        _refuse_nonfinite(bad_inputs)
     ref = reference_run(run) if ref is None else _done(ref)
     _r, j = _row_pos(ref, row)
     if [s.keys for s in ref.steps] != [s.keys for s in run.steps]:
@@ -545,21 +658,27 @@ def analyse_run(run: RowStepper, row: int | None = None, *, tol_ulps: float = 1.
             pv = errs[0] if errs else None
         with np.errstate(invalid="ignore"):
             d = st.out[i] - st_ref.out[j]
+        fin = d[np.isfinite(d)]
         blocks.append(BlockRow(st.index, st.block, (st.keys.start, st.keys.stop),
                                int(np.count_nonzero(arith.f64(st.p[i]) == 1.0)), float(arith.f64(st.m[i])),
-                               float(st.l_total[i]), pv, float(np.mean(d)), math.fsum(np.nan_to_num(d))))
+                               float(st.l_total[i]), pv, float(np.mean(fin)) if fin.size else math.nan,
+                               math.fsum(fin) if fin.size else math.nan, int(d.size - fin.size)))
+    nonfinite = (*bad_inputs, *output_nonfinite(run, row), *output_nonfinite(ref, row, "O_fp64"))
     return RowAnalysis(run.policy.name, run.softmax.name, row, run, ref, arith.f64(run.final.o[i]),
                        arith.f64(ref.final.o[j]), row_maxima(run, row, tol_ulps), error_budget(run, ref, row),
-                       step_errors(run, row, ulps=ulps), p_one_rounding(run, row, ulps=ulps), blocks)
+                       step_errors(run, row, ulps=ulps), p_one_rounding(run, row, ulps=ulps), blocks, nonfinite)
 
 
 def analyse_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "qiu_yao", *, row: int = 0,
-                softmax="standard", causal: bool = False, sm_scale: float | None = None, block_m: int | None = None,
-                block_n: int | None = None, kv_order: str | None = None, tol_ulps: float = 1.0) -> RowAnalysis:
-    """Step ``row`` under ``policy`` with tracing, run it in FP64 too, and analyse it."""
+                softmax="standard", causal: bool | str = False, sm_scale: float | None = None,
+                block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
+                tol_ulps: float = 1.0, allow_nonfinite: bool = False) -> RowAnalysis:
+    """Step ``row`` under ``policy`` with tracing, run it in FP64 too, and analyse it (:func:`analyse_run`)."""
     run = step_rows(q, k, v, policy, rows=row, softmax=softmax, causal=causal, sm_scale=sm_scale,
-                    block_m=block_m, block_n=block_n, kv_order=kv_order).run()
-    return analyse_run(run, tol_ulps=tol_ulps)
+                    block_m=block_m, block_n=block_n, kv_order=kv_order)
+    if not allow_nonfinite:
+        _refuse_nonfinite(input_nonfinite(run))  # before any block is computed
+    return analyse_run(run.run(), tol_ulps=tol_ulps, allow_nonfinite=allow_nonfinite)
 
 
 def _jsonable(x):
@@ -577,6 +696,7 @@ def _jsonable(x):
     return x
 
 
-__all__ = ["Bias", "BlockRow", "ErrorBudget", "Maxima", "POneRounding", "RowAnalysis", "StepError", "analyse_row",
-           "analyse_run", "bias", "error_budget", "event_rows", "event_ulps", "find_maxima", "p_one_rounding",
-           "reference_run", "round_to_one_band", "row_maxima", "step_errors"]
+__all__ = ["Bias", "BlockRow", "ErrorBudget", "Maxima", "NonFinite", "POneRounding", "RowAnalysis", "StepError",
+           "analyse_row", "analyse_run", "bias", "count_nonfinite", "error_budget", "event_rows", "event_ulps",
+           "find_maxima", "input_nonfinite", "output_nonfinite", "p_one_rounding", "reference_run",
+           "round_to_one_band", "row_maxima", "step_errors"]

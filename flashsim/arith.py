@@ -50,12 +50,19 @@ def cast(x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | No
 
 def output_cast(x: np.ndarray, spec: Op, trace: Trace | None = None, label: str = "") -> np.ndarray:
     """x rounded into the step's format, NaN results given the step's ``nan_bits`` encoding if it has one."""
-    out = cast(x, spec.fmt, spec.rounding, trace, label)
-    if spec.nan_bits is not None:
-        nan = np.isnan(out.astype(np.float32))
-        if nan.any():
-            bits = out.view(np.dtype(f"u{out.dtype.itemsize}"))
-            bits[nan] = spec.nan_bits
+    return nan_encoded(cast(x, spec.fmt, spec.rounding, trace, label), spec.nan_bits)
+
+
+def nan_encoded(x: np.ndarray, nan_bits: int | None) -> np.ndarray:
+    """x (the carrier of a format of at most 32 bits) with its NaNs stored as ``nan_bits``, the encoding
+    hardware writes (emufloat returns the canonical quiet NaN); None or no NaN: x itself."""
+    if nan_bits is None:
+        return x
+    nan = np.isnan(x.astype(np.float32))
+    if not nan.any():
+        return x
+    out = x.copy()
+    out.view(np.dtype(f"u{out.dtype.itemsize}"))[nan] = nan_bits
     return out
 
 

@@ -7,7 +7,11 @@ With ``trace=`` (an :class:`emufloat.Trace`) each step's roundings are recorded,
 ``alpha`` for the rescale factor exp(m_old - m_new)).
 
 Shapes: q (..., M, d), k (..., N, d), v (..., N, dv) with equal leading axes.  ``causal`` masks key j for
-query i when j > i (top-left aligned, as PyTorch's ``is_causal`` and the Triton tutorial).
+query i when j > i + offset: ``True`` or ``"top-left"`` aligns the first query with the first key (offset 0,
+as PyTorch's ``is_causal``, the Triton tutorial and the project's kernels); ``"bottom-right"`` aligns the
+last query with the last key (offset N - M, as FlashAttention-2 >= 2.1 and PyTorch's ``causal_lower_right``).
+The two agree when M == N.  Under bottom-right alignment with M > N the first M - N rows see no key: their
+m stays -inf and O comes out as the policy's arithmetic makes it (NaN for 0/0), which analyses report.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 
 from emufloat import Trace
 from emufloat.formats import format_of_dtype
+from emufloat.interop import to_numpy
 
 from . import arith
 from .policy import Policy, get_policy
@@ -130,16 +135,19 @@ def _fmt_of(x: np.ndarray):
 
 # ---- input checks ----------------------------------------------------------------------------------
 def as_input(x, name: str) -> np.ndarray:
-    """``x`` as an array of a known float format (refused, naming ``name``, otherwise)."""
-    arr = np.asarray(x)
+    """``x`` as an array of a known float format (refused, naming ``name``, otherwise); torch tensors of any
+    float dtype arrive with their bits (bf16 and float8 as ml_dtypes arrays)."""
+    arr = np.asarray(to_numpy(x, name))
     if format_of_dtype(arr.dtype) is None:
         raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
                         f"got dtype {arr.dtype}")
     return arr
 
 
-def _check(q, k, v, softmax, sm_scale, trace) -> tuple[np.ndarray, np.ndarray, np.ndarray, SoftmaxVariant, float]:
+def _check(q, k, v, softmax, sm_scale, trace, causal=False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                      SoftmaxVariant, float]:
     """Checked q, k, v, the softmax variant and the scale (shared by the forward, the stepper and the backward)."""
+    causal_alignment(causal)
     q, k, v = (as_input(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
     for name, arr in (("q", q), ("k", k), ("v", v)):
         if arr.ndim < 2:
@@ -178,11 +186,38 @@ def block_order(value: str | None, default: str, name: str) -> str:
     return val
 
 
-def causal_visible(rows: range, cols: range, causal: bool) -> np.ndarray | None:
-    """The causal mask of a block (True = attended), or None when every entry is attended."""
-    if not causal or cols.stop - 1 <= rows.start:
+CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
+
+
+def causal_alignment(causal: bool | str | None) -> str | None:
+    """'top-left', 'bottom-right', or None (no mask) for a ``causal`` argument (True means top-left)."""
+    if causal is None or causal is False:
         return None
-    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None]
+    if causal is True:
+        return "top-left"
+    if isinstance(causal, str) and causal in CAUSAL_ALIGNMENTS:
+        return causal
+    raise ValueError(f"causal: expected True/False or one of {', '.join(CAUSAL_ALIGNMENTS)}, got {causal!r}")
+
+
+def causal_offset(causal: bool | str | None, n_q: int, n_k: int) -> int | None:
+    """Key j is attended by query i when j <= i + offset; None: no causal mask."""
+    align = causal_alignment(causal)
+    return None if align is None else (0 if align == "top-left" else n_k - n_q)
+
+
+def causal_visible(rows: range, cols: range, offset: int | None) -> np.ndarray | None:
+    """The causal mask of a block (True = attended), or None when every entry is attended.
+
+    ``offset``: from :func:`causal_offset` (None: not causal)."""
+    if offset is None or cols.stop - 1 <= rows.start + offset:
+        return None
+    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None] + offset
+
+
+def causal_skips(offset: int | None, rows: range, cols: range) -> bool:
+    """Whether every key of ``cols`` is masked for every query of ``rows`` (the block pair can be skipped)."""
+    return offset is not None and cols.start > rows.stop - 1 + offset
 
 
 def _per_head(fn, q, k, v) -> ForwardResult:
@@ -233,18 +268,20 @@ class RowsResult(NamedTuple):
 
 def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray, qrows: range,
              local: np.ndarray | None, tile: tuple[int, int], order: str,
-             causal: bool) -> Generator[KVStep, None, RowsResult]:
+             offset: int | None) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
 
     ``q_rows``: the rows to compute, already cast (all of ``qrows``, or those at the ``local`` offsets);
     ``kt``, ``vc``: K^T and V, cast.  Block skipping and causal masks follow the whole Q block, so a subset
-    of its rows computes bit for bit what :func:`flash_forward` computes for them.  Returns (as the
-    generator's value) the normalised output, the LSE and the final state.
+    of its rows computes bit for bit what :func:`flash_forward` computes for them; ``offset``: the causal
+    offset (:func:`causal_offset`; None: not causal).  Returns (as the generator's value) the normalised
+    output, the LSE and the final state.
     """
     pol, trace = pipe.pol, pipe.trace
     bm, bn = tile
     n = kt.shape[1]
-    starts = [j0 for j0 in range(0, n, bn) if not (causal and pol.tiling.skip_masked and j0 > qrows.stop - 1)]
+    starts = [j0 for j0 in range(0, n, bn)
+              if not (pol.tiling.skip_masked and causal_skips(offset, qrows, range(j0, min(j0 + bn, n))))]
     if order == "reverse":
         starts.reverse()
     r = q_rows.shape[0]
@@ -255,7 +292,7 @@ def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray
     for j0 in starts:
         cols = range(j0, min(j0 + bn, n))
         s = arith.dot(q_rows, kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
-        visible = causal_visible(qrows, cols, causal)
+        visible = causal_visible(qrows, cols, offset)
         if visible is not None and local is not None:
             visible = visible[local]
         p, m, alpha = pipe.softmax_block(s, visible, m)
@@ -286,14 +323,14 @@ def drain(steps: Generator[KVStep, None, RowsResult]) -> RowsResult:
 
 # ---- algorithms ------------------------------------------------------------------------------------
 def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-                        softmax: SoftmaxVariant | str = STANDARD, causal: bool = False,
+                        softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
                         sm_scale: float | None = None, trace: Trace | None = None) -> ForwardResult:
     """Standard attention: softmax over the whole row, P normalised (normalize step) before P V.
 
     The policy's rescale and o_accum steps do not occur; the row sum tree (if any) spans the row.
     """
     pol = get_policy(policy)
-    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace)
+    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace, causal)
 
     def one(q2, k2, v2):
         pipe = _Pipeline(pol, scale, variant, trace)
@@ -303,7 +340,8 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
         m_rows, n = q2.shape[0], k2.shape[0]
         s = arith.dot(qc, kc.T, pol.scores, trace=trace, label="scores")
         m0 = arith.cast(np.full(m_rows, -np.inf), pol.max.fmt)
-        p, m, alpha = pipe.softmax_block(s, causal_visible(range(m_rows), range(n), causal), m0)
+        offset = causal_offset(causal, m_rows, n)
+        p, m, alpha = pipe.softmax_block(s, causal_visible(range(m_rows), range(n), offset), m0)
         lsum = arith.RowSumState(m_rows, pol.row_sum, (pol.tiling.block_m, n), trace)
         lsum.update(p, alpha)
         l = lsum.total()
@@ -317,9 +355,9 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
 
 
 def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-                  softmax: SoftmaxVariant | str = STANDARD, causal: bool = False, sm_scale: float | None = None,
-                  block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
-                  trace: Trace | None = None) -> ForwardResult:
+                  softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
+                  sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
+                  kv_order: str | None = None, trace: Trace | None = None) -> ForwardResult:
     """Tiled online-softmax forward (FlashAttention): per Q block, K/V blocks in ``kv_order``.
 
     Tiles and order default to the policy's ``tiling``.  The last blocks may be narrower (ragged M, N);
@@ -327,7 +365,7 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | 
     tiling says otherwise.
     """
     pol = get_policy(policy)
-    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace)
+    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace, causal)
     bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
 
     def one(q2, k2, v2):
@@ -335,8 +373,9 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | 
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
+        offset = causal_offset(causal, q2.shape[0], k2.shape[0])
         parts = [drain(kv_steps(pipe, qc[i0:i0 + bm], kt, vc, range(i0, min(i0 + bm, q2.shape[0])), None,
-                                (bm, bn), order, causal))
+                                (bm, bn), order, offset))
                  for i0 in range(0, q2.shape[0], bm)]
         return ForwardResult(np.concatenate([p.o for p in parts]), np.concatenate([p.lse for p in parts]))
 

@@ -24,7 +24,8 @@ call can name the forward it belongs to.
 
 Shapes: q (..., M, d), k (..., N, d), v (..., N, dv), o and do (..., M, dv), lse (..., M) with equal
 leading axes; lse in the base of the policy's ``lse`` log, as :func:`flashsim.flash_forward` returns it.
-``causal`` masks key j for query i when j > i (top-left), as the forward does.
+``causal`` masks as the forward does (True or 'top-left': key j hidden from query i when j > i;
+'bottom-right': when j > i + N - M).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from emufloat import Format, Rounding, Trace
 from emufloat.formats import format_of_dtype
 
 from . import arith
-from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_visible
+from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
 from .attention import _check as check_forward_inputs
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
@@ -141,14 +142,14 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
         else:
             acc = ef.tree_sum(prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd, trace=trace,
                               label=label)
-    if spec.compute is None or spec.compute == spec.fmt:
-        return acc
-    return ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
+    if spec.compute is not None and spec.compute != spec.fmt:
+        acc = ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
+    return arith.nan_encoded(acc, spec.nan_bits)
 
 
 # ---- input checks -----------------------------------------------------------------------------------
-def _check(q, k, v, o, lse, do, softmax, sm_scale, trace):
-    q, k, v, _variant, scale = check_forward_inputs(q, k, v, softmax, sm_scale, trace)
+def _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal):
+    q, k, v, _variant, scale = check_forward_inputs(q, k, v, softmax, sm_scale, trace, causal)
     # the variant is checked only: the backward does not depend on it (module docstring)
     o, lse, do = (as_input(x, n) for x, n in ((o, "o"), (lse, "lse"), (do, "do")))
     want = (*q.shape[:-1], v.shape[-1])
@@ -164,8 +165,9 @@ def _check(q, k, v, o, lse, do, softmax, sm_scale, trace):
 class _Head:
     """The backward of one head: inputs rounded into the policy's formats once, then block by block."""
 
-    def __init__(self, pol: Policy, q, k, v, o, lse, do, sm_scale: float, causal: bool, trace: Trace | None):
-        self.pol, self.causal, self.trace, self.sm_scale = pol, causal, trace, sm_scale
+    def __init__(self, pol: Policy, q, k, v, o, lse, do, sm_scale: float, causal: bool | str, trace: Trace | None):
+        self.pol, self.trace, self.sm_scale = pol, trace, sm_scale
+        self.offset = causal_offset(causal, q.shape[0], k.shape[0])
         tr = trace
         self.q = _to(q, pol.scores.inputs, tr, "inputs")
         self.k = _to(k, pol.scores.inputs, tr, "inputs")
@@ -195,7 +197,7 @@ class _Head:
         pol, tr = self.pol, trace
         s = arith.dot(self.q[rows.start:rows.stop], self.k[cols.start:cols.stop].T, pol.scores, trace=tr,
                       label="scores")
-        vis = causal_visible(rows, cols, self.causal)
+        vis = causal_visible(rows, cols, self.offset)
         if pol.scale.where == "scores":
             s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
             if vis is not None:
@@ -239,7 +241,7 @@ class _Head:
     def finish(self, grad: Grad, acc: np.ndarray, label: str, scaled: bool) -> np.ndarray:
         if scaled and self.pol.ds.scale_at == "end":
             acc = arith.binary("mul", acc, arith.constant(self.sm_scale, grad.accum), grad.accum, self.trace, label)
-        return _to(acc, grad.out.fmt, self.trace, label, grad.out.rounding)
+        return arith.nan_encoded(_to(acc, grad.out.fmt, self.trace, label, grad.out.rounding), grad.out.nan_bits)
 
     def ds_block(self, p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.ndarray:
         spec, tr = self.pol.ds, self.trace
@@ -269,7 +271,7 @@ class _Head:
             dk_acc = arith.cast(np.zeros((len(cols), dq_cols)), pol.dk.acc_fmt)
             dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
             for rows in q_blocks:
-                if self.causal and skip_masked and cols.start > rows.stop - 1:
+                if skip_masked and causal_skips(self.offset, rows, cols):
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 p = self.p_block(rows, cols, tr)
@@ -303,7 +305,8 @@ def _per_head(fn, arrays) -> BackwardResult:
 
 # ---- algorithms --------------------------------------------------------------------------------------
 def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, do: np.ndarray,
-                   policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD, causal: bool = False,
+                   policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD,
+                   causal: bool | str = False,
                    sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
                    q_order: str | None = None, kv_order: str | None = None,
                    trace: Trace | None = None) -> BackwardResult:
@@ -318,7 +321,7 @@ def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, l
     Returns a :class:`BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
     """
     pol = get_policy(policy)
-    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace)
+    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
     scale = arrays[-1]
     t = pol.bwd_tiling
     bm = block_size(block_m, t.block_m, "block_m")
@@ -334,7 +337,7 @@ def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, l
 
 def reference_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
                        do: np.ndarray, policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD,
-                       causal: bool = False, sm_scale: float | None = None,
+                       causal: bool | str = False, sm_scale: float | None = None,
                        trace: Trace | None = None) -> BackwardResult:
     """The backward without tiling: every step of :func:`flash_backward` on the whole matrices at once.
 
@@ -342,7 +345,7 @@ def reference_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarra
     length (each accumulated once into a zero accumulator, then stored as the policy says).
     """
     pol = get_policy(policy)
-    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace)
+    arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
     scale = arrays[-1]
 
     def one(q2, k2, v2, o2, lse2, do2):

@@ -180,23 +180,26 @@ def save_run(path: str | Path, run: KernelRun) -> Path:
 
 
 def load_run(path: str | Path) -> KernelRun:
-    """Read a run written by :func:`save_run`."""
+    """Read a run written by :func:`save_run`; a file that is not one raises ValueError saying why."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"run: no such file {str(path)!r} (write runs with flashsim.crosscheck.save_run "
                                 "or python -m gpu.crosscheck)")
-    with np.load(path, allow_pickle=False) as z:
-        if "meta" not in z.files:
-            raise ValueError(f"run: {path} is not a kernel run (no 'meta'; written by save_run?)")
-        meta = json.loads(str(z["meta"]))
-        arrays = {k: z[k] for k in z.files}
-    sm = dict(meta["softmax"])
-    variant = get_softmax(sm.pop("name"), **sm)
-    return KernelRun(q=arrays["q"], k=arrays["k"], v=arrays["v"], dtype=meta["dtype"], causal=meta["causal"],
-                     sm_scale=meta["sm_scale"], softmax=variant, policy_args=meta["policy_args"],
-                     outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
-                     do=arrays.get("do"), debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
-                     note=meta.get("note", ""))
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if not hasattr(z, "files") or "meta" not in z.files:
+                raise ValueError("no 'meta' array")
+            meta = json.loads(str(z["meta"]))
+            arrays = {k: z[k] for k in z.files}
+        sm = dict(meta["softmax"])
+        variant = get_softmax(sm.pop("name"), **sm)
+        return KernelRun(q=arrays["q"], k=arrays["k"], v=arrays["v"], dtype=meta["dtype"], causal=meta["causal"],
+                         sm_scale=meta["sm_scale"], softmax=variant, policy_args=meta["policy_args"],
+                         outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
+                         do=arrays.get("do"), debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
+                         note=meta.get("note", ""))
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
+        raise ValueError(f"run: {path} is not a kernel run written by save_run ({type(exc).__name__}: {exc})") from None
 
 
 # ---- rerun and compare ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ sign); ``v="normal"`` shows it (docs/flashsim.md, "Bias on many rows").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,26 +124,50 @@ class BiasResult:
     delta: Bias
 
 
+def _rows_slice(rows: BiasRows, sl: slice) -> BiasRows:
+    return BiasRows(rows.q[sl], rows.k[sl], rows.v[sl], rows.do[sl], rows.ties[sl], rows.description)
+
+
 def bias_rows(rows: BiasRows, policy: Policy | str = "qiu_yao",
-              softmaxes: Sequence[str | SoftmaxVariant] = ("standard", "stabilised", "robust")) -> list[BiasResult]:
-    """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs."""
+              softmaxes: Sequence[str | SoftmaxVariant] = ("standard", "stabilised", "robust"), *,
+              chunk: int | None = None, progress: Callable[[Iterable, int, str], Iterable] | None = None
+              ) -> list[BiasResult]:
+    """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs.
+
+    Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once;
+    ``progress(iterable, total, description)`` wraps the loop over chunks (e.g. a progress bar).
+    """
     pol = get_policy(policy)
-    gold = flash_forward(rows.q, rows.k, rows.v, FP64_GOLDEN, sm_scale=1.0).o
-    delta_gold = np.sum(arith.f64(rows.do) * gold, axis=-1)
-    out = []
-    for sm in softmaxes:
-        variant = get_softmax(sm)
-        o = flash_forward(rows.q, rows.k, rows.v, pol, softmax=variant, sm_scale=1.0).o
-        delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, o.shape[-1]), pol.delta)
-        err_o = (arith.f64(o) - gold).mean(axis=-1).ravel()
-        err_delta = arith.f64(delta).ravel() - delta_gold.ravel()
-        out.append(BiasResult(variant.name, bias(err_o), bias(err_delta)))
-    return out
+    variants = [get_softmax(sm) for sm in softmaxes]
+    n = rows.q.shape[0]
+    step = n if chunk is None else max(1, int(chunk))
+    parts = [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    err_o: dict[str, list[np.ndarray]] = {v.name: [] for v in variants}
+    err_d: dict[str, list[np.ndarray]] = {v.name: [] for v in variants}
+    wrap = progress or (lambda it, _n, _what: it)
+    for sl in wrap(parts, len(parts), f"{pol.name}: rows in chunks of {step}"):
+        part = _rows_slice(rows, sl)
+        gold = flash_forward(part.q, part.k, part.v, FP64_GOLDEN, sm_scale=1.0).o
+        delta_gold = np.sum(arith.f64(part.do) * gold, axis=-1)
+        for variant in variants:
+            o = flash_forward(part.q, part.k, part.v, pol, softmax=variant, sm_scale=1.0).o
+            delta = delta_rowsum(part.do.reshape(-1, part.do.shape[-1]), o.reshape(-1, o.shape[-1]), pol.delta)
+            with np.errstate(invalid="ignore"):
+                err_o[variant.name].append((arith.f64(o) - gold).mean(axis=-1).ravel())
+                err_d[variant.name].append(arith.f64(delta).ravel() - delta_gold.ravel())
+    return [BiasResult(v.name, bias(np.concatenate(err_o[v.name])), bias(np.concatenate(err_d[v.name])))
+            for v in variants]
 
 
 def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
-    """A plain-text table: mean error, ratio to the first variant, z-test and sign-test p for O and delta."""
+    """A plain-text table: mean error, ratio to the first variant, z-test and sign-test p for O and delta;
+    rows whose error is not finite are counted first and left out of every statistic."""
     lines = [title] if title else []
+    for res in results:
+        for what, b in (("O", res.o), ("delta", res.delta)):
+            if b.excluded:
+                lines.append(f"NON-FINITE: {res.softmax}: {b.excluded} of {b.n + b.excluded} rows have a NaN or "
+                             f"infinite {what} error (excluded below)")
     lines.append(f"{'softmax':11s} {'O mean err':>11s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}   "
                  f"{'delta mean err':>14s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}")
     first = results[0] if results else None

@@ -343,7 +343,8 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
     base 2 by emufloat.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
     P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
-    the same tiles), dK, dQ times sm_scale at the end.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
+    the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
+    (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
     'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
     steps stay BF16, as the kernels have no FP8 backward).
     """
@@ -351,7 +352,9 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     models = {BF16: H100_WGMMA_BF16, FP16: H100_WGMMA_FP16, E4M3FN: H100_WGMMA_FP8}
     model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
     gmodel = models[gfmt]
-    grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt))
+    # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a
+    # 16-bit format keeps its payload bits (0x7FFF: O, dQ, dK, dV), where emufloat writes a canonical quiet NaN
+    grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt, nan_bits=0x7FFF))
     return Policy(
         name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
         note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
@@ -362,7 +365,7 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
         pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
         normalize=Norm("divide", "div_full", FP32), output=Op(out, nan_bits=0x7FFF), lse=Func("log2_fma", FP32),
         tiling=Tiling(block_m, block_n, "forward"),
-        delta=Delta("h100_tl_sum", FP32),
+        delta=Delta("h100_tl_sum", FP32, nan_bits=0x7FFFFFFF),
         recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(gfmt, gmodel),
         ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
         bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),

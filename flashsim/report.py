@@ -52,12 +52,41 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "
                                       for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
 
 
-def _lean(b: Bias) -> str:
+def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
+    """Whether errors lean, by the sign test and the z-test together, saying where the two disagree."""
+    if b.n == 0:
+        return "no finite error to test" + (f" ({b.excluded} non-finite excluded)" if b.excluded else "")
     if b.n < 2:
         return "too few values to test"
-    if b.mean_p < SIGNIFICANCE:
-        return f"leans {'negative' if b.mean_error < 0 else 'positive'} (z-test p = {fmt_p(b.mean_p)})"
-    return f"no significant lean (z-test p = {fmt_p(b.mean_p)})"
+    by_sign, by_mean = b.sign_p < alpha, b.mean_p < alpha
+    most = "negative" if b.negative > b.positive else "positive"
+    mean = "negative" if b.mean_error < 0 else "positive"
+    tests = f"sign test p = {fmt_p(b.sign_p)}, z-test p = {fmt_p(b.mean_p)}"
+    if by_sign and by_mean:
+        if most == mean:
+            return f"leans {mean} ({tests})"
+        return (f"leans both ways: most errors are {most} (sign test p = {fmt_p(b.sign_p)}) but the mean is "
+                f"{mean} (z-test p = {fmt_p(b.mean_p)})")
+    if by_mean:
+        return f"leans {mean} by the z-test, not by the sign test ({tests})"
+    if by_sign:
+        return f"leans {most} by the sign test ({b.negative} < 0, {b.positive} > 0), not by the z-test ({tests})"
+    return f"no lean significant at {alpha:g} by either test ({tests}; not a test of equivalence)"
+
+
+def nonfinite_lines(analyses: Sequence[RowAnalysis]) -> list[str]:
+    """What is NaN or infinite, per variant (inputs once): the first thing a report says."""
+    seen, out = set(), []
+    for a in analyses:
+        for f in a.nonfinite:
+            is_input = not f.name.startswith(("O", "LSE"))
+            key = f.describe() if is_input else None
+            if key in seen:
+                continue
+            if key:
+                seen.add(key)
+            out.append(("input " if is_input else f"{a.softmax}: ") + f.describe())
+    return out
 
 
 def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
@@ -65,12 +94,21 @@ def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
     out = []
 
     def size(b: Bias) -> str:
+        if b.n == 0:
+            return "nothing (no finite error)"
         return f"{b.mean_error:+.3g}" + (f" ({b.mean_ulps:+.3f} ulp)" if not math.isnan(b.mean_ulps) else "")
+
+    def excluded(b: Bias) -> str:
+        return f" over {b.n} element(s), {b.excluded} non-finite excluded" if b.excluded else ""
 
     for a in analyses:
         t, b = a.budget.total, a.budget.products
-        line = (f"{a.softmax}: O - O_fp64 averages {size(t)} per element (z-test p = {fmt_p(t.mean_p)}); its "
-                f"products part (P V .. output, independent roundings) {size(b)}: {_lean(b)}.")
+        if t.n == 0:
+            out.append(f"{a.softmax}: no finite error to measure: O - O_fp64 is NaN or infinite in all {t.excluded} "
+                       "element(s) (see NON-FINITE VALUES above).")
+            continue
+        line = (f"{a.softmax}: O - O_fp64 averages {size(t)} per element{excluded(t)}: {lean(t)}. Its products "
+                f"part (P V .. output, independent roundings) averages {size(b)}: {lean(b)}.")
         f = a.p_one
         if f.events:
             ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
@@ -79,9 +117,9 @@ def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
                      f"mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)}).")
         out.append(line)
     std = next((a for a in analyses if a.softmax == "standard"), None)
-    if std is not None and std.budget.products.mean_p < SIGNIFICANCE:
+    if std is not None and std.budget.products.n and std.budget.products.mean_p < SIGNIFICANCE:
         for a in analyses:
-            if a is std:
+            if a is std or not a.budget.products.n:
                 continue
             ratio = abs(a.budget.products.mean_error) / abs(std.budget.products.mean_error)
             out.append(f"{a.softmax} vs standard: |mean error of the products part| x {ratio:.2g}"
@@ -100,12 +138,18 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
     q, k, v = run.inputs
     names = [a.softmax for a in analyses]
     L: list[str] = []
+    bad = nonfinite_lines(analyses)
+    if bad:
+        L.append("NON-FINITE VALUES (statistics below exclude every error that is not finite, and say how many)")
+        for line in bad:
+            L += textwrap.wrap(line, WIDTH, initial_indent="  ! ", subsequent_indent="    ")
+        L.append("")
     if title:
         L += textwrap.wrap(title, WIDTH, subsequent_indent="  ") + [""]
     L += textwrap.wrap(f"policy    {run.policy.name}" + (f": {run.policy.note}" if run.policy.note else ""),
                        WIDTH, subsequent_indent=" " * 10)
     L.append(f"row       {a0.row} of {q.shape[0]} | keys N={k.shape[0]}, d={q.shape[1]}, dv={v.shape[1]} | "
-             f"sm_scale {run.sm_scale:.6g} | {'causal' if run.causal else 'not causal'}")
+             f"sm_scale {run.sm_scale:.6g} | {f'causal, {run.causal}-aligned' if run.causal else 'not causal'}")
     L.append(f"tiling    BLOCK_M={run.block_m}, BLOCK_N={run.block_n} ({len(run.steps)} K/V block(s) processed, "
              f"{run.kv_order} order)")
     L.append(f"softmax   {'; '.join(describe_variant(a.run.softmax) for a in analyses)}")
@@ -120,7 +164,11 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
     if a0.maxima.p_one:
         L.append("  (P is relative to the running max at its block, so each block's own max has P = 1 too)")
 
-    L += ["", f"2. Bias of O against FP64 ({a0.budget.total.n} elements of row {a0.row})"]
+    n_el = a0.o.size
+    L += ["", f"2. Bias of O against FP64 ({n_el} elements of row {a0.row}"
+          + ("; non-finite errors excluded: " + ", ".join(f"{a.softmax} {a.budget.total.excluded}"
+                                                          for a in analyses) if any(
+              a.budget.total.excluded for a in analyses) else "") + ")"]
     rows = []
     out_fmt = run.policy.output.fmt.name
     for part, label in (("total", "O - O_fp64"), ("weights", "  from the weights (scores .. P cast)"),
@@ -131,6 +179,8 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
         rows.append(["    in ulps of the " + out_fmt + " output", *[f"{b.mean_ulps:+.3f}" if not math.isnan(
             b.mean_ulps) else "-" for b in bs]])
         rows.append(["    errors < 0 / > 0", *[f"{b.negative} / {b.positive}" for b in bs]])
+        if any(b.excluded for b in bs):
+            rows.append(["    non-finite, excluded", *[str(b.excluded) for b in bs]])
         rows.append(["    sign test p / z-test p", *[f"{fmt_p(b.sign_p)} / {fmt_p(b.mean_p)}" for b in bs]])
     L += _table(["", *names], rows)
     L += textwrap.wrap(
@@ -169,7 +219,8 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
         for a in analyses:
             b = a.blocks[i]
             pv = "-" if b.pv is None else f"{_e(b.pv.mean_error)} {b.pv.frac_away:.0%}"
-            cells += [str(b.p_one), f"{b.m:.6g}", pv, _e(b.out_error)]
+            cells += [str(b.p_one), f"{b.m:.6g}", pv,
+                      _e(b.out_error) + (f" [{b.out_nonfinite} NaN/inf]" if b.out_nonfinite else "")]
         rows.append(cells)
     head = ["step", "block [keys)"]
     for n in names:
@@ -185,12 +236,13 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
 
 
 def _step_table(steps: Sequence[StepError]) -> list[str]:
-    rows = [[s.label, str(s.events), str(s.inexact), _e(s.mean_error),
+    nonfinite = any(s.nonfinite for s in steps)
+    rows = [[s.label, str(s.events), str(s.inexact), *([str(s.nonfinite)] if nonfinite else []), _e(s.mean_error),
              "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}", _e(s.sum_error), _e(s.max_abs, False),
              f"{s.frac_away:.0%}" if s.inexact else "-", str(s.tie_sticky), fmt_p(s.sign_p), fmt_p(s.mean_p)]
             for s in steps]
-    return _table(["step", "events", "inexact", "mean error", "mean ulp", "sum error", "max |error|", "away",
-                   "tie+sticky", "sign p", "z p"], rows)
+    return _table(["step", "events", "inexact", *(["non-finite"] if nonfinite else []), "mean error", "mean ulp",
+                   "sum error", "max |error|", "away", "tie+sticky", "sign p", "z p"], rows)
 
 
 def describe_variant(variant) -> str:
@@ -205,8 +257,8 @@ def describe_variant(variant) -> str:
 
 def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> dict:
     """Everything in the report, as plain JSON-ready values."""
-    return {"tool": "flashsim trace-row", **(meta or {}), "significance": SIGNIFICANCE,
-            "verdict": verdict(analyses), "analyses": [a.to_dict() for a in analyses]}
+    return {"tool": "flashsim trace-row", "nonfinite": nonfinite_lines(analyses), **(meta or {}),
+            "significance": SIGNIFICANCE, "verdict": verdict(analyses), "analyses": [a.to_dict() for a in analyses]}
 
 
 # ---- plots -------------------------------------------------------------------------------------------
@@ -233,16 +285,30 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     where = f"{a0.policy}, row {a0.row}"
     paths = []
 
+    bad = nonfinite_lines(analyses)
+    banner = ("NON-FINITE (excluded from every curve): " + "; ".join(bad)) if bad else ""
+
+    def note_nonfinite(fig) -> None:
+        if banner:
+            fig.text(0.01, 0.005, textwrap.shorten(banner, 160), color="red", fontsize=7, va="bottom")
+
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for a in analyses:
-        (line,) = ax.plot(np.cumsum(a.budget.errors["total"]), label=f"{a.softmax}: O - O_fp64")
-        ax.plot(np.cumsum(a.budget.errors["products"]), ls="--", color=line.get_color(),
+        total = a.budget.errors["total"]
+        (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a.softmax}: O - O_fp64")
+        products = a.budget.errors["products"]
+        ax.plot(np.cumsum(np.where(np.isfinite(products), products, 0.0)), ls="--", color=line.get_color(),
                 label=f"{a.softmax}: products part")
+        gone = np.flatnonzero(~np.isfinite(total))
+        if gone.size:
+            ax.plot(gone, np.zeros(gone.size), "x", color=line.get_color(), ms=6,
+                    label=f"{a.softmax}: {gone.size} non-finite element(s), excluded")
     ax.axhline(0, color="k", lw=0.5)
-    ax.set(xlabel="element of the output row", ylabel="cumulative signed error",
+    ax.set(xlabel="element of the output row", ylabel="cumulative signed error (finite errors)",
            title=f"Cumulative error of O along the row ({where})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    note_nonfinite(fig)
     paths.append(out / PLOT_FILES[0])
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
@@ -250,7 +316,11 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     fig, ax = plt.subplots(figsize=(8, 4.5))
     x = np.arange(len(a0.blocks))
     for a in analyses:
-        ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
+        (line,) = ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
+        gone = [b.index for b in a.blocks if math.isnan(b.out_error)]
+        if gone:
+            ax.plot(gone, np.zeros(len(gone)), "x", color=line.get_color(), ms=8,
+                    label=f"{a.softmax}: no finite error at these blocks")
     for b in a0.blocks:
         if b.p_one >= 2:
             ax.axvspan(b.index - 0.4, b.index + 0.4, color="orange", alpha=0.15)
@@ -259,7 +329,8 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     ax.set(xlabel="K/V block, in processing order (shaded: P = 1 at >= 2 keys, standard)",
            ylabel="mean error of acc/l so far vs FP64", title=f"Error of O after each K/V block ({where})")
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    note_nonfinite(fig)
     paths.append(out / PLOT_FILES[1])
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
@@ -271,22 +342,33 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     pos = np.arange(len(labels))
     for j, a in enumerate(analyses):
         by = {s.label: s for s in a.steps}
-        ax1.bar(pos + j * width, [by[lab].mean_ulps if lab in by and not math.isnan(by[lab].mean_ulps) else 0.0
-                                  for lab in labels], width, label=a.softmax)
-        ax2.bar(pos + j * width, [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels],
-                width, label=a.softmax)
+        xs = pos + j * width
+        mean = [by[lab].mean_ulps if lab in by and not math.isnan(by[lab].mean_ulps) else 0.0 for lab in labels]
+        bars = ax1.bar(xs, mean, width, label=a.softmax)
+        ax2.bar(xs, [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels], width,
+                color=bars.patches[0].get_facecolor() if bars.patches else None, label=a.softmax)
+        for x_, lab in zip(xs, labels, strict=True):  # the event count says whether a 0 bar is "no events"
+            st = by.get(lab)
+            text = "no events" if st is None or not st.events else (
+                f"n={st.events}" + (f"\n{st.nonfinite} non-finite" if st.nonfinite else ""))
+            ax1.annotate(text, (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                         rotation=90, fontsize=6, color="grey" if st is None or not st.events else "black")
+            if st is not None and st.events and not st.inexact:
+                ax2.annotate("exact", (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                             va="bottom", rotation=90, fontsize=6, color="grey")
     ax1.axhline(0, color="k", lw=0.5)
     ax1.set(ylabel="mean signed error (ulps)", title=f"Rounding error per step, this row's events ({where})")
     ax2.axhline(0.5, color="k", lw=0.5, ls="--")
-    ax2.set(ylabel="share rounded away from 0", ylim=(0, 1))
+    ax2.set(ylabel="share of inexact results rounded away from 0", ylim=(0, 1))
     ax2.set_xticks(pos + width * (len(analyses) - 1) / 2, labels, rotation=30, fontsize=8)
     ax1.legend(fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    note_nonfinite(fig)
     paths.append(out / PLOT_FILES[2])
     fig.savefig(paths[-1], dpi=110)
     plt.close(fig)
     return paths
 
 
-__all__ = ["PLOT_FILES", "SIGNIFICANCE", "format_report", "have_matplotlib", "report_dict", "verdict",
-           "write_plots"]
+__all__ = ["PLOT_FILES", "SIGNIFICANCE", "format_report", "have_matplotlib", "lean", "nonfinite_lines",
+           "report_dict", "verdict", "write_plots"]

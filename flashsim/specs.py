@@ -70,6 +70,18 @@ def is_native(f: Format) -> bool:
     return f == ef.FP64
 
 
+def _check_nan_bits(spec) -> None:
+    """A spec's ``nan_bits`` is None or an encoding of a NaN of its (non-FP64) ``fmt``."""
+    bits = spec.nan_bits
+    if bits is None:
+        return
+    ok = (isinstance(bits, int) and not is_native(spec.fmt) and 0 <= bits < 1 << spec.fmt.width
+          and math.isnan(float(ef.decode(np.array([bits], np.uint64), spec.fmt)[0])))
+    if not ok:
+        raise ValueError(f"{type(spec).__name__}.nan_bits: expected an encoding of a NaN of {spec.fmt.name}, "
+                         f"got {bits!r}")
+
+
 def _choice(value: str, accepted: dict | tuple, argname: str) -> None:
     if value not in accepted:
         raise ValueError(f"{argname}: expected one of {sorted(accepted)}, got {value!r}")
@@ -128,12 +140,7 @@ class Op(_Spec):
         self._normalise()
         if self.fused and is_native(self.fmt):
             raise ValueError("Op.fused: numpy has no FMA, so an FP64 step cannot be fused")
-        if self.nan_bits is not None:
-            bits = self.nan_bits
-            ok = (isinstance(bits, int) and not is_native(self.fmt) and 0 <= bits < 1 << self.fmt.width
-                  and math.isnan(float(ef.decode(np.array([bits], np.uint64), self.fmt)[0])))
-            if not ok:
-                raise ValueError(f"Op.nan_bits: expected an encoding of a NaN of {self.fmt.name}, got {bits!r}")
+        _check_nan_bits(self)
 
     def __str__(self) -> str:
         return (self._store() + (", fused (FMA)" if self.fused else "")
@@ -379,6 +386,8 @@ class Delta(_Spec):
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
     'h100_tl_sum' is the tree of the project's delta kernel (8 values a lane, then a butterfly).
+    ``nan_bits``: the encoding NaN results take in ``fmt``, as :class:`Op`'s (0x7FFFFFFF for the H100's
+    fp32 arithmetic, recorded); None: emufloat's canonical quiet NaN.
     """
 
     order: str
@@ -390,6 +399,7 @@ class Delta(_Spec):
     source: str = "o"
     threads: int = 8
     chunk: int = 8
+    nan_bits: int | None = None
 
     def __post_init__(self) -> None:
         _choice(self.order, DELTA_ORDERS, "Delta.order")
@@ -411,6 +421,7 @@ class Delta(_Spec):
             val = getattr(self, arg)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
                 raise ValueError(f"Delta.{arg}: expected a power of two >= 1, got {val!r}")
+        _check_nan_bits(self)
 
     @property
     def prod_fmt(self) -> Format:
@@ -427,7 +438,8 @@ class Delta(_Spec):
             terms = f"products -> {_fmt_name(self.prod_fmt)}"
         order = self.order + (f" ({self.threads} threads, chunks of {self.chunk})" if self.order == "fa2_dot_do_o"
                               else "")
-        return f"{src}: {terms}; {order} -> {self._store()}"
+        nan = f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""
+        return f"{src}: {terms}; {order} -> {self._store()}{nan}"
 
 
 @dataclass(frozen=True)

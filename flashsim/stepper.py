@@ -27,7 +27,17 @@ import numpy as np
 from emufloat import Trace
 
 from . import arith
-from .attention import ForwardResult, KVStep, RowsResult, _check, _Pipeline, kv_steps, tiling_of
+from .attention import (
+    ForwardResult,
+    KVStep,
+    RowsResult,
+    _check,
+    _Pipeline,
+    causal_alignment,
+    causal_offset,
+    kv_steps,
+    tiling_of,
+)
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import NUMPY
@@ -141,7 +151,8 @@ class RowStepper:
 
     def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
                  rows: int | Sequence[int] | range | slice | np.ndarray = 0,
-                 softmax: SoftmaxVariant | str = STANDARD, causal: bool = False, sm_scale: float | None = None,
+                 softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
+                 sm_scale: float | None = None,
                  block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
                  trace: bool | Trace = True):
         pol = get_policy(policy)
@@ -151,17 +162,20 @@ class RowStepper:
             tr = Trace() if trace else None
         else:
             raise TypeError(f"trace: expected True, False or an emufloat.Trace, got {type(trace).__name__}")
-        q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, tr)
+        q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, tr, causal)
         for name, arr in (("q", q), ("k", k), ("v", v)):
             if arr.ndim != 2:
                 raise ValueError(f"{name}: the stepper runs one head: expected shape (rows, head_dim), got "
                                  f"{arr.shape}; index the batch/head axes first")
         bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
-        self.policy, self.softmax, self.causal, self.sm_scale = pol, variant, bool(causal), scale
+        #: None (not causal), 'top-left' or 'bottom-right' (flashsim.attention)
+        self.causal = causal_alignment(causal)
+        self.policy, self.softmax, self.sm_scale = pol, variant, scale
         self.block_m, self.block_n, self.kv_order = bm, bn, order
         self.rows = _rows(rows, q.shape[0], bm)
         self.inputs = (q, k, v)  #: the arrays as given (for a reference run of the same inputs)
         self.n_keys = k.shape[0]
+        self._shape = (q.shape[0], k.shape[0])
         self.trace = tr
         self.steps: list[StepState] = []
         self.final: FinalState | None = None
@@ -194,7 +208,7 @@ class RowStepper:
             local = None
         pick = local if self.whole_block and local is not None else slice(None)  # rows of the computed arrays
         gen = kv_steps(pipe, qc, kt, vc, qrows, None if self.whole_block else local,
-                       (self.block_m, self.block_n), self.kv_order, self.causal)
+                       (self.block_m, self.block_n), self.kv_order, causal_offset(self.causal, *self._shape))
         start = _n_calls(tr)
         while True:
             try:
@@ -246,7 +260,7 @@ class RowStepper:
 
 def step_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
               rows: int | Sequence[int] | range | slice | np.ndarray = 0, softmax: SoftmaxVariant | str = STANDARD,
-              causal: bool = False, sm_scale: float | None = None, block_m: int | None = None,
+              causal: bool | str = False, sm_scale: float | None = None, block_m: int | None = None,
               block_n: int | None = None, kv_order: str | None = None, trace: bool | Trace = True) -> RowStepper:
     """Step through :func:`flashsim.flash_forward` for ``rows`` (an index, or several rows of one Q block).
 

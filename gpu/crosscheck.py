@@ -25,12 +25,16 @@ from pathlib import Path
 
 import numpy as np
 
+from flashsim.console import ArgumentParser, UsageError, progress, run_command, writable_dir
 from flashsim.crosscheck import KernelRun, OutputCheck, crosscheck, save_run
+from flashsim.userdata import InputError, check_attention_shapes, load_named
 
 from .cases import Case, backward_cases, forward_cases, inputs
 from .configs import Config, kernel_policy_args, kernel_variant
+from .device_cli import require_gpu
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h100" / "attention"
+RECORDED_FILES = ("results.json", "recorded.npz", "fp8.npz")  # what the recorded cases are read from
 
 
 def case_run(case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None,
@@ -152,53 +156,92 @@ def live_cases(max_len: int = 512) -> list[Case]:
 
 
 # ---- command line -----------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpu.crosscheck", description=__doc__.splitlines()[0])
-    ap.add_argument("--live", action="store_true", help="run the kernels on this machine's GPU")
-    ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust"))
-    ap.add_argument("--causal", action="store_true")
-    ap.add_argument("--max-len", type=int, default=512, help="live grid: longest sequence (default 512)")
-    ap.add_argument("--save", metavar="DIR", help="write every run as DIR/<case>.npz (python -m flashsim crosscheck)")
-    ap.add_argument("--folder", metavar="DIR", help="recorded: the output folder of gpu/run_attention.sh --sections "
-                    "record[,fp8] (every case) instead of the kept copy in tests/data")
-    ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
-    args = ap.parse_args(argv)
+def _live_data(path: str) -> dict[str, np.ndarray]:
+    arrs = load_named(path, "--data", ("q", "k", "v"), ("do",))
+    for name, a in arrs.items():
+        if a.ndim not in (2, 3):
+            raise InputError(f"--data: {name} has shape {a.shape}; expected (N, d) or (H, N, d)")
+    check_attention_shapes("--data", arrs["q"], arrs["k"], arrs["v"], arrs.get("do"))
+    return arrs
+
+
+def _main(args: argparse.Namespace) -> int:
     t0 = time.time()
+    if args.data and not args.live:
+        raise UsageError("--data: only with --live (the recorded cases bring their own inputs)")
+    if args.max_len < 1:
+        raise UsageError(f"--max-len: expected a positive integer, got {args.max_len}")
+    if args.folder and args.live:
+        raise UsageError("--folder: a device recording is read without --live; give one or the other")
+    save = writable_dir(args.save, "--save") if args.save else None  # before any work
     if args.live:
+        require_gpu("--live")
         if args.data:
-            with np.load(args.data) as z:
-                missing = [n for n in ("q", "k", "v") if n not in z.files]
-                if missing:
-                    ap.error(f"--data: {args.data} lacks {missing} (arrays q, k, v, optionally do)")
-                arrs = {n: z[n] for n in ("q", "k", "v", "do") if n in z.files}
-            runs = iter([live_run(**arrs, dtype=args.dtype, causal=args.causal, softmax=args.softmax,
-                                  note=Path(args.data).stem)])
+            arrs = _live_data(args.data)
+            items: list = [("data", arrs)]
         else:
             with_grad = set(backward_cases())
+            items = [("case", (c, c in with_grad)) for c in live_cases(args.max_len)]
 
-            def gen():
-                for c in live_cases(args.max_len):
+        def runs():
+            for kind, item in items:
+                if kind == "data":
+                    yield live_run(**item, dtype=args.dtype, causal=args.causal, softmax=args.softmax,
+                                   note=Path(args.data).stem)
+                else:
+                    c, back = item
                     x = inputs(c)
-                    back = c in with_grad
                     yield live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0] if back else None, dtype=c.dtype,
                                    causal=c.causal, softmax=c.softmax, debug=not back, note=c.key)
-            runs = gen()
+        total = len(items)
     else:
-        runs = iter(recorded_runs(folder=Path(args.folder) if args.folder else None))
-    total = exact = 0
-    for run in runs:
+        folder = None
+        if args.folder:
+            folder = Path(args.folder)
+            if not (folder / "attention.json").is_file():
+                raise UsageError(f"--folder: {folder} holds no attention.json (expected the output folder of "
+                                 "gpu/run_attention.sh --sections record[,fp8])")
+        else:
+            missing = [n for n in RECORDED_FILES if not (DATA / n).is_file()]
+            if missing:
+                raise UsageError(f"recorded cases: {', '.join(missing)} missing from {DATA} (a partial install? "
+                                 "reinstall lowprec-attention, or pass --folder DIR of a device recording)")
+        recorded = recorded_runs(folder=folder)
+        total = len(recorded)
+
+        def runs():
+            yield from recorded
+    exact = 0
+    for n, run in enumerate(progress(runs(), total, "runs", unit="run"), 1):
         rep = crosscheck(run)
-        total += 1
         exact += rep.identical
-        if args.save:
-            Path(args.save).mkdir(parents=True, exist_ok=True)
-            save_run(Path(args.save) / f"{run.note or total}.npz", run)
+        if save is not None:
+            save_run(save / f"{run.note or n}.npz", run)
         if not (args.quiet and rep.identical):
             print(rep, "\n", flush=True)
     print(f"{total} runs: {exact} bit-identical in every output ({time.time() - t0:.0f} s)")
     return 0 if exact == total else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m gpu.crosscheck", description=__doc__.splitlines()[0])
+    ap.add_argument("--live", action="store_true", help="run the kernels on this machine's GPU (needs the gpu extra)")
+    ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
+    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
+    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust"))
+    ap.add_argument("--causal", action="store_true", help="causal masking (top-left: key j hidden from query i when "
+                    "j > i, as the kernels mask)")
+    ap.add_argument("--max-len", type=int, default=512, help="live grid: longest sequence (default 512)")
+    ap.add_argument("--save", metavar="DIR", help="write every run as DIR/<case>.npz (python -m flashsim crosscheck)")
+    ap.add_argument("--folder", metavar="DIR", help="recorded: the output folder of gpu/run_attention.sh --sections "
+                    "record[,fp8] (every case) instead of the copy installed with the package")
+    ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("python -m gpu.crosscheck", lambda: _main(args))
 
 
 __all__ = ["DATA", "bits_of", "case_run", "compare", "live_cases", "live_run", "load_recorded", "main",

@@ -18,14 +18,22 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import triton
-import triton.language as tl
-from triton.testing import do_bench
+
+try:
+    import torch
+    import triton
+    import triton.language as tl
+    from triton.testing import do_bench
+except ImportError as exc:  # one line, not a traceback, without the gpu extra
+    raise SystemExit(f"gpu.run_attention: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'") \
+        from None
+
+from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
 from . import flash
 from .cases import backward_cases, batch, forward_cases, fp8_cases, inputs
 from .crosscheck import bits_of, same_bits
+from .device_cli import positive, require_gpu, sections
 from .kernels.fwd import log2_fma
 
 DT = flash.TORCH_DTYPES
@@ -413,23 +421,26 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
 SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--sections", default="smoke")
-    ap.add_argument("--seconds", type=float, default=540)
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m gpu.run_attention", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for attention.json and the recorded cases")
+    ap.add_argument("--sections", default="smoke", help=f"comma list of {', '.join(SECTIONS)}; default smoke")
+    ap.add_argument("--seconds", type=float, default=540, help="overall time budget (default 540)")
     ap.add_argument("--replay-from", type=int, default=0,
                     help="section replay: start at this recorded run (0-based; to finish a replay cut short)")
-    args = ap.parse_args()
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    wanted = sections(args.sections, SECTIONS)
+    positive(args.seconds, "--seconds")
+    if args.replay_from < 0:
+        raise UsageError(f"--replay-from: expected an index >= 0, got {args.replay_from}")
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m gpu.run_attention")
     t0 = time.time()
     deadline = t0 + args.seconds
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     res: dict = {"env": env(), "sections": args.sections}
-    wanted = args.sections.split(",")
-    for name in wanted:
-        if name not in SECTIONS:
-            raise SystemExit(f"--sections: unknown section {name!r}; accepted: {', '.join(SECTIONS)}")
     for name in wanted:
         t = time.time()
         if t > deadline:
@@ -451,7 +462,13 @@ def main() -> None:
         res[f"{name}_seconds"] = round(time.time() - t, 1)
         (out / "attention.json").write_text(json.dumps(res, indent=1, default=str))
     print(f"done in {time.time() - t0:.0f} s", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("python -m gpu.run_attention", lambda: run(args))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -31,14 +31,21 @@ import traceback
 from pathlib import Path
 
 import numpy as np
-import torch
-import triton
-import triton.language as tl
+
+try:
+    import torch
+    import triton
+    import triton.language as tl
+except ImportError as exc:  # one line, not a traceback, without the gpu extra
+    raise SystemExit(f"gpu.verify_models: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'") \
+        from None
 
 import emufloat as ef
 from emufloat import data as efdata
 from emufloat import functions as F
+from flashsim.console import ArgumentParser, run_command, writable_dir
 
+from .device_cli import json_params, positive, require_gpu, sections
 from .probes import torchutil as tu
 from .probes.common import jsonable
 
@@ -499,21 +506,29 @@ class Ctx:
         self.logf.write(line + "\n")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description="verify emufloat's hardware models on the GPU")
-    ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--sections", default=",".join(SECTIONS))
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m gpu.verify_models",
+                                 description="verify emufloat's hardware models on the GPU")
+    ap.add_argument("--out", type=Path, required=True, help="folder for verify.json and the recorded cases")
+    ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--seconds", type=float, default=540.0, help="overall budget")
     ap.add_argument("--seed", type=int, default=20261122)
     ap.add_argument("--params", default="{}", help="JSON overrides, e.g. '{\"dots_per_type\": 100000}'")
-    args = ap.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
+    return ap
+
+
+def run(args: argparse.Namespace) -> int:
+    names = sections(args.sections, tuple(SECTIONS))
+    positive(args.seconds, "--seconds")
+    params = json_params(args.params)
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m gpu.verify_models")
     t_start = time.monotonic()
-    ctx = Ctx(args.out, args.seed, t_start + args.seconds, json.loads(args.params))
+    ctx = Ctx(out, args.seed, t_start + args.seconds, params)
     from .probes import env
 
-    results: dict = {"argv": vars(args) | {"out": str(args.out)}, "env": env.run(None), "sections": {}}
-    for name in args.sections.split(","):
+    results: dict = {"argv": vars(args) | {"out": str(out)}, "env": env.run(None), "sections": {}}
+    for name in names:
         if ctx.out_of_time():
             results["sections"][name] = {"status": "skipped: out of time"}
             continue
@@ -526,8 +541,14 @@ def main() -> None:
             results["sections"][name] = {"status": f"error: {e!r}"[:2000], "traceback": traceback.format_exc()}
         ctx.log(f"section {name}: {results['sections'][name]['status']} ({time.monotonic() - t0:.1f} s)")
         results["total_seconds"] = round(time.monotonic() - t_start, 1)
-        (args.out / "verify.json").write_text(json.dumps(jsonable(results), indent=1))
+        (out / "verify.json").write_text(json.dumps(jsonable(results), indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("python -m gpu.verify_models", lambda: run(args))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -153,7 +153,8 @@ def test_find_maxima_exact_and_near_ties():
     masked = find_maxima(np.array([5.0, 5.0, 1.0]), "fp32", valid=np.array([True, False, True]))
     assert masked.exact == (0,)
     empty = find_maxima(np.array([-np.inf, -np.inf]), "fp32")
-    assert math.isnan(empty.row_max) and empty.describe() == "no attended key"
+    assert math.isnan(empty.row_max)
+    assert empty.describe() == "no finite score: no key is attended, or every attended score is NaN or infinite"
     # units: raw scores of an exp2 policy (log2 e per natural unit) are reported in natural-log units
     u = find_maxima(np.array([2.0, 2.0]), "fp32", units=2.0)
     assert u.row_max == 1.0 and u.ulp == 2.0**-23

@@ -23,6 +23,9 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
+from flashsim.console import ArgumentParser, run_command, writable_dir
+
+from ..device_cli import json_params, positive, sections
 from . import PROBES
 from .common import SCHEMA, ProbeContext, check_out_dir, summary_table, validate_results, write_json
 
@@ -156,7 +159,7 @@ def run_inprocess(name: str, args, seconds: float, log: Log) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = ArgumentParser(prog="python -m gpu.probes.run", description=__doc__)
     ap.add_argument("--out", required=True, type=Path)
     ap.add_argument("--probes", default=",".join(PROBES), help="comma-separated subset of " + ",".join(PROBES))
     ap.add_argument("--quick", action="store_true", help="tiny versions (tests)")
@@ -169,19 +172,21 @@ def main(argv=None) -> int:
     ap.add_argument("--result-file", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--seconds", type=float, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    args.params_obj = json.loads(args.params)
-    args.out = args.out.resolve()
-    args.out.mkdir(parents=True, exist_ok=True)
+    return run_command("python -m gpu.probes.run", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The run after its arguments are checked (bad ones end with one line, before any probe)."""
+    args.params_obj = json_params(args.params)
+    positive(args.budget, "--budget")
+    args.out = writable_dir(args.out, "--out").resolve()
     if args.child:
         return run_child(args.child, args.out, args.result_file, args.seconds, args.quick, args.device, args.seed,
                          args.params_obj)  # fmt: skip
 
     log = Log(args.out / "run.log")
     t_start = time.monotonic()
-    names = [p.strip() for p in args.probes.split(",") if p.strip()]
-    unknown = [n for n in names if n not in PROBES]
-    if unknown:
-        ap.error(f"unknown probes {unknown}")
+    names = sections(args.probes, PROBES, "--probes")
     res: dict = {
         "schema": SCHEMA,
         "started": _now(),

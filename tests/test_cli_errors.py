@@ -1,0 +1,368 @@
+"""Every command on bad input: one line naming the argument, a non-zero exit status, never a traceback.
+
+A table of bad inputs across all commands (flashsim trace-row, bias-rows, crosscheck; python -m emufloat;
+python -m gpu.crosscheck; the device scripts), Hypothesis-made corrupt files, and a few runs as separate
+processes (what a user's shell sees).  The commands run in-process: any exception other than argparse's
+own SystemExit escaping ``main`` fails the test, as a traceback would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from emufloat import demo
+from flashsim import cli
+from flashsim.crosscheck import KernelRun, save_run
+from gpu import crosscheck as gpu_crosscheck
+from gpu.probes import run as probes_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def invoke(main, argv: list[str]) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``main(argv)``; argparse's SystemExit is an exit status too."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+            if not isinstance(exc.code, int):
+                err.write(str(exc.code))
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_clean_failure(code: int, err: str, argument: str) -> None:
+    assert code not in (0, None), "bad input was accepted"
+    assert "Traceback" not in err and "internal error" not in err, err
+    assert argument in err, f"the message does not name {argument!r}: {err!r}"
+    assert len(err.strip().splitlines()) <= 3, err  # argparse adds a usage line; ours is one line
+
+
+# ---- files the table refers to ----------------------------------------------------------------------
+def qkv(m=6, n=10, d=4, dv=3, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((m, d)).astype(np.float32), rng.standard_normal((n, d)).astype(np.float32),
+            rng.standard_normal((n, dv)).astype(np.float32))
+
+
+def tiny_run() -> KernelRun:
+    q, k, v = (x[None] for x in qkv(m=4, n=4, d=4, dv=4))
+    outputs = {"o": np.zeros((1, 4, 4), np.uint16), "lse": np.zeros((1, 4), np.uint32)}
+    return KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.5, softmax=cli.get_softmax("standard"),
+                     policy_args={"dtype": "bf16", "block_m": 64, "block_n": 64}, outputs=outputs)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    t = tmp_path_factory.mktemp("bad")
+    q, k, v = qkv()
+    np.savez(t / "ok.npz", q=q, k=k, v=v)
+    np.savez(t / "lacks_v.npz", q=q, k=k)
+    np.savez(t / "int.npz", q=q.astype(np.int64), k=k, v=v)
+    np.savez(t / "complex.npz", q=q.astype(np.complex64), k=k, v=v)
+    np.savez(t / "object.npz", q=np.array([object()] * 3), k=k, v=v)
+    np.savez(t / "d_mismatch.npz", q=q, k=k[:, :2], v=v)
+    np.savez(t / "n_mismatch.npz", q=q, k=k, v=v[:4])
+    np.savez(t / "empty_k.npz", q=q, k=k[:0], v=v[:0])
+    np.savez(t / "one_d.npz", q=q[0], k=k, v=v)
+    np.savez(t / "lead_mismatch.npz", q=q[None], k=k, v=v)
+    np.savez(t / "nan_k.npz", q=q, k=np.where(np.arange(k.size).reshape(k.shape) == 5, np.nan, k), v=v)
+    np.savez(t / "inf_v.npz", q=q, k=k, v=np.where(np.arange(v.size).reshape(v.shape) == 2, -np.inf, v))
+    np.savez(t / "fp8_raw.npz", q=q.astype(ml_dtypes.float8_e4m3fn), k=k.astype(ml_dtypes.float8_e4m3fn),
+             v=v.astype(ml_dtypes.float8_e4m3fn))
+    np.save(t / "q.npy", q)
+    np.save(t / "bad_stack.npy", q)
+    (t / "x.txt").write_text("1 2 3")
+    (t / "garbage.npz").write_bytes(os.urandom(300))
+    data = (t / "ok.npz").read_bytes()
+    (t / "truncated.npz").write_bytes(data[: len(data) // 2])
+    (t / "garbage.pt").write_bytes(b"not a torch file")
+    (t / "file").write_text("a file, not a folder")
+    (t / "empty_dir").mkdir()
+    save_run(t / "run.npz", tiny_run())
+    no_model = tiny_run()
+    no_model.policy_args["block_m"] = 16  # no tl.sum tree recorded for 16-row tiles
+    save_run(t / "no_model.npz", no_model)
+    np.savez(t / "no_meta.npz", q=q)
+    np.savez(t / "bad_meta.npz", q=q, meta=np.array("{not json"))
+    with zipfile.ZipFile(t / "run.npz") as z:
+        members = {n: z.read(n) for n in z.namelist() if n != "out_lse.npy"}
+    with zipfile.ZipFile(t / "no_lse.npz", "w") as z:
+        for n, b in members.items():
+            z.writestr(n, b)
+    return t
+
+
+TR = ["trace-row", "--no-plots", "--out", "{t}/out"]
+TABLE = [
+    # (command, argv, the argument the message must name)
+    ("flashsim", TR + ["--policy", "nosuch"], "--policy"),
+    ("flashsim", TR + ["--softmax", "improved"], "--softmax"),
+    ("flashsim", TR + ["--softmax", ","], "--softmax"),
+    ("flashsim", TR + ["--softmax", "standard", "--beta", "3"], "--beta"),
+    ("flashsim", TR + ["--softmax", "robust", "--eps", "0.1"], "--eps"),
+    ("flashsim", TR + ["--beta", "-1"], "--beta"),
+    ("flashsim", TR + ["--eps", "-1"], "--eps"),
+    ("flashsim", TR + ["--beta", "x"], "--beta"),
+    ("flashsim", TR + ["--data", "{t}/missing.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/garbage.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/truncated.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/x.txt"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/empty_dir"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/lacks_v.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/int.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/complex.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/object.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/d_mismatch.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/n_mismatch.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/empty_k.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/one_d.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/lead_mismatch.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/nan_k.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/inf_v.npz"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/fp8_raw.npz"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--input-format", "fp99"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/bad_stack.npy"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/garbage.pt"], "--data"),
+    ("flashsim", TR + ["--q", "{t}/q.npy"], "--k"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--q", "{t}/q.npy"], "--data"),
+    ("flashsim", TR + ["--q", "{t}/missing.npy", "--k", "{t}/q.npy", "--v", "{t}/q.npy"], "--q"),
+    ("flashsim", TR + ["--q", "{t}/ok.npz", "--k", "{t}/q.npy", "--v", "{t}/q.npy"], "--q"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--row", "99"], "--row"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--row", "x"], "--row"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--head", "0"], "--head"),
+    ("flashsim", TR + ["--data", "{t}/lead_mismatch.npz", "--head", "x"], "--data"),
+    ("flashsim", TR + ["--head", "1"], "--head"),
+    ("flashsim", TR + ["--input-format", "e4m3fn"], "--input-format"),
+    ("flashsim", TR + ["--block-n", "0"], "--block-n"),
+    ("flashsim", TR + ["--block-m", "-4"], "--block-m"),
+    ("flashsim", TR + ["--block-n", "abc"], "--block-n"),
+    ("flashsim", TR + ["--sm-scale", "-1"], "--sm-scale"),
+    ("flashsim", TR + ["--sm-scale", "nan"], "--sm-scale"),
+    ("flashsim", TR + ["--tol-ulps", "-1"], "--tol-ulps"),
+    ("flashsim", TR + ["--kv-order", "sideways"], "--kv-order"),
+    ("flashsim", TR + ["--causal", "diagonal"], "--causal"),
+    ("flashsim", ["trace-row", "--out", "{t}/file"], "--out"),
+    ("flashsim", ["trace-row", "--out", "{t}/file/sub"], "--out"),
+    ("flashsim", TR + ["--json", "{t}/empty_dir"], "--json"),
+    ("flashsim", TR + ["--json", "{t}/file/r.json"], "--json"),
+    ("flashsim", ["bias-rows", "--rows", "0"], "--rows"),
+    ("flashsim", ["bias-rows", "--rows", "-3"], "--rows"),
+    ("flashsim", ["bias-rows", "--ties", "9-2"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties", "x"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties", "0"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties", "500"], "--ties"),
+    ("flashsim", ["bias-rows", "--n-keys", "1"], "--n-keys"),
+    ("flashsim", ["bias-rows", "--v", "cauchy"], "--v"),
+    ("flashsim", ["bias-rows", "--policy", "nope"], "--policy"),
+    ("flashsim", ["bias-rows", "--softmax", "nope"], "--softmax"),
+    ("flashsim", ["bias-rows", "--chunk", "0"], "--chunk"),
+    ("flashsim", ["crosscheck", "{t}/missing.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/garbage.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/truncated.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/q.npy"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/empty_dir"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/no_meta.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/bad_meta.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/no_lse.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/run.npz", "{t}/garbage.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/no_model.npz"], "RUN"),
+    ("flashsim", ["no-such-command"], "invalid choice"),
+    ("emufloat", ["--rows", "0"], "--rows"),
+    ("emufloat", ["--tokens", "1"], "--tokens"),
+    ("emufloat", ["--rows", "abc"], "--rows"),
+    ("emufloat", ["--rows", "100000000", "--tokens", "100"], "--rows x --tokens"),
+    ("gpu.crosscheck", ["--data", "{t}/ok.npz"], "--data"),
+    ("gpu.crosscheck", ["--max-len", "0"], "--max-len"),
+    ("gpu.crosscheck", ["--folder", "{t}/empty_dir"], "--folder"),
+    ("gpu.crosscheck", ["--save", "{t}/file"], "--save"),
+    ("gpu.crosscheck", ["--dtype", "fp64"], "--dtype"),
+    ("gpu.crosscheck", ["--live", "--folder", "{t}/empty_dir"], "--folder"),
+    ("gpu.probes.run", ["--out", "{t}/p", "--probes", "nope"], "--probes"),
+    ("gpu.probes.run", ["--out", "{t}/p", "--budget", "-1"], "--budget"),
+    ("gpu.probes.run", ["--out", "{t}/p", "--params", "{{x"], "--params"),
+    ("gpu.probes.run", ["--out", "{t}/p", "--params", "[1]"], "--params"),
+    ("gpu.probes.run", ["--out", "{t}/file", "--quick"], "--out"),
+    ("gpu.run_attention", ["--out", "{t}/ra", "--sections", "bogus"], "--sections"),
+    ("gpu.run_attention", ["--out", "{t}/ra", "--seconds", "0"], "--seconds"),
+    ("gpu.run_attention", ["--out", "{t}/ra", "--replay-from", "-1"], "--replay-from"),
+    ("gpu.run_attention", ["--out", "{t}/file"], "--out"),
+    ("gpu.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
+    ("gpu.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
+    ("gpu.verify_models", ["--out", "{t}/file"], "--out"),
+]
+
+
+def _main(command: str):
+    if command == "flashsim":
+        return cli.main
+    if command == "emufloat":
+        return demo.main
+    if command == "gpu.crosscheck":
+        return gpu_crosscheck.main
+    if command == "gpu.probes.run":
+        return probes_run.main
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    if command == "gpu.run_attention":
+        from gpu import run_attention
+        return run_attention.main
+    from gpu import verify_models
+    return verify_models.main
+
+
+def test_the_table_covers_every_command():
+    assert len(TABLE) >= 40
+    assert {c for c, _, _ in TABLE} == {"flashsim", "emufloat", "gpu.crosscheck", "gpu.probes.run",
+                                        "gpu.run_attention", "gpu.verify_models"}
+    assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
+
+
+@pytest.mark.parametrize("command, argv, argument", TABLE, ids=[f"{c}:{' '.join(a[3:] if a[0] == 'trace-row' else a)}"
+                                                              for c, a, _ in TABLE])
+def test_bad_input_fails_in_one_line_naming_the_argument(files, command, argv, argument, monkeypatch):
+    main = _main(command)
+    monkeypatch.setattr(cli, "step_rows", _no_computation)
+    code, _out, err = invoke(main, [a.format(t=files) for a in argv])
+    assert_clean_failure(code, err, argument)
+
+
+def _no_computation(*args, **kwargs):
+    raise AssertionError("bad input must be refused before any computation")
+
+
+def test_read_only_out_fails_before_any_computation(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "step_rows", _no_computation)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o555)
+    if os.geteuid() == 0:  # root writes anywhere: let the folder refuse as a read-only one does
+        import tempfile as tempfile_module
+
+        def refuse(*args, **kwargs):
+            if Path(kwargs.get("dir", "")).resolve() == locked.resolve():
+                raise PermissionError(13, "Permission denied")
+            return real(*args, **kwargs)
+
+        real = tempfile_module.NamedTemporaryFile
+        monkeypatch.setattr("flashsim.console.tempfile.NamedTemporaryFile", refuse)
+    try:
+        code, out, err = invoke(cli.main, ["trace-row", "--out", str(locked)])
+    finally:
+        locked.chmod(0o755)
+    assert_clean_failure(code, err, "--out")
+    assert "Permission denied" in err and out == ""
+
+
+# ---- corrupt files made by Hypothesis ----------------------------------------------------------------
+@pytest.fixture(scope="module")
+def valid_files(tmp_path_factory) -> dict[str, bytes]:
+    t = tmp_path_factory.mktemp("valid")
+    q, k, v = qkv(m=2, n=3, d=2, dv=2)
+    np.savez(t / "qkv.npz", q=q, k=k, v=v)
+    save_run(t / "run.npz", tiny_run())
+    return {"trace-row": (t / "qkv.npz").read_bytes(), "crosscheck": (t / "run.npz").read_bytes()}
+
+
+def _corrupt_run(tmp: Path, command: str, blob: bytes) -> tuple[int, str]:
+    path = tmp / "corrupt.npz"
+    path.write_bytes(blob)
+    argv = (["trace-row", "--data", str(path), "--no-plots", "--quiet", "--softmax", "standard", "--out",
+             str(tmp / "o")] if command == "trace-row" else ["crosscheck", "--quiet", str(path)])
+    code, _out, err = invoke(cli.main, argv)
+    return code, err
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(["trace-row", "crosscheck"]), cut=st.floats(0, 0.999))
+def test_truncated_files_fail_cleanly(tmp_path, valid_files, command, cut):
+    blob = valid_files[command]
+    code, err = _corrupt_run(tmp_path, command, blob[: int(len(blob) * cut)])
+    assert_clean_failure(code, err, "--data" if command == "trace-row" else "RUN")
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(command=st.sampled_from(["trace-row", "crosscheck"]), data=st.data())
+def test_flipped_bytes_never_crash(tmp_path, valid_files, command, data):
+    """A corrupted byte either still makes a valid file (then the command runs) or fails in one line."""
+    blob = bytearray(valid_files[command])
+    for _ in range(data.draw(st.integers(1, 4), label="flips")):
+        i = data.draw(st.integers(0, len(blob) - 1), label="at")
+        blob[i] ^= data.draw(st.integers(1, 255), label="mask")
+    code, err = _corrupt_run(tmp_path, command, bytes(blob))
+    assert "Traceback" not in err and "internal error" not in err, err
+    if code == 2:
+        assert ("--data" if command == "trace-row" else "RUN") in err
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(blob=st.binary(max_size=400))
+def test_random_bytes_fail_cleanly(tmp_path, blob):
+    code, err = _corrupt_run(tmp_path, "trace-row", blob)
+    assert_clean_failure(code, err, "--data")
+
+
+# ---- as a user's shell sees it ------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, argument", [
+    (["-m", "flashsim", "trace-row", "--data", "{t}/garbage.npz"], "--data"),
+    (["-m", "flashsim", "crosscheck", "{t}/q.npy"], "RUN"),
+    (["-m", "gpu.crosscheck", "--live", "--max-len", "1"], "--live"),
+    (["-m", "emufloat", "--rows", "0"], "--rows"),
+])
+def test_commands_as_processes(files, argv, argument):
+    if "--live" in argv:
+        from gpu.device_cli import gpu_stack_missing
+        if gpu_stack_missing() is None:
+            pytest.skip("this machine can run --live")
+    res = subprocess.run([sys.executable, *[a.format(t=files) for a in argv]], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert_clean_failure(res.returncode, res.stderr, argument)
+    assert res.returncode == 2
+
+
+def test_gpu_crosscheck_names_missing_recorded_files(tmp_path, monkeypatch):
+    """An install without the recorded cases says which file is missing and what to do."""
+    monkeypatch.setattr(gpu_crosscheck, "DATA", tmp_path)
+    code, _out, err = invoke(gpu_crosscheck.main, [])
+    assert_clean_failure(code, err, "recorded cases")
+    assert "recorded.npz" in err and "--folder" in err
+
+
+def test_internal_errors_are_one_line_too(monkeypatch):
+    """A bug is not the user's fault: one line saying so, status 3; LOWPREC_TRACEBACK=1 shows the traceback."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "step_rows", broken)
+    code, _out, err = invoke(cli.main, ["trace-row", "--no-plots", "--out", "/tmp/flashsim-internal-error-test"])
+    assert code == 3 and "internal error (a bug, please report it): RuntimeError: boom" in err
+    monkeypatch.setenv("LOWPREC_TRACEBACK", "1")
+    with pytest.raises(RuntimeError, match="boom"):
+        cli.main(["trace-row", "--no-plots", "--out", "/tmp/flashsim-internal-error-test"])
+
+
+def test_json_report_names_nonfinite_inputs_first(tmp_path):
+    """--allow-nonfinite: the JSON's first key after the tool lists what is not finite."""
+    q, k, v = qkv()
+    k[2, 1] = np.nan
+    np.savez(tmp_path / "nan.npz", q=q, k=k, v=v)
+    code, _out, err = invoke(cli.main, ["trace-row", "--data", str(tmp_path / "nan.npz"), "--allow-nonfinite",
+                                        "--no-plots", "--quiet", "--softmax", "standard", "--out", str(tmp_path)])
+    assert code == 0, err
+    rep = json.loads((tmp_path / "report.json").read_text())
+    assert list(rep)[:2] == ["tool", "nonfinite"]
+    assert rep["nonfinite"][0].startswith("input k: 1 NaN of 40 value(s) (first at [2, 1])")

@@ -6,7 +6,7 @@ A recorded case (:class:`gpu.cases.Case`, inputs regenerated from its seed) or a
 an ulp histogram and the first divergent step.  NaN payloads are reported as such: the GPU's ``cvt`` keeps
 payload bits, emufloat returns the canonical quiet NaN.
 
-    python -m gpu.crosscheck                     # recorded cases (tests/data/h100/attention), any machine
+    python -m gpu.crosscheck                     # recorded cases (package data, gpu/data), any machine
     python -m gpu.crosscheck --folder DIR        # every case of a device recording (run_attention.sh)
     python -m gpu.crosscheck --live --save DIR   # run the kernels on this GPU (debug intermediates on)
     python -m gpu.crosscheck --live --data qkv.npz --softmax robust --causal
@@ -26,15 +26,15 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, progress, run_command, writable_dir
-from flashsim.crosscheck import KernelRun, OutputCheck, crosscheck, save_run
+from flashsim.crosscheck import KernelRun, OutputCheck, crosscheck, load_run, save_run
 from flashsim.userdata import InputError, check_attention_shapes, load_named
 
 from .cases import Case, backward_cases, forward_cases, inputs
 from .configs import Config, kernel_policy_args, kernel_variant
 from .device_cli import require_gpu
 
-DATA = Path(__file__).resolve().parents[1] / "tests" / "data" / "h100" / "attention"
-RECORDED_FILES = ("results.json", "recorded.npz", "fp8.npz")  # what the recorded cases are read from
+DATA = Path(__file__).resolve().parent / "data"  # package data: the recorded cases and runs
+RECORDED_FILES = ("recorded.json", "recorded.npz", "fp8.npz")  # the case grid, its outputs, FP8's outputs
 
 
 def case_run(case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None,
@@ -57,8 +57,9 @@ def compare(case: Case, recorded: dict[str, np.ndarray]) -> list[OutputCheck]:
 
 
 def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
-    """(results.json as a dict, the recorded arrays keyed 'f/<case key>/<output>' and 'b/...')."""
-    meta = json.loads((path / "results.json").read_text())
+    """(recorded.json as a dict: the cases and how they were recorded, the recorded arrays keyed
+    'f/<case key>/<output>' and 'b/...')."""
+    meta = json.loads((path / "recorded.json").read_text())
     with np.load(path / "recorded.npz") as z:
         arrays = {k: z[k] for k in z.files}
     return meta, arrays
@@ -76,8 +77,8 @@ def load_device_folder(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelRun]:
-    """Every recorded case (forward, backward, FP8) as a KernelRun: the kept copy in ``path``, or a device
-    run's output ``folder``."""
+    """Every recorded case (forward, backward, FP8) as a KernelRun: the kept copy in ``path`` (with the runs
+    saved whole in ``path/runs``), or a device run's output ``folder``."""
     meta, arrays = load_recorded(path) if folder is None else load_device_folder(folder)
     if folder is None:
         with np.load(path / "fp8.npz") as z:
@@ -92,6 +93,8 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
             rec = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
             if rec:
                 runs.append(case_run(case, rec))
+    if folder is None:
+        runs += [load_run(p) for p in sorted((path / "runs").glob("*.npz"))]
     return runs
 
 

@@ -375,7 +375,7 @@ def overlap(res: dict, deadline: float) -> None:
 
 
 def replay(res: dict, deadline: float, first: int = 0) -> None:
-    """Rerun every kept recorded case (tests/data/h100/attention: forward, backward, FP8) with the current
+    """Rerun every kept recorded case (gpu/data: forward, backward, FP8) with the current
     kernels, both forward kernels where both run, and compare every output's bits with the recording: a
     kernel change that keeps these bits keeps the emulator's agreement (the CPU tests check the recording
     against the emulator). `first` skips the recorded runs before it, to finish a replay that ran out of

@@ -1,8 +1,10 @@
 """The emulator reproduces our Triton kernels bit for bit: every recorded H100 case, checked on the CPU.
 
 Recorded by ``OUT=$OUT bash gpu/run_attention.sh --sections record`` (provenance in
-tests/data/h100/attention/results.json); inputs are regenerated from their seeds (gpu/cases.py).
+gpu/data/recorded.json); inputs are regenerated from their seeds (gpu/cases.py).
 """
+
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -44,7 +46,7 @@ def test_backward_bit_identical(chunk):
 
 
 def test_log2_fma_bit_identical_to_the_kernel():
-    z = np.load(DATA / "log2.npz")
+    z = np.load(Path(__file__).parent / "data" / "h100" / "attention" / "log2.npz")
     got = ef.log2_fma(z["x"].view(np.float32)).view(np.uint32)
     res = check("log2", got, z["y"], "fp32")
     assert res.n >= 40_000 and res.identical == res.n

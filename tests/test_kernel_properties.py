@@ -2,7 +2,7 @@
 
 Properties:
 1. kernel == emulator, bit for bit: live on a GPU (tests marked ``gpu``); without one, drawn from the
-   recorded H100 runs (tests/data/h100/attention).
+   recorded H100 runs (gpu/data).
 2. fix on == fix off within the bound exact arithmetic allows (the fixes only change the shift, under which
    softmax is invariant): per row |O_fix - O_std| <= 2 (2u + 2 n_k 2^-23 + 2^-20) max|v| with u = 2^-p
    of the dtype (P cast, output cast, fp32 sums and ex2.approx, for each of the two outputs).

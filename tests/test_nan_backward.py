@@ -1,7 +1,7 @@
 """The backward's NaN encoding: a recorded case whose rows are NaN matches the kernel's bits in every output.
 
 Recorded on the GPU by ``PYTHONPATH=. python -m gpu.record_nan_backward --out $OUT`` (card and versions in each
-run's note; tests/data/h100/attention/README.md): the stabilised fix's l = 0 rows (O = 0/0) carry NaN into
+run's note; gpu/data/README.md): the stabilised fix's l = 0 rows (O = 0/0) carry NaN into
 delta, dS, dQ, dK and dV.  The kernels write every such NaN as 0x7FFF (bf16 and fp16) and 0x7FFFFFFF (fp32
 delta), emufloat its canonical quiet NaN; ``triton_policy``'s ``nan_bits`` on the gradients' output casts and
 on delta model the hardware's encoding, as the forward's output step does.
@@ -21,7 +21,7 @@ DTYPES = ("bf16", "fp16")
 
 @pytest.fixture(scope="module", params=DTYPES)
 def run(request):
-    return load_run(DATA / f"nan_backward_{request.param}.npz")
+    return load_run(DATA / "runs" / f"nan_backward_{request.param}.npz")
 
 
 def test_recording_is_the_constructed_case_with_nan_rows(run):

@@ -1,5 +1,5 @@
-"""Build the kept subset of a GPU recording: tests/data/h100/attention/recorded.npz and the 'record' entry of
-results.json; or, for FP8, fp8.npz and the 'fp8' entry.
+"""Build the kept subset of a GPU recording: gpu/data/recorded.npz and the 'record' entry of
+gpu/data/recorded.json; or, for FP8, fp8.npz and the 'fp8' entry.
 
     PYTHONPATH=. python tools/keep_recording.py DIR
 
@@ -42,7 +42,7 @@ def main() -> int:
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
     run, arrays = load_device_folder(Path(sys.argv[1]))
-    res = json.loads((DATA / "results.json").read_text())
+    res = json.loads((DATA / "recorded.json").read_text())
     changed = []
     if "record" in run:
         kept = {}
@@ -63,7 +63,7 @@ def main() -> int:
                                    "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with "
                                            "n_q * n_k <= 333^2"}
         print(f"kept {len(kept)} FP8 arrays ({n} cases)")
-    (DATA / "results.json").write_text(json.dumps(res, indent=1))
+    (DATA / "recorded.json").write_text(json.dumps(res, indent=1))
     print(f"{len(changed)} arrays differ from the previous files")
     for k in changed[:40]:
         print("  changed:", k)

@@ -208,12 +208,15 @@ class StepError:
         return _jsonable(dataclasses.asdict(self))
 
 
-def _step_error(trace: Trace, mask: np.ndarray, label: str, ulps: np.ndarray) -> StepError:
-    s = trace.summary(mask)
-    err = trace.error[mask]
+def _step_error(trace: Trace, idx: np.ndarray, label: str, ulps: np.ndarray) -> StepError:
+    """The statistics of the events ``idx`` (indices into the trace) of one step."""
+    s = trace.summary(idx)
+    err = trace.error[idx]
     fin = err[np.isfinite(err)]
-    ts = int(np.count_nonzero(trace.has(Flag.TIE)[mask] & trace.has(Flag.STICKY)[mask]))
-    u = ulps[mask]
+    flags = trace.flags[idx]
+    tie_sticky = np.uint16(Flag.TIE | Flag.STICKY)
+    ts = int(np.count_nonzero((flags & tie_sticky) == tie_sticky))
+    u = ulps[idx]
     u = u[np.isfinite(u)]
     nan = math.nan
     return StepError(label, s.events, s.inexact, s.mean_error if fin.size else nan, s.sum_error if fin.size else nan,
@@ -246,9 +249,20 @@ def event_rows(run: RowStepper) -> tuple[np.ndarray, np.ndarray]:
     return labels[call], pos
 
 
-def _row_mask(run: RowStepper, i: int) -> tuple[np.ndarray, np.ndarray]:
-    labels, pos = event_rows(run)
-    return labels, (pos == i) | (pos == -1)
+def _step_of_events(run: RowStepper) -> np.ndarray:
+    """The processing index of the K/V step each event of the run's trace belongs to (-1: none)."""
+    tr = run.trace
+    step_of_call = np.full(tr.n_calls, -1, np.int64)
+    for st in run.steps:
+        step_of_call[st.calls.start:st.calls.stop] = st.index
+    return step_of_call[tr.call]
+
+
+def _by_label(labels: np.ndarray, idx: np.ndarray, trace: Trace, ulps: np.ndarray) -> list[StepError]:
+    """One StepError per label among the events ``idx``, in pipeline order."""
+    present = set(labels[idx])
+    order = [lab for lab in TRACE_LABELS if lab in present] + sorted(present - set(TRACE_LABELS))
+    return [_step_error(trace, idx[labels[idx] == lab], lab, ulps) for lab in order]
 
 
 def step_errors(run: RowStepper, row: int | None = None, calls: range | None = None,
@@ -261,13 +275,12 @@ def step_errors(run: RowStepper, row: int | None = None, calls: range | None = N
     _row, i = _row_pos(run, row)
     if run.trace is None:
         return []
-    labels, mask = _row_mask(run, i)
+    labels, pos = event_rows(run)
+    mask = (pos == i) | (pos == -1)
     if calls is not None:
         mask &= (run.trace.call >= calls.start) & (run.trace.call < calls.stop)
-    order = [lab for lab in TRACE_LABELS if lab in set(labels[mask])]
-    order += sorted(set(labels[mask]) - set(order))
     ulps = event_ulps(run.trace) if ulps is None else ulps
-    return [_step_error(run.trace, mask & (labels == lab), lab, ulps) for lab in order]
+    return _by_label(labels, np.flatnonzero(mask), run.trace, ulps)
 
 
 # ---- non-finite values ------------------------------------------------------------------------------
@@ -551,16 +564,12 @@ def p_one_rounding(run: RowStepper, row: int | None = None, min_ones: int = 2,
     op_names = tr.op_names
     op = "cast" if np.any(is_pv & (op_names == "cast")) else "dot_step"
     is_pv &= op_names == op
-    hit = np.zeros(len(tr), bool)
-    ctl = np.zeros(len(tr), bool)
-    blocks = []
-    for st in run.steps:
-        in_step = is_pv & (tr.call >= st.calls.start) & (tr.call < st.calls.stop)
-        if np.count_nonzero(arith.f64(st.p[i]) == 1.0) >= min_ones:
-            hit |= in_step
-            blocks.append(st.block)
-        else:
-            ctl |= in_step
+    ones = np.array([np.count_nonzero(arith.f64(st.p[i]) == 1.0) >= min_ones for st in run.steps] + [False])
+    step = _step_of_events(run)
+    is_pv &= step >= 0
+    hit = is_pv & ones[step]
+    ctl = is_pv & ~ones[step]
+    blocks = [st.block for st, one in zip(run.steps, ones, strict=False) if one]
     inexact, away = tr.has(Flag.INEXACT), tr.has(Flag.AWAY)
     ulps = event_ulps(tr) if ulps is None else ulps
     half = np.abs(np.abs(ulps) - 0.5) <= 1 / 32  # within 1/32 ulp of a midpoint, whatever the rounding
@@ -651,11 +660,19 @@ def analyse_run(run: RowStepper, row: int | None = None, *, tol_ulps: float = 1.
         raise ValueError("ref: its K/V blocks differ from the run's (use reference_run)")
     blocks = []
     ulps = event_ulps(run.trace) if run.trace is not None else None
+    pv_of_step: dict[int, StepError] = {}
+    if ulps is not None:  # the row's P V events, split by K/V step in one pass
+        labels, pos = event_rows(run)
+        idx = np.flatnonzero((labels == "pv") & (pos == i))
+        step = _step_of_events(run)[idx]
+        order = np.argsort(step, kind="stable")
+        idx, step = idx[order], step[order]
+        starts = np.flatnonzero(np.r_[True, np.diff(step) != 0]) if idx.size else np.empty(0, np.int64)
+        for part, s0 in zip(np.split(idx, starts[1:]), step[starts], strict=True):
+            if s0 >= 0:
+                pv_of_step[int(s0)] = _step_error(run.trace, part, "pv", ulps)
     for st, st_ref in zip(run.steps, ref.steps, strict=True):
-        pv = None
-        if ulps is not None:
-            errs = [e for e in step_errors(run, row, st.calls, ulps) if e.label == "pv"]
-            pv = errs[0] if errs else None
+        pv = pv_of_step.get(st.index)
         with np.errstate(invalid="ignore"):
             d = st.out[i] - st_ref.out[j]
         fin = d[np.isfinite(d)]

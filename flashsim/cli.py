@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -37,11 +38,11 @@ from .stepper import step_rows
 from .userdata import InputError, load_qkv, pick_head
 
 SOFTMAX_SETS = {"both": ("standard", "stabilised"), "all": tuple(VARIANTS)}
-# A traced row holds about this many bytes of trace per key and head dimension, and takes about this many
-# seconds per key and head dimension per softmax variant (its FP64 reference included), on two cores.
-TRACE_BYTES_PER_KEY_DIM = 600
-TRACE_SECONDS_PER_KEY_DIM = 2.5e-6
-ESTIMATE_ABOVE_SECONDS = 10.0
+# A traced row with its FP64 reference takes about this many bytes and seconds per key and head dimension
+# (d + dv) per softmax variant (docs/flashsim.md: measured at 4096 and 32768 keys on two cores).
+TRACE_BYTES_PER_KEY_DIM = 300
+TRACE_SECONDS_PER_KEY_DIM = 1.2e-6
+ESTIMATE_ABOVE = (10.0, 2**30)  # say the estimate above this many seconds or bytes
 
 
 # ---- arguments --------------------------------------------------------------------------------------
@@ -138,6 +139,13 @@ def _causal_notes(causal: str | None, row: int, n_q: int, n_k: int) -> list[str]
     return [note]
 
 
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _estimate(n_keys: int, d: int, dv: int, n_variants: int) -> tuple[float, float]:
     """(bytes, seconds) a traced row with its FP64 reference will take, roughly."""
     size = n_keys * (d + dv)
@@ -191,10 +199,12 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
                          f"{policy.tiling.block_n}; choose with --block-n)")
     notes += _causal_notes(args.causal, row, q.shape[0], k.shape[0])
     size, seconds = _estimate(k.shape[0], q.shape[1], v.shape[1], len(variants))
-    if seconds > ESTIMATE_ABOVE_SECONDS and not args.quiet:
+    if (seconds > ESTIMATE_ABOVE[0] or size > ESTIMATE_ABOVE[1]) and not args.quiet:
+        memory = _physical_memory()
         print(f"flashsim trace-row: {k.shape[0]} keys, d={q.shape[1]}, {len(variants)} variant(s): roughly "
-              f"{seconds:.0f} s and {size / 2**30:.1f} GiB of memory for the traces (rough estimates)",
-              file=sys.stderr, flush=True)
+              f"{seconds:.0f} s and {size / 2**30:.1f} GiB of memory for the traces"
+              + (f", more than this machine's {memory / 2**30:.0f} GiB: expect swapping or the process to be "
+                 "killed; trace fewer keys" if memory and size > memory else ""), file=sys.stderr, flush=True)
 
     analyses = []
     try:

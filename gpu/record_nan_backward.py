@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 import numpy as np
 
 import emufloat as ef
+from flashsim.console import ArgumentParser, run_command, writable_dir
 from flashsim.policy import kernel_format
+
+from .device_cli import require_gpu, sections
 
 N, D, SEED = 128, 64, 2828
 NAN_ROWS = (3, 77, 120)  # in both of the backward's 64-row query blocks
@@ -62,31 +64,32 @@ def _values(bits: np.ndarray, dtype: str) -> np.ndarray:
     return ef.decode(bits.astype(np.uint64), kernel_format(dtype)).astype(np.float32)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m gpu.record_nan_backward", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True, help="folder for nan_backward_<dtype>.npz (created if missing)")
-    ap.add_argument("--dtypes", default="bf16,fp16", help="comma-separated, of bf16 and fp16 (default both)")
-    args = ap.parse_args(argv)
-    dtypes = args.dtypes.split(",")
-    bad = [t for t in dtypes if t not in ("bf16", "fp16")]
-    if bad:
-        ap.error(f"--dtypes: expected bf16 and/or fp16, got {bad}")
+def run(args: argparse.Namespace) -> int:
+    dtypes = sections(args.dtypes, ("bf16", "fp16"), "--dtypes")
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m gpu.record_nan_backward")
     import torch
     import triton
 
     from flashsim.crosscheck import save_run
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     where = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, Triton {triton.__version__}; "
              f"PYTHONPATH=. python -m gpu.record_nan_backward --out $OUT")
     for dtype in dtypes:
-        run = record(dtype, f"nan_backward_{dtype}: {where}")
-        path = save_run(out / f"nan_backward_{dtype}.npz", run)
-        print(f"{path.name}: {run.note}")
-        for name, bits in run.outputs.items():
+        run_ = record(dtype, f"nan_backward_{dtype}: {where}")
+        path = save_run(out / f"nan_backward_{dtype}.npz", run_)
+        print(f"{path.name}: {run_.note}")
+        for name, bits in run_.outputs.items():
             nans = int(np.isnan(_values(bits, dtype)).sum())
             print(f"  {name:>5}: {nans} NaNs of {bits.size}, encoded {nan_encodings(bits, dtype)}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m gpu.record_nan_backward", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="folder for nan_backward_<dtype>.npz (created if missing)")
+    ap.add_argument("--dtypes", default="bf16,fp16", help="comma-separated, of bf16 and fp16 (default both)")
+    args = ap.parse_args(argv)
+    return run_command("python -m gpu.record_nan_backward", lambda: run(args))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -27,9 +28,11 @@ from emufloat import demo
 from flashsim import cli
 from flashsim.crosscheck import KernelRun, save_run
 from gpu import crosscheck as gpu_crosscheck
+from gpu import record_nan_backward
 from gpu.probes import run as probes_run
 
 ROOT = Path(__file__).resolve().parents[1]
+COMPILE_NOTICE = re.compile(r"^(compiling |  \.\.\. still compiling|compiled \d+ kernel)")  # a cold cache's lines
 
 
 def invoke(main, argv: list[str]) -> tuple[int, str, str]:
@@ -49,7 +52,8 @@ def assert_clean_failure(code: int, err: str, argument: str) -> None:
     assert code not in (0, None), "bad input was accepted"
     assert "Traceback" not in err and "internal error" not in err, err
     assert argument in err, f"the message does not name {argument!r}: {err!r}"
-    assert len(err.strip().splitlines()) <= 3, err  # argparse adds a usage line; ours is one line
+    said = [line for line in err.strip().splitlines() if not COMPILE_NOTICE.match(line)]
+    assert len(said) == 1, err
 
 
 # ---- files the table refers to ----------------------------------------------------------------------
@@ -204,6 +208,8 @@ TABLE = [
     ("gpu.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
     ("gpu.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
     ("gpu.verify_models", ["--out", "{t}/file"], "--out"),
+    ("gpu.record_nan_backward", ["--out", "{t}/n", "--dtypes", "fp8"], "--dtypes"),
+    ("gpu.record_nan_backward", ["--out", "{t}/file"], "--out"),
 ]
 
 
@@ -216,6 +222,8 @@ def _main(command: str):
         return gpu_crosscheck.main
     if command == "gpu.probes.run":
         return probes_run.main
+    if command == "gpu.record_nan_backward":
+        return record_nan_backward.main
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     if command == "gpu.run_attention":
@@ -228,7 +236,7 @@ def _main(command: str):
 def test_the_table_covers_every_command():
     assert len(TABLE) >= 40
     assert {c for c, _, _ in TABLE} == {"flashsim", "emufloat", "gpu.crosscheck", "gpu.probes.run",
-                                        "gpu.run_attention", "gpu.verify_models"}
+                                        "gpu.run_attention", "gpu.verify_models", "gpu.record_nan_backward"}
     assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
 
 

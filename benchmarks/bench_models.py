@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_emufloat, next
 from bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_footer, print_header  # noqa: E402
 
 import emufloat as ef  # noqa: E402  (bench_emufloat puts the checkout on sys.path)
+from emufloat.hw import h100  # noqa: E402
 
 
 @dataclass
@@ -49,9 +50,9 @@ class Row:
 
 # ---- matmul rows: GFLOP/s -------------------------------------------------------------------
 MATMUL_MODELS = [  # (row name, model, input dtype)
-    ("H100 wgmma bf16 (h100_wgmma_bf16)", ef.H100_WGMMA_BF16, ml_dtypes.bfloat16),
-    ("H100 wgmma fp16 (h100_wgmma_fp16)", ef.H100_WGMMA_FP16, np.float16),
-    ("H100 wgmma fp8 e4m3fn (h100_wgmma_fp8)", ef.H100_WGMMA_FP8, ml_dtypes.float8_e4m3fn),
+    ("H100 wgmma bf16 (h100_wgmma_bf16)", h100.WGMMA_BF16, ml_dtypes.bfloat16),
+    ("H100 wgmma fp16 (h100_wgmma_fp16)", h100.WGMMA_FP16, np.float16),
+    ("H100 wgmma fp8 e4m3fn (h100_wgmma_fp8)", h100.WGMMA_FP8, ml_dtypes.float8_e4m3fn),
 ]
 
 
@@ -70,10 +71,10 @@ def matmul_rows(size: int, seed: int) -> list[Row]:
 # ---- function model rows: ns/element against numpy on float32 --------------------------------
 # (row name, model, baseline name, baseline): both called on one float32 array of --n elements
 FUNCTION_MODELS: list[tuple[str, Callable[[np.ndarray], object], str, Callable[[np.ndarray], object]]] = [
-    ("H100 tl.math.exp2 model (ef.triton_exp2)", ef.triton_exp2, "numpy np.exp2 float32", np.exp2),
-    ("H100 tl.exp model (ef.triton_exp)", ef.triton_exp, "numpy np.exp float32", np.exp),
+    ("H100 tl.math.exp2 model (h100.triton_exp2)", h100.triton_exp2, "numpy np.exp2 float32", np.exp2),
+    ("H100 tl.exp model (h100.triton_exp)", h100.triton_exp, "numpy np.exp float32", np.exp),
     ("correctly rounded exp2 (ef.exp2)", ef.exp2, "numpy np.exp2 float32", np.exp2),
-    ("H100 fp32 division model (ef.triton_div)", lambda x: ef.triton_div(x, x + np.float32(1)),
+    ("H100 fp32 division model (h100.triton_div)", lambda x: h100.triton_div(x, x + np.float32(1)),
      "numpy float32 division", lambda x: x / (x + np.float32(1))),
 ]
 

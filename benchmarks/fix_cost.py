@@ -3,19 +3,19 @@
     PYTHONPATH=. python benchmarks/fix_cost.py [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
         [--inputs randn] [--rounds 30] [--mode graph] [--layer] [--json FILE]
 
-Why not bench_gpu's numbers: there each implementation gets its own ~100 ms of do_bench, and on the H100
-the standard softmax alone moved by up to 80 TFLOP/s between such rounds, so one pass can put a fix's
-cost anywhere between 4% and 11%.  Here a round runs standard, stabilised and robust back to back (the
-order rotated from round to round), each as one CUDA-graph replay of enough forward launches to last
-~3 ms (no host time inside), timed by its own CUDA events; neighbouring replays see the same clocks and
-power state.  A round's cost is 1 - t_standard / t_fix; the table gives the median over the rounds and the
-10th-90th percentile range, so a reader sees both the cost and how sure it is.  ``--mode flush`` keeps the
-pairing but times the way do_bench does: one eager launch per softmax and round, each after zeroing a
-256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.  ``--layer`` adds what
-the fix costs a training step: per (d, N), forward and backward of one causal pre-LN transformer block
-(``gpu.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by ``flash.attention``), paired
-rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the linear layers (forward and
-backward) plus 3.5x the attention forward.
+Why not bench_gpu's numbers: there each implementation gets its own do_bench rounds, and on the H100 the
+standard softmax alone moved between such rounds by more than a fix costs, so one pass could put a fix's
+cost almost anywhere (docs/tried.md, "How the GPU numbers are measured").  Here a round runs standard,
+stabilised and robust back to back (the order rotated from round to round), each as one CUDA-graph replay of
+enough forward launches to last ~3 ms (no host time inside), timed by its own CUDA events; neighbouring
+replays see the same clocks and power state.  A round's cost is 1 - t_standard / t_fix; the table gives the
+median over the rounds and the 10th-90th percentile range, so a reader sees both the cost and how sure it
+is.  ``--mode flush`` keeps the pairing but times the way do_bench does: one eager launch per softmax and
+round, each after zeroing a 256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
+``--layer`` adds what the fix costs a training step: per (d, N), forward and backward of one causal pre-LN
+transformer block (``gpu.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
+``flash.attention``), paired rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the
+linear layers (forward and backward) plus 3.5x the attention forward.
 
 B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
 where it runs: BLOCK_N equal to the head dim, d=64 and 128; rows it refuses are printed with the reason).

@@ -9,9 +9,9 @@ work).  Host time is measured with the GPU kept busy by ``torch.cuda._sleep`` so
 ``--calls`` calls (an eighth of that where a call launches a backward too, so the launch queue never
 fills) timed by ``time.perf_counter``, the best of 7 batches, garbage collection off inside a batch.
 Our rows are timed two ways, batch by batch interleaved: through :mod:`gpu.launch` (the compiled kernel
-launched directly, the default) and through Triton's own ``kernel[grid](...)`` (``gpu.launch.enabled =
-False``), the baseline it replaces.  GPU time is one call replayed in a CUDA graph (no host time inside),
-median of 20 replays; ``host/GPU`` above 1 means the row is host-bound when calls follow each other.
+launched directly, the default) and through Triton's own ``kernel[grid](...)`` (inside ``with
+gpu.launch.direct(False):``), the baseline it replaces.  GPU time is one call replayed in a CUDA graph (no
+host time inside), median of 20 replays; ``host/GPU`` above 1 means the row is host-bound when calls follow each other.
 Rows: ``gpu.flash.forward`` (the kernel ``auto`` picks; both kernels at d=128), ``gpu.flash.backward``
 (three kernels), autograd forward + backward through ``flash.attention``, and the same through
 ``torch.nn.functional.scaled_dot_product_attention`` per backend.  ``--profile`` prints cProfile's top
@@ -23,6 +23,7 @@ CUDA GPU; on the lent H100: ``PYTHONPATH=. python benchmarks/host_time.py --prof
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import gc
 import io
@@ -46,34 +47,27 @@ SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 clocks: longer than any
 
 
 def host_us(fns: dict, calls: int, batches: int = 7) -> dict:
-    """Microseconds of CPU time per call of each fns[name]() (a setup and a callable), with the GPU busy so
-    that no call waits for it: the best of ``batches`` batches, the entries interleaved batch by batch
-    (garbage collection off inside a batch)."""
+    """Microseconds of CPU time per call of each fns[name]() (a context, entered around a batch, and a
+    callable), with the GPU busy so that no call waits for it: the best of ``batches`` batches, the entries
+    interleaved batch by batch (garbage collection off inside a batch)."""
     best = {}
-    for name, (setup, fn) in fns.items():
-        setup()
-        fn()
+    for name, (context, fn) in fns.items():
+        with context():
+            fn()
         best[name] = float("inf")
     torch.cuda.synchronize()
     for _ in range(batches):
-        for name, (setup, fn) in fns.items():
-            setup()
-            torch.cuda._sleep(SLEEP_CYCLES)
-            gc.disable()
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            best[name] = min(best[name], (time.perf_counter() - t0) / calls)
-            gc.enable()
+        for name, (context, fn) in fns.items():
+            with context():
+                torch.cuda._sleep(SLEEP_CYCLES)
+                gc.disable()
+                t0 = time.perf_counter()
+                for _ in range(calls):
+                    fn()
+                best[name] = min(best[name], (time.perf_counter() - t0) / calls)
+                gc.enable()
             torch.cuda.synchronize()
     return {name: 1e6 * t for name, t in best.items()}
-
-
-def _launch_path(direct: bool):
-    """A setup that picks gpu.launch's direct launch (True) or Triton's own ``fn[grid](...)`` (False)."""
-    def setup() -> None:
-        launch.enabled = direct
-    return setup
 
 
 def gpu_us(fn, replays: int = 20) -> float:
@@ -166,10 +160,10 @@ def main(argv: list[str] | None = None) -> None:
                 # several launches a call: fewer calls a batch, so the launch queue (~1000) never fills
                 calls = a.calls if "bwd" not in name else max(1, a.calls // 8)
                 if name.startswith("flash"):
-                    t = host_us({"direct": (_launch_path(True), fn), "triton": (_launch_path(False), fn)}, calls)
-                    launch.enabled = True
+                    t = host_us({"direct": (partial(launch.direct, True), fn),
+                                 "triton": (partial(launch.direct, False), fn)}, calls)
                 else:
-                    t = {"direct": host_us({name: (lambda: None, fn)}, calls)[name], "triton": float("nan")}
+                    t = {"direct": host_us({name: (contextlib.nullcontext, fn)}, calls)[name], "triton": float("nan")}
                 row = {"d": d, "n": n, "call": name, "host_us": t["direct"], "host_us_triton_launch": t["triton"],
                        "gpu_us": dev}
                 res["rows"].append(row)

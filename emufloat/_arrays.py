@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from . import _core
-from .formats import FP64, Format, format_of_dtype
+from .formats import FP64, Format, as_format, format_of_dtype
 from .interop import to_numpy
 
 SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
@@ -65,8 +65,8 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 
 # Kernels read uint32 encodings (casts from float64: uint64) and write uint32 encodings (uint64 for FP64),
 # whatever the formats: one Numba specialisation per kernel (at most four per cast).  A specialisation per
-# combination of operand and output dtypes cost 30-80 s of cold compilation each (2 cores) and put CI past
-# 50 minutes; the widening and narrowing passes cost far less.
+# combination of operand and output dtypes would each cost a cold compilation (docs/emufloat.md,
+# Performance, has the numbers); the widening and narrowing passes cost far less.
 def new_output(fmt: Format, n: int) -> np.ndarray:
     """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats)."""
     return np.empty(n, dtype=np.uint32 if fmt.width <= 32 else np.uint64)
@@ -157,6 +157,29 @@ def broadcast_shape(arrays: dict[str, np.ndarray]) -> tuple[int, ...]:
     except ValueError:
         desc = ", ".join(f"{k} {a.shape}" for k, a in arrays.items())
         raise ValueError(f"operands do not broadcast together: {desc}") from None
+
+
+def result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
+    """The result format of an arithmetic call: ``fmt``, or the one format its array operands share
+    (Python scalars say nothing); at most 24 significand bits."""
+    if fmt is not None:
+        f = as_format(fmt)
+    else:
+        found = {format_of_dtype(a.dtype) for a in arrays.values() if a.ndim or a.dtype != np.float64}
+        found.discard(None)
+        if len(found) != 1:
+            names = ", ".join(f"{k}: {format_of_dtype(a.dtype).name}" for k, a in arrays.items())
+            raise ValueError(
+                f"fmt: cannot infer the result format from operands ({names}); "
+                "pass fmt=, e.g. fmt='bf16'"
+            )
+        f = found.pop()
+    if f.precision > 24:
+        raise ValueError(
+            f"fmt: arithmetic supports formats of at most 24 significand bits (FP32 and "
+            f"narrower); {f.name} has {f.precision}"
+        )
+    return f
 
 
 def check_no_nan_format(count: int, fmt: Format, argname: str) -> None:

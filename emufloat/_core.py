@@ -12,25 +12,14 @@ import numba as nb
 import numpy as np
 from numba.cpython.unsafe.numbers import leading_zeros
 
-from .rounding import RDOWN, RNA, RNE, RTO, RTZ, RUP, SR
+from .flags import FLAG_BITS
+from .rounding import RDOWN, RNA, RNE, RTO, RTZ, RUP
 
-# ---- trace flags (bit positions of the uint16 flags column) -----------------
-INEXACT = 1 << 0  # rounded != exact
-TIE = 1 << 1  # first discarded bit is 1 (an exact tie when STICKY is clear)
-STICKY = 1 << 2  # some discarded bit below the first is 1
-CARRY = 1 << 3  # exact result's binade is above every operand's (significand overflow, right shift)
-ROUND_CARRY = 1 << 4  # rounding up overflowed the significand into the next binade
-AWAY = 1 << 5  # |rounded| > |exact|
-UNDERFLOW = 1 << 6  # exact result below the normal range (tiny before rounding) and inexact
-OVERFLOW = 1 << 7  # rounded result beyond max finite (or an infinity saturated)
-SUBNORMAL = 1 << 8  # result is subnormal (or was flushed to zero from there)
-INVALID = 1 << 9  # a signalling NaN operand, or an invalid operation (inf-inf, 0*inf, sqrt(-x), ...)
-DIVZERO = 1 << 10  # finite / 0
-
-FLAG_NAMES = (
-    "inexact", "tie", "sticky", "carry", "round_carry", "away",
-    "underflow", "overflow", "subnormal", "invalid", "divzero",
-)
+# ---- trace flags (emufloat.flags holds the table) ------------------------------
+# Numba freezes module-level ints into the kernels: one constant per row of the table, in its order
+INEXACT, TIE, STICKY, CARRY, ROUND_CARRY, AWAY, UNDERFLOW, OVERFLOW, SUBNORMAL, INVALID, DIVZERO = FLAG_BITS.values()
+if any(globals()[name.upper()] != bit for name, bit in FLAG_BITS.items()):
+    raise AssertionError("emufloat._core: the flag constants are out of step with emufloat.flags.FLAGS")
 
 # ---- special encodings -------------------------------------------------------
 SPEC_IEEE, SPEC_FN, SPEC_FNUZ, SPEC_NONE = 0, 1, 2, 3
@@ -38,6 +27,7 @@ OVF_INF, OVF_SAT, OVF_NAN = 0, 1, 2
 CLS_ZERO, CLS_FINITE, CLS_INF, CLS_NAN = 0, 1, 2, 3
 NO_NAN = -1  # encoding sentinel: the format has no NaN (callers raise)
 NO_CARRY_REF = 1 << 20  # carry reference for ops without operands to compare with
+FP64_PARAMS = (11, 52, 1023, SPEC_IEEE, 1, OVF_INF)  # Format.params of FP64
 
 _M52 = (1 << 52) - 1
 
@@ -317,6 +307,28 @@ def two_sum(a: np.float64, b: np.float64) -> tuple:
     return s, (a - ap) + (b - bp)
 
 
+@nb.njit(inline="always", cache=True)
+def two_prod(a: np.float64, b: np.float64) -> tuple:
+    """p + e == a * b exactly, p = fl(a * b) (Dekker's splitting by 2**27 + 1; no FMA needed)."""
+    p = a * b
+    t = 134217729.0 * a
+    ah = t - (t - a)
+    al = a - ah
+    t = 134217729.0 * b
+    bh = t - (t - b)
+    bl = b - bh
+    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
+
+
+@nb.njit(cache=True)
+def zero_sum_sign(x, y, mode):
+    """Sign of an exactly-zero sum x + y (IEEE 754 6.3): -0 only for -0 + -0, or under round-down."""
+    sx = np.signbit(x)
+    if x == 0.0 and y == 0.0 and sx == np.signbit(y):
+        return np.int64(sx)
+    return np.int64(1) if mode == RDOWN else np.int64(0)
+
+
 GUARD = 9  # extra exact bits kept below a float64 significand
 
 
@@ -368,114 +380,3 @@ def load(bits, lut, idx) -> np.float64:
     if lut.size:
         return lut[bits[idx]]
     return f32_value(bits[idx])
-
-
-# ---- the fast path: normal (or zero) in, normal out, decided without branches --
-BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
-FP64_PARAMS = (11, 52, 1023, SPEC_IEEE, 1, OVF_INF)
-
-
-@nb.njit(cache=True)
-def fast_plan(src_params, params, mode, srbits) -> tuple:
-    """Loop-invariant constants of :func:`fast_round` for one (source, target, mode)."""
-    eb_s, mb_s, bias_s, _sp, _sb, _so = src_params
-    eb, mb, bias, spec, _subn, _ovf = params
-    sh = mb_s - mb
-    shp = max(sh, 0)
-    low_mask = (np.int64(1) << shp) - 1
-    inc_const = np.int64(0)
-    if mode == RNE:
-        inc_const = low_mask >> 1
-    elif mode == RNA:
-        inc_const = (low_mask + 1) >> 1
-    ok_base = np.int64(1)
-    if mode == SR and sh > 0 and sh < srbits:
-        ok_base = np.int64(0)  # fewer discarded bits than random bits: general path
-    return (
-        np.int64(eb_s + mb_s),  # 0: position of the source sign bit
-        np.int64(mb_s),  # 1
-        (np.int64(1) << eb_s) - 1,  # 2: source all-ones exponent field
-        np.int64(bias - bias_s) << mb_s,  # 3: rebias
-        shp,  # 4
-        np.int64(max(-sh, 0)),  # 5: left shift when widening
-        low_mask,  # 6
-        inc_const,  # 7
-        np.int64(mode == RNE and sh > 0),  # 8: add the kept lsb (ties to even)
-        low_mask * np.int64(mode == RUP),  # 9: added for positive values
-        low_mask * np.int64(mode == RDOWN),  # 10: added for negative values
-        np.int64(mode == SR and sh > 0),  # 11
-        np.int64(max(sh - srbits, 0)),  # 12: scale of the random integer
-        np.int64(mode == RTO),  # 13
-        np.int64(1) << mb,  # 14: smallest normal magnitude
-        enc_max(0, params),  # 15: largest finite magnitude
-        np.int64(eb + mb),  # 16: target sign bit position
-        np.int64(spec != SPEC_FNUZ),  # 17: zero keeps its sign
-        ok_base,  # 18
-        np.int64(_sp == SPEC_FNUZ),  # 19: the source's negative-zero pattern is NaN
-    )
-
-
-@nb.njit(inline="always", cache=True)
-def fast_round(bits, plan, rnd) -> tuple:
-    """(ok, encoding) for a source encoding whose rounding needs no special case.
-
-    Rounds on the combined exponent|fraction word, so a carry out of the
-    fraction moves into the exponent by itself; everything mode- or
-    format-dependent comes precomputed in ``plan`` (:func:`fast_plan`), so the
-    body has no branches and the loop around it vectorizes.  ``ok`` is 1 when
-    the source is a normal number or zero and the result is a normal number in
-    range; otherwise callers fall back to :func:`round_pack`, which gives the
-    same answer for every input (the exhaustive tests hold both to it).
-    """
-    top = plan[0]
-    sign = (bits >> top) & 1
-    mag = bits & ((np.int64(1) << top) - 1)
-    e_s = mag >> plan[1]
-    c = mag + plan[3]
-    shp = plan[4]
-    inc = (plan[7] + plan[8] * ((c >> shp) & 1) + plan[9] * (1 - sign) + plan[10] * sign
-           + plan[11] * (rnd << plan[12]))
-    r = ((c + inc) >> shp) << plan[5]
-    r |= plan[13] & np.int64((c & plan[6]) != 0)
-    ok = plan[18] & np.int64(e_s >= 1) & np.int64(e_s < plan[2])
-    ok &= np.int64(r >= plan[14]) & np.int64(r <= plan[15])
-    zero = np.int64(mag == 0) & (1 - (plan[19] & sign))
-    s_bits = sign << plan[16]
-    enc = s_bits * plan[17] if zero else r | s_bits
-    return ok | zero, enc
-
-
-@nb.njit(inline="always", cache=True)
-def fast_round_dd(s, t, plan, mb, mode, rnd) -> tuple:
-    """fast_round for the exact double-double s + t (|t| <= ulp(s)/2), from FP64.
-
-    The tail cannot move the result unless s sits on a rounding boundary (its
-    discarded bits are 0 or exactly half), or, for stochastic rounding, unless
-    it is non-zero at all; those elements are declined.
-    """
-    bits = f64_bits(s)
-    ok, enc = fast_round(bits, plan, rnd)
-    low = bits & plan[6]
-    calm = np.int64(mode != SR) & np.int64(low != 0) & np.int64(low != ((plan[6] + 1) >> 1))
-    return ok & (np.int64(t == 0.0) | calm), enc
-
-
-@nb.njit(cache=True)
-def decode_plan(params) -> tuple:
-    """Loop-invariant constants of :func:`fast_decode` for one source format."""
-    eb, mb, bias, _spec, _subn, _ovf = params
-    return (np.int64(eb + mb), np.int64(mb), np.int64(1023 - bias), np.int64(52 - mb), (np.int64(1) << eb) - 1,
-            np.int64(_spec == SPEC_FNUZ))
-
-
-@nb.njit(inline="always", cache=True)
-def fast_decode(bits, dplan) -> tuple:
-    """(ok, float64 value) of an encoding, branch-free; ok only for normal numbers and zeros."""
-    top = dplan[0]
-    sign = (bits >> top) & 1
-    mag = bits & ((np.int64(1) << top) - 1)
-    e = mag >> dplan[1]
-    f64 = (sign << 63) | ((mag + (dplan[2] << dplan[1])) << dplan[3])
-    value = bits_f64(f64 if mag != 0 else sign << 63)
-    ok = (np.int64(e >= 1) & np.int64(e < dplan[4])) | (np.int64(mag == 0) & (1 - (dplan[5] & sign)))
-    return ok, value

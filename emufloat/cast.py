@@ -5,10 +5,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from . import _arrays, _core
+from . import _arrays, _core, _fastpath
 from .formats import Format, as_format
 from .rounding import SR, Rounding, as_rounding, random_bits
-from .trace import Trace, _Chunk, check_trace
+from .trace import Chunk, Trace, check_trace
 
 
 @nb.njit(parallel=True, cache=True)
@@ -22,10 +22,10 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
     """
     n = src.size
     bad = 0
-    plan = _core.fast_plan(src_params, params, mode, srbits)
-    for blk in nb.prange((n + _core.BLOCK - 1) // _core.BLOCK):
-        lo = blk * _core.BLOCK
-        hi = min(lo + _core.BLOCK, n)
+    plan = _fastpath.fast_plan(src_params, params, mode, srbits)
+    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
+        lo = blk * _fastpath.BLOCK
+        hi = min(lo + _fastpath.BLOCK, n)
         declined = np.empty(hi - lo, np.uint8)
         n_declined = hi - lo
         if tracing:
@@ -34,13 +34,13 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
             n_declined = 0
             if mode == SR:
                 for i in range(lo, hi):
-                    ok, enc = _core.fast_round(np.int64(src[i]), plan, random_bits(seed, i, srbits))
+                    ok, enc = _fastpath.fast_round(np.int64(src[i]), plan, random_bits(seed, i, srbits))
                     out[i] = enc
                     declined[i - lo] = 1 - ok
                     n_declined += 1 - ok
             else:
                 for i in range(lo, hi):
-                    ok, enc = _core.fast_round(np.int64(src[i]), plan, 0)
+                    ok, enc = _fastpath.fast_round(np.int64(src[i]), plan, 0)
                     out[i] = enc
                     declined[i - lo] = 1 - ok
                     n_declined += 1 - ok
@@ -87,7 +87,7 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     _arrays.check_no_nan_format(bad, fmt, "x")
     result = _arrays.output_bits(out, fmt).reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
     if tracing:
-        trace._record(_Chunk(
+        trace.record(Chunk(
             op="cast", fmt=fmt, rounding=rnd, operands=(src.reshape(-1).copy(),),
             rounded=_arrays.finish_output(out.copy(), fmt, (n,)),
             exact_hi=ex_hi, exact_lo=np.zeros(n), flags=flags, shape=src.shape, label=label,

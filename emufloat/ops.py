@@ -16,11 +16,11 @@ import math
 import numba as nb
 import numpy as np
 
-from . import _arrays, _core
+from . import _arrays, _core, _fastpath
 from ._core import CLS_FINITE, CLS_NAN
-from .formats import Format, as_format, format_of_dtype
-from .rounding import RDOWN, SR, Rounding, as_rounding, random_bits
-from .trace import OP_CODE, Trace, _Chunk, check_trace
+from .formats import Format
+from .rounding import SR, Rounding, as_rounding, random_bits
+from .trace import OP_CODE, Chunk, Trace, check_trace
 
 ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
     OP_CODE[k] for k in ("add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max")
@@ -29,30 +29,6 @@ MINNUM, MAXNUM = 100 + MIN, 100 + MAX  # NaN-ignoring variants (IEEE minimumNumb
 
 _SQRT_EXACT_BITS = 44  # the integer square root below yields >= 45 bits; one guards the round bit
 _FP32_TRAIL = 29  # float64 significands of FP32 values end in 29 zero bits
-
-
-@nb.njit(cache=True)
-def _split(a):
-    c = 134217729.0 * a  # 2**27 + 1 (Dekker)
-    hi = c - (c - a)
-    return hi, a - hi
-
-
-@nb.njit(cache=True)
-def _two_prod(a, b):
-    p = a * b
-    ah, al = _split(a)
-    bh, bl = _split(b)
-    return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
-
-
-@nb.njit(cache=True)
-def _zero_sum_sign(x, y, mode):
-    """Sign of an exactly-zero sum x + y (IEEE 754 6.3)."""
-    sx = np.signbit(x)
-    if x == 0.0 and y == 0.0 and sx == np.signbit(y):
-        return np.int64(sx)
-    return np.int64(1) if mode == RDOWN else np.int64(0)
 
 
 @nb.njit(cache=True)
@@ -92,7 +68,9 @@ def _sqrt_parts(x):
 
 
 @nb.njit(cache=True)
-def _minmax(op, x, y):
+def minmax(op, x, y):
+    """IEEE 754-2019 minimum/maximum (op MIN, MAX) or minimumNumber/maximumNumber (MINNUM, MAXNUM) of two
+    float64 values, -0 < +0; NaN results are float64's quiet NaN.  Shared with :func:`emufloat.tree_max`."""
     xn = np.isnan(x)
     yn = np.isnan(y)
     if xn or yn:
@@ -130,14 +108,13 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
     n = out.size
     bad = 0
     fast_op = op == ADD or op == SUB or op == MUL or op == FMA
-    plan = _core.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
-    mb = params[1]
-    adp = _core.decode_plan(ap)
-    bdp = _core.decode_plan(bp)
-    cdp = _core.decode_plan(cp)
-    for blk in nb.prange((n + _core.BLOCK - 1) // _core.BLOCK):
-        lo = blk * _core.BLOCK
-        hi = min(lo + _core.BLOCK, n)
+    plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
+    adp = _fastpath.decode_plan(ap)
+    bdp = _fastpath.decode_plan(bp)
+    cdp = _fastpath.decode_plan(cp)
+    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
+        lo = blk * _fastpath.BLOCK
+        hi = min(lo + _fastpath.BLOCK, n)
         declined = np.empty(hi - lo, np.uint8)
         n_declined = hi - lo
         if tracing or not fast_op:
@@ -145,13 +122,13 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
         else:
             n_declined = 0
             for i in range(lo, hi):
-                oka, x = _core.fast_decode(np.int64(a[i]), adp)  # FP32 too: no branch on the format here
-                okb, y = _core.fast_decode(np.int64(b[i]), bdp)
-                okc, z = _core.fast_decode(np.int64(c[i]), cdp)
+                oka, x = _fastpath.fast_decode(np.int64(a[i]), adp)  # FP32 too: no branch on the format here
+                okb, y = _fastpath.fast_decode(np.int64(b[i]), bdp)
+                okc, z = _fastpath.fast_decode(np.int64(c[i]), cdp)
                 u, v = _exact_sum_operands(op, x, y, z)
                 s, t = _core.two_sum(u, v)
                 rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
-                ok, enc = _core.fast_round_dd(s, t, plan, mb, mode, rnd)
+                ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
                 # exact zero sums take their sign from the rounding mode: general path
                 ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
                 out[i] = enc
@@ -182,7 +159,7 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
                     if op == MUL:
                         s = u
                     else:
-                        s = -0.0 if _zero_sum_sign(u, v, mode) else 0.0
+                        s = -0.0 if _core.zero_sum_sign(u, v, mode) else 0.0
                 elif np.isfinite(s):
                     if op != MUL and tracing:
                         ref = max(_core.ilogb(u), _core.ilogb(v))
@@ -200,14 +177,14 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
                     fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
                 if np.isfinite(s) and s != 0.0:
                     sign, sig, exp, sticky = _div_parts(x, y)
-                    ph, pl = _two_prod(s, y)
+                    ph, pl = _core.two_prod(s, y)
                     t = ((x - ph) - pl) / y
                     finite = True
             elif op == SQRT:
                 if x > 0.0 and np.isfinite(x):
                     s = math.sqrt(x)
                     sig, exp, sticky = _sqrt_parts(x)
-                    ph, pl = _two_prod(s, s)
+                    ph, pl = _core.two_prod(s, s)
                     t = ((x - ph) - pl) / (2.0 * s)
                     finite = True
                 else:
@@ -217,7 +194,7 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
             elif op == ABS:
                 s = math.fabs(x)
             else:
-                s = _minmax(op, x, y)
+                s = minmax(op, x, y)
             cls = CLS_FINITE
             nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
             if not finite:
@@ -248,30 +225,9 @@ def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, 
     return bad
 
 
-def _result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
-    if fmt is not None:
-        f = as_format(fmt)
-    else:
-        found = {format_of_dtype(a.dtype) for a in arrays.values() if a.ndim or a.dtype != np.float64}
-        found.discard(None)
-        if len(found) != 1:
-            names = ", ".join(f"{k}: {format_of_dtype(a.dtype).name}" for k, a in arrays.items())
-            raise ValueError(
-                f"fmt: cannot infer the result format from operands ({names}); "
-                "pass fmt=, e.g. fmt='bf16'"
-            )
-        f = found.pop()
-    if f.precision > 24:
-        raise ValueError(
-            f"fmt: arithmetic supports formats of at most 24 significand bits (FP32 and "
-            f"narrower); {f.name} has {f.precision}"
-        )
-    return f
-
-
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None):
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
-    f = _result_format(fmt, arrays)
+    f = _arrays.result_format(fmt, arrays)
     rnd = as_rounding(rounding)
     check_trace(trace)
     if op_code == SQRT and rnd.mode == "stochastic" and f.precision + rnd.bits > _SQRT_EXACT_BITS:
@@ -296,7 +252,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape)
     if tracing:
-        trace._record(_Chunk(
+        trace.record(Chunk(
             op=op_name, fmt=f, rounding=rnd,
             operands=tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values()),
             rounded=result.reshape(-1).copy(), exact_hi=ex_hi, exact_lo=ex_lo, flags=flags,

@@ -17,19 +17,18 @@ import numpy as np
 
 from . import _arrays, _core
 from .formats import Format
-from .ops import _result_format
-from .rounding import SR, Rounding, as_rounding, random_bits
-from .trace import Trace, _Chunk, check_trace
+from .rounding import RDOWN, SR, Rounding, as_rounding, random_bits
+from .trace import Chunk, Trace, check_trace
 
-_LSB = -300  # exponent of the accumulator's least significant bit
-_NLIMB = 20  # 640 bits: 2**-300 .. 2**340, room for FP32 products times 2**31 terms
+LSB = -300  # exponent of the accumulator's least significant bit
+NLIMB = 20  # 640 bits: 2**-300 .. 2**340, room for FP32 products times 2**31 terms
 _MASK32 = (1 << 32) - 1
 
 
 @nb.njit(cache=True)
-def _acc_add(acc, sign, sig, exp):
-    """Add (-1)**sign * sig * 2**exp (sig < 2**53, exp >= _LSB) into the limbs."""
-    pos = exp - _LSB
+def acc_add(acc, sign, sig, exp):
+    """Add (-1)**sign * sig * 2**exp (sig < 2**53, exp >= LSB) into the limbs."""
+    pos = exp - LSB
     limb = pos >> 5
     off = pos & 31
     lo = (sig << off) & _MASK32
@@ -39,27 +38,27 @@ def _acc_add(acc, sign, sig, exp):
         lo, mid, hi = -lo, -mid, -hi
     acc[limb] += lo
     acc[limb + 1] += mid
-    if limb + 2 < _NLIMB:
+    if limb + 2 < NLIMB:
         acc[limb + 2] += hi
 
 
 @nb.njit(cache=True)
-def _acc_extract(acc) -> tuple:
+def acc_extract(acc) -> tuple:
     """Normalise the limbs; return (is_zero, sign, sig < 2**62, exp, sticky) of the total."""
     carry = np.int64(0)
-    for k in range(_NLIMB):
+    for k in range(NLIMB):
         v = acc[k] + carry
         acc[k] = v & _MASK32
         carry = v >> 32
     sign = np.int64(1) if carry < 0 else np.int64(0)
     if sign:  # two's complement negate across the limbs
         c = np.int64(1)
-        for k in range(_NLIMB):
+        for k in range(NLIMB):
             v = (acc[k] ^ _MASK32) + c
             acc[k] = v & _MASK32
             c = v >> 32
     top = -1
-    for k in range(_NLIMB - 1, -1, -1):
+    for k in range(NLIMB - 1, -1, -1):
         if acc[k] != 0:
             top = k
             break
@@ -80,7 +79,7 @@ def _acc_extract(acc) -> tuple:
             rem = 0
         else:
             sticky = sticky or acc[k] != 0
-    return False, sign, word, np.int64(32 * top + n - 62 + _LSB), sticky
+    return False, sign, word, np.int64(32 * top + n - 62 + LSB), sticky
 
 
 @nb.njit(cache=True)
@@ -95,7 +94,7 @@ def _to_f64(zero, sign, sig, exp, sticky):
 def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
     """Row r of the k-column term matrix ``x`` (encodings of format params ``xp``) summed exactly, rounded once."""
     for r in nb.prange(rows):
-        acc = np.zeros(_NLIMB, np.int64)
+        acc = np.zeros(NLIMB, np.int64)
         nan = False
         snan = False
         pinf = False
@@ -114,7 +113,7 @@ def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_
                 else:
                     pinf = True
             elif cls == _core.CLS_FINITE:
-                _acc_add(acc, sign, sig, exp)
+                acc_add(acc, sign, sig, exp)
                 ref = max(ref, exp + _core.bitlen(sig) - 1)
             if not (cls == _core.CLS_ZERO and sign == 1):
                 all_neg_zero = False
@@ -131,9 +130,9 @@ def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_
             enc, fl = _core.round_special(_core.CLS_INF, np.int64(ninf), params)
             hi = -np.inf if ninf else np.inf
         else:
-            zero, sign, sig, exp, sticky = _acc_extract(acc.copy())
+            zero, sign, sig, exp, sticky = acc_extract(acc.copy())
             if zero:
-                neg = (all_neg_zero and k > 0) or (mode == 4 and not all_neg_zero)  # RDOWN: -0
+                neg = (all_neg_zero and k > 0) or (mode == RDOWN and not all_neg_zero)  # round-down: -0
                 enc = _core.enc_zero(np.int64(neg), params)
                 hi = -0.0 if neg else 0.0
             else:
@@ -141,8 +140,8 @@ def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_
                 if tracing:
                     hi = _to_f64(zero, sign, sig, exp, sticky)
                     hs, hsig, hexp = _core.f64_parts(hi)[1:]
-                    _acc_add(acc, 1 - hs, hsig, hexp)  # acc := exact - hi
-                    z2, s2, sig2, e2, st2 = _acc_extract(acc)
+                    acc_add(acc, 1 - hs, hsig, hexp)  # acc := exact - hi
+                    z2, s2, sig2, e2, st2 = acc_extract(acc)
                     lo = _to_f64(z2, s2, sig2, e2, st2)
         if enc == _core.NO_NAN:
             enc = 0
@@ -177,7 +176,7 @@ def sum(  # noqa: A001 - numpy-style name on purpose
         raise ValueError("x: sum needs at least one axis, got a scalar")
     if not -arr.ndim <= axis < arr.ndim:
         raise ValueError(f"axis: {axis} is out of range for an array of {arr.ndim} dimensions")
-    f = _result_format(fmt, {"x": arr})
+    f = _arrays.result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
     check_trace(trace)
     moved = np.moveaxis(arr, axis, -1)
@@ -202,7 +201,7 @@ def sum(  # noqa: A001 - numpy-style name on purpose
             vals = moved.reshape(rows, k).astype(np.float64)
         biggest = vals[np.arange(rows), np.argmax(np.nan_to_num(np.abs(vals), nan=np.inf), axis=-1)] if k else \
             np.zeros(rows)
-        trace._record(_Chunk(
+        trace.record(Chunk(
             op="sum", fmt=f, rounding=rnd, operands=(biggest,), rounded=result.reshape(-1).copy(),
             exact_hi=ex_hi, exact_lo=ex_lo, flags=flags, shape=shape, label=label,
         ))

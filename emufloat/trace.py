@@ -16,40 +16,17 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-from . import _core
+from .flags import FLAG_BITS, FLAGS
 from .formats import Format
 from .rounding import Rounding
 
+#: Per-event rounding flags (the ``flags`` column is a uint16 of these): one member per row of
+#: :data:`emufloat.flags.FLAGS`, named as the row in capitals, with the row's bit.
+Flag = enum.IntFlag("Flag", {name.upper(): bit for name, bit in FLAG_BITS.items()}, module=__name__, qualname="Flag")
+Flag.__doc__ = "Per-event rounding flags (the ``flags`` column is a uint16 of these); FLAG_DOC says what each means."
 
-class Flag(enum.IntFlag):
-    """Per-event rounding flags (the ``flags`` column is a uint16 of these)."""
-
-    INEXACT = _core.INEXACT
-    TIE = _core.TIE
-    STICKY = _core.STICKY
-    CARRY = _core.CARRY
-    ROUND_CARRY = _core.ROUND_CARRY
-    AWAY = _core.AWAY
-    UNDERFLOW = _core.UNDERFLOW
-    OVERFLOW = _core.OVERFLOW
-    SUBNORMAL = _core.SUBNORMAL
-    INVALID = _core.INVALID
-    DIVZERO = _core.DIVZERO
-
-
-FLAG_DOC = {
-    "inexact": "rounded != exact",
-    "tie": "first discarded bit was 1 (an exact tie when sticky is clear)",
-    "sticky": "a discarded bit below the first was 1",
-    "carry": "exact result's binade above every operand's (significand overflow, right shift)",
-    "round_carry": "rounding up carried into the next binade",
-    "away": "|rounded| > |exact|",
-    "underflow": "tiny before rounding and inexact",
-    "overflow": "beyond max finite (became inf, NaN or max)",
-    "subnormal": "subnormal result (or flushed to zero from there)",
-    "invalid": "a signalling NaN operand, or an invalid operation (inf - inf, 0 * inf, 0 / 0, sqrt(-x), ...)",
-    "divzero": "finite / 0",
-}
+#: flag name -> what it means
+FLAG_DOC: dict[str, str] = dict(FLAGS)
 
 OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum", "align", "dot_step",
        "exp2")
@@ -57,7 +34,9 @@ OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 
 @dataclass
-class _Chunk:
+class Chunk:
+    """One recorded call: its events as columns, what a kernel hands :meth:`Trace.record`."""
+
     op: str
     fmt: Format
     rounding: Rounding
@@ -85,13 +64,19 @@ class Trace:
 
     def __init__(self, label: str = "") -> None:
         self.label = label
-        self._chunks: list[_Chunk] = []
+        self._chunks: list[Chunk] = []
         self._cache: dict[str, np.ndarray] | None = None
 
     # ---- recording ------------------------------------------------------------
-    def _record(self, chunk: _Chunk) -> None:
+    def record(self, chunk: Chunk) -> None:
+        """Append one call's events (every emufloat function given ``trace=`` calls this, hardware models too)."""
         self._chunks.append(chunk)
         self._cache = None
+
+    @property
+    def chunks(self) -> tuple[Chunk, ...]:
+        """The recorded calls, one :class:`Chunk` each, in order."""
+        return tuple(self._chunks)
 
     @property
     def calls(self) -> list[tuple[str, str, str, tuple[int, ...], str]]:

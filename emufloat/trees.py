@@ -8,37 +8,20 @@ root.  :func:`tree_sum` evaluates every row of an array along a tree with each a
 
 Trees come from a nested list (:meth:`ReductionTree.from_nested`: a leaf is an int, a node a list of its
 children, folded left to right), from the textbook orders :meth:`~ReductionTree.sequential` and
-:meth:`~ReductionTree.pairwise`, or from the H100 recordings (:func:`h100_tl_sum`): the order in which
-Triton 3.6's ``tl.sum(x, 1)`` reduces an fp32 ``[BLOCK_M, BLOCK_N]`` tile row, inferred on the GPU by
-FPRev probing (gpu/probes/reduction.py) and shipped as package data (emufloat/data/h100_reduction_trees.json).
-Each thread first folds the elements it holds left to right, then the per-thread partial sums meet in a
-butterfly of warp shuffles (and, across warps, through shared memory): see the JSON file for every tree.
+:meth:`~ReductionTree.pairwise`, from a thread layout (:meth:`~ReductionTree.thread_butterfly`), or from a
+GPU recording: :func:`emufloat.hw.h100.tl_sum` is the order of Triton's ``tl.sum`` on the H100, with
+what the H100 does with signed zeros and NaN there.
 
-Signed zeros and NaN, as recorded on the H100 (``add.f32`` = FADD, ``max.f32`` = FMNMX):
-
-* ``tl.sum`` is plain IEEE round-to-nearest addition along the tree: ``-0 + -0 = -0``, ``-0 + +0 = +0``,
-  ``inf - inf = NaN``, NaN propagates.  A row of ``-0.0`` sums to ``-0.0`` in the ``load`` layout.  In the
-  ``dot`` layout (the tile is ``tl.dot(q, k, acc)``) the same row sums to ``+0.0``, and ``tl.max`` of it is
-  ``+0.0`` too: ``tl.max`` only selects, so the tile itself already held ``+0.0`` (an inference: the probe
-  did not store the ``tl.dot`` result for these rows).  The ``+0`` thus comes from the tensor core, which
-  adds the (zero) products to the accumulator: ``-0 + (+0) = +0``.  Model that step with
-  :func:`emufloat.matmul` (``H100_WGMMA_*``, ``c=acc``), which gives ``+0`` there, and sum its result with
-  :func:`tree_sum`; the reduction itself has no special zero rule.
-* ``tl.max`` (default ``propagate_nan``) is maximumNumber: a NaN operand is ignored (a row of ones with one
-  NaN gives 1.0) and ``-0 < +0`` (a row of zeros of mixed signs gives ``+0.0`` wherever the ``+0`` is).
-* NaN payloads are not modelled: emufloat returns its canonical quiet NaN (``0x7fc00000`` in FP32) where
-  the H100's FADD writes ``0x7fffffff``.
+Additions follow IEEE 754 (an exact zero sum is ``-0`` only for ``-0 + -0``, or under round-down); NaN
+payloads are not modelled: a NaN result is emufloat's canonical quiet NaN (``0x7fc00000`` in FP32).
 """
 
 from __future__ import annotations
 
 import collections
 import functools
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
-from importlib import resources
 
 import numba as nb
 import numpy as np
@@ -46,13 +29,11 @@ import numpy as np
 from . import _arrays, _core
 from .cast import quantize
 from .formats import FP32, Format
-from .ops import MAX, MAXNUM, _minmax, _result_format, _zero_sum_sign
+from .ops import MAX, MAXNUM, minmax
 from .rounding import SR, Rounding, as_rounding, random_bits
-from .trace import Trace, _Chunk, check_trace
+from .trace import Chunk, Trace, check_trace
 
-__all__ = ["ReductionTree", "h100_tl_sum", "tree_max", "tree_sum"]
-
-_DATA_FILE = "h100_reduction_trees.json"
+__all__ = ["ReductionTree", "tree_max", "tree_sum"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +43,7 @@ class ReductionTree:
     ``steps[k] = (a, b)``: step ``k`` adds slot ``a`` and slot ``b`` (slots ``0..n-1`` are the leaves, slot
     ``n + j`` the result of step ``j < k``) into slot ``n + k``; ``a`` is the left operand.  Every slot is
     used exactly once and the last step is the root, so there are ``n_leaves - 1`` steps.  Build one with
-    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise` or :func:`h100_tl_sum`.
+    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise` or :func:`emufloat.hw.h100.tl_sum`.
     """
 
     n_leaves: int
@@ -217,58 +198,13 @@ def _check_n(n) -> None:
         raise ValueError(f"n: expected a positive number of leaves, got {n!r}")
 
 
-# ---- H100 recordings ------------------------------------------------------------------------------
-@functools.cache
-def _h100_data() -> dict:
-    text = resources.files("emufloat.data").joinpath(_DATA_FILE).read_text(encoding="utf-8")
-    return json.loads(text)
-
-
-def _tree_digest(tree) -> str:
-    return hashlib.sha256(json.dumps(tree, separators=(",", ":")).encode()).hexdigest()
-
-
-@functools.cache
-def _h100_tree(key: str) -> ReductionTree:
-    cfg = _h100_data()["configs"][key]
-    if _tree_digest(cfg["tree"]) != cfg["tree_sha256"]:
-        raise ValueError(f"{_DATA_FILE}: the tree of {key} does not match its SHA-256; the data file is damaged")
-    return ReductionTree.from_nested(cfg["tree"], name=f"h100_tl_sum {key}")
-
-
-def h100_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:
-    """The order of Triton's ``tl.sum(x, 1)`` over an fp32 ``[block_m, block_n]`` tile on the H100.
-
-    ``layout="dot"``: ``x`` is a ``tl.dot`` result (the wgmma accumulator layout, e.g. attention scores);
-    ``"load"``: ``x`` came from ``tl.load`` (Triton's blocked layout).  The tree is the same for every row
-    of the tile.  Recorded with Triton 3.6.0 on an H100 80GB HBM3 (provenance in the package data file);
-    other Triton versions may order differently.  Leaves are column positions 0..block_n-1.
-    """
-    configs = _h100_data()["configs"]
-    accepted = {
-        "block_m": sorted({c["block_m"] for c in configs.values()}),
-        "block_n": sorted({c["block_n"] for c in configs.values()}),
-        "num_warps": sorted({c["num_warps"] for c in configs.values()}),
-    }
-    for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) not in accepted[arg]:
-            raise ValueError(f"{arg}: no H100 tl.sum recording for {arg}={val!r}; accepted: {accepted[arg]}")
-    layouts = sorted({c["layout"] for c in configs.values()})
-    if layout not in layouts:
-        raise ValueError(f"layout: expected one of {layouts}, got {layout!r}")
-    key = f"BM{int(block_m)}_BN{int(block_n)}_w{int(num_warps)}_{layout}"
-    if key not in configs:
-        raise ValueError(f"no H100 tl.sum recording for {key}; recorded: {sorted(configs)}")
-    return _h100_tree(key)
-
-
 # ---- kernels --------------------------------------------------------------------------------------
 @nb.njit(cache=True)
 def _add_round(a, b, params, mode, rnd, srbits):
     """(encoding, value, exact_hi, exact_lo, flags) of a + b rounded once into the format.
 
     Exact zeros take their sign from IEEE 754 6.3 (``-0`` only for ``-0 + -0``, or under round-down);
-    otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (accum's
+    otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (The dot kernels'
     ``_round_into`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
     The flags are those :func:`emufloat.add` traces for the same operands.
     """
@@ -280,7 +216,7 @@ def _add_round(a, b, params, mode, rnd, srbits):
         if not (np.isnan(a) or np.isnan(b)):
             fl = np.int64(_core.INVALID)
     elif s == 0.0:  # a + b == 0 exactly (fp32 operands), so t == 0
-        sign = _zero_sum_sign(a, b, mode)
+        sign = _core.zero_sum_sign(a, b, mode)
         enc = _core.enc_zero(sign, params)
         s = -0.0 if sign else 0.0
     elif np.isinf(s):
@@ -357,7 +293,7 @@ def _tree_max_kernel(x, lut, rows, n, prog, out, op):
         for j in range(n):
             buf[j] = _core.load(x, lut, r * n + j)
         for k in range(nsteps):
-            buf[n + k] = _minmax(op, buf[prog[k, 0]], buf[prog[k, 1]])
+            buf[n + k] = minmax(op, buf[prog[k, 0]], buf[prog[k, 1]])
         v = buf[n + nsteps - 1]
         out[r] = np.nan if np.isnan(v) else v  # canonical NaN
 
@@ -386,7 +322,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     ``+0`` unless both addends are ``-0`` (``-0`` for any exact zero under round-down), overflow as the
     rounding mode says.  A one-leaf tree rounds its leaf into ``fmt``.  Stochastic rounding draws step
     ``k`` of row ``r`` from counter ``r * (n_leaves - 1) + k``.  Returns ``fmt``'s carrier array of shape
-    ``x.shape[:-1]``.  ``tree_sum(x, h100_tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100, bit for bit.
+    ``x.shape[:-1]``.  ``tree_sum(x, h100.tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100, bit for bit.
 
     ``trace``: one ``add`` event per addition, shape ``x.shape[:-1] + (n_leaves - 1,)`` in tree order, with
     the same exact result and flags :func:`emufloat.add` gives those two addends (a one-leaf tree records
@@ -394,7 +330,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     """
     check_trace(trace)
     arr, shape, rows, flat, lut, xp = _rows_of(x, tree)
-    f = _result_format(fmt, {"x": arr})
+    f = _arrays.result_format(fmt, {"x": arr})
     rnd = as_rounding(rounding)
     out = _arrays.new_output(f, rows)
     bad = np.zeros(rows, np.uint8)
@@ -411,7 +347,7 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
     result = _arrays.finish_output(out, f, shape)
     if trace is not None:
-        trace._record(_Chunk(
+        trace.record(Chunk(
             op="add", fmt=f, rounding=rnd, operands=(ops[0], ops[1]),
             rounded=ops[2].astype(f.carrier),
             exact_hi=ex_hi, exact_lo=ex_lo, flags=flags, shape=(*shape, nsteps), label=label))

@@ -14,6 +14,7 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import FP32, Format, Rounding, Trace
+from emufloat.hw import h100
 
 from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
 
@@ -122,13 +123,13 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
         r = ef.exp2(x, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
         return _store(r, spec, trace, label)
     if name == "h100_ex2":
-        r = ef.ex2_approx(x, ftz=True, trace=trace, label=label)
+        r = h100.ex2_approx(x, ftz=True, trace=trace, label=label)
     elif name == "log2_fma":
-        r = ef.log2_fma(x, trace=trace, label=label)
+        r = h100.log2_fma(x, trace=trace, label=label)
     elif name == "h100_ex2_noftz":
-        r = ef.ex2_approx(x, ftz=False, trace=trace, label=label)
+        r = h100.ex2_approx(x, ftz=False, trace=trace, label=label)
     else:  # triton_exp
-        r = ef.triton_exp(x, trace=trace, label=label)
+        r = h100.triton_exp(x, trace=trace, label=label)
     return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 
@@ -172,7 +173,7 @@ def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace |
     if spec.order == "exact":
         return ef.sum(p, first, rnd, trace=trace, label=label)
     if spec.order == "h100_tl_sum":
-        tree = ef.h100_tl_sum(tile[0], tile[1], spec.num_warps)
+        tree = h100.tl_sum(tile[0], tile[1], spec.num_warps)
         if p.shape[-1] > tree.n_leaves:
             raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
         padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
@@ -241,11 +242,11 @@ def normalize(acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = 
     if spec.method == "divide":
         if spec.division == "ieee":
             return binary("div", acc, lb, spec, trace, label)
-        r = ef.div_full(acc, lb, trace=trace, label=label)
+        r = h100.div_full(acc, lb, trace=trace, label=label)
         return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
     if spec.division == "ieee":
         inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, compute_only(spec), trace,
                      label)
     else:
-        inv = ef.rcp_approx(lb)
+        inv = h100.rcp_approx(lb)
     return binary("mul", acc, inv, spec, trace, label)

@@ -11,7 +11,8 @@ import math
 from dataclasses import dataclass, field
 
 import emufloat as ef
-from emufloat import BF16, E4M3FN, FP16, FP32, FP64, H100_WGMMA_BF16, H100_WGMMA_FP8, H100_WGMMA_FP16, Sequential
+from emufloat import BF16, E4M3FN, FP16, FP32, FP64, Sequential
+from emufloat.hw import h100
 
 from .specs import (
     EXP_FUNCTIONS,
@@ -299,9 +300,9 @@ FA2 = Policy(
     name="fa2",
     note="FlashAttention-2 style on an H100: raw-max FFMA exp2 (ex2.approx.ftz, fast math), thread-local "
          "row sums, reverse K/V order, 1/l then multiply; mma.sync assumed to round like wgmma",
-    scores=Dot(BF16, H100_WGMMA_BF16), scale=Scale("exp", FP32), mask=Mask(), max=Op(FP32),
+    scores=Dot(BF16, h100.WGMMA_BF16), scale=Scale("exp", FP32), mask=Mask(), max=Op(FP32),
     subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32), row_sum=RowSum("fa2_threads", FP32),
-    p_cast=Op(BF16), pv=Dot(BF16, H100_WGMMA_BF16, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
+    p_cast=Op(BF16), pv=Dot(BF16, h100.WGMMA_BF16, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
     normalize=Norm("reciprocal", "rcp_approx", FP32), output=Op(BF16), lse=Func("log", FP32),
     tiling=Tiling(128, 128, "reverse"),
     # backward (flash_bwd_kernel.h): dot_do_o preprocessing in fp32; P = exp2f(S*scale_log2 - lse*log2e)
@@ -309,10 +310,10 @@ FA2 = Policy(
     # first; dQ block products atomically added into an fp32 dQaccum); dS = P*(dP - delta) in fp32, cast
     # to bf16 for the mma; dQ, dK times softmax_scale at the end; 128 x 128 tiles (head dim 64)
     delta=Delta("fa2_dot_do_o", FP32, fused=True), recompute=Recompute("h100_ex2", FP32, fused=True),
-    dv=Grad(Dot(BF16, H100_WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, H100_WGMMA_BF16),
+    dv=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, h100.WGMMA_BF16),
     ds=SoftmaxGrad(FP32, scale_at="end"),
-    dk=Grad(Dot(BF16, H100_WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
-    dq=Grad(Dot(BF16, H100_WGMMA_BF16), Op(FP32), Op(BF16)),
+    dk=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
+    dq=Grad(Dot(BF16, h100.WGMMA_BF16), Op(FP32), Op(BF16)),
     bwd_tiling=BwdTiling(128, 128, q_order="reverse"),
 )
 
@@ -341,7 +342,7 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
     qk*c + bias by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
     tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
-    base 2 by emufloat.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
+    base 2 by emufloat.hw.h100.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
     P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
     the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
     (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
@@ -349,7 +350,7 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     steps stay BF16, as the kernels have no FP8 backward).
     """
     fmt, out = kernel_format(dtype), kernel_output_format(dtype)
-    models = {BF16: H100_WGMMA_BF16, FP16: H100_WGMMA_FP16, E4M3FN: H100_WGMMA_FP8}
+    models = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16, E4M3FN: h100.WGMMA_FP8}
     model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
     gmodel = models[gfmt]
     # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a

@@ -32,14 +32,14 @@ EXP_FUNCTIONS = {  # name -> (base, what it models)
 LOG_FUNCTIONS = {
     "log": ("e", "ln x, float64 libm then one rounding"),
     "log2": ("2", "log2 x, float64 libm then one rounding"),
-    "log2_fma": ("2", "the project's Triton kernels: exponent bits + FP32 FMA polynomial (emufloat.log2_fma)"),
+    "log2_fma": ("2", "the project's Triton kernels: exponent bits + FP32 FMA polynomial (emufloat.hw.h100.log2_fma)"),
 }
 ROW_SUM_ORDERS = {
     NUMPY: "numpy float64 sum (FP64 only)",
     "exact": "exact sum rounded once (emufloat.sum)",
     "sequential": "left to right, each add rounded",
     "pairwise": "balanced tree, each add rounded",
-    "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.h100_tl_sum)",
+    "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.hw.h100.tl_sum)",
     "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
 }
 SCALE_PLACES = {

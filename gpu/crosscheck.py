@@ -39,8 +39,9 @@ RECORDED_FILES = ("recorded.json", "recorded.npz", "fp8.npz")  # the case grid, 
 
 def case_run(case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None,
              bwd: Config | None = None) -> KernelRun:
-    """A recorded case as a KernelRun: inputs from the seed, ``recorded`` = {'o', 'lse'[, 'dq', 'dk', 'dv',
-    'delta'][, 'dbg_m', 'dbg_l', 'dbg_p', 'dbg_acc']} as bits, outputs of shape (1, 1, N, ...) as recorded."""
+    """A recorded case as a KernelRun: inputs from the seed; ``recorded`` holds 'o' and 'lse', for a backward
+    case also 'dq', 'dk', 'dv' and 'delta', and optionally the per-block 'dbg_m', 'dbg_l', 'dbg_p', 'dbg_acc',
+    all as bits, outputs of shape (1, 1, N, ...) as recorded."""
     x = inputs(case)
     backward = "dq" in recorded
     return KernelRun(

@@ -13,23 +13,23 @@ LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 fo
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
 import numbers
 
+import numpy as np
 import torch
 
-from emufloat import FP32
-from flashsim import arith
 from flashsim.attention import LOG2E
 from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
-from flashsim.specs import Op
 
 from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, kernel_variant, overlap_from_keys
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
-from .kernels.fwd import attn_fwd, transpose_keys
+from .kernels.fwd import DebugOutputs, attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
+from .kernels.steps import SoftmaxConstants
 from .launch import Launcher
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
@@ -47,53 +47,65 @@ _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(Launcher, (attn_fwd, attn_bwd_delta, 
                                                    transpose_keys))
 
 
-#: the kernels' float32 scalars, in their parameter order (the keys of :func:`softmax_constants`)
-CONSTANTS = ("qk_scale", "eps_raw", "eps_t", "beta", "band_raw", "band_t", "max_shift_raw", "max_shift_t")
-
-
 @functools.lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
-    """x rounded to float32 as flashsim rounds constants (cached: ~25 us a call, paid on every launch)."""
-    return float(arith.constant(x, Op(FP32)))
+    """x rounded to float32 (RNE, past the largest float32 to inf), as flashsim rounds a kernel's constants
+    (tests/test_gpu_kernels.py compares the two); cached, as every call needs a few."""
+    with np.errstate(over="ignore"):
+        return float(np.float32(x))
 
 
 #: (batch, head) pairs per launch.  Every kernel puts them on the grid's y axis, which CUDA caps at 65535;
 #: larger batches run as several launches over consecutive heads (:func:`_by_heads`).  A multiple of 16, so
 #: every slice starts 16-byte aligned and runs the kernel the whole batch would.
 HEADS_PER_LAUNCH = 65520
-#: dtypes whose V the tl forward kernel reads transposed, (B, H, d, N) (:func:`_keys_contiguous`): e4m3, whose
-#: tensor cores want P V's keys contiguous.  Same bits either way; a variable so that checks can set it.
-V_TRANSPOSED: tuple[torch.dtype, ...] = (FP8,)
+_HEADS = contextvars.ContextVar("heads_per_launch", default=HEADS_PER_LAUNCH)
+#: dtypes whose V the forward kernels read transposed, (B, H, d, N) (:func:`_keys_contiguous`), unless
+#: ``forward(..., v_transposed=...)`` says otherwise: e4m3, whose tensor cores want P V's keys contiguous.
+V_TRANSPOSED = (FP8,)
 TRANSPOSE_BLOCK = 64  # keys per program of the transpose
 
 
+@contextlib.contextmanager
+def heads_per_launch(n: int):
+    """Inside the block, launch every kernel on at most ``n`` (batch, head) pairs at a time instead of
+    :data:`HEADS_PER_LAUNCH` (a check of the split on small batches; each head gets the bits it gets alone)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= HEADS_PER_LAUNCH:
+        raise ValueError(f"heads_per_launch: expected an integer from 1 to {HEADS_PER_LAUNCH}, got {n!r}")
+    token = _HEADS.set(n)
+    try:
+        yield
+    finally:
+        _HEADS.reset(token)
+
+
 def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
-    """(heads, tensors) per launch: ``[(bh, tensors)]`` up to :data:`HEADS_PER_LAUNCH` heads, else the
-    contiguous tensors viewed as (bh, -1) and sliced into runs of consecutive heads (the kernels find a
-    head from its pointer and its index on the grid, so a slice is simply a smaller batch)."""
-    if bh <= HEADS_PER_LAUNCH:
+    """(heads, tensors) per launch: ``[(bh, tensors)]`` up to :data:`HEADS_PER_LAUNCH` heads (or
+    :func:`heads_per_launch`'s limit), else the contiguous tensors viewed as (bh, -1) and sliced into runs of
+    consecutive heads (the kernels find a head from its pointer and its index on the grid, so a slice is
+    simply a smaller batch)."""
+    per = _HEADS.get()
+    if bh <= per:
         return [(bh, tensors)]
     flat = [x.view(bh, x.numel() // bh) for x in tensors]  # not -1: an empty tensor has no inferable size
-    return [(min(HEADS_PER_LAUNCH, bh - s), tuple(x[s:s + HEADS_PER_LAUNCH] for x in flat))
-            for s in range(0, bh, HEADS_PER_LAUNCH)]
+    return [(min(per, bh - s), tuple(x[s:s + per] for x in flat)) for s in range(0, bh, per)]
 
 
 def _cdiv(a: int, b: int) -> int:
-    """Ceiling division (``triton.cdiv`` is a constexpr function in Triton 3.6: ~1.5 us a host call)."""
+    """Ceiling division (``triton.cdiv`` is a constexpr function in Triton 3.6, slow to call on the host)."""
     return -(-a // b)
 
 
-def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> dict[str, float]:
-    """The kernel's float32 scalars for ``variant`` (as flashsim's ``triton_h100`` policy rounds them)."""
+def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
+    """The forward kernels' float32 scalars for ``variant`` (as flashsim's ``triton_h100`` policy rounds them)."""
     if not isinstance(variant, (StandardSoftmax, StabilisedSoftmax, RobustSoftmax)):
         raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
-    return dict(_softmax_constants(variant, float(sm_scale)))
+    return _softmax_constants(variant, float(sm_scale))
 
 
 @functools.lru_cache(maxsize=256)
-def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> tuple[tuple[str, float], ...]:
-    """softmax_constants, cached per (variant, scale): rounding them through flashsim cost 50-150 us, host
-    time that showed in every call at N=1024 (the kernels there take ~0.1 ms)."""
+def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
+    """softmax_constants, cached per (variant, scale): every forward call needs them."""
     raw, scaled = 1.0 / sm_scale, LOG2E  # units of raw and of scaled scores per natural-log unit
     out = dict(qk_scale=_f32(sm_scale * LOG2E), eps_raw=0.0, eps_t=0.0, beta=2.0, band_raw=0.0, band_t=0.0,
                max_shift_raw=0.0, max_shift_t=0.0)
@@ -107,7 +119,7 @@ def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> tuple[tuple[
             raise ValueError(f"softmax: the robust variant's p_precision must be P's format {accepted}")
         out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
                    max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
-    return tuple(out.items())
+    return SoftmaxConstants(**out)
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False,
@@ -188,29 +200,32 @@ def _on(x: torch.Tensor) -> contextlib.AbstractContextManager:
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
             sm_scale: float | None = None, softmax: str | SoftmaxVariant = "standard",
-            config: Config | None = None, debug: bool = False,
-            kernel: str = "auto") -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+            config: Config | None = None, debug: bool = False, kernel: str = "auto",
+            v_transposed: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
     bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md).
-    ``kernel``: one of :data:`KERNELS`.  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's convention (flashsim
-    refuses empty inputs)."""
+    ``kernel``: one of :data:`KERNELS`.  ``v_transposed``: whether the kernels read V from a transposed copy,
+    (B, H, d, N), rather than as given; None: for the dtypes in :data:`V_TRANSPOSED` (FP8).  The bits are the
+    same either way.  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's convention (flashsim refuses empty
+    inputs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     _check(q, k, v, fp8=True)
     scale = _scale(sm_scale, q.shape[-1])
     causal, debug = _flag(causal, "causal"), _flag(debug, "debug")
+    v_t = q.dtype in V_TRANSPOSED if v_transposed is None else _flag(v_transposed, "v_transposed")
     if not isinstance(softmax, (str, SoftmaxVariant)):
         raise TypeError(f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
                         f"got {type(softmax).__name__}")
     with _on(q):
-        return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel)
+        return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel, v_t)
 
 
 def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool,
-             kernel: str) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+             kernel: str, v_t: bool) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """:func:`forward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
@@ -230,7 +245,7 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    overlap_ok = (not debug and (q.dtype != FP8 or FP8 in V_TRANSPOSED) and cfg.block_n == d
+    overlap_ok = (not debug and (q.dtype != FP8 or v_t) and cfg.block_n == d
                   and cfg.block_m in (64, 128) and _hopper(q) and all(x.data_ptr() % 16 == 0 for x in (q, k, v))
                   and q.numel() > 0 and k.numel() > 0)
     if kernel == "overlap" and not overlap_ok:
@@ -242,19 +257,18 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         lse.fill_(float("-inf"))
         return o, lse, dbg
     auto = kernel == "auto" and n_k >= overlap_from_keys(dtype, d, causal)
-    v_t = q.dtype in V_TRANSPOSED
     if v_t:  # both kernels read this copy: (B, H, d, N') with N' a multiple of 16
         v = _keys_contiguous(v)
     if overlap_ok and (kernel == "overlap" or auto):
         _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name], v_t)
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
-    scalars = (*map(consts.get, CONSTANTS), n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
+    sizes = (n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
                       SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages, V_T=v_t)
-    for heads, tensors in _by_heads(b * h, q, k, v, o, lse, *ptrs):
-        _FWD((_cdiv(n_q, cfg.block_m), heads), (*tensors, *scalars), constexprs,
-             dict(num_warps=cfg.num_warps, num_stages=stages))
+    for heads, (q_, k_, v_, o_, lse_, *dbg_) in _by_heads(b * h, q, k, v, o, lse, *ptrs):
+        _FWD((_cdiv(n_q, cfg.block_m), heads), (q_, k_, v_, o_, lse_, DebugOutputs(*dbg_), consts, *sizes),
+             constexprs, dict(num_warps=cfg.num_warps, num_stages=stages))
     return o, lse, dbg
 
 
@@ -288,7 +302,7 @@ def _hopper_device(index: int) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _tma_layout(block: tuple[int, ...], dtype: torch.dtype):
-    """The shared-memory layout of a TMA block (Gluon's default for it; cached: ~5 us a call)."""
+    """The shared-memory layout of a TMA block (Gluon's default for it; cached, as every launch needs one)."""
     from triton.experimental.gluon import language as gl
     gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, FP8: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
@@ -310,14 +324,15 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
     twice in an SM's shared memory is launched with 128 registers a thread, which the kernel shares out as
     232 for the compute warps and 24 for the load warps, so that two programs run an SM and take turns on
     the tensor cores, as the tl kernel's 64-row programs do (uncapped, every warp gets 255 and one program
-    runs an SM: FP8 at d=128 ran at 0.64-0.81x of the tl kernel, 0.92-1.03x with the cap; docs/performance.md,
-    "FP8 E4M3 forward").  Where two do not fit (bf16 at d=128: 208 KiB), the cap would only make ptxas spill."""
+    runs an SM, which made FP8 at d=128 far slower than the tl kernel: docs/tried.md, "FP8 E4M3 forward").
+    Where two do not fit (bf16 at d=128: 208 KiB), the cap would only make ptxas spill."""
     ring = (cfg.block_m + 2 * cfg.num_stages * cfg.block_n) * head_dim * itemsize
     two = cfg.block_m == 64 and 2 * (ring + 1024 + 1024) <= SM_SHARED_BYTES  # + barriers, + reserved
     return dict(num_warps=4, maxnreg=128) if two else dict(num_warps=4)
 
 
-def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, softmax: int, v_t: bool) -> None:
+def _forward_overlap(q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int,
+                     v_t: bool) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N); with ``v_t`` V is :func:`_keys_contiguous`'s
     (B, H, d, N') copy, read over (B*H, d, N) with its row stride N'."""
@@ -332,7 +347,7 @@ def _forward_overlap(q, k, v, o, lse, consts: dict, cfg: Config, causal: bool, s
         return TensorDescriptor(x, shape or list(x.shape), strides or list(x.stride()), block, layout)
 
     kv = [1, cfg.block_n, d]
-    scalars = (*map(consts.get, CONSTANTS), n_q, n_k)
+    scalars = (consts, n_q, n_k)
     constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
                       STAGES=cfg.num_stages, V_T=v_t)
     options = overlap_options(cfg, d, q.element_size())

@@ -34,7 +34,7 @@ from . import flash
 from .cases import backward_cases, batch, forward_cases, fp8_cases, inputs
 from .crosscheck import bits_of, same_bits
 from .device_cli import positive, require_gpu, sections
-from .kernels.fwd import log2_fma
+from .kernels.steps import log2_fma
 
 DT = flash.TORCH_DTYPES
 

@@ -6,18 +6,18 @@ Runs on a machine with a CUDA GPU, torch and triton; the models run on its CPU c
 its own time check; a failure is recorded and the next section runs):
 
 * ``rcp``       — reads the ``rcp.approx.ftz.f32`` table off the GPU (2**23 significands), writes it as
-                  emufloat package data (``rcp.npz`` in $OUT, and into emufloat/data of this tree).
+                  emufloat package data (``rcp.npz`` in $OUT, and into emufloat/hw/h100/data of this tree).
 * ``cases``     — recorded cases for the CPU tests: 2**17 seeded random bit patterns plus edge values through
                   tl.math.exp2, tl.exp, ex2.approx.f32, rcp.approx.ftz.f32 and fp32 ``/`` (``functions.npz``).
 * ``sweep``     — all 2**32 inputs of tl.math.exp2, tl.exp, ex2.approx.f32 and rcp.approx.ftz.f32 against
                   emufloat, plus a weighted checksum per 2**27 chunk of the GPU's output bits (so the models
                   can be re-checked exhaustively on a CPU: tools/check_functions_exhaustive.py).
-* ``div``       — fp32 ``/`` (div.full.f32) against ``emufloat.functions.div_full``: 2**30 random pairs from
+* ``div``       — fp32 ``/`` (div.full.f32) against ``emufloat.hw.h100.div_full``: 2**30 random pairs from
                   several populations, the special/boundary pairs, and every b for two values of a.
 * ``dot``       — tl.dot on 64x64xK stress tiles (gpu.probes.mma_cases generators) against the emufloat
                   presets, >= 10**7 dot products per input type; FP8 with max_num_imprecise_acc=32 too.
 * ``tf32``      — tl.dot(input_precision="tf32") on fp32 tiles against candidate models; tiles saved.
-* ``reduction`` — tl.sum / tl.max of fp32 rows against emufloat.trees for the probed layouts.
+* ``reduction`` — tl.sum / tl.max of fp32 rows against emufloat.hw.h100.tl_sum for the probed layouts.
 
 Writes ``verify.json`` (after every section) and the npz files named above to $OUT.
 """
@@ -41,8 +41,7 @@ except ImportError as exc:  # one line, not a traceback, without the gpu extra
         from None
 
 import emufloat as ef
-from emufloat import data as efdata
-from emufloat import functions as F
+from emufloat.hw import calibration, h100
 from flashsim.console import ArgumentParser, run_command, writable_dir
 
 from .device_cli import json_params, positive, require_gpu, sections
@@ -98,10 +97,10 @@ def _tf32_kernel(a_ptr, b_ptr, c_ptr, d_ptr, K: tl.constexpr, HAS_C: tl.constexp
 
 UNARY = {"exp2": 0, "exp": 1, "ex2_nonftz": 2, "rcp": 3}
 MODELS = {
-    "exp2": F.triton_exp2,
-    "exp": F.triton_exp,
-    "ex2_nonftz": lambda x: F.ex2_approx(x, ftz=False),
-    "rcp": F.rcp_approx,
+    "exp2": h100.triton_exp2,
+    "exp": h100.triton_exp,
+    "ex2_nonftz": lambda x: h100.ex2_approx(x, ftz=False),
+    "rcp": h100.rcp_approx,
 }
 
 
@@ -168,18 +167,18 @@ def section_rcp(ctx) -> dict:
     mant = torch.arange(1 << 23, device=dev, dtype=torch.int64) | (127 << 23)
     m = tu.bits_to_f32(mant)
     r = to_np_bits(gpu_unary("rcp", m))
-    cr = F._grid_rcp()
+    cr = h100.grid_rcp()
     delta = r.astype(np.int64) - cr.astype(np.int64)
     hist = {int(k): int(v) for k, v in zip(*np.unique(delta, return_counts=True), strict=False)}
     if delta.min() < -128 or delta.max() > 127:
         raise RuntimeError(f"rcp deltas outside int8: {delta.min()}..{delta.max()}")
-    sha = efdata.digest(r)
+    sha = calibration.digest(r)
     np.savez_compressed(ctx.out / "rcp.npz", rcp_table_delta=delta.astype(np.int8), rcp_table_sha256=np.array(sha))
     # into this tree's package data, so the models below use it (tools/build_package_data.py does it at home)
     arrays = {"delta": delta.astype(np.int8), "sha256": np.array(sha), "source": np.array("gpu/verify_models.py")}
-    np.savez_compressed(efdata.path_of("h100_rcp"), **arrays)
-    F.rcp_table.cache_clear()
-    F.rcp_table()
+    np.savez_compressed(h100.DATA.path_of("rcp"), **arrays)
+    h100.rcp_table.cache_clear()
+    h100.rcp_table()
     return {"delta_hist_vs_correctly_rounded": hist, "sha256_table_bits": sha, "value_at_1": f"0x{int(r[0]):08x}"}
 
 
@@ -219,7 +218,7 @@ def section_cases(ctx) -> dict:
     q = to_np_bits(gpu_div(*(torch.from_numpy(v.view(np.int32)).to(ctx.device).view(torch.float32) for v in (a, b))))
     out.update(div_a=a, div_b=b, div_out=q)
     t = Tally()
-    t.add(q, F.div_full(a.view(np.float32), b.view(np.float32)), a, b)
+    t.add(q, h100.div_full(a.view(np.float32), b.view(np.float32)), a, b)
     res["div"] = t.json()
     np.savez_compressed(ctx.out / "functions.npz", seed=np.array(ctx.seed), **out)
     res["file"] = "functions.npz"
@@ -264,7 +263,7 @@ def section_div(ctx) -> dict:
             q = gpu_div(a, b)
             an, bn, qn = to_np_bits(a), to_np_bits(b), to_np_bits(q)
             before = total.mismatch
-            total.add(qn, F.div_full(an.view(np.float32), bn.view(np.float32)), an, bn)
+            total.add(qn, h100.div_full(an.view(np.float32), bn.view(np.float32)), an, bn)
             pops.setdefault(kind, [0, 0])
             pops[kind][0] += an.size
             pops[kind][1] += total.mismatch - before
@@ -274,7 +273,7 @@ def section_div(ctx) -> dict:
     a, b, _ = special_pairs()
     q = to_np_bits(gpu_div(torch.from_numpy(a).to(ctx.device), torch.from_numpy(b).to(ctx.device)))
     t = Tally()
-    t.add(q, F.div_full(a, b), a.view(np.uint32), b.view(np.uint32))
+    t.add(q, h100.div_full(a, b), a.view(np.uint32), b.view(np.uint32))
     res["special_pairs"] = t.json()
     for aval in (1.0, float(np.float32(-1.7) * np.float32(2.0**-100))):
         t = Tally()
@@ -286,7 +285,7 @@ def section_div(ctx) -> dict:
             aa = torch.full_like(bb, aval)
             q = to_np_bits(gpu_div(aa, bb))
             x = np.arange(start, start + CHUNK, dtype=np.uint64).astype(np.uint32)
-            t.add(q, F.div_full(np.float32(aval), x.view(np.float32)), x)
+            t.add(q, h100.div_full(np.float32(aval), x.view(np.float32)), x)
         res[f"all_b_for_a={aval!r}"] = t.json()
     return res
 
@@ -337,7 +336,7 @@ def section_dot(ctx) -> dict:
     for name, (fname, preset, npdt, ks) in DOT_TYPES.items():
         fmt = FORMATS[fname]
         dtype = np.dtype(getattr(ml_dtypes, npdt)) if npdt != "float16" else np.dtype(np.float16)
-        model = ef.accum.PRESETS[preset]
+        model = h100.PRESETS[preset]
         iview = np.int16 if dtype.itemsize == 2 else np.int8
         uview = np.uint16 if dtype.itemsize == 2 else np.uint8
         tdt = getattr(torch, fmt.torch_dtype)
@@ -413,10 +412,10 @@ def dot_fp8_promoted(ctx, be, rng) -> dict:
                 av, bv = tiles["a"].view(npdt), tiles["bt"].view(npdt)
                 for t in range(nt):
                     cc = tiles["c"].view(np.float32)[t] if hc else None
-                    tal_preset.add(d[t], ef.matmul(av[t], bv[t].T, ef.H100_WGMMA_FP8_PROMOTED, cc))
+                    tal_preset.add(d[t], ef.matmul(av[t], bv[t].T, h100.WGMMA_FP8_PROMOTED, cc))
                     acc = cc.copy() if hc else np.zeros((64, 64), np.float32)
                     for s in range(0, k, 32):
-                        acc = acc + ef.matmul(av[t][:, s:s + 32], bv[t][:, s:s + 32].T, ef.H100_WGMMA_FP8)
+                        acc = acc + ef.matmul(av[t][:, s:s + 32], bv[t][:, s:s + 32].T, h100.WGMMA_FP8)
                     tal_spelled.add(d[t], acc)
         out[fname] = {"preset": tal_preset.json(), "c_in_fp32_accumulator": tal_spelled.json()}
     return out
@@ -429,7 +428,7 @@ def section_tf32(ctx) -> dict:
     cands = {}
     for w in (4, 8, 16):
         for conv in ("rtz", "rna", "rne"):
-            cands[f"w{w}_{conv}"] = (dataclasses.replace(ef.H100_WGMMA_TF32, width=w), conv)
+            cands[f"w{w}_{conv}"] = (dataclasses.replace(h100.WGMMA_TF32, width=w), conv)
     tallies = {k: Tally(keep=4) for k in cands}
     save = {}
     for k in (16, 64, 128):
@@ -479,7 +478,7 @@ def section_reduction(ctx) -> dict:
                     key = f"BM{bm}_BN{bn}_w{w}_{layout}"
                     x = rows[bn]
                     s, m = reduce_rows(be, pack_rows(x, bm, bn, ctx.device, 0.0), len(x), bm, bn, w, layout == "dot")
-                    tree = trees.h100_tl_sum(bm, bn, w, layout)
+                    tree = h100.tl_sum(bm, bn, w, layout)
                     ts, tm = Tally(keep=4), Tally(keep=4)
                     ts.add(s, trees.tree_sum(x, tree))
                     tm.add(m, trees.tree_max(x, tree))

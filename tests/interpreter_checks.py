@@ -13,12 +13,13 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
   rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
 - ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
 - ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
-  here with the limit set to 4) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
+  here with ``flash.heads_per_launch(4)``) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
 - ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0;
 - ``arguments``: bad arguments raise errors that name them instead of being coerced (a string for a
   flag or a scale, a scale whose float32 rounding is 0 or Inf, backward's o / do / lse of another shape or
   dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0;
-- ``v_transposed``: V read transposed (FP8's layout, forced here for fp16) gives the bits of V as given;
+- ``v_transposed``: V read transposed (FP8's layout, ``v_transposed=True`` for fp16) gives the bits of V as
+  given;
 - ``causality``: under causal masking a row never sees a later key: not a score far above its own (the
   tutorial's -1e6 bias let it win), not a NaN (which made the earlier rows of its tile NaN).
 """
@@ -116,9 +117,9 @@ def check_heads(causal: bool) -> None:
     do = torch.randn(q.shape, generator=torch.Generator().manual_seed(4)).to(torch.float16)
     runs = []
     for per_launch in (flash.HEADS_PER_LAUNCH, 4):  # 6 heads: one launch, then launches of 4 and 2
-        flash.HEADS_PER_LAUNCH = per_launch
-        o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
-        runs.append([o, lse, *dbg.values(), *flash.backward(q, k, v, o, lse, do, causal=causal)])
+        with flash.heads_per_launch(per_launch):
+            o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
+            runs.append([o, lse, *dbg.values(), *flash.backward(q, k, v, o, lse, do, causal=causal)])
     for a, b in zip(*runs, strict=True):
         assert np.array_equal(bits_of(a), bits_of(b)), causal
 
@@ -146,6 +147,9 @@ def check_arguments(causal: bool) -> None:
     fwd = flash.forward
     _raises(TypeError, "causal: expected a bool", fwd, q, k, v, causal="False")
     _raises(TypeError, "debug: expected a bool", fwd, q, k, v, debug=1)
+    _raises(TypeError, "v_transposed: expected a bool", fwd, q, k, v, v_transposed="no")
+    for bad in (0, 4.0, True, flash.HEADS_PER_LAUNCH + 1):
+        _raises(ValueError, "heads_per_launch: expected an integer", flash.heads_per_launch(bad).__enter__)
     _raises(TypeError, "is_causal: expected a bool", flash.scaled_dot_product_attention, q, k, v, is_causal="no")
     for bad in ("0.125", True, torch.tensor(0.125)):
         _raises(TypeError, "sm_scale: expected a float", fwd, q, k, v, sm_scale=bad)
@@ -191,9 +195,9 @@ def check_v_transposed(causal: bool) -> None:
     for i, shape in enumerate(SHAPES):
         q, k, v = _heads(shape, 2, 60 + i, integer=False)
         runs = []
-        for dtypes in ((), (torch.float16,)):
-            flash.V_TRANSPOSED = dtypes
-            o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True)
+        for v_transposed in (False, True):
+            o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True,
+                                        v_transposed=v_transposed)
             runs.append([o, lse, *dbg.values()])
         assert same_bits(*runs), (shape, causal)
 

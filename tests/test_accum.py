@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import emufloat as ef
+from emufloat.hw import h100
 
 
 def _frac(x) -> Fraction:
@@ -91,7 +92,7 @@ def test_fused_block_matches_the_scalar_fraction_model(k, with_c):
         b = (rng.standard_normal(k) * np.exp2(rng.integers(-20, 20, k))).astype(ml_dtypes.bfloat16)
         a[rng.random(k) < 0.2] = 0
         c = np.float32(rng.standard_normal() * 2.0 ** rng.integers(-10, 30)) if with_c else None
-        got = ef.dot(a, b, ef.H100_WGMMA_BF16, c)
+        got = ef.dot(a, b, h100.WGMMA_BF16, c)
         want = _block_reference(a.astype(np.float64), b.astype(np.float64), c, 16, 25, ef.BF16.emin, ef.BF16.emin)
         assert float(got) == want
 
@@ -101,7 +102,7 @@ def test_fused_block_alignment_and_truncation_cases_from_the_notes():
         a = np.zeros(16, ml_dtypes.bfloat16)
         b = np.zeros(16, ml_dtypes.bfloat16)
         a[0], b[0] = -small, 1.0
-        return float(ef.dot(a, b, ef.H100_WGMMA_BF16, np.float32(c)))
+        return float(ef.dot(a, b, h100.WGMMA_BF16, np.float32(c)))
 
     assert probe(2.0**-25) == 1 - 2.0**-24  # 1 - 2**-25 survives the cut, then RZ
     assert probe(2.0**-26) == 1.0  # cut away entirely
@@ -160,7 +161,7 @@ def test_fused_block_fast_path_matches_the_traced_general_path(name):
     """Untraced FusedBlock calls take the integer fast path, traced ones the general one: same bits."""
     fp8 = name in ("e4m3fn", "e5m2")
     acc = ef.Format(8, 13) if fp8 else ef.FP32
-    models = [ef.H100_WGMMA_FP8 if fp8 else ef.H100_WGMMA_BF16,
+    models = [h100.WGMMA_FP8 if fp8 else h100.WGMMA_BF16,
               ef.FusedBlock(width=16, align_bits=25, early_c=False, zeros_in_max=True, min_exp=-140, acc_fmt=acc),
               ef.FusedBlock(width=4, align_bits=3, final_rounding=ef.Rounding("rne"), acc_fmt=acc),
               ef.FusedBlock(width=8, align_bits=40, final_rounding=ef.Rounding("rup"), zeros_in_max=True),
@@ -190,7 +191,7 @@ def test_fused_block_overflow_in_the_fast_path():
     b = np.full((64, 4), 2.0**10, np.float32)
     b[::3] *= -1
     for c in (None, np.full((4, 4), -3e38, np.float32)):
-        for model in (ef.H100_WGMMA_BF16, ef.FusedBlock(inf_on_overflow=False)):
+        for model in (h100.WGMMA_BF16, ef.FusedBlock(inf_on_overflow=False)):
             fast = ef.matmul(a, b, model, c)
             general = ef.matmul(a, b, model, c, trace=ef.Trace())
             np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))

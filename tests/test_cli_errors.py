@@ -1,6 +1,6 @@
 """Every command on bad input: one line naming the argument, a non-zero exit status, never a traceback.
 
-A table of bad inputs across all commands (flashsim trace-row, bias-rows, crosscheck; python -m emufloat;
+A table of bad inputs across all commands (flashsim trace-row, bias-rows, crosscheck; examples/emufloat_demo.py;
 python -m gpu.crosscheck; the device scripts), Hypothesis-made corrupt files, and a few runs as separate
 processes (what a user's shell sees).  The commands run in-process: any exception other than argparse's
 own SystemExit escaping ``main`` fails the test, as a traceback would.
@@ -9,6 +9,7 @@ own SystemExit escaping ``main`` fails the test, as a traceback would.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -24,7 +25,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from emufloat import demo
 from flashsim import cli
 from flashsim.crosscheck import KernelRun, save_run
 from gpu import crosscheck as gpu_crosscheck
@@ -32,6 +32,9 @@ from gpu import record_nan_backward
 from gpu.probes import run as probes_run
 
 ROOT = Path(__file__).resolve().parents[1]
+_DEMO = importlib.util.spec_from_file_location("emufloat_demo", ROOT / "examples" / "emufloat_demo.py")
+demo = importlib.util.module_from_spec(_DEMO)
+_DEMO.loader.exec_module(demo)
 COMPILE_NOTICE = re.compile(r"^(compiling |  \.\.\. still compiling|compiled \d+ kernel)")  # a cold cache's lines
 
 
@@ -329,7 +332,7 @@ def test_random_bytes_fail_cleanly(tmp_path, blob):
     (["-m", "flashsim", "trace-row", "--data", "{t}/garbage.npz"], "--data"),
     (["-m", "flashsim", "crosscheck", "{t}/q.npy"], "RUN"),
     (["-m", "gpu.crosscheck", "--live", "--max-len", "1"], "--live"),
-    (["-m", "emufloat", "--rows", "0"], "--rows"),
+    (["examples/emufloat_demo.py", "--rows", "0"], "--rows"),
 ])
 def test_commands_as_processes(files, argv, argument):
     if "--live" in argv:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import emufloat as ef
+from emufloat.hw import h100
 from flashsim.crosscheck import check_bits as check
 from gpu.cases import Case
 from gpu.crosscheck import DATA, compare, load_recorded
@@ -47,7 +47,7 @@ def test_backward_bit_identical(chunk):
 
 def test_log2_fma_bit_identical_to_the_kernel():
     z = np.load(Path(__file__).parent / "data" / "h100" / "attention" / "log2.npz")
-    got = ef.log2_fma(z["x"].view(np.float32)).view(np.uint32)
+    got = h100.log2_fma(z["x"].view(np.float32)).view(np.uint32)
     res = check("log2", got, z["y"], "fp32")
     assert res.n >= 40_000 and res.identical == res.n
 

@@ -1,6 +1,12 @@
-"""The README's main job runs and tells the paper's story."""
+"""The README's main job runs and tells the paper's story (examples/emufloat_demo.py)."""
 
-from emufloat import demo
+import importlib.util
+from pathlib import Path
+
+DEMO = Path(__file__).resolve().parents[1] / "examples" / "emufloat_demo.py"
+_spec = importlib.util.spec_from_file_location("emufloat_demo", DEMO)
+demo = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(demo)
 
 
 def test_demo_prints_the_worked_example_and_a_negative_lean(capsys):

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 import emufloat as ef
 import flashsim as fs
+from emufloat.hw import h100
 from flashsim import arith
 from flashsim.backward import _fa2_threads, delta_rowsum
 from flashsim.policy import BWD_STEPS, BWD_TRACE_LABELS, default_backward
@@ -257,11 +258,11 @@ def test_fa2_recompute_is_one_ffma_and_ex2():
     o, lse = fs.flash_forward(q, k, v, "fa2")
     dv = fs.flash_backward(q, k, v, o, lse, do, "fa2").dv
     qb, kb, dob = (ef.quantize(x, "bf16") for x in (q, k, do))
-    s = ef.matmul(qb, kb.T, ef.H100_WGMMA_BF16)
+    s = ef.matmul(qb, kb.T, h100.WGMMA_BF16)
     c = ef.quantize(np.float64(0.25 * 1.4426950408889634), "fp32")
     ll = ef.mul(lse, ef.quantize(np.float64(1.4426950408889634), "fp32"), "fp32")
-    p = ef.ex2_approx(ef.fma(s, c, -arith.f64(ll)[:, None], "fp32"), ftz=True)
-    want = ef.quantize(ef.matmul(ef.quantize(p, "bf16").T, dob, ef.H100_WGMMA_BF16, np.zeros((9, 4))), "bf16")
+    p = h100.ex2_approx(ef.fma(s, c, -arith.f64(ll)[:, None], "fp32"), ftz=True)
+    want = ef.quantize(ef.matmul(ef.quantize(p, "bf16").T, dob, h100.WGMMA_BF16, np.zeros((9, 4))), "bf16")
     np.testing.assert_array_equal(dv, want)
 
 
@@ -320,7 +321,7 @@ def test_backward_defaults_derive_from_the_forward():
            if f.name not in (*BWD_STEPS, "bwd_tiling")}
     pol = fs.Policy(**{**fwd, "name": "fa2_fwd_only"})
     assert pol.recompute == fs.Recompute("h100_ex2", "fp32", fused=True)
-    assert pol.dq.dot.model == ef.H100_WGMMA_BF16 and pol.dq.dot.into_acc and pol.ds.scale_at == "end"
+    assert pol.dq.dot.model == h100.WGMMA_BF16 and pol.dq.dot.into_acc and pol.ds.scale_at == "end"
     assert pol.bwd_tiling == fs.BwdTiling(128, 128)
     assert default_backward(fs.FP64_GOLDEN)["delta"] == fs.Delta("numpy", "fp64")
     rng = np.random.default_rng(19)

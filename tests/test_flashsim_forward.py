@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import emufloat as ef
 import flashsim as fs
+from emufloat.hw import h100
 from flashsim import arith
 from flashsim.policy import STEPS, TRACE_LABELS
 
@@ -135,10 +136,10 @@ def test_triton_h100_policy_is_expressible():
     ex2.approx.ftz, a recorded tl.sum tree with an FMA update, div.full and a base-2 LSE."""
     pol = fs.Policy(
         name="triton_sketch",
-        scores=fs.Dot(ef.BF16, ef.H100_WGMMA_BF16), scale=fs.Scale("max", ef.FP32), mask=fs.Mask(-1e6, "add"),
+        scores=fs.Dot(ef.BF16, h100.WGMMA_BF16), scale=fs.Scale("max", ef.FP32), mask=fs.Mask(-1e6, "add"),
         max=fs.Op(ef.FP32), subtract=fs.Op(ef.FP32, fused=True), exp=fs.Func("h100_ex2", ef.FP32),
         row_sum=fs.RowSum("h100_tl_sum", ef.FP32, fused=True, num_warps=4), p_cast=fs.Op(ef.BF16),
-        pv=fs.Dot(ef.BF16, ef.H100_WGMMA_BF16, into_acc=True), rescale=fs.Op(ef.FP32), o_accum=fs.Op(ef.FP32),
+        pv=fs.Dot(ef.BF16, h100.WGMMA_BF16, into_acc=True), rescale=fs.Op(ef.FP32), o_accum=fs.Op(ef.FP32),
         normalize=fs.Norm("divide", "div_full", ef.FP32), output=fs.Op(ef.BF16), lse=fs.Func("log2", ef.FP32),
         tiling=fs.Tiling(64, 64),
     )

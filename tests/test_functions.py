@@ -1,4 +1,5 @@
-"""emufloat.functions: correctly rounded exp2 against mpmath, H100 models against recorded GPU outputs."""
+"""emufloat.functions: correctly rounded exp2 against mpmath; emufloat.hw.h100's function models against recorded
+GPU outputs."""
 
 from fractions import Fraction
 from pathlib import Path
@@ -9,8 +10,8 @@ import pytest
 from oracles import gf_round, gfloat_info, round_fraction
 
 import emufloat as ef
-from emufloat import data as efdata
 from emufloat import functions as F
+from emufloat.hw import h100
 
 H100 = Path(__file__).parent / "data" / "h100"
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -62,33 +63,33 @@ def test_exp2_exact_powers_specials_and_flags():
 
 def test_bad_input_is_refused():
     with pytest.raises(ValueError, match="x: float64 values must be exactly representable"):
-        F.ex2_approx(np.array([0.1]))
+        h100.ex2_approx(np.array([0.1]))
     with pytest.raises(TypeError, match="x: expected a floating-point array"):
-        F.triton_exp(np.arange(3))
+        h100.triton_exp(np.arange(3))
     with pytest.raises(ValueError, match="rounding: exp2 supports"):
         F.exp2(np.float32(1.0), rounding=ef.stochastic(8, seed=1))
     with pytest.raises(ValueError, match="b:"):
-        F.div_full(np.float32(1.0), np.array([1e-50]))
+        h100.div_full(np.float32(1.0), np.array([1e-50]))
 
 
 def test_damaged_table_is_refused(tmp_path):
-    arrays = efdata.load("h100_ex2")
+    arrays = h100.DATA.load("ex2")
     arrays["neg_delta"] = arrays["neg_delta"].copy()
     arrays["neg_delta"][12345] += 1
     p = tmp_path / "bad.npz"
     np.savez(p, **arrays)
     with pytest.raises(ValueError, match="SHA-256"):
-        F.ex2_tables(str(p))
+        h100.ex2_tables(str(p))
 
 
 def test_ex2_model_reads_the_table_at_grid_points():
-    tneg, tpos = F.ex2_tables()
+    tneg, tpos = h100.ex2_tables()
     k = np.arange(0, 1 << 23, 4100)  # multiples of 4: z + 3 below is exact in float32
     z = (k * 2.0**-23).astype(np.float32)
-    assert np.array_equal(F.ex2_approx(z), tpos[k])
-    assert np.array_equal(F.ex2_approx(-z), tneg[k])
-    assert np.array_equal(F.ex2_approx(z + 3), tpos[k] * 8)  # exact power-of-two scaling
-    nan = F.ex2_approx(np.array([np.nan, -np.nan], np.float32)).view(np.uint32)
+    assert np.array_equal(h100.ex2_approx(z), tpos[k])
+    assert np.array_equal(h100.ex2_approx(-z), tneg[k])
+    assert np.array_equal(h100.ex2_approx(z + 3), tpos[k] * 8)  # exact power-of-two scaling
+    nan = h100.ex2_approx(np.array([np.nan, -np.nan], np.float32)).view(np.uint32)
     assert (nan == 0x7FFFFFFF).all()
 
 
@@ -101,8 +102,8 @@ def _functions_npz():
 def test_unary_models_reproduce_recorded_gpu_outputs(name):
     z = _functions_npz()
     x = z["x"].view(np.float32)
-    model = {"exp2": F.triton_exp2, "exp": F.triton_exp, "ex2_nonftz": lambda v: F.ex2_approx(v, ftz=False),
-             "rcp": F.rcp_approx}[name]
+    model = {"exp2": h100.triton_exp2, "exp": h100.triton_exp, "ex2_nonftz": lambda v: h100.ex2_approx(v, ftz=False),
+             "rcp": h100.rcp_approx}[name]
     got = model(x).view(np.uint32)
     assert x.size > 100_000
     assert np.array_equal(got, z[f"{name}_out"]), np.count_nonzero(got != z[f"{name}_out"])
@@ -110,11 +111,11 @@ def test_unary_models_reproduce_recorded_gpu_outputs(name):
 
 def test_division_model_reproduces_recorded_gpu_outputs():
     z = _functions_npz()
-    got = F.div_full(z["div_a"].view(np.float32), z["div_b"].view(np.float32)).view(np.uint32)
+    got = h100.div_full(z["div_a"].view(np.float32), z["div_b"].view(np.float32)).view(np.uint32)
     assert got.size > 100_000 and np.array_equal(got, z["div_out"])
     # the first probe run's sample (populations of gpu/probes/division.py, a/b through Triton's `/`)
     d = np.load(H100 / "division.npz")
-    got = F.triton_div(d["a"].view(np.float32), d["b"].view(np.float32)).view(np.uint32)
+    got = h100.triton_div(d["a"].view(np.float32), d["b"].view(np.float32)).view(np.uint32)
     assert np.array_equal(got, d["out_div"]) and np.array_equal(got, d["out_asm_div_full"])
     ieee = ef.div(d["a"].view(np.float32), d["b"].view(np.float32)).view(np.uint32)
     assert np.count_nonzero(ieee != d["out_div"]) > 1000  # not correctly rounded: the model matters
@@ -123,13 +124,13 @@ def test_division_model_reproduces_recorded_gpu_outputs():
 def test_traces_record_the_hardware_error():
     t = ef.Trace()
     x = np.linspace(-10, 10, 1001).astype(np.float32)
-    y = F.triton_exp(x, trace=t)
+    y = h100.triton_exp(x, trace=t)
     assert list(np.unique(t.op_names)) == ["exp2", "mul"]
     e = t.select(t.op_names == "exp2")
     assert np.array_equal(e["rounded"].astype(np.float32), y)
     err = e["rounded"] - e["exact_hi"] - e["exact_lo"]
     assert np.all(np.abs(err) <= 2 * np.spacing(np.abs(y)))  # within 2 ulp of exp2(z)
     t = ef.Trace()
-    q = F.div_full(np.float32(1.0), np.float32(3.0), trace=t)
+    q = h100.div_full(np.float32(1.0), np.float32(3.0), trace=t)
     assert t.op_names[0] == "div" and float(t.exact_hi[0]) == pytest.approx(1 / 3, rel=1e-15)
     assert q.dtype == np.float32

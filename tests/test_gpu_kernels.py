@@ -12,37 +12,55 @@ triton = pytest.importorskip("triton")
 torch = pytest.importorskip("torch")
 
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler import ASTSource, make_backend  # noqa: E402
+from triton.runtime.jit import create_function_from_signature  # noqa: E402
 
 from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, Config, fwd_config  # noqa: E402
 from gpu.kernels.bwd import attn_bwd_dkdv, attn_bwd_dq  # noqa: E402
-from gpu.kernels.fwd import attn_fwd  # noqa: E402
+from gpu.kernels.fwd import DebugOutputs, attn_fwd, transpose_keys  # noqa: E402
+from gpu.kernels.steps import SoftmaxConstants  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
-ALIGNED = [["tt.divisibility", 16]]
+BACKEND = make_backend(H100)
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+CONSTS = SoftmaxConstants(*[0.5] * len(SoftmaxConstants._fields))  # float values do not enter the compiled code
 
 
-def _compile(fn, types, constexprs, n_ptr, warps, stages, aligned=()):
-    """``fn`` compiled for the H100: its first ``n_ptr`` arguments and those named in ``aligned`` divisible by
-    16, as Triton's launcher specialises 16-byte-aligned pointers and integers."""
-    sig = dict(zip(fn.arg_names, types, strict=True))
-    attrs = {(i,): ALIGNED for i, name in enumerate(fn.arg_names) if i < n_ptr or name in aligned}
-    src = ASTSource(fn, sig, constexprs=constexprs, attrs=attrs)
-    return triton.compile(src, target=H100, options={"num_warps": warps, "num_stages": stages})
+def _compile(fn, args, constexprs, **options):
+    """``fn`` compiled for the H100 as ``fn[grid](*args, **constexprs, **options)`` compiles it on one: Triton
+    3.6's own binder specialises the arguments (pointers 16-byte aligned and integers divisible by 16 marked
+    so, integers equal to 1 made constants, records field by field), then ``triton.compile`` as
+    ``JITFunction.run`` calls it."""
+    kwargs = {**constexprs, **options}
+    binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
+    bound, specialization, opts = binder(*args, **kwargs)
+    opts, signature, consts, attrs = fn._pack_args(BACKEND, kwargs, bound, specialization, opts)
+    if fn.is_gluon():
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        Source = ASTSource
+    return triton.compile(Source(fn, signature, consts, attrs), target=H100, options=opts.__dict__)
 
 
-def _compile_forward(key, softmax, ones=(), dtype="bf16", v_t=False):
-    """The tl forward kernel for tiles ``key`` = (d, causal); the integer arguments named in ``ones``
-    equal to 1, made constants as Triton's launcher does.  ``dtype``: 'bf16' or 'fp8' (e4m3, O in bf16);
-    ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V)."""
+def _ptr(dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A pointer argument (a 16-byte-aligned CPU tensor: compiling reads only its dtype and alignment)."""
+    return torch.empty(16, dtype=dtype)
+
+
+def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False):
+    """The tl forward kernel for tiles ``key`` = (d, causal) with N_Q = N_K = ``n``, as gpu.flash launches it
+    (``n = 1``: N_K and N_BLK made constants, N_Q not, as the kernel asks).  ``dtype``: 'bf16' or 'fp8'
+    (e4m3, O in bf16); ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V)."""
     d, causal = key
     cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
-    types = [{"bf16": "*bf16", "fp8": "*fp8e4nv"}[dtype]] * 3 + ["*bf16"] + ["*fp32"] * 5 + ["fp32"] * 8
-    types = types + ["i32"] * 4 + ["constexpr"] * 8
-    types = ["constexpr" if n in ones else t for n, t in zip(attn_fwd.arg_names, types, strict=True)]
-    const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "SOFTMAX": softmax,
-             "DEBUG": False, "STAGES": cfg.num_stages, "V_T": v_t, **dict.fromkeys(ones, 1)}
-    return _compile(attn_fwd, types, const, 9, cfg.num_warps, cfg.num_stages, aligned=("N_VT",) if v_t else ())
+    x = _ptr(DTYPES[dtype])
+    lse = _ptr()
+    n_vt = -(-n // 16) * 16 if v_t else n
+    args = (x, x, x, _ptr(torch.bfloat16), lse, DebugOutputs(lse, lse, lse, lse), CONSTS, n, n,
+            -(-n // cfg.block_n), n_vt)
+    const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax, DEBUG=False,
+                 STAGES=cfg.num_stages, V_T=v_t)
+    return _compile(attn_fwd, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
@@ -71,9 +89,8 @@ def test_fp8_transpose_moves_16_bytes_at_a_time(d):
     """The transpose of FP8's V loads and stores 16 bytes a thread and instruction whatever N_K is (its
     rows padded to 16 keys; byte-wide stores were what made torch's copy slow)."""
     from gpu.flash import TRANSPOSE_BLOCK
-    from gpu.kernels.fwd import transpose_keys
-    kern = _compile(transpose_keys, ["*fp8e4nv", "*fp8e4nv", "i32", "i32", "constexpr", "constexpr"],
-                    {"HEAD_DIM": d, "BLOCK_N": TRANSPOSE_BLOCK}, 2, 4, 1, aligned=("N_VT",))
+    x = _ptr(DTYPES["fp8"])
+    kern = _compile(transpose_keys, (x, x, 1001, 1008), dict(HEAD_DIM=d, BLOCK_N=TRANSPOSE_BLOCK), num_warps=4)
     ops = set(re.findall(r"\b(?:ld|st)\.global[.\w]*", kern.asm["ptx"]))
     assert ops == {"ld.global.v4.b32", "st.global.v4.b32"}, ops
 
@@ -85,10 +102,11 @@ def test_forward_compiles_for_one_query(key, dtype):
     softmax, bf16 and FP8 (V transposed, as gpu.flash passes it).  Triton 3.6 makes an integer argument
     equal to 1 a constant unless the kernel says not to; with all three constant, ptxas 12.8 crashed
     (SIGSEGV) on d=64, causal, robust (found on the H100), and with N_K = N_BLK = 1 on FP8 at d=64 with
-    128 x 64 tiles, 8 warps, causal, stabilised (not our tiles; found by docs/experiments/fp8-vt)."""
-    ints = [p.name for p in attn_fwd.params if p.name in ("N_Q", "N_K", "N_BLK") and not p.do_not_specialize]
+    128 x 64 tiles, 8 warps, causal, stabilised (not our tiles)."""
     for softmax in (0, 1, 2):
-        assert _compile_forward(key, softmax, ints, dtype, v_t=dtype == "fp8").asm["cubin"]  # ptxas ran
+        kern = _compile_forward(key, softmax, 1, dtype, v_t=dtype == "fp8")
+        assert kern.asm["cubin"]  # ptxas ran
+        assert ["N_K", "N_BLK"] == [name for name, t in kern.src.signature.items() if t == "constexpr"][:2]
 
 
 def test_every_head_dim_has_forward_and_backward_tiles():
@@ -97,18 +115,24 @@ def test_every_head_dim_has_forward_and_backward_tiles():
     assert all((d, causal) in FWD_CONFIGS for d in HEAD_DIMS for causal in (False, True))
 
 
+def _compile_backward(d, causal, n):
+    """The dK/dV and dQ kernels, bf16, N_Q = N_K = ``n``, with the head dim's tiles, as gpu.flash launches them."""
+    cfg = BWD_CONFIGS[d]
+    x, f = _ptr(torch.bfloat16), _ptr()
+    const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
+    opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return (_compile(attn_bwd_dkdv, (x, x, x, x, f, f, x, x, 0.18, 0.125, n, n), const, **opts),
+            _compile(attn_bwd_dq, (x, x, x, x, f, f, x, 0.18, 0.125, n, n), const, **opts))
+
+
 @pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
 def test_backward_compiles_to_wgmma(d):
     """wgmma in both backward kernels (a tile of fewer than 64 query rows would put the dQ kernel on mma.sync
     m16n8k16, as d=256's earlier 32-row tiles did)."""
+    k = _compile_backward(d, True, 1000)
+    assert "wgmma.mma_async" in k[0].asm["ptx"]
+    ptx = k[1].asm["ptx"]
     cfg = BWD_CONFIGS[d]
-    const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": True}
-    k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["i32"] * 2
-                 + ["constexpr"] * 4, const, 8, cfg.num_warps, cfg.num_stages)
-    assert "wgmma.mma_async" in k.asm["ptx"]
-    k = _compile(attn_bwd_dq, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] + ["fp32"] * 2 + ["i32"] * 2
-                 + ["constexpr"] * 4, const, 7, cfg.num_warps, cfg.num_stages)
-    ptx = k.asm["ptx"]
     if cfg.block_m >= 64:
         assert "wgmma.mma_async" in ptx
     else:
@@ -120,41 +144,37 @@ def test_backward_compiles_for_one_query(d):
     """Both backward kernels compile through ptxas with N_Q = N_K = 1 made constants (as Triton's launcher
     makes an integer argument equal to 1), with and without causal masking: their masked and unmasked loops
     then fold to nothing or one block, the shape that crashed ptxas 12.8 in the forward."""
-    cfg = BWD_CONFIGS[d]
     for causal in (False, True):
-        const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "N_Q": 1, "N_K": 1}
-        k = _compile(attn_bwd_dkdv, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] * 2 + ["fp32"] * 2 + ["constexpr"] * 6,
-                     const, 8, cfg.num_warps, cfg.num_stages)
-        assert k.asm["cubin"]
-        k = _compile(attn_bwd_dq, ["*bf16"] * 4 + ["*fp32"] * 2 + ["*bf16"] + ["fp32"] * 2 + ["constexpr"] * 6,
-                     const, 7, cfg.num_warps, cfg.num_stages)
-        assert k.asm["cubin"]
+        for k in _compile_backward(d, causal, 1):
+            assert k.asm["cubin"]
+            assert [name for name, t in k.src.signature.items() if t == "constexpr"][:2] == ["N_Q", "N_K"]
 
 
-def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None):
+def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000):
     """The overlap kernel as gpu.flash launches it for ``dtype`` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
-    V transposed), with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options."""
+    V transposed) and N_Q = N_K = ``n``, with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options."""
     from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     from gpu.flash import overlap_options
-    from gpu.kernels.fwd_overlap import attn_fwd_overlap as fn
+    from gpu.kernels.fwd_overlap import attn_fwd_overlap
     cfg = cfg or fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
-    name, gdt = {"bf16": ("bf16", gl.bfloat16), "fp16": ("fp16", gl.float16), "fp8": ("fp8e4nv", gl.float8e4nv)}[dtype]
+    gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8": gl.float8e4nv}[dtype]
     v_t = dtype == "fp8"
+    x = torch.empty(2 * n * d, dtype=DTYPES[dtype])  # two heads
 
-    def desc(block):
-        lay = gl.NVMMASharedLayout.get_default_for(block, gdt)
-        return f"tensordesc<{name}[{', '.join(map(str, block))}],{lay!r}>"
+    def desc(shape, block, row=None):  # row: the last dimension's stride, if not its size
+        row = row or shape[-1]
+        strides = [math.prod(shape[i + 1:-1]) * row for i in range(len(shape) - 1)] + [1]
+        return TensorDescriptor(x, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
-    v_block = [1, d, cfg.block_n] if v_t else [1, cfg.block_n, d]
-    types = [desc([cfg.block_m, d]), desc([1, cfg.block_n, d]), desc(v_block), "*bf16" if v_t else f"*{name}",
-             "*fp32"] + ["fp32"] * 8 + ["i32"] * 2 + ["constexpr"] * 7
-    const = {"HEAD_DIM": d, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "CAUSAL": causal, "SOFTMAX": softmax,
-             "STAGES": cfg.num_stages, "V_T": v_t}
-    src = GluonASTSource(fn, dict(zip(fn.arg_names, types, strict=True)), constexprs=const,
-                         attrs={(i,): ALIGNED for i in range(3, 5)})
-    return triton.compile(src, target=H100, options=overlap_options(cfg, d, 1 if v_t else 2))
+    kv = [1, cfg.block_n, d]
+    descs = (desc([2 * n, d], [cfg.block_m, d]), desc([2, n, d], kv),  # V^T's rows padded to 16 keys, as gpu.flash
+             desc([2, d, n], [1, d, cfg.block_n], -(-n // 16) * 16) if v_t else desc([2, n, d], kv))
+    args = (*descs, _ptr(torch.bfloat16 if v_t else DTYPES[dtype]), _ptr(), CONSTS, n, n)
+    const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
+                 STAGES=cfg.num_stages, V_T=v_t)
+    return _compile(attn_fwd_overlap, args, const, **overlap_options(cfg, d, 1 if v_t else 2))
 
 
 def _ptxas_log(ptx: str) -> str:
@@ -201,7 +221,7 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
     """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread and
     using at most half an SM's shared memory, so two programs' 8 warps fit an H100 SM, the compute warps
     raised to 232 and the load warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave
-    every warp 255 (one program an SM, 0.64-0.81x the tl kernel's speed)."""
+    every warp 255 (one program an SM, far slower: docs/tried.md, "FP8 E4M3 forward")."""
     from gpu.flash import SM_SHARED_BYTES
     k = _compile_overlap(128, False, softmax, "fp8")
     ptx = k.asm["ptx"]
@@ -228,15 +248,15 @@ def test_overlap_caps_registers_only_where_two_programs_fit():
 
 _FOLD_CHECK = """
 import numpy as np, torch, triton, triton.language as tl
-from gpu.kernels.fwd import _count_at_least, _row_max
+from gpu.kernels.steps import count_at_least, row_max
 
 @triton.jit
 def k(X, R, C, T, K: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     rows = tl.arange(0, 16)
     x = tl.load(X + rows[:, None] * K + tl.arange(0, K)[None, :])
     thr = tl.load(T + rows)
-    tl.store(R + rows, _row_max(x, SOFTMAX, FOLD))
-    tl.store(C + rows, _count_at_least(x, thr, FOLD))  # the interpreter's path of the kernels' tie count
+    tl.store(R + rows, row_max(x, SOFTMAX, FOLD))
+    tl.store(C + rows, count_at_least(x, thr, FOLD))  # the interpreter's path of the kernels' tie count
 
 rng = np.random.default_rng(5)
 pool = np.float32([-np.inf, -0.0, 0.0, 1.0, 2.0, -3.5, 7.0, np.nextafter(np.float32(7), np.float32(8))])
@@ -254,7 +274,7 @@ print("folds ok")
 
 
 def test_folded_row_reductions_match_numpy_in_the_interpreter():
-    """The row max and the kernels' tie count (gpu.kernels.fwd._count_at_least, its interpreter path: the
+    """The row max and the kernels' tie count (gpu.kernels.steps.count_at_least, its interpreter path: the
     compiled one is inline PTX), tree-folded (the fixes in 64-key blocks, the overlap kernel) or plain, under
     Triton's interpreter, a fresh process (TRITON_INTERPRET is read at import): maxima and counts, ties, +-0 and
     -inf included, equal numpy's for 16 to 256 columns."""
@@ -274,9 +294,8 @@ def test_forward_kernel_argument_is_checked():
 
 
 def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scale():
-    """The kernels' scalars (cached since every launch needs them) are the float32 roundings (numpy's RNE
-    cast: an independent oracle) of the variant's thresholds; every call returns a fresh dict, and another
-    variant or scale gets its own values."""
+    """The kernels' scalars (cached since every launch needs them, an immutable record) are the float32
+    roundings of the variant's thresholds; another variant or scale gets its own values."""
     import numpy as np
 
     from flashsim.softmax import RobustSoftmax, StabilisedSoftmax
@@ -285,19 +304,80 @@ def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scal
     for scale in (0.125, 1 / math.sqrt(96), 0.3):
         for eps in (1e-3, 2.5e-3):
             c = flash.softmax_constants(StabilisedSoftmax(eps=eps, beta=3.0), scale)
-            assert c["qk_scale"] == float(np.float32(scale * log2e))
-            assert c["eps_raw"] == float(np.float32(eps / scale)) and c["eps_t"] == float(np.float32(eps * log2e))
-            assert c["beta"] == 3.0 and c["band_raw"] == 0.0
+            assert isinstance(c, SoftmaxConstants)
+            assert c.qk_scale == float(np.float32(scale * log2e))
+            assert c.eps_raw == float(np.float32(eps / scale)) and c.eps_t == float(np.float32(eps * log2e))
+            assert c.beta == 3.0 and c.band_raw == 0.0
         r = RobustSoftmax(p_precision=11, max_shift=20.0)
         c = flash.softmax_constants(r, scale)
-        assert c["band_raw"] == float(np.float32(r.band / scale)) and c["band_t"] == float(np.float32(r.band * log2e))
-        assert c["max_shift_raw"] == float(np.float32(20.0 / scale))
-    c["qk_scale"] = 0.0  # the caller's copy: the next call is not affected
-    assert flash.softmax_constants(r, 0.3)["qk_scale"] == float(np.float32(0.3 * log2e))
+        assert c.band_raw == float(np.float32(r.band / scale)) and c.band_t == float(np.float32(r.band * log2e))
+        assert c.max_shift_raw == float(np.float32(20.0 / scale))
+    assert flash.softmax_constants(r, 0.3) is flash.softmax_constants(r, 0.3)  # cached
     with pytest.raises(ValueError, match="implement standard, stabilised and robust"):
         flash.softmax_constants(object(), 0.125)
     with pytest.raises(ValueError, match="count only unmasked"):
         flash.softmax_constants(StabilisedSoftmax(count_masked=True), 0.125)
+
+
+def test_float32_constants_have_the_bits_flashsim_gives_them():
+    """gpu.flash rounds the kernels' scalars to float32 by numpy's cast; flashsim, whose ``triton_h100`` policy
+    repeats the kernels, rounds them by the emulator (flashsim.arith.constant under FP32).  The bits agree:
+    for every constant of 41 variants (the standard one, 16 (eps, beta) of the stabilised, 24 (p_precision,
+    beta, max_shift) of the robust) over 620 scales (1/sqrt(d) for d up to 512, and 10^-6 to 10^3), and for
+    float64 values across float32's whole range (random bit patterns; ties and their neighbours; values past
+    the largest float32; subnormals and underflow to zero; signed zeros)."""
+    import numpy as np
+
+    import emufloat as ef
+    from emufloat import FP32
+    from flashsim import arith
+    from flashsim.attention import LOG2E
+    from flashsim.softmax import RobustSoftmax, StabilisedSoftmax, StandardSoftmax
+    from flashsim.specs import Op
+    from gpu import flash
+
+    def bits(x: float) -> int:
+        return int(np.float32(x).view(np.uint32))
+
+    rng = np.random.default_rng(7)
+    scales = [1 / math.sqrt(d) for d in range(1, 513)] + list(10.0 ** rng.uniform(-6, 3, 108))
+    variants = [StandardSoftmax()]
+    variants += [StabilisedSoftmax(eps=e, beta=b) for e in (1e-3, 2.5e-3, 1e-5, 0.37) for b in (1.5, 2.0, 3.0, 7.25)]
+    variants += [RobustSoftmax(p_precision=p, beta=b, max_shift=m) for p in (4, 8, 11) for b in (1.5, 2.0)
+                 for m in (0.5, 8.0, 20.0, 64.0)]
+    emulated = {}
+    compared = 0
+    for scale in scales:
+        for variant in variants:
+            c = flash.softmax_constants(variant, scale)
+            raw, scaled = 1.0 / scale, LOG2E
+            exact = dict(qk_scale=scale * LOG2E)
+            if isinstance(variant, StabilisedSoftmax):
+                exact.update(eps_raw=variant.eps * raw, eps_t=variant.eps * scaled, beta=variant.beta)
+            elif isinstance(variant, RobustSoftmax):
+                exact.update(beta=variant.beta, band_raw=variant.band * raw, band_t=variant.band * scaled,
+                             max_shift_raw=variant.max_shift * raw, max_shift_t=variant.max_shift * scaled)
+            for name, x in exact.items():
+                if x not in emulated:
+                    emulated[x] = float(arith.constant(x, Op(FP32)))
+                assert bits(getattr(c, name)) == bits(emulated[x]), (scale, variant, name, x)
+                compared += 1
+    assert compared > 100_000
+    # the cast itself, numpy's against the emulator's, on arrays
+    pats = rng.integers(0, 2**64, 200_000, dtype=np.uint64).view(np.float64)
+    f32 = rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    f32 = f32[np.isfinite(f32)].astype(np.float64)
+    up = np.nextafter(f32.astype(np.float32), np.float32(np.inf)).astype(np.float64)
+    ties = f32 + (up - f32) / 2  # exactly halfway between neighbouring float32s (exact in float64)
+    big = float(np.finfo(np.float32).max)
+    special = np.array([0.0, -0.0, big, -big, big * (1 + 2**-25), big * (1 + 2**-24), 1e39, -1e39, 2.0**-149,
+                        2.0**-150, 2.0**-150 * 1.0000001, 2.0**-151, 1e-46, 2.0**-126, 2.0**-126 * (1 - 2**-24)])
+    x = np.concatenate([pats, f32, ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf), special])
+    x = x[np.isfinite(x)]
+    with np.errstate(over="ignore"):
+        ours = x.astype(np.float32)
+    theirs = np.asarray(ef.quantize(x, FP32), np.float32)
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
 
 
 # ---- live, on a GPU ------------------------------------------------------------------------------------
@@ -393,20 +473,16 @@ def test_live_fp8_overlap_kernel_equals_triton_kernel(d):
 @cuda
 @pytest.mark.parametrize("d", [64, 128])
 def test_live_fp8_transposed_v_keeps_the_bits(d):
-    """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead, on the same tiles, gives
-    the same O and LSE bits; ragged lengths (a row of V^T padded to 16 keys), adversarial inputs, both
-    maskings, every softmax."""
+    """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead (``v_transposed=False``),
+    on the same tiles, gives the same O and LSE bits; ragged lengths (a row of V^T padded to 16 keys),
+    adversarial inputs, both maskings, every softmax."""
     from gpu import flash
     from gpu.crosscheck import same_bits
     for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
         for causal in (False, True):
             for sm in flash.SOFTMAX_IDS:
                 want = flash.forward(q8, k8, v8, causal=causal, softmax=sm)[:2]
-                flash.V_TRANSPOSED = ()
-                try:
-                    got = flash.forward(q8, k8, v8, causal=causal, softmax=sm)[:2]
-                finally:
-                    flash.V_TRANSPOSED = (flash.FP8,)
+                got = flash.forward(q8, k8, v8, causal=causal, softmax=sm, v_transposed=False)[:2]
                 assert same_bits(got, want), (kind, nq, nk, causal, sm)
 
 
@@ -415,7 +491,7 @@ def test_live_fp8_transposed_v_keeps_the_bits(d):
 def test_live_direct_launch_follows_specialisations():
     """gpu.launch reuses a compiled kernel only for its specialisation: after aligned calls, tensors
     starting 2 bytes off a 16-byte boundary and lengths of 1 and 17 (not divisible by 16) get their own
-    kernels, and every call gives the bits of Triton's own launch path (gpu.launch.enabled = False)."""
+    kernels, and every call gives the bits of Triton's own launch path (``with gpu.launch.direct(False):``)."""
     import numpy as np
 
     from gpu import flash, launch
@@ -429,12 +505,9 @@ def test_live_direct_launch_follows_specialisations():
             flash.backward(q, k, v, o, lse, do, causal=True)
             got = []
             for direct in (True, False):
-                launch.enabled = direct
-                try:
+                with launch.direct(direct):
                     o, lse, _ = flash.forward(q, k, v, causal=True, softmax="robust", kernel="triton")
                     got.append((o, lse, *flash.backward(q, k, v, o, lse, do, causal=True)))
-                finally:
-                    launch.enabled = True
             for x, y in zip(*got, strict=True):
                 assert np.array_equal(bits_of(x), bits_of(y)), (n, offset)
     keys = list(flash._FWD._compiled)

@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 import emufloat as ef
+from emufloat.hw import h100
 
 DATA = Path(__file__).parent / "data" / "h100" / "mma.npz"
 TYPES = {
-    "fp16": (np.float16, ef.H100_WGMMA_FP16, (16, 32, 64, 128, 256)),
-    "bf16": (ml_dtypes.bfloat16, ef.H100_WGMMA_BF16, (16, 32, 64, 128, 256)),
-    "e4m3": (ml_dtypes.float8_e4m3fn, ef.H100_WGMMA_FP8, (32, 64, 128, 256)),
-    "e5m2": (ml_dtypes.float8_e5m2, ef.H100_WGMMA_FP8, (32, 64, 128, 256)),
+    "fp16": (np.float16, h100.WGMMA_FP16, (16, 32, 64, 128, 256)),
+    "bf16": (ml_dtypes.bfloat16, h100.WGMMA_BF16, (16, 32, 64, 128, 256)),
+    "e4m3": (ml_dtypes.float8_e4m3fn, h100.WGMMA_FP8, (32, 64, 128, 256)),
+    "e5m2": (ml_dtypes.float8_e5m2, h100.WGMMA_FP8, (32, 64, 128, 256)),
 }
 
 
@@ -52,14 +53,14 @@ def test_tf32_model_is_bit_exact_with_truncated_inputs():
         bt = ef.quantize(data[key + "_bt"].view(np.float32), ef.TF32, "rtz").astype(np.float32)
         c = data[key + "_c"].view(np.float32) if key + "_c" in data.files else None
         for t in range(a.shape[0]):
-            got = ef.matmul(a[t], bt[t].T, ef.H100_WGMMA_TF32, None if c is None else c[t])
+            got = ef.matmul(a[t], bt[t].T, h100.WGMMA_TF32, None if c is None else c[t])
             assert np.array_equal(got.view(np.uint32), data[key + "_d"][t]), (key, t)
             n += got.size
     assert n >= 200_000
     # rounding the inputs instead (as cvt.rna.tf32.f32 would) does not reproduce the GPU
     a = ef.quantize(data["K64_noc_a"].view(np.float32), ef.TF32, "rna").astype(np.float32)
     bt = ef.quantize(data["K64_noc_bt"].view(np.float32), ef.TF32, "rna").astype(np.float32)
-    assert not np.array_equal(ef.matmul(a[0], bt[0].T, ef.H100_WGMMA_TF32).view(np.uint32), data["K64_noc_d"][0])
+    assert not np.array_equal(ef.matmul(a[0], bt[0].T, h100.WGMMA_TF32).view(np.uint32), data["K64_noc_d"][0])
 
 
 @pytest.mark.parametrize("dtype", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
@@ -75,8 +76,8 @@ def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
     for t in range(a.shape[0]):
         acc = c[t].copy() if with_c else np.zeros((64, 64), np.float32)
         for s in range(0, a.shape[2], 32):
-            acc = acc + ef.matmul(a[t][:, s:s + 32], bt[t][:, s:s + 32].T, ef.H100_WGMMA_FP8)
-        got = ef.matmul(a[t], bt[t].T, ef.H100_WGMMA_FP8_PROMOTED, None if c is None else c[t])
+            acc = acc + ef.matmul(a[t][:, s:s + 32], bt[t][:, s:s + 32].T, h100.WGMMA_FP8)
+        got = ef.matmul(a[t], bt[t].T, h100.WGMMA_FP8_PROMOTED, None if c is None else c[t])
         assert np.array_equal(got.view(np.uint32), acc.view(np.uint32))
     verify = json.loads((DATA.parent / "verify.json").read_text())["sections"]["dot"]["result"]["fp8_maxi32"]
     for fmt in ("e4m3", "e5m2"):

@@ -89,7 +89,9 @@ def test_the_key_separates_what_triton_specialises_on():
     """Where Triton's binder gives two arguments different specialisations, the key differs too."""
     values = [1, 2, 16, 17, 32, 2**31 - 16, 2**31, 2**63, -16, -3, 0.5, 2.0,
               torch.zeros(8, dtype=torch.bfloat16), torch.zeros(9, dtype=torch.bfloat16)[1:],
-              torch.zeros(8, dtype=torch.float16), torch.zeros(8, dtype=torch.float32)]
+              torch.zeros(8, dtype=torch.float16), torch.zeros(8, dtype=torch.float32),
+              (0.5, 16), (0.5, 17), (0.5, 1), (2.0, torch.zeros(8, dtype=torch.bfloat16)),
+              (0.5, torch.zeros(9, dtype=torch.bfloat16)[1:]), (1, 0.5), (16, 0.5)]
     for a in values:
         for b in values:
             if native_specialize_impl(CUDABackend, a, False, True, True) != \
@@ -103,3 +105,28 @@ def test_wrong_constexpr_names_and_unknown_arguments_are_named(fake):
         run((1, 1), _args(), {"FLAG": True, "BLOCK": 128}, {})
     with pytest.raises(TypeError, match="type list"):
         run((1, 1), (*_args()[:3], [1.0]), {"BLOCK": 128, "FLAG": True}, {})
+
+
+def test_direct_false_takes_tritons_own_path_inside_the_block_only(fake):
+    run = launch.Launcher(fake)
+    const, opts = {"BLOCK": 128, "FLAG": True}, {"num_warps": 4}
+    run((1, 1), _args(), const, opts)
+    with launch.direct(False):
+        run((1, 1), _args(), const, opts)  # compiled already, yet through fn[grid](...)
+    assert len(fake.compiles) == 2 and not fake.launches
+    run((1, 1), _args(), const, opts)
+    assert len(fake.compiles) == 2 and len(fake.launches) == 1
+    with pytest.raises(TypeError, match="direct: expected a bool"), launch.direct(0):
+        pass
+
+
+def test_records_are_keyed_field_by_field(fake):
+    """A tuple argument (a record such as gpu.kernels.steps.SoftmaxConstants) specialises each field."""
+    run = launch.Launcher(fake)
+    const, opts = {"BLOCK": 128, "FLAG": True}, {"num_warps": 4}
+    aligned, offset = torch.zeros(8, dtype=torch.bfloat16), torch.zeros(9, dtype=torch.bfloat16)[1:]
+    run((1, 1), (*_args()[:3], (0.5, aligned)), const, opts)
+    run((1, 1), (*_args()[:3], (0.25, aligned)), const, opts)
+    assert len(fake.compiles) == 1 and len(fake.launches) == 1
+    run((1, 1), (*_args()[:3], (0.5, offset)), const, opts)
+    assert len(fake.compiles) == 2

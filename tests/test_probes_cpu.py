@@ -26,6 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import emufloat as ef
+from emufloat.hw import h100
 from gpu.probes import common, formats, mma_cases, trees
 from gpu.probes.common import Hist, ProbeContext
 
@@ -238,9 +239,9 @@ def test_block_model_maps_parameters():
     assert (m.width, m.align_bits, m.final_rounding, m.acc_fmt, m.zeros_in_max) == (16, 25, ef.Rounding("rtz"),
                                                                                     ef.FP32, False)  # fmt: skip
     assert m.early_c and m.chunk == 0 and m.inf_on_overflow
-    assert replace(m, name=ef.H100_WGMMA_BF16.name) == ef.H100_WGMMA_BF16
+    assert replace(m, name=h100.WGMMA_BF16.name) == h100.WGMMA_BF16
     m8 = mma_cases.block_model(32, 13, 13, "rz")
-    assert replace(m8, name=ef.H100_WGMMA_FP8.name) == ef.H100_WGMMA_FP8
+    assert replace(m8, name=h100.WGMMA_FP8.name) == h100.WGMMA_FP8
     assert m8.acc_fmt == ef.Format(8, 13) and m8.acc_fmt.man_bits == 13
     modes = {r: mma_cases.block_model(8, 20, 23, r).final_rounding.mode for r in mma_cases.ROUNDING_MODES}
     assert modes == {"rz": "rtz", "rne": "rne", "rna": "rna", "ru": "rup", "rd": "rdown"}
@@ -248,9 +249,9 @@ def test_block_model_maps_parameters():
     for bad in ((16, 25, 23, "rtz"), (16, 25, 24, "rz"), (16, 41, 23, "rz"), (0, 25, 23, "rz")):
         with pytest.raises(ValueError):
             mma_cases.block_model(*bad)
-    assert mma_cases.PUBLISHED == {"bf16": ef.H100_WGMMA_BF16, "fp16": ef.H100_WGMMA_FP16,
-                                   "e4m3": ef.H100_WGMMA_FP8, "e5m2": ef.H100_WGMMA_FP8}  # fmt: skip
-    p = mma_cases.model_params(ef.H100_WGMMA_FP8)
+    assert mma_cases.PUBLISHED == {"bf16": h100.WGMMA_BF16, "fp16": h100.WGMMA_FP16,
+                                   "e4m3": h100.WGMMA_FP8, "e5m2": h100.WGMMA_FP8}  # fmt: skip
+    p = mma_cases.model_params(h100.WGMMA_FP8)
     assert p["width"] == 32 and p["align_bits"] == 13 and p["acc_frac_bits"] == 13 and p["final_rounding"] == "rtz"
     json.dumps(p, allow_nan=False)
 
@@ -258,7 +259,7 @@ def test_block_model_maps_parameters():
 def test_fitted_model_from_conclusions():
     concl = {"model": {"block": 32, "frac_bits": 13, "out_frac_bits": 13, "rounding": "rz",
                        "zero_products_affect_alignment": False}}  # fmt: skip
-    assert replace(mma_cases.fitted_model(concl), name="x") == replace(ef.H100_WGMMA_FP8, name="x")
+    assert replace(mma_cases.fitted_model(concl), name="x") == replace(h100.WGMMA_FP8, name="x")
     concl["model"]["zero_products_affect_alignment"] = True
     assert mma_cases.fitted_model(concl).zeros_in_max
     for key in ("block", "frac_bits", "out_frac_bits", "rounding"):
@@ -356,7 +357,7 @@ def test_probe_detects_zero_products_in_max():
     z = mma_cases.conclude_zero(run)
     assert z["zero_products_affect_alignment"] is True
     assert "a=+0.0_b=2^127" in z["zero"]["changed_vs_base"] and "a=+0.0_b=2^0" not in z["zero"]["changed_vs_base"]
-    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, _fake_dot(fmt, ef.H100_WGMMA_BF16))
+    run = mma_cases.run_cases(mma_cases.zero_cases(fmt, 25, 23, 16), fmt, 64, _fake_dot(fmt, h100.WGMMA_BF16))
     assert mma_cases.conclude_zero(run)["zero_products_affect_alignment"] is False
 
 
@@ -697,7 +698,7 @@ def test_mma_dot_fn_with_fake_tiles():
             ab = a[:, 0, :].view(torch.int16 if fmt.nbytes == 2 else torch.uint8).numpy().astype(np.int64)
             bb = bt[:, 0, :].view(torch.int16 if fmt.nbytes == 2 else torch.uint8).numpy().astype(np.int64)
             cc = None if c is None else c[:, 0, 0].numpy().view(np.uint32)
-            d = _model_dots(ab, bb, cc, fmt, ef.H100_WGMMA_BF16).view(np.float32)
+            d = _model_dots(ab, bb, cc, fmt, h100.WGMMA_BF16).view(np.float32)
             return torch.from_numpy(d.copy())[:, None, None].expand(-1, 64, 64).contiguous()
 
     fmt = formats.BF16
@@ -717,7 +718,7 @@ class FakeTensorCore:
     def run_tiles(self, fmt, K, has_c, maxi, a, bt, c):
         import torch
 
-        model = ef.H100_WGMMA_FP8_PROMOTED if maxi == 32 else mma_cases.PUBLISHED[fmt.name]
+        model = h100.WGMMA_FP8_PROMOTED if maxi == 32 else mma_cases.PUBLISHED[fmt.name]
         iv = torch.int16 if fmt.nbytes == 2 else torch.uint8
         av = a.view(iv).numpy().view(fmt.uint).view(fmt.dtype)
         bv = bt.view(iv).numpy().view(fmt.uint).view(fmt.dtype)

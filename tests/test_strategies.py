@@ -1,4 +1,4 @@
-"""emufloat.strategies: each strategy yields what its docstring promises.
+"""emufloat.testing: each strategy yields what its docstring promises.
 
 Validity is checked with @given over many formats; coverage (the specials,
 ties and carries actually appear) with ``hypothesis.find`` under a fixed seed.
@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import emufloat as ef
-from emufloat import strategies as efst
+from emufloat import testing as efst
+from emufloat.testing import draws
 
 FTZ = ef.Format(4, 3, subnormals=False)  # a custom format: no dtype, no subnormals
 FORMATS = [ef.BF16, ef.FP16, ef.E4M3FN, ef.E5M2, ef.E4M3FNUZ, ef.E5M2FNUZ, ef.E3M2, ef.E2M3, ef.E2M1,
@@ -99,7 +100,7 @@ def test_encodings_are_valid_and_round_trip(data):
 
 def special_targets(fmt):
     """(name, predicate on the encoding) for every special the mixture promises."""
-    lay = efst._layout(fmt)
+    lay = draws.layout(fmt)
     mb = fmt.man_bits
     t = {
         "+0": lambda e: e == 0,
@@ -469,5 +470,5 @@ def test_bad_arguments_name_the_argument(call, exc, word):
 
 
 def test_emufloat_does_not_import_hypothesis():
-    code = "import sys, emufloat; sys.exit('hypothesis' in sys.modules or 'emufloat.strategies' in sys.modules)"
+    code = "import sys, emufloat; sys.exit('hypothesis' in sys.modules or 'emufloat.testing' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0

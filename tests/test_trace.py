@@ -173,3 +173,19 @@ def test_tracing_does_not_change_results():
         np.testing.assert_array_equal(plain.view(np.uint16), traced.view(np.uint16))
         np.testing.assert_array_equal(ef.quantize(a, "e5m2", mode).view(np.uint8),
                                       ef.quantize(a, "e5m2", mode, trace=ef.Trace()).view(np.uint8))
+
+
+def test_flags_come_from_one_table():
+    """emufloat.flags.FLAGS is the source: the kernels' constants, Flag, FLAG_DOC and the docs' table follow it."""
+    import re
+    from pathlib import Path
+
+    from emufloat import _core, flags, trace
+
+    names = [name for name, _doc in flags.FLAGS]
+    assert [f.name for f in Flag] == [n.upper() for n in names]
+    assert [int(f) for f in Flag] == [1 << k for k in range(len(names))]
+    assert all(getattr(_core, n.upper()) == 1 << k for k, n in enumerate(names))
+    assert trace.FLAG_DOC == dict(flags.FLAGS)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "emufloat.md").read_text()
+    assert re.findall(r"^\| `([A-Z_]+)` \|", doc, re.M) == [n.upper() for n in names]

@@ -1,7 +1,7 @@
-"""Reduction trees (emufloat.trees): the H100 tl.sum/tl.max model against the recorded GPU outputs, the
-FPRev reconstruction, textbook orders against step-by-step oracles, and argument errors.
+"""Reduction trees (emufloat.trees, emufloat.hw.h100.tl_sum): the H100 tl.sum/tl.max model against the recorded
+GPU outputs, the FPRev reconstruction, textbook orders against step-by-step oracles, and argument errors.
 
-The package data emufloat/data/h100_reduction_trees.json is built from tests/data/h100 by
+The package data emufloat/hw/h100/data/reduction_trees.json is built from tests/data/h100 by
 ``python tools/build_package_data.py``.
 """
 
@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 
 import emufloat as ef
-from emufloat.trees import ReductionTree, h100_tl_sum, tree_max, tree_sum
+from emufloat.hw import h100
+from emufloat.trees import ReductionTree, tree_max, tree_sum
 from gpu.probes import trees as T
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "tests" / "data" / "h100"
-PACKAGE_DATA = REPO / "emufloat" / "data" / "h100_reduction_trees.json"
+PACKAGE_DATA = REPO / "emufloat" / "hw" / "h100" / "data" / "reduction_trees.json"
 KEY = re.compile(r"BM(\d+)_BN(\d+)_w(\d+)_(dot|load)")
 
 
@@ -49,14 +50,14 @@ def _tile(rows: np.ndarray, layout: str) -> np.ndarray:
         return rows
     z_a = np.zeros((rows.shape[0], 16), dtype=ml_dtypes.bfloat16)
     z_b = np.zeros((16, rows.shape[1]), dtype=ml_dtypes.bfloat16)
-    return ef.matmul(z_a, z_b, ef.H100_WGMMA_BF16, c=rows)
+    return ef.matmul(z_a, z_b, h100.WGMMA_BF16, c=rows)
 
 
 @pytest.mark.parametrize(("key", "cfg"), CONFIGS, ids=[k for k, _ in CONFIGS])
 def test_h100_model_reproduces_recorded_rows(key, cfg):
     rows = RECORDED[f"rows_BN{cfg['block_n']}"].view(np.float32)
     assert rows.shape == (10240, cfg["block_n"])
-    tree = h100_tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
+    tree = h100.tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
     assert tree.to_nested() == cfg["tree"]
     x = _tile(rows, cfg["layout"])
     assert np.array_equal(x.view(np.uint32), rows.view(np.uint32))  # as the GPU's pass-through check found
@@ -93,7 +94,7 @@ def _zero_nan_rows(n: int) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize(("key", "cfg"), CONFIGS, ids=[k for k, _ in CONFIGS])
 def test_h100_signed_zeros_and_nan(key, cfg):
-    tree = h100_tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
+    tree = h100.tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
     for fam, rows in _zero_nan_rows(cfg["block_n"]).items():
         want = cfg["signed_zero_nan"][fam]
         x = _tile(rows, cfg["layout"])
@@ -116,7 +117,7 @@ def test_h100_signed_zeros_and_nan(key, cfg):
 def test_fprev_reinfers_the_recorded_tree(key):
     cfg = dict(CONFIGS)[key]
     n = cfg["block_n"]
-    tree = h100_tl_sum(cfg["block_m"], n, cfg["num_warps"], cfg["layout"])
+    tree = h100.tl_sum(cfg["block_m"], n, cfg["num_warps"], cfg["layout"])
     pairs = T.all_pairs(n)
     sums = tree_sum(T.fprev_rows(n, pairs), tree)
     gpu = RECORDED[f"{key}_fprev_sums"]  # [pair, row position]; 255 marks a failed probe
@@ -244,9 +245,9 @@ def test_shapes_and_trees():
     assert ReductionTree.pairwise(4).to_nested() == [[0, 1], [2, 3]]
     assert ReductionTree.pairwise(5).to_nested() == [[[0, 1], [2, 3]], 4]
     assert ReductionTree.sequential(4096).depth == 4095  # no recursion limit
-    t = h100_tl_sum(64, 64, 4, "dot")
-    assert t is h100_tl_sum(64, 64, 4) and t.depth == 17 and t.program.shape == (63, 2)
-    assert h100_tl_sum(64, 128, 4, "load").depth == 8
+    t = h100.tl_sum(64, 64, 4, "dot")
+    assert t is h100.tl_sum(64, 64, 4) and t.depth == 17 and t.program.shape == (63, 2)
+    assert h100.tl_sum(64, 128, 4, "load").depth == 8
     with pytest.raises(ValueError):
         t.program[0, 0] = 1
     one = tree_sum(np.array([[1.0 + 2.0**-20]], np.float32), ReductionTree.sequential(1), fmt="bf16")
@@ -264,7 +265,7 @@ def test_tree_sum_trace_events_are_the_tree_steps():
     x = (rng.standard_normal((6, 64)) * np.exp2(rng.integers(-30, 30, (6, 64)))).astype(np.float32)
     x[0, :3] = [np.inf, -np.inf, 1.0]
     x[1] = -0.0
-    tree = h100_tl_sum(128, 64, 4)
+    tree = h100.tl_sum(128, 64, 4)
     for fmt, mode in (("fp32", "rne"), ("bf16", "rtz"), ("bf16", "rne")):
         tr = ef.Trace()
         got = tree_sum(x, tree, fmt, mode, trace=tr, label="l")
@@ -322,13 +323,13 @@ def test_errors():
     with pytest.raises(ValueError, match="without NaN"):
         tree_sum(np.array([[np.inf, -np.inf, 0, 0]], np.float32), t, fmt="e2m1")
     with pytest.raises(ValueError, match=r"block_m: .*block_m=32; accepted: \[64, 128\]"):
-        h100_tl_sum(32, 64, 4)
+        h100.tl_sum(32, 64, 4)
     with pytest.raises(ValueError, match=r"block_n: .*accepted: \[64, 128\]"):
-        h100_tl_sum(64, 256, 4)
+        h100.tl_sum(64, 256, 4)
     with pytest.raises(ValueError, match=r"num_warps: .*accepted: \[4, 8\]"):
-        h100_tl_sum(64, 64, 2)
+        h100.tl_sum(64, 64, 2)
     with pytest.raises(ValueError, match=r"layout: expected one of \['dot', 'load'\], got 'mma'"):
-        h100_tl_sum(64, 64, 4, "mma")
+        h100.tl_sum(64, 64, 4, "mma")
     with pytest.raises(ValueError, match=r"repeated: \[1\], missing: \[2\]"):
         ReductionTree.from_nested([[0, 1], 1])
     with pytest.raises(TypeError, match="leaf must be an int"):

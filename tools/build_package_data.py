@@ -1,6 +1,9 @@
-"""Build emufloat's package data (emufloat/data/*.npz) from the GPU recordings under tests/data.
+"""Build the H100 room's package data (emufloat/hw/h100/data: ex2 and rcp tables, tl.sum trees) from a GPU recording.
 
-    python tools/build_package_data.py     # ex2 and rcp tables, tl.sum trees, from tests/data/h100
+    python tools/build_package_data.py FOLDER      # e.g. tests/data/h100, the recording the package data came from
+
+FOLDER is what the device scripts wrote to $OUT: ``gpu/run_probes.sh`` (results.json, exp2.npz) and, for
+the rcp table, ``gpu/run_verify.sh`` (rcp.npz; skipped when absent).
 
 Each table ships as int8 corrections to the correctly rounded values plus the SHA-256 of the table bits
 as the GPU computed them; emufloat rebuilds the table on load and refuses it if the digest differs.
@@ -22,8 +25,7 @@ sys.path.insert(0, str(REPO))
 from gpu.probes import trees as T  # noqa: E402  (numpy-only tree helpers of the probes)
 
 KEY = re.compile(r"BM(\d+)_BN(\d+)_w(\d+)_(dot|load)")
-SRC = REPO / "tests" / "data" / "h100"
-DST = REPO / "emufloat" / "data"
+DST = REPO / "emufloat" / "hw" / "h100" / "data"
 
 
 def build_ex2(src: Path) -> dict:
@@ -81,7 +83,7 @@ def build_trees(src: Path) -> dict:
     return {
         "description": (
             "Order of Triton's tl.sum(x, 1) over an fp32 [BLOCK_M, BLOCK_N] tile on the H100, one tree per "
-            "config (the same for every row of the tile); read by emufloat.trees.h100_tl_sum."
+            "config (the same for every row of the tile); read by emufloat.hw.h100.tl_sum."
         ),
         "format": {
             "tree": "nested lists: a leaf is a column position 0..BLOCK_N-1, a node [left, right] is one "
@@ -133,18 +135,22 @@ def dump_trees(data: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--src", type=Path, default=SRC)
+    ap.add_argument("src", type=Path, metavar="FOLDER",
+                    help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/run_verify.sh)")
     args = ap.parse_args()
+    missing = [f for f in ("results.json", "exp2.npz") if not (args.src / f).is_file()]
+    if missing:
+        ap.error(f"FOLDER {args.src} lacks {', '.join(missing)}: give the output folder of gpu/run_probes.sh")
     DST.mkdir(exist_ok=True)
-    for name, arrays in (("h100_ex2", build_ex2(args.src)), ("h100_rcp", build_rcp(args.src))):
+    for name, arrays in (("ex2", build_ex2(args.src)), ("rcp", build_rcp(args.src))):
         if arrays is None:
             print(f"{name}: no recording in {args.src}, skipped")
             continue
         np.savez_compressed(DST / f"{name}.npz", **arrays)
         print(f"{name}: {(DST / f'{name}.npz').stat().st_size} bytes")
-    trees = DST / "h100_reduction_trees.json"
+    trees = DST / "reduction_trees.json"
     trees.write_text(dump_trees(build_trees(args.src)))
-    print(f"h100_reduction_trees: {trees.stat().st_size} bytes")
+    print(f"reduction_trees: {trees.stat().st_size} bytes")
 
 
 if __name__ == "__main__":

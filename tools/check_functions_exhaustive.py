@@ -20,13 +20,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from emufloat import functions as F  # noqa: E402
+from emufloat.hw import h100  # noqa: E402
 
 MODELS = {
-    "exp2": F.triton_exp2,
-    "exp": F.triton_exp,
-    "ex2_nonftz": lambda x: F.ex2_approx(x, ftz=False),
-    "rcp": F.rcp_approx,
+    "exp2": h100.triton_exp2,
+    "exp": h100.triton_exp,
+    "ex2_nonftz": lambda x: h100.ex2_approx(x, ftz=False),
+    "rcp": h100.rcp_approx,
 }
 
 

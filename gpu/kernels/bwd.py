@@ -11,10 +11,10 @@ The softmax variant does not enter: the LSE makes P the same whatever shift the 
 Masks only where they can remove something: each kernel walks its whole blocks in an unmasked loop (plain
 loads; in the dK/dV kernel a branch masks P on the query blocks that cross the causal diagonal), then the
 ragged end and, in the dQ kernel, the blocks on the diagonal in a masked loop, in the ascending order one
-loop would take.  A mask that keeps everything changes no value, so this changes only the time (2-25% on
-the H100, docs/performance.md, "Backward: masks only where needed").  The dQ kernel takes its query block
-and key range from :func:`gpu.kernels.fwd._program` (causal: each head's heaviest blocks first, as the
-forward); the dK/dV kernel's heaviest blocks already come first.
+loop would take.  A mask that keeps everything changes no value, so this changes only the time
+(docs/tried.md, "Backward").  The dQ kernel takes its query block and key range from
+:func:`gpu.kernels.steps.program_blocks` (causal: each head's heaviest blocks first, as the forward); the
+dK/dV kernel's heaviest blocks already come first.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .fwd import _program
+from .steps import program_blocks
 
 
 @triton.jit
@@ -76,8 +76,7 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, start, s
     """dK, dV accumulated over the query blocks [start, stop).  MASKED: rows past N_Q and, with causal
     masking, keys after the query masked out of P.  Otherwise every row is valid and, with causal masking,
     the blocks before ``diag_end`` (those crossing the diagonal) mask P by a branch inside the loop: a
-    separate loop for them spilled more registers at d=128 and made the causal backward 5-8% slower on
-    the H100 (docs/performance.md, "Backward: masks only where needed")."""
+    separate loop for them spilled more registers at d=128 and was slower (docs/tried.md, "Backward")."""
     for start_m in tl.range(start, stop, BLOCK_M, num_stages=1 if MASKED else None):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, row_ok, _ = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM, MASKED)
@@ -149,7 +148,7 @@ def _dq_loop(dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, start, stop, q
 @triton.jit
 def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, N_Q, N_K,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
-    start_m, hz, lo, hi = _program(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
+    start_m, hz, lo, hi = program_blocks(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)

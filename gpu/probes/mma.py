@@ -5,7 +5,7 @@ alignment fraction bits, the final rounding, zero products, tiny values, C pass-
 without accumulator, and for fp8 also with ``max_num_imprecise_acc=32`` (promotion to fp32 every 32 k).
 Random stress tiles (K in 16..256, with and without C) are stored as bits with the GPU outputs and compared
 with the tensor-core model ``emufloat.FusedBlock`` (``emufloat.matmul``) for the fitted parameters and the
-published ones (the emufloat presets ``H100_WGMMA_BF16``, ``H100_WGMMA_FP16``, ``H100_WGMMA_FP8``).
+published ones (the emufloat presets ``h100.WGMMA_BF16``, ``h100.WGMMA_FP16``, ``h100.WGMMA_FP8``).
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def make_dot_fn(be, fmt: Fmt, K: int, maxi: int, device, batch: int = 8192):
 
 STRESS_K = {"bf16": (16, 32, 64, 128, 256), "fp16": (16, 32, 64, 128, 256), "e4m3": (32, 64, 128, 256),
             "e5m2": (32, 64, 128, 256)}  # fmt: skip
-PUBLISHED = mc.PUBLISHED  # fmt name -> emufloat preset (H100_WGMMA_BF16, H100_WGMMA_FP16, H100_WGMMA_FP8)
+PUBLISHED = mc.PUBLISHED  # fmt name -> emufloat preset (h100.WGMMA_BF16, h100.WGMMA_FP16, h100.WGMMA_FP8)
 
 
 def run(ctx) -> dict:

@@ -28,6 +28,7 @@ from fractions import Fraction
 import numpy as np
 
 import emufloat as ef
+from emufloat.hw import h100
 
 from .common import bits_f32, f32_bits, hexbits
 from .formats import Fmt, encode_array, encode_exact, product_factors, random_finite_bits, round_to_fmt
@@ -37,7 +38,7 @@ ROUNDING_MODES = ("rz", "rne", "rna", "ru", "rd")  # the final roundings the pro
 EF_ROUNDING = {"rz": "rtz", "rne": "rne", "rna": "rna", "ru": "rup", "rd": "rdown"}  # the same in emufloat
 # the published tensor-core models, as emufloat presets (fp8: the default tl.dot, no promotion)
 PUBLISHED = {
-    "bf16": ef.H100_WGMMA_BF16, "fp16": ef.H100_WGMMA_FP16, "e4m3": ef.H100_WGMMA_FP8, "e5m2": ef.H100_WGMMA_FP8,
+    "bf16": h100.WGMMA_BF16, "fp16": h100.WGMMA_FP16, "e4m3": h100.WGMMA_FP8, "e5m2": h100.WGMMA_FP8,
 }  # fmt: skip
 
 

@@ -1,3 +1,0 @@
-from .demo import main
-
-raise SystemExit(main())

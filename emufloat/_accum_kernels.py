@@ -1,0 +1,462 @@
+"""The Numba kernels of :mod:`emufloat.accum`: a model's dot products, term by term or on integers.
+
+:func:`matmul_kernel` runs every model element by element (and traces FusedBlock steps);
+:func:`block_matmul` is the untraced FusedBlock fast path on integer significands, tiles of output columns
+at a time.  The two agree bit for bit (tests/test_accum.py).  A model reaches them as a :class:`ModelParams`
+record, which :attr:`emufloat.accum.FusedBlock.params` (and the other models' ``params``) builds.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numba as nb
+import numpy as np
+
+from . import _core, _fastpath, reduce
+from .rounding import RNE, SR
+
+KIND_SEQUENTIAL, KIND_PAIRWISE, KIND_EXACT, KIND_BLOCK = range(4)
+_NEG = -(1 << 30)  # a FusedBlock step's reference exponent before any term counts
+
+
+class ModelParams(NamedTuple):
+    """An accumulation model's parameters as the kernels read them (integers; 0 or 1 for the switches).
+
+    One record type for every model, so each kernel compiles once: fields a model does not use are 0.
+    """
+
+    kind: int  # KIND_SEQUENTIAL, KIND_PAIRWISE, KIND_EXACT or KIND_BLOCK
+    fused: int = 0  # Sequential: each product enters its add unrounded (an FMA)
+    base: int = 0  # Pairwise: terms per leaf, summed in order
+    width: int = 0  # FusedBlock: products per step
+    align_bits: int = 0  # FusedBlock: fraction bits kept below the step's largest exponent
+    early_c: int = 0  # FusedBlock: C takes part in the step's alignment
+    zeros_in_max: int = 0  # FusedBlock: zero products count in the maximum exponent
+    min_exp: int = 0  # FusedBlock: products whose unnormalised exponent is below it are dropped
+    chunk: int = 0  # FusedBlock: promote to an FP32 add every chunk products (0: never)
+    inf_on_overflow: int = 0  # FusedBlock: a step sum beyond the accumulator's range becomes +-inf
+
+
+@nb.njit(cache=True)
+def _lead_exp(x, emin):
+    """Unnormalised exponent of an input: its binade, or emin for subnormals and zeros."""
+    if x == 0.0:
+        return np.int64(emin)
+    return max(_core.ilogb(x), np.int64(emin))
+
+
+@nb.njit(cache=True)
+def _cut(x, cut):
+    """Sign and magnitude of x truncated to a multiple of 2**cut, as an integer count of 2**cut."""
+    _cls, sign, sig, exp = _core.f64_parts(x)
+    shift = cut - exp
+    if shift <= 0:
+        return sign, sig << (-shift)
+    if shift >= 63:
+        return sign, np.int64(0)
+    return sign, sig >> shift
+
+
+@nb.njit(cache=True)
+def _c_term(c, cut):
+    """C's signed term in an early-C step: c truncated toward zero to a multiple of 2**cut, in units of 2**cut."""
+    sign, q = _cut(c, cut)
+    return -q if sign else q
+
+
+@nb.njit(cache=True)
+def _round_into(s, t, params, mode):
+    """The double-double s + t rounded once into the format (specials and zero pass through)."""
+    if s == 0.0 or not np.isfinite(s):
+        return s
+    sign, sig, exp, sticky = _core.dd_parts(s, t)
+    enc, _fl = _core.round_pack(sign, sig, exp, sticky, _core.NO_CARRY_REF, params, mode, 0, 0)
+    return _core.decode(enc, params)
+
+
+@nb.njit(cache=True)
+def _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_overflow):
+    """A step's aligned sum ``total * 2**cut`` rounded once into the accumulator; then late C, if any."""
+    if total == 0:
+        res = 0.0
+    else:
+        sign = np.int64(1) if total < 0 else np.int64(0)
+        enc, fl = _core.round_pack(sign, abs(total), cut, False, _core.NO_CARRY_REF, acc_params,
+                                   final_mode, 0, 0)
+        res = _core.decode(enc, acc_params) + 0.0  # a sum truncated to zero is +0 (integer datapath)
+        if inf_on_overflow and fl & _core.OVERFLOW:
+            res = -np.inf if sign else np.inf
+    if use_c and not early_c:  # late C: added to the step's result with a second rounding
+        s, t = _core.two_sum(res, c)
+        return _round_into(s, t, acc_params, final_mode)
+    return res
+
+
+@nb.njit(cache=True)
+def _promote(promoted, acc, params):
+    """FP8 chunk promotion: the chunk's result added to the running FP32 sum, rounded to nearest."""
+    s, t = _core.two_sum(promoted, acc)
+    return _round_into(s, t, params, RNE)
+
+
+@nb.njit(cache=True)
+def _block_step(arow, brow, ea, eb, k0, k1, c, have_c, early_c, align_bits, zeros_in_max, min_exp,
+                acc_params, final_mode, tracing, inf_on_overflow):
+    """One fused step: products k0..k1-1 (plus C when early_c), cut, summed, rounded once.
+
+    ``ea``/``eb`` hold the operands' unnormalised exponents.  Returns the
+    step's result and, with ``tracing``, its exact sum (hi + lo, compensated)
+    and its aligned sum (exact), and whether the step was finite (an infinite
+    or NaN product or C skips the sums: their three values are then 0).
+    """
+    e_ref = np.int64(_NEG)
+    special = 0.0
+    for k in range(k0, k1):
+        p = arow[k] * brow[k]
+        if not np.isfinite(p):
+            special += p
+        elif p != 0.0 or zeros_in_max:
+            e = ea[k] + eb[k]
+            if e >= min_exp and e > e_ref:
+                e_ref = e
+    use_c = have_c and c != 0.0
+    if use_c and early_c:  # C aligns at its unnormalised exponent: a subnormal C counts at emin
+        _eb, _mb, acc_bias, _sp, _sn, _ov = acc_params
+        e_ref = max(e_ref, _core.ilogb(c), np.int64(1) - acc_bias)
+    if special != 0.0 or np.isnan(special) or not np.isfinite(c):
+        return special + c, 0.0, 0.0, 0.0, False
+    cut = e_ref - align_bits
+    total = np.int64(0)
+    hi = 0.0
+    lo = 0.0
+    for k in range(k0, k1):
+        p = arow[k] * brow[k]
+        if p == 0.0:
+            continue
+        if tracing:
+            hi, t = _core.two_sum(hi, p)
+            lo += t
+        if ea[k] + eb[k] < min_exp:
+            continue
+        sign, q = _cut(p, cut)
+        total += -q if sign else q
+    if use_c:
+        if tracing:
+            hi, t = _core.two_sum(hi, c)
+            lo += t
+        if early_c:
+            total += _c_term(c, cut)
+    aligned = 0.0
+    if tracing:
+        aligned = (-1.0 if total < 0 else 1.0) * _core.parts_f64(
+            _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut)
+    res = _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_overflow)
+    return res, hi, lo, aligned, True
+
+
+@nb.njit(cache=True)
+def _block_chain(arow, brow, ea, eb, c0, have_c, mp, params, acc_params, mode, steps, ij, tracing):
+    """One output element of a FusedBlock chain, general path (any input; traces into ``steps[ij]``)."""
+    kk = arow.size
+    width = mp.width
+    chunk = mp.chunk
+    # with promotion (chunk > 0) C sits in the FP32 accumulator and every chunk starts from zero
+    acc = 0.0 if chunk else c0
+    c_in = have_c and not chunk
+    promoted = c0 if chunk and have_c else 0.0
+    hi = lo = aligned = 0.0
+    for s in range((kk + width - 1) // width):
+        k0 = s * width
+        k1 = min(k0 + width, kk)
+        acc, h, l, al, finite = _block_step(arow, brow, ea, eb, k0, k1, acc, c_in, mp.early_c != 0, mp.align_bits,
+                                            mp.zeros_in_max != 0, mp.min_exp, acc_params, mode, tracing,
+                                            mp.inf_on_overflow != 0)
+        if finite:  # a special step's events repeat the previous step's exact and aligned sums
+            hi, lo, aligned = h, l, al
+        c_in = True
+        if tracing:
+            steps[ij, s, 0] = hi
+            steps[ij, s, 1] = lo
+            steps[ij, s, 2] = aligned
+            steps[ij, s, 3] = acc
+        if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
+            promoted = _promote(promoted, acc, params)
+            acc = 0.0
+            c_in = False
+    if chunk:
+        acc = _promote(promoted, acc, params)
+    return acc
+
+
+# ---- FusedBlock fast path (untraced): integer significands, tiles of output columns -----------
+SIG_BITS = 23  # an FP32-representable x is sig * 2**(lead_exp(x) - SIG_BITS) with |sig| < 2**24
+_ZERO_EXP = -(1 << 28)  # exponent of a zero operand when zeros do not count in the maximum
+_MIN_EXP_FLOOR = -(1 << 27)  # below every real e_a + e_b, above every sum involving _ZERO_EXP
+_TILE_I = 16  # output rows per tile
+_TILE_J = 64  # output columns per tile: the inner loops run along them
+_M52 = (1 << 52) - 1
+
+
+@nb.njit(parallel=True, cache=True)
+def _split(x, e, zeros_in_max, sig, xe, bad):
+    """Each row's values as integers ``sig`` (x = sig * 2**(e - SIG_BITS)) and exponents ``xe``.
+
+    ``e`` holds the unnormalised exponents; ``xe`` is that, or _ZERO_EXP for a
+    zero that does not count in the maximum.  ``bad[r]``: row r holds an
+    infinity or NaN (or a value that does not fit), for the general path.
+    """
+    rows, kk = x.shape
+    for r in nb.prange(rows):
+        b = False
+        for k in range(kk):
+            cls, sign, s53, ex = _core.f64_parts(x[r, k])
+            sh = e[r, k] - SIG_BITS - ex
+            if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
+                v = s53 >> sh
+                sig[r, k] = -v if sign else v
+                xe[r, k] = e[r, k]
+            else:
+                sig[r, k] = 0
+                xe[r, k] = e[r, k] if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP
+                b |= cls != _core.CLS_ZERO
+        bad[r] = b
+
+
+@nb.njit(cache=True)
+def _step_finish(c, total, cut, c_in, early_c, acc_params, final_mode, inf_on_overflow):
+    """The end of :func:`_block_step` given the products' aligned sum ``total``: C's term, rounding, late C."""
+    if not np.isfinite(c):
+        return 0.0 + c
+    use_c = c_in and c != 0.0
+    if use_c and early_c:
+        total += _c_term(c, cut)
+    return _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_overflow)
+
+
+@nb.njit(parallel=True, cache=True)
+def _block_kernel(sa, xa, sb, xb, c, have_c, out, mp, params, acc_params, mode, bad_a, bad_b, a, bt, ea, eb,
+                  work_f, work_i, no_steps, ti):
+    """A FusedBlock chain for every output element, untraced, computing as :func:`_block_step`.
+
+    ``sa``/``xa`` (m, K): a split by :func:`_split`; ``sb``/``xb`` (column
+    tiles, K, columns per tile): b's columns likewise, zero-padded to whole
+    tiles.  A product is ``sa * sb * 2**(xa + xb - 2 SIG_BITS)`` with
+    ``|sa * sb| < 2**48``, so cutting it to a multiple of 2**cut is a right
+    shift of its magnitude in an int64.  Each tile of ``ti`` rows and ``tj``
+    columns runs its chains step by step, every inner loop along the columns
+    (vectorized); a step's rounding takes the branch-free ``fast_round`` of
+    the exact float64 ``total * 2**cut`` and falls back to
+    :func:`_step_finish` where that declines (subnormal or overflowing
+    results, late C, special C, stochastic rounding).  Elements whose row of a
+    or column of b holds an infinity or NaN are recomputed by
+    :func:`_block_chain` from ``a``, ``bt``, ``ea``, ``eb``.
+    """
+    m, kk = sa.shape
+    n = out.shape[1]
+    nj, _kk, tj = sb.shape
+    early_c = mp.early_c != 0
+    width = mp.width
+    align = mp.align_bits
+    min_exp = max(mp.min_exp, _MIN_EXP_FLOOR)
+    chunk = mp.chunk
+    inf_ovf = mp.inf_on_overflow != 0
+    nsteps = (kk + width - 1) // width
+    rplan = _fastpath.fast_plan(_core.FP64_PARAMS, acc_params, mode, 0)
+    dplan = _fastpath.decode_plan(acc_params)
+    mode_ok = np.int64(mode != SR)
+    _eb, _mb, acc_bias, _sp, _sn, _ov = acc_params
+    c_emin = np.int64(1) - acc_bias
+    for t in nb.prange(((m + ti - 1) // ti) * nj):
+        i0 = (t // nj) * ti
+        jb = t % nj
+        j0 = jb * tj
+        acc = work_f[t, 0]
+        promoted = work_f[t, 1]
+        fres = work_f[t, 2]
+        cut46 = work_i[t, 0]  # the step's cut + 2 SIG_BITS
+        tot = work_i[t, 1]
+        okv = work_i[t, 2]
+        for i in range(i0, min(i0 + ti, m)):
+            for jj in range(tj):  # with promotion C starts in the FP32 accumulator, as in _block_chain
+                cij = c[i, j0 + jj] if have_c and j0 + jj < n else 0.0
+                acc[jj] = 0.0 if chunk else cij
+                promoted[jj] = cij if chunk else 0.0
+            c_in = have_c and not chunk
+            for s in range(nsteps):
+                k0 = s * width
+                k1 = min(k0 + width, kk)
+                for jj in range(tj):
+                    cut46[jj] = _NEG
+                for k in range(k0, k1):
+                    y = np.int64(xa[i, k])
+                    xbk = xb[jb, k]
+                    for jj in range(tj):
+                        e = y + xbk[jj]
+                        cut46[jj] = max(cut46[jj], e if e >= min_exp else _NEG)
+                early_in = c_in and early_c
+                for jj in range(tj):
+                    cj = acc[jj]
+                    cf = (_core.f64_bits(cj) >> 52) & 0x7FF
+                    e_ref = cut46[jj]
+                    if early_in and cj != 0.0:
+                        e_ref = max(e_ref, cf - 1023 if 0 < cf < 0x7FF else _core.ilogb(cj), c_emin)
+                    cut46[jj] = e_ref - align + 2 * SIG_BITS
+                    tot[jj] = 0
+                for k in range(k0, k1):
+                    y = np.int64(xa[i, k])
+                    sk = np.int64(sa[i, k])
+                    xbk = xb[jb, k]
+                    sbk = sb[jb, k]
+                    for jj in range(tj):
+                        e = y + xbk[jj]
+                        p = sk * sbk[jj]
+                        neg = p >> 63
+                        sh = min(max(cut46[jj] - e, 0), 63)
+                        q = ((((p ^ neg) - neg) >> sh) ^ neg) - neg  # truncation of the magnitude
+                        tot[jj] += q if e >= min_exp else 0
+                late_in = c_in and not early_c
+                for jj in range(tj):  # branch-free for normal results: fast_round on the exact float64
+                    cj = acc[jj]
+                    cb = _core.f64_bits(cj)
+                    cf = (cb >> 52) & 0x7FF
+                    cut = cut46[jj] - 2 * SIG_BITS
+                    cneg = cb >> 63
+                    cq = ((cb & _M52) | (np.int64(1) << 52)) >> min(max(cut + 1075 - cf, 0), 63)  # _cut(cj, cut)
+                    total = tot[jj] + (((cq ^ cneg) - cneg) if early_in and cf != 0 else 0)
+                    x = np.float64(total) * _core.pow2(min(max(cut, -1022), 960))  # exact where ok
+                    ok, enc = _fastpath.fast_round(_core.f64_bits(x), rplan, 0)
+                    ok2, r = _fastpath.fast_decode(enc, dplan)
+                    fres[jj] = r
+                    ok &= ok2 & np.int64(cut >= -1022) & np.int64(cut <= 960) & np.int64(abs(total) < (1 << 53))
+                    ok &= np.int64(cf != 0x7FF)  # C finite (the step returns C itself otherwise)
+                    ok &= np.int64(cf != 0 or cj == 0.0) & np.int64(not (late_in and cj != 0.0))
+                    okv[jj] = ok & mode_ok
+                for jj in range(tj):
+                    if okv[jj]:
+                        acc[jj] = fres[jj]
+                    else:
+                        acc[jj] = _step_finish(acc[jj], tot[jj], cut46[jj] - 2 * SIG_BITS, c_in, early_c, acc_params,
+                                               mode, inf_ovf)
+                c_in = True
+                if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
+                    for jj in range(tj):
+                        promoted[jj] = _promote(promoted[jj], acc[jj], params)
+                        acc[jj] = 0.0
+                    c_in = False
+            for jj in range(min(tj, n - j0)):
+                j = j0 + jj
+                if bad_a[i] or bad_b[j]:
+                    out[i, j] = _block_chain(a[i], bt[j], ea[i], eb[j], c[i, j] if have_c else 0.0, have_c, mp,
+                                             params, acc_params, mode, no_steps, 0, False)
+                elif chunk:
+                    out[i, j] = _promote(promoted[jj], acc[jj], params)
+                else:
+                    out[i, j] = acc[jj]
+
+
+def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max):
+    """Untraced FusedBlock matmul: split the operands into integers, then run :func:`_block_kernel`."""
+    m, kk = av.shape
+    n = bt.shape[0]
+    if m == 0 or n == 0:
+        return
+    tj = min(_TILE_J, -(-n // 8) * 8)
+    nj = -(-n // tj)
+    npad = nj * tj
+    # rows per tile: at most _TILE_I, but enough tiles to keep every thread busy
+    ti = max(1, min(_TILE_I, m * nj // (4 * nb.get_num_threads())))
+    sa, xa = np.empty((m, kk), np.int32), np.empty((m, kk), np.int32)
+    sbt, xbt = np.empty((n, kk), np.int32), np.empty((n, kk), np.int32)
+    bad_a, bad_bt = np.empty(m, np.bool_), np.empty(n, np.bool_)
+    _split(av, ea, zeros_in_max, sa, xa, bad_a)
+    _split(bt, eb, zeros_in_max, sbt, xbt, bad_bt)
+    sb = np.zeros((npad, kk), np.int32)
+    xb = np.full((npad, kk), _ZERO_EXP, np.int32)
+    bad_b = np.zeros(npad, np.bool_)
+    sb[:n], xb[:n], bad_b[:n] = sbt, xbt, bad_bt
+    # tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
+    sb = np.ascontiguousarray(sb.reshape(nj, tj, kk).transpose(0, 2, 1))
+    xb = np.ascontiguousarray(xb.reshape(nj, tj, kk).transpose(0, 2, 1))
+    ntiles = -(-m // ti) * nj
+    _block_kernel(sa, xa, sb, xb, cv, have_c, out, mp, params, acc_params, mode, bad_a, bad_b, av, bt, ea, eb,
+                  np.empty((ntiles, 3, tj)), np.empty((ntiles, 3, tj), np.int64), np.zeros((0, 0, 4)), ti)
+
+
+@nb.njit(parallel=True, cache=True)
+def lead_exps(x, emin):
+    """The unnormalised exponent of every element of x (:func:`_lead_exp`)."""
+    out = np.empty(x.shape, np.int64)
+    flat = x.reshape(-1)
+    o = out.reshape(-1)
+    for k in nb.prange(flat.size):
+        o[k] = _lead_exp(flat[k], emin)
+    return out
+
+
+@nb.njit(parallel=True, cache=True)
+def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
+    """Every output element's dot product under the model whose :class:`ModelParams` are ``mp``.
+
+    ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
+    exponents of a and bt.
+    """
+    m, kk = a.shape
+    n = bt.shape[0]
+    kind = mp.kind
+    fused = mp.fused != 0
+    base = max(mp.base, 1)
+    for ij in nb.prange(m * n):
+        i = ij // n
+        j = ij % n
+        c0 = c[i, j] if have_c else 0.0
+        if kind == KIND_BLOCK:
+            out[i, j] = _block_chain(a[i], bt[j], ea[i], eb[j], c0, have_c, mp, params, acc_params, mode, steps, ij,
+                                     tracing)
+        elif kind == KIND_SEQUENTIAL:
+            acc = c0
+            for k in range(kk):
+                p = a[i, k] * bt[j, k]
+                if not fused:
+                    p = _round_into(p, 0.0, params, mode)
+                acc = _round_into(*_core.two_sum(acc, p), params, mode)
+            out[i, j] = acc
+        elif kind == KIND_PAIRWISE:
+            nleaf = max((kk + base - 1) // base, 1)
+            buf = np.zeros(nleaf)
+            for leaf in range(nleaf):
+                s = 0.0
+                for k in range(leaf * base, min((leaf + 1) * base, kk)):
+                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * bt[j, k], 0.0, params, mode)),
+                                    params, mode)
+                buf[leaf] = s
+            width = nleaf
+            while width > 1:
+                for q in range(width // 2):
+                    buf[q] = _round_into(*_core.two_sum(buf[2 * q], buf[2 * q + 1]), params, mode)
+                if width % 2:
+                    buf[width // 2] = buf[width - 1]
+                width = (width + 1) // 2
+            out[i, j] = _round_into(*_core.two_sum(buf[0], c0), params, mode) if have_c else buf[0]
+        else:  # exact, then one rounding
+            limbs = np.zeros(reduce.NLIMB, np.int64)
+            special = c0 if not np.isfinite(c0) else 0.0
+            for k in range(kk):
+                p = a[i, k] * bt[j, k]
+                if not np.isfinite(p):
+                    special += p
+                elif p != 0.0:
+                    _c, sg, sig, e = _core.f64_parts(p)
+                    reduce.acc_add(limbs, sg, sig, e)
+            if c0 != 0.0 and np.isfinite(c0):
+                _c, sg, sig, e = _core.f64_parts(c0)
+                reduce.acc_add(limbs, sg, sig, e)
+            if special != 0.0 or np.isnan(special):
+                out[i, j] = special
+            else:
+                zero, sg, sig, e, sticky = reduce.acc_extract(limbs)
+                if zero:
+                    out[i, j] = 0.0
+                else:
+                    enc, _fl = _core.round_pack(sg, sig, e, sticky, _core.NO_CARRY_REF, params, mode, 0, 0)
+                    out[i, j] = _core.decode(enc, params)

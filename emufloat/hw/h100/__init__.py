@@ -1,0 +1,41 @@
+"""The NVIDIA H100 (sm_90a, Triton 3.6): what its units compute where that differs from IEEE arithmetic.
+
+``from emufloat.hw import h100``, then:
+
+* tensor cores (:mod:`.wgmma`): the ``emufloat.matmul`` presets ``WGMMA_BF16``, ``WGMMA_FP16``, ``WGMMA_FP8``,
+  ``WGMMA_FP8_PROMOTED``, ``WGMMA_TF32`` (:class:`emufloat.FusedBlock` objects, also reachable by their
+  names, ``emufloat.matmul(a, b, "h100_wgmma_bf16")``);
+* exp2 (:mod:`.ex2`): ``ex2_approx`` (``ex2.approx[.ftz].f32``), ``triton_exp2`` (``tl.math.exp2``),
+  ``triton_exp`` (``tl.exp``), and their tables ``ex2_tables``;
+* division (:mod:`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
+  (``div.full.f32``, Triton's fp32 ``/``), and the table ``rcp_table``;
+* the kernels' log2 (:mod:`.log2`): ``log2_fma``;
+* reductions (:mod:`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum``.
+
+The tables and trees are package data (``data/``), read off the GPU by ``gpu/probes`` and checked by
+SHA-256 on load.  docs/hardware-models.md says how each model was verified against the GPU.
+"""
+
+from .common import CANONICAL_NAN, DATA
+from .division import div_full, grid_rcp, rcp_approx, rcp_table, triton_div
+from .ex2 import LOG2E_F32, ex2_approx, ex2_tables, triton_exp, triton_exp2
+from .log2 import LOG2_FMA_COEFFS, log2_fma
+from .trees import tl_sum
+from .wgmma import (
+    INPUT_FORMATS,
+    PRESETS,
+    WGMMA_BF16,
+    WGMMA_FP8,
+    WGMMA_FP8_PROMOTED,
+    WGMMA_FP16,
+    WGMMA_TF32,
+)
+
+__all__ = [
+    "WGMMA_BF16", "WGMMA_FP16", "WGMMA_FP8", "WGMMA_FP8_PROMOTED", "WGMMA_TF32", "PRESETS", "INPUT_FORMATS",
+    "ex2_approx", "ex2_tables", "triton_exp2", "triton_exp", "LOG2E_F32",
+    "rcp_approx", "rcp_table", "grid_rcp", "div_full", "triton_div",
+    "log2_fma", "LOG2_FMA_COEFFS",
+    "tl_sum",
+    "CANONICAL_NAN", "DATA",
+]

@@ -1,0 +1,129 @@
+"""The H100's ``ex2.approx[.ftz].f32``, and Triton's ``tl.math.exp2`` and ``tl.exp`` built on it.
+
+* :func:`ex2_approx` — a table of ``ex2`` at every multiple of 2**-23 in (-1, 1), indexed by |z|
+  truncated to 23 fraction bits, scaled by an exact power of two.  The tables were read off the GPU
+  (``gpu/probes``) and ship as corrections to the correctly rounded values (``data/ex2.npz``).
+* :func:`triton_exp2` / :func:`triton_exp` — Triton's ``tl.math.exp2`` (``ex2.approx.ftz.f32``) and
+  ``tl.exp`` (``mul.f32`` by log2(e), then ``ex2.approx.f32``).
+
+The models take values exactly representable in FP32 and return float32; a NaN result is the GPU's
+canonical NaN (bits 0x7fffffff).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numba as nb
+import numpy as np
+
+from ... import _arrays, _core
+from ...formats import FP32
+from ...functions import exp2
+from ...ops import mul
+from ...trace import Trace
+from ..calibration import check_digest
+from .common import CANONICAL_NAN, DATA, GRID_BITS, NGRID, exact_events, fp32_bits, record_vs_exact
+
+
+def _grid_exp2(sign: float) -> np.ndarray:
+    """Correctly rounded float32 exp2(sign * k * 2**-23), k = 0 .. 2**23 - 1."""
+    k = np.arange(NGRID, dtype=np.float64)
+    return exp2(sign * k * 2.0**-GRID_BITS, FP32).view(np.uint32)
+
+
+@functools.cache
+def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(T_neg, T_pos) as float32: the H100's ex2 at -k 2**-23 and k 2**-23, k < 2**23.
+
+    Rebuilt from the shipped corrections and checked against the SHA-256 of
+    the table bits the GPU produced (a mismatch raises).
+    """
+    z = DATA.load("ex2", path)
+    tables = []
+    for side, sign in (("neg", -1.0), ("pos", 1.0)):
+        bits = (_grid_exp2(sign).astype(np.int64) + z[f"{side}_delta"]).astype(np.uint32)
+        bits[z[f"{side}_near_idx"]] = z[f"{side}_bits_at_near"]
+        check_digest(bits, z, f"{side}_sha256", DATA.table_name("ex2"))
+        tables.append(bits.view(np.float32))
+    return tables[0], tables[1]
+
+
+@nb.njit(inline="always", cache=True)
+def _ex2_core(zb, tneg, tpos):
+    """Unrounded model value (float64, exact) of ex2 for float32 bits ``zb`` (not NaN)."""
+    za = _core.bits_f64(np.int64(0))
+    mag = zb & np.uint32(0x7FFFFFFF)
+    if mag >= np.uint32(0x43800000):  # |z| >= 256, inf included: clamped to 256
+        q = np.int64(256) << GRID_BITS
+    else:
+        za = np.float64(np.uint32(mag).view(np.float32))
+        q = np.int64(za * NGRID)  # truncation toward zero: za * 2**23 is exact
+    i = q >> GRID_BITS
+    f = q & (NGRID - 1)
+    if zb >> np.uint32(31):
+        return np.float64(tneg[f]) * _core.pow2(-i)
+    return np.float64(tpos[f]) * _core.pow2(i)
+
+
+@nb.njit(inline="always", cache=True)
+def _ex2_one(zb, ftz, tneg, tpos):
+    """float32 bits of ex2.approx[.ftz].f32 of float32 bits ``zb``."""
+    if (zb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return CANONICAL_NAN
+    if ftz:  # result flushed: subnormal outputs become +0
+        r = np.float32(_ex2_core(zb, tneg, tpos))
+        if r < np.float32(1.1754943508222875e-38):
+            r = np.float32(0.0)
+        return np.float32(r).view(np.uint32)
+    if (zb >> np.uint32(31)) and (zb & np.uint32(0x7FFFFFFF)) > np.uint32(0x42FC0000):  # z < -126
+        # outputs below the normal range: ex2(z / 2) squared in float32 (subnormals kept)
+        hb = np.float32(np.uint32(zb).view(np.float32) * np.float32(0.5)).view(np.uint32)
+        h = np.float64(np.float32(_ex2_core(hb, tneg, tpos)))
+        return np.float32(h * h).view(np.uint32)
+    return np.float32(_ex2_core(zb, tneg, tpos)).view(np.uint32)
+
+
+@nb.njit(parallel=True, cache=True)
+def _ex2_kernel(zbits, out, ftz, tneg, tpos):
+    for i in nb.prange(zbits.size):
+        out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
+
+
+def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None,
+               label: str = "") -> np.ndarray:
+    """The H100's ``ex2.approx.ftz.f32`` (``ftz=True``) or ``ex2.approx.f32`` on float32 values.
+
+    Bit-identical to the GPU on all 2**32 inputs (docs/hardware-models.md).
+    NaN gives 0x7fffffff; ±inf give +inf / +0.  With a trace, records op
+    ``exp2`` against the exact 2**x, so the trace holds the hardware's error.
+    """
+    arr, zb = fp32_bits(x, "x")
+    tneg, tpos = ex2_tables()
+    out = np.empty(zb.size, np.uint32)
+    with _arrays.threads_for(zb.size):
+        _ex2_kernel(zb, out, bool(ftz), tneg, tpos)
+    res = out.view(np.float32).reshape(arr.shape)
+    if trace is not None:
+        z = zb.view(np.float32)
+        record_vs_exact(trace, "exp2", (z.copy(),), res, exact_events(exp2, z), label)
+    return res
+
+
+LOG2E_F32 = np.float32(1.4426950216293335)  # 0x3FB8AA3B, the constant in tl.exp's PTX
+
+
+def triton_exp2(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """``tl.math.exp2`` on an H100 (Triton 3.6): ``ex2.approx.ftz.f32``."""
+    return ex2_approx(x, ftz=True, trace=trace, label=label)
+
+
+def triton_exp(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """``tl.exp`` on an H100 (Triton 3.6): z = x * log2(e) in float32 (``mul.f32``), then ``ex2.approx.f32``.
+
+    A trace gets two events per element: the ``mul`` and the ``exp2`` of z.
+    """
+    arr = _arrays.as_float_array(x, "x")
+    _arrays.check_fp32_values(arr, "x")
+    z = mul(np.asarray(arr, dtype=np.float32), LOG2E_F32, FP32, trace=trace, label=label)
+    return ex2_approx(z, ftz=False, trace=trace, label=label)

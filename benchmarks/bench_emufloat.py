@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:  # compile or load every kernel first
         row.fn()
     # On a small VM the first second or so of parallel work runs slower (idle vCPUs waking, page
-    # mappings settling); without this, whichever row comes first reads up to 3x slow.
+    # mappings settling); without this, whichever row comes first reads several times slow
+    # (benchmarks/README.md, --spin-up).
     t_end = time.perf_counter() + args.spin_up
     while time.perf_counter() < t_end:
         rows[0].fn()

@@ -6,8 +6,7 @@ reference measured in the same run.
 
 Rows: every policy untraced; the H100 policies (triton_h100: our Triton kernel bit for bit; fa2: FA2's
 order on H100 arithmetic) also traced (every rounding recorded); the backward. Ratio = numpy reference
-time / flashsim time (below 1: flashsim slower). The issue's goal: the forward under the H100 policy
-untraced in under 10 s on this 2-core machine.
+time / flashsim time (below 1: flashsim slower). Results and how to read them: benchmarks/README.md.
 """
 
 from __future__ import annotations

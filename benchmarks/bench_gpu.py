@@ -5,7 +5,7 @@
 B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median),
 the best of ``--rounds`` (2) rounds over all implementations of a shape.
 Rows: ours standard / stabilised (Qiu & Yao) / robust (``flash.attention``: the forward kernel "auto"
-picks, gpu/configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
+picks, gpu.configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
 bits); our FP8 E4M3 forward (O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN,
 and the cost of each fix against our kernel without it (from unpaired timings, so it moves by several points
 between passes: benchmarks/fix_cost.py measures it by paired launches). Needs a CUDA GPU (torch, Triton); on
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
+from gpu.scripts.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
 
 B, H = 4, 32
 
@@ -82,7 +82,8 @@ def _tf(row: dict, name: str, pass_: str) -> float | None:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: TFLOP/s per implementation, and the ratios the issue asks for."""
+    """Markdown: TFLOP/s per implementation, the ratios of the fixes against SDPA flash and cuDNN, and each fix's
+    cost against our kernel without it."""
     names = ["ours_standard", "ours_stabilised", "ours_robust", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient",
              "tl_standard", "tl_stabilised", "tl_robust", "ours_fp8_standard", "ours_fp8_robust"]
     head = ["pass", "d", "N", "causal", *[n.replace("ours_", "").replace("sdpa_", "sdpa ") for n in names],

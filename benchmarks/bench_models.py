@@ -96,7 +96,8 @@ def _measure_alone(fn: Callable[[], object], repeat: int) -> Timing:
 
     Not interleaved with the baseline, unlike bench_emufloat: numpy's BLAS
     threads and Numba's OpenMP threads each spin for a while after a call,
-    and on a 2-core machine the other side's calls then run up to 20x slow.
+    and on a 2-core machine the other side's calls then run many times slower
+    (benchmarks/README.md).
     """
     time.sleep(PAUSE)
     return measure([fn], repeat)[0]

@@ -13,13 +13,13 @@ median over the rounds and the 10th-90th percentile range, so a reader sees both
 is.  ``--mode flush`` keeps the pairing but times the way do_bench does: one eager launch per softmax and
 round, each after zeroing a 256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
 ``--layer`` adds what the fix costs a training step: per (d, N), forward and backward of one causal pre-LN
-transformer block (``gpu.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
+transformer block (``gpu.scripts.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
 ``flash.attention``), paired rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the
 linear layers (forward and backward) plus 3.5x the attention forward.
 
 B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
 where it runs: BLOCK_N equal to the head dim, d=64 and 128; rows it refuses are printed with the reason).
-Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/cases.py: every
+Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/crosscheck/cases.py: every
 row has repeated maxima, so the fixes change the shift).  Needs a CUDA GPU; on the lent H100:
 ``PYTHONPATH=. python benchmarks/fix_cost.py --json $OUT/fix_cost.json``.
 """
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
+from gpu.scripts.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
 
 B, H = 4, 32
 SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
@@ -94,7 +94,7 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
 def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
     """Per softmax: ms per training step (forward + backward) of one causal transformer block, paired
     rounds; and the step's FLOPs."""
-    from gpu.train_check import Block
+    from gpu.scripts.train_check import Block
 
     c = H * d
     blk = Block(c, H, "ours", "standard").cuda().to(torch.bfloat16)

@@ -2,7 +2,8 @@
 
 A :class:`Policy` says how every step of attention rounds; :func:`flash_forward` runs the tiled
 online-softmax forward and :func:`reference_attention` full-softmax attention under one, with pluggable
-softmax variants and optional emufloat traces.  See docs/flashsim.md.
+softmax variants and optional emufloat traces.  Policies of other kernels come from their packages through
+the ``flashsim.policies`` entry-point group (:mod:`flashsim.policy`).  See docs/flashsim.md.
 """
 
 from .analysis import (
@@ -18,24 +19,20 @@ from .analysis import (
 )
 from .attention import ForwardResult, flash_forward, natural_lse, reference_attention
 from .backward import BackwardResult, flash_backward, reference_backward
+from .functions import FunctionModel, function_names, get_function, register_function
 from .policy import (
     ALIASES,
-    BASELINE_BF16,
     BWD_STEPS,
     BWD_TRACE_LABELS,
-    FA2,
-    FP32_POLICY,
-    FP64_GOLDEN,
-    QIU_YAO,
     STEPS,
     TRACE_LABELS,
-    TRITON_H100,
     Policy,
+    PolicyRef,
     get_policy,
     policy_names,
     register_policy,
-    triton_policy,
 )
+from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN, QIU_YAO
 from .softmax import (
     STANDARD,
     MaxContext,
@@ -66,8 +63,8 @@ from .stepper import FinalState, RowStepper, StepState, step_rows, trace_row
 __all__ = [
     "ForwardResult", "flash_forward", "natural_lse", "reference_attention",
     "ALIASES", "BASELINE_BF16", "FA2", "FP32_POLICY", "FP64_GOLDEN", "QIU_YAO", "STEPS", "TRACE_LABELS",
-    "TRITON_H100", "triton_policy",
-    "Policy", "get_policy", "policy_names", "register_policy",
+    "Policy", "PolicyRef", "get_policy", "policy_names", "register_policy",
+    "FunctionModel", "function_names", "get_function", "register_function",
     "STANDARD", "MaxContext", "RobustSoftmax", "SoftmaxVariant", "StabilisedSoftmax", "StandardSoftmax", "get_softmax",
     "NUMPY", "Dot", "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling",
     "FinalState", "RowStepper", "StepState", "step_rows", "trace_row",

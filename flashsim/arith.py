@@ -16,6 +16,7 @@ import emufloat as ef
 from emufloat import FP32, Format, Rounding, Trace
 from emufloat.hw import h100
 
+from .functions import get_function
 from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
 
 RNE = Rounding("rne")
@@ -122,14 +123,7 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
         first = compute_format(spec)
         r = ef.exp2(x, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
         return _store(r, spec, trace, label)
-    if name == "h100_ex2":
-        r = h100.ex2_approx(x, ftz=True, trace=trace, label=label)
-    elif name == "log2_fma":
-        r = h100.log2_fma(x, trace=trace, label=label)
-    elif name == "h100_ex2_noftz":
-        r = h100.ex2_approx(x, ftz=False, trace=trace, label=label)
-    else:  # triton_exp
-        r = h100.triton_exp(x, trace=trace, label=label)
+    r = get_function(name)(x, trace=trace, label=label)  # a hardware or library model: float32 in and out
     return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 

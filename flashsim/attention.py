@@ -50,7 +50,7 @@ def natural_lse(lse: np.ndarray, policy: Policy | str) -> np.ndarray:
 
 
 # ---- the softmax part of one block ------------------------------------------------------------------
-class _Pipeline:
+class Pipeline:
     """The policy's constants and the steps from raw scores to P, shared by both algorithms."""
 
     def __init__(self, policy: Policy, sm_scale: float, softmax: SoftmaxVariant, trace: Trace | None):
@@ -144,7 +144,7 @@ def as_input(x, name: str) -> np.ndarray:
     return arr
 
 
-def _check(q, k, v, softmax, sm_scale, trace, causal=False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+def check_inputs(q, k, v, softmax, sm_scale, trace, causal=False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                       SoftmaxVariant, float]:
     """Checked q, k, v, the softmax variant and the scale (shared by the forward, the stepper and the backward)."""
     causal_alignment(causal)
@@ -266,7 +266,7 @@ class RowsResult(NamedTuple):
     acc: np.ndarray
 
 
-def kv_steps(pipe: _Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray, qrows: range,
+def kv_steps(pipe: Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray, qrows: range,
              local: np.ndarray | None, tile: tuple[int, int], order: str,
              offset: int | None) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
@@ -330,10 +330,10 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
     The policy's rescale and o_accum steps do not occur; the row sum tree (if any) spans the row.
     """
     pol = get_policy(policy)
-    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace, causal)
+    q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, trace, causal)
 
     def one(q2, k2, v2):
-        pipe = _Pipeline(pol, scale, variant, trace)
+        pipe = Pipeline(pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kc = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs")
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
@@ -365,11 +365,11 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | 
     tiling says otherwise.
     """
     pol = get_policy(policy)
-    q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, trace, causal)
+    q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, trace, causal)
     bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
 
     def one(q2, k2, v2):
-        pipe = _Pipeline(pol, scale, variant, trace)
+        pipe = Pipeline(pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")

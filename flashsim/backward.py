@@ -40,7 +40,7 @@ from emufloat.formats import format_of_dtype
 
 from . import arith
 from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
-from .attention import _check as check_forward_inputs
+from .attention import check_inputs as check_forward_inputs
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, Op, is_native
@@ -91,7 +91,7 @@ def _lane_tree(n: int) -> ef.ReductionTree:
 
 
 # ---- delta ------------------------------------------------------------------------------------------
-def _fa2_threads(x: np.ndarray, threads: int, chunk: int) -> np.ndarray:
+def fa2_threads(x: np.ndarray, threads: int, chunk: int) -> np.ndarray:
     """(rows, n) -> (rows, threads, k): columns in chunks of ``chunk`` dealt round-robin to the threads,
     each thread's values in its own order (zero padded to a whole number of rounds)."""
     rows, n = x.shape
@@ -112,7 +112,7 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
     first = arith.compute_format(spec)
     acc_op = arith.compute_only(spec)
     if spec.order == "fa2_dot_do_o":
-        a, b = _fa2_threads(a, spec.threads, spec.chunk), _fa2_threads(b, spec.threads, spec.chunk)
+        a, b = fa2_threads(a, spec.threads, spec.chunk), fa2_threads(b, spec.threads, spec.chunk)
     if spec.fused or spec.order == "fa2_dot_do_o":
         # a sequential chain per row (per thread), vectorised over rows (and threads): the first product,
         # then either fma(a, b, acc) or acc + round(a*b)
@@ -355,4 +355,4 @@ def reference_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarra
     return _per_head(one, arrays[:-1])
 
 
-__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum"]
+__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum", "fa2_threads"]

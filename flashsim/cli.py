@@ -26,20 +26,20 @@ import numpy as np
 
 from . import arith
 from .analysis import analyse_run, count_nonfinite, round_to_one_band
+from .analysis.experiments import V_DISTRIBUTIONS, bias_rows, format_bias_table, repeated_maxima_rows
+from .analysis.report import PLOT_FILES, format_report, have_matplotlib, report_dict, write_plots
 from .attention import CAUSAL_ALIGNMENTS, causal_offset
 from .console import ArgumentParser, UsageError, progress, run_command, writable_dir, writable_file
 from .crosscheck import crosscheck, load_run
 from .examples import builtin_row
-from .experiments import V_DISTRIBUTIONS, bias_rows, format_bias_table, repeated_maxima_rows
 from .policy import ALIASES, get_policy, policy_names
-from .report import PLOT_FILES, format_report, have_matplotlib, report_dict, write_plots
 from .softmax import VARIANTS, StabilisedSoftmax, get_softmax
 from .stepper import step_rows
 from .userdata import InputError, load_qkv, pick_head
 
 SOFTMAX_SETS = {"both": ("standard", "stabilised"), "all": tuple(VARIANTS)}
-# A traced row with its FP64 reference takes about this many bytes and seconds per key and head dimension
-# (d + dv) per softmax variant (docs/flashsim.md: measured at 4096 and 32768 keys on two cores).
+# The estimate of a traced row with its FP64 reference: about this many bytes and seconds per key and head
+# dimension (d + dv) per softmax variant on a 2-core machine (docs/flashsim.md, "The command line").
 TRACE_BYTES_PER_KEY_DIM = 300
 TRACE_SECONDS_PER_KEY_DIM = 1.2e-6
 ESTIMATE_ABOVE = (10.0, 2**30)  # say the estimate above this many seconds or bytes
@@ -367,9 +367,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=cmd_trace_row)
 
     br = sub.add_parser("bias-rows", help="many random rows with repeated maxima: does O (and delta) lean?",
-                        description="Random rows with injected repeated maxima and negative V (flashsim.experiments): "
-                        "each softmax variant's mean signed error of O and of delta against FP64, with the sign "
-                        "test and the z-test.")
+                        description="Random rows with injected repeated maxima and negative V "
+                        "(flashsim.analysis.experiments): each softmax variant's mean signed error of O and of delta "
+                        "against FP64, with the sign test and the z-test.")
     br.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); default qiu_yao")
     br.add_argument("--softmax", default="all", metavar="VARIANTS", help="as for trace-row; default all")
     br.add_argument("--rows", type=int, default=10_000, metavar="N", help="rows (one query each); default 10000")

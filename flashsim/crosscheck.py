@@ -1,15 +1,16 @@
 """Emulator against a kernel's recorded outputs, bit for bit, and where a row's story first diverges.
 
-A :class:`KernelRun` holds what a kernel was given (q, k, v, dO; dtype, causal, scale, softmax variant,
-the arguments of :func:`flashsim.triton_policy` that describe its launch) and what it produced, as bits
-(O, LSE; dQ, dK, dV, delta; optionally per-K/V-block m, l, P, acc of every row from an instrumented
+A :class:`KernelRun` holds what a kernel was given (q, k, v, dO; dtype, causal, scale, softmax variant),
+the policy it is checked against (a :class:`~flashsim.policy.Policy`, or a :class:`~flashsim.policy.PolicyRef`
+that names one: a registered name, or ``"module:function"`` with keyword arguments) and what it produced,
+as bits (O, LSE; dQ, dK, dV, delta; optionally per-K/V-block m, l, P, acc of every row from an instrumented
 kernel).  :func:`crosscheck` reruns it under the policy and reports, per output, the fraction of
 bit-identical elements and an ulp-difference histogram, and, for the first row whose O or LSE differs, the
 first step whose intermediates differ (:class:`Divergence`).  Runs are saved as self-contained ``.npz``
 files (:func:`save_run`, :func:`load_run`) so that a GPU machine records them and any machine checks them
-(``python -m flashsim crosscheck RUN.npz``); ``gpu.crosscheck`` writes them.
+(``python -m flashsim crosscheck RUN.npz``); ``gpu.crosscheck`` writes them for the project's kernels.
 
-numpy only; nothing here knows about torch or Triton.
+numpy only; nothing here knows about torch, Triton or a particular kernel.
 """
 
 from __future__ import annotations
@@ -20,33 +21,34 @@ from pathlib import Path
 
 import numpy as np
 
+from emufloat import Format, as_format
+
 from .attention import flash_forward
 from .backward import flash_backward
-from .policy import KERNEL_FORMATS, Policy, kernel_output_format, triton_policy
+from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
 
-#: input dtype of a run -> the numpy dtype its O and gradients are stored in (the FP8 forward writes bfloat16)
-DTYPES = {name: kernel_output_format(name).carrier for name in KERNEL_FORMATS}
 FORWARD_OUTPUTS = ("o", "lse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
 DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
 
 
 # ---- bits ------------------------------------------------------------------------------------------
-def to_bits(x: np.ndarray, dtype: str | None) -> np.ndarray:
-    """Values as stored bits: uint16 of the output dtype of a ``dtype`` run (rounded RNE), or uint32 of float32
-    (None)."""
-    if dtype is None:
+def to_bits(x: np.ndarray, fmt: Format | str | None) -> np.ndarray:
+    """Values as stored bits: unsigned integers of ``fmt``'s width (values rounded RNE into it), or uint32 of
+    float32 (None)."""
+    if fmt is None:
         return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
+    carrier = np.dtype(as_format(fmt).carrier)
     x = np.asarray(x)
-    if x.dtype != DTYPES[dtype]:  # already in the format: keep the bits (NaN payloads included)
-        x = x.astype(np.float32).astype(DTYPES[dtype])
-    return np.ascontiguousarray(x).view(np.uint16)
+    if x.dtype != carrier:  # already in the format: keep the bits (NaN payloads included)
+        x = x.astype(np.float32).astype(carrier)
+    return np.ascontiguousarray(x).view(f"uint{8 * carrier.itemsize}")
 
 
-def _isnan(bits: np.ndarray, dtype: str) -> np.ndarray:
-    return np.isnan(bits.view(np.float32 if bits.dtype == np.uint32 else DTYPES[dtype]).astype(np.float32))
+def _isnan(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
+    return np.isnan(bits.view(np.float32 if bits.dtype == np.uint32 else as_format(fmt).carrier).astype(np.float32))
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -85,14 +87,14 @@ class OutputCheck:
                 f"{'; ' + hist if hist else ''}")
 
 
-def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, dtype: str = "bf16") -> OutputCheck:
-    """Compare two arrays of bits of the same values (uint16 of ``dtype``, or uint32 of float32)."""
+def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, fmt: Format | str = "bf16") -> OutputCheck:
+    """Compare two arrays of bits of the same values (unsigned integers of ``fmt``, or uint32 of float32)."""
     emu, rec = np.asarray(emulated).ravel(), np.asarray(recorded).ravel()
     if emu.shape != rec.shape or emu.dtype != rec.dtype:
         raise ValueError(f"{name}: {emu.size} emulated values ({emu.dtype}) against {rec.size} recorded "
                          f"({rec.dtype})")
     diff = emu != rec
-    nan_e, nan_r = _isnan(emu, dtype), _isnan(rec, dtype)
+    nan_e, nan_r = _isnan(emu, fmt), _isnan(rec, fmt)
     finite = diff & ~nan_e & ~nan_r
     hist: dict[int, int] = {}
     if finite.any():
@@ -106,11 +108,13 @@ def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, dtype: str
 class KernelRun:
     """One kernel launch: inputs (float32 values of ``dtype``, shape (H, N, d)), settings and outputs as bits.
 
-    ``policy_args``: keyword arguments of :func:`flashsim.triton_policy` (dtype, tiles, warps) that make the
-    policy repeating the kernel.  ``outputs``: 'o', 'lse' and, for a backward run, 'dq', 'dk', 'dv', 'delta'
-    (uint16 bits of ``dtype`` for O and the gradients, uint32 bits of float32 for LSE and delta).
-    ``debug``: 'm', 'l' (H, blocks, N_q), 'p' (H, blocks, N_q, BLOCK_N), 'acc' (H, blocks, N_q, d) as
-    uint32 bits of float32, NaN where the kernel skipped a block.  ``note``: where it came from.
+    ``dtype``: the name of the inputs' format (bf16, fp16, e4m3, ...).  ``policy``: the policy that repeats
+    the kernel's launch: a :class:`~flashsim.policy.Policy`, or a :class:`~flashsim.policy.PolicyRef` (a
+    string is taken as one) that :meth:`resolve_policy` turns into it; :func:`save_run` stores a reference.
+    ``outputs``: 'o', 'lse' and, for a backward run, 'dq', 'dk', 'dv', 'delta' (uint16 bits of the formats
+    the policy stores O and the gradients in, uint32 bits of float32 for LSE and delta).  ``debug``: 'm',
+    'l' (H, blocks, N_q), 'p' (H, blocks, N_q, BLOCK_N), 'acc' (H, blocks, N_q, d) as uint32 bits of
+    float32, NaN where the kernel skipped a block.  ``note``: where it came from.
     """
 
     q: np.ndarray
@@ -120,23 +124,30 @@ class KernelRun:
     causal: bool
     sm_scale: float
     softmax: SoftmaxVariant
-    policy_args: dict
+    policy: Policy | PolicyRef
     outputs: dict[str, np.ndarray]
     do: np.ndarray | None = None
     debug: dict[str, np.ndarray] = field(default_factory=dict)
     note: str = ""
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        try:
+            as_format(self.dtype)
+        except (TypeError, ValueError):
+            raise ValueError(f"dtype: expected one of emufloat's format names (bf16, fp16, e4m3, ...), got "
+                             f"{self.dtype!r}") from None
+        if isinstance(self.policy, str):
+            self.policy = PolicyRef(self.policy)
+        if not isinstance(self.policy, (Policy, PolicyRef)):
+            raise ValueError(f"policy: expected a Policy, a PolicyRef or a registered name, got "
+                             f"{type(self.policy).__name__}")
         for name in ("q", "k", "v") + (("do",) if self.do is not None else ()):
             x = getattr(self, name)
             if not isinstance(x, np.ndarray) or x.ndim != 3:
                 raise ValueError(f"{name}: expected a numpy array of shape (H, N, d), got "
                                  f"{getattr(x, 'shape', type(x).__name__)}")
-        missing = [n for n in FORWARD_OUTPUTS if n not in self.outputs]
-        if missing:
-            raise ValueError(f"outputs: missing {missing}; a run records at least {list(FORWARD_OUTPUTS)}")
+        if "o" not in self.outputs:
+            raise ValueError("outputs: missing 'o'; a run records at least O (and the LSE where the kernel gives it)")
         if any(n in self.outputs for n in BACKWARD_OUTPUTS) and self.do is None:
             raise ValueError("do: a run with backward outputs needs the dO it was given")
         h, n_q, d = self.q.shape
@@ -155,21 +166,51 @@ class KernelRun:
     def backward(self) -> bool:
         return all(n in self.outputs for n in BACKWARD_OUTPUTS)
 
-    def policy(self) -> Policy:
-        """The flashsim policy that repeats the kernel's launch."""
-        return triton_policy(**self.policy_args)
+    def resolve_policy(self) -> Policy:
+        """The flashsim policy that repeats the kernel's launch (a reference resolved: a ValueError if it fails)."""
+        return self.policy if isinstance(self.policy, Policy) else self.policy.resolve()
+
+
+def stored_formats(policy: Policy) -> dict[str, Format | None]:
+    """The format each output of a run is stored in under ``policy`` (None: float32 bits, LSE and delta)."""
+    return {"o": policy.output.fmt, "lse": None, "dq": policy.dq.out.fmt, "dk": policy.dk.out.fmt,
+            "dv": policy.dv.out.fmt, "delta": None}
 
 
 def _variant_dict(v: SoftmaxVariant) -> dict:
     return asdict(v) if hasattr(v, "__dataclass_fields__") else {"name": v.name}
 
 
+def _policy_ref(policy: Policy | PolicyRef) -> PolicyRef:
+    """The reference a file stores: a PolicyRef as given; a Policy by its registered name, if that names it."""
+    if isinstance(policy, PolicyRef):
+        return policy
+    try:
+        registered = get_policy(policy.name)
+    except ValueError:
+        registered = None
+    if registered != policy:
+        raise ValueError(f"policy: the run's Policy {policy.name!r} is not registered under its name (or the "
+                         "registered one has other numerics), so a file cannot name it: register it "
+                         "(flashsim.register_policy) or give the run a PolicyRef('module:function', kwargs)")
+    return PolicyRef(policy.name)
+
+
 def save_run(path: str | Path, run: KernelRun) -> Path:
-    """Write ``run`` as one .npz (arrays, and the settings as JSON in 'meta'); returns the path."""
+    """Write ``run`` as one .npz (arrays, and the settings as JSON in 'meta'); returns the path.
+
+    The policy is stored as a reference (:class:`~flashsim.policy.PolicyRef`): a Policy object must be
+    registered under its name.
+    """
+    ref = _policy_ref(run.policy)
     meta = {"dtype": run.dtype, "causal": bool(run.causal), "sm_scale": float(run.sm_scale),
-            "softmax": _variant_dict(run.softmax), "policy_args": run.policy_args, "note": run.note}
+            "softmax": _variant_dict(run.softmax), "policy": ref.to_json(), "note": run.note}
+    try:
+        text = json.dumps(meta)
+    except TypeError as exc:
+        raise ValueError(f"policy: the arguments of {ref} must be JSON values ({exc})") from None
     arrays = {"q": run.q.astype(np.float32), "k": run.k.astype(np.float32), "v": run.v.astype(np.float32),
-              "meta": np.array(json.dumps(meta))}
+              "meta": np.array(text)}
     if run.do is not None:
         arrays["do"] = run.do.astype(np.float32)
     arrays.update({f"out_{k}": v for k, v in run.outputs.items()})
@@ -185,34 +226,45 @@ def load_run(path: str | Path) -> KernelRun:
     if not path.is_file():
         raise FileNotFoundError(f"run: no such file {str(path)!r} (write runs with flashsim.crosscheck.save_run "
                                 "or python -m gpu.crosscheck)")
+    bad = f"run: {path} is not a kernel run written by save_run"
     try:
         with np.load(path, allow_pickle=False) as z:
             if not hasattr(z, "files") or "meta" not in z.files:
                 raise ValueError("no 'meta' array")
             meta = json.loads(str(z["meta"]))
             arrays = {k: z[k] for k in z.files}
+    except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
+        raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None
+    if isinstance(meta, dict) and "policy_args" in meta and "policy" not in meta:
+        raise ValueError(f"run: {path} names its policy the old way ('policy_args', before runs carried a policy "
+                         f"reference); convert it with: python tools/upgrade_runs.py {path}")
+    try:
         sm = dict(meta["softmax"])
         variant = get_softmax(sm.pop("name"), **sm)
         return KernelRun(q=arrays["q"], k=arrays["k"], v=arrays["v"], dtype=meta["dtype"], causal=meta["causal"],
-                         sm_scale=meta["sm_scale"], softmax=variant, policy_args=meta["policy_args"],
+                         sm_scale=meta["sm_scale"], softmax=variant, policy=PolicyRef.from_json(meta["policy"]),
                          outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
                          do=arrays.get("do"), debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
                          note=meta.get("note", ""))
-    except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
-        raise ValueError(f"run: {path} is not a kernel run written by save_run ({type(exc).__name__}: {exc})") from None
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None
 
 
 # ---- rerun and compare ------------------------------------------------------------------------------
-def emulate(run: KernelRun) -> dict[str, np.ndarray]:
-    """The run's outputs as the emulator computes them, as bits (the backward too when it was recorded)."""
-    pol = run.policy()
+def _emulate(run: KernelRun, pol: Policy) -> dict[str, np.ndarray]:
+    fmts = stored_formats(pol)
     f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale)
-    out = {"o": to_bits(f.o, run.dtype), "lse": to_bits(f.lse, None)}
+    out = {"o": to_bits(f.o, fmts["o"]), "lse": to_bits(f.lse, None)}
     if run.backward:
         b = flash_backward(run.q, run.k, run.v, f.o, f.lse, run.do, pol, causal=run.causal, sm_scale=run.sm_scale)
-        out.update(dq=to_bits(b.dq, run.dtype), dk=to_bits(b.dk, run.dtype), dv=to_bits(b.dv, run.dtype),
+        out.update(dq=to_bits(b.dq, fmts["dq"]), dk=to_bits(b.dk, fmts["dk"]), dv=to_bits(b.dv, fmts["dv"]),
                    delta=to_bits(b.delta, None))
     return out
+
+
+def emulate(run: KernelRun) -> dict[str, np.ndarray]:
+    """The run's outputs as the emulator computes them, as bits (the backward too when it was recorded)."""
+    return _emulate(run, run.resolve_policy())
 
 
 @dataclass(frozen=True)
@@ -249,7 +301,7 @@ def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
     acc with the instrumented kernel's, in that order; the first element that differs in its bits."""
     if not run.debug:
         raise ValueError("run: no per-block intermediates recorded (run the kernel with debug=True)")
-    pol = run.policy()
+    pol = run.resolve_policy()
     steps = step_rows(run.q[head], run.k[head], run.v[head], pol, rows=row, softmax=run.softmax,
                       causal=run.causal, sm_scale=run.sm_scale, trace=False)
     for st in steps:
@@ -291,16 +343,21 @@ class CrosscheckReport:
             lines.append(str(self.divergence))
         else:
             lines.append(f"first differing row: head {self.first_row[0]}, row {self.first_row[1]} (no per-block "
-                         "intermediates recorded: rerun the kernel with debug=True to locate the step)")
+                         "intermediates recorded; a kernel that exposes them, as ours with debug=True, lets the "
+                         "report locate the step)")
         return "\n".join(lines)
 
 
 def crosscheck(run: KernelRun) -> CrosscheckReport:
     """Rerun ``run`` under its policy and compare every recorded output; locate the first differing row's
     first divergent step when per-block intermediates were recorded."""
-    emu = emulate(run)
-    checks = [check_bits(name, emu[name], run.outputs[name], run.dtype) for name in emu if name in run.outputs]
-    o_bad = (emu["o"] != run.outputs["o"]).any(axis=-1) | (emu["lse"] != run.outputs["lse"])
+    pol = run.resolve_policy()
+    emu, fmts = _emulate(run, pol), stored_formats(pol)
+    checks = [check_bits(name, emu[name], run.outputs[name], fmts[name] or "fp32") for name in emu
+              if name in run.outputs]
+    o_bad = (emu["o"] != run.outputs["o"]).any(axis=-1)
+    if "lse" in run.outputs:
+        o_bad |= emu["lse"] != run.outputs["lse"]
     first = None
     div = None
     if o_bad.any():
@@ -313,4 +370,4 @@ def crosscheck(run: KernelRun) -> CrosscheckReport:
 
 __all__ = ["BACKWARD_OUTPUTS", "CrosscheckReport", "DEBUG_KEYS", "Divergence", "FORWARD_OUTPUTS", "KernelRun",
            "OutputCheck", "check_bits", "crosscheck", "emulate", "first_divergence", "load_run",
-           "save_run", "to_bits", "ulp_distance"]
+           "save_run", "stored_formats", "to_bits", "ulp_distance"]

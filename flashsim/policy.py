@@ -2,21 +2,26 @@
 
 A :class:`Policy` is data: frozen, printable (``str(policy)`` is a table), comparable (``==`` compares the
 numerics, not the name; :meth:`Policy.diff` lists the steps that differ) and extensible with
-``dataclasses.replace``.  Presets are registered by name; :func:`get_policy` looks them up.
+``dataclasses.replace``.
+
+Policies are registered by name (:func:`register_policy`; the presets of :mod:`flashsim.presets` when
+flashsim is imported) and looked up with :func:`get_policy`.  Other packages provide policies through the
+``flashsim.policies`` entry-point group (name -> a Policy, or a function of no arguments returning one),
+loaded when a name is first asked for: so ``get_policy("triton_h100")`` finds the project's Triton kernels'
+policy in ``gpu.policies`` without flashsim importing gpu.  A :class:`PolicyRef` names a policy in a file
+(a registered name, or ``"module:function"`` with keyword arguments) and resolves it again.
 """
 
 from __future__ import annotations
 
-import math
+import importlib
 from dataclasses import dataclass, field
+from importlib import metadata
 
 import emufloat as ef
-from emufloat import BF16, E4M3FN, FP16, FP32, FP64, Sequential
-from emufloat.hw import h100
 
+from .functions import get_function
 from .specs import (
-    EXP_FUNCTIONS,
-    LOG_FUNCTIONS,
     NUMPY,
     BwdTiling,
     Delta,
@@ -122,10 +127,8 @@ class Policy:
             val = getattr(self, step)
             if not isinstance(val, typ):
                 raise TypeError(f"{step}: expected a {typ.__name__} spec, got {type(val).__name__}")
-        if self.exp.function not in EXP_FUNCTIONS:
-            raise ValueError(f"exp: expected one of {sorted(EXP_FUNCTIONS)}, got {self.exp.function!r}")
-        if self.lse.function not in LOG_FUNCTIONS:
-            raise ValueError(f"lse: expected one of {sorted(LOG_FUNCTIONS)}, got {self.lse.function!r}")
+        get_function(self.exp.function, "exp", argname="exp")
+        get_function(self.lse.function, "log", argname="lse")
         if self.subtract.fused and self.scale.where == "scores":
             raise ValueError("subtract: fused (S*c - m as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
         for step in ("max", "p_cast", "rescale", "o_accum", "output"):
@@ -225,192 +228,140 @@ def default_backward(policy: Policy) -> dict[str, object]:
     }
 
 
-# ---- presets ------------------------------------------------------------------------------------
-def _uniform(name: str, fmt: ef.Format, model: object, order: str, note: str) -> Policy:
-    """Every step in one format (FP64 golden, FP32); backward by autograd of S*c (scale inside dS)."""
-    grad = Grad(Dot(fmt, model, into_acc=True), Op(fmt), Op(fmt))
-    return Policy(
-        name=name, note=note,
-        scores=Dot(fmt, model), scale=Scale("scores", fmt), mask=Mask(), max=Op(fmt), subtract=Op(fmt),
-        exp=Func("exp", fmt), row_sum=RowSum(order, fmt), p_cast=Op(fmt), pv=Dot(fmt, model, into_acc=True),
-        rescale=Op(fmt), o_accum=Op(fmt), normalize=Norm("divide", "ieee", fmt), output=Op(fmt),
-        lse=Func("log", fmt),
-        delta=Delta(order, fmt, fused=order == "sequential"), recompute=Recompute("exp", fmt), dv=grad,
-        dp=Dot(fmt, model), ds=SoftmaxGrad(fmt, scale_at="ds"), dk=grad, dq=grad, bwd_tiling=BwdTiling(),
-    )
-
-
-FP64_GOLDEN = _uniform("fp64", FP64, NUMPY, NUMPY, "golden reference: every step in float64 (numpy)")
-FP32_POLICY = _uniform("fp32", FP32, Sequential(FP32), "sequential",
-                       "every step in FP32, correctly rounded; sequential FMA accumulation")
-SEQ32 = Sequential(FP32)
-
-BASELINE_BF16 = Policy(
-    name="baseline_bf16",
-    note="BF16 tensors (Q, K, V, S, P, O) with FP32 arithmetic inside every op (PyTorch bf16 math); "
-         "FP32 softmax state and O accumulator; correctly rounded",
-    scores=Dot(BF16, SEQ32, BF16), scale=Scale("scores", BF16, compute=FP32), mask=Mask(), max=Op(BF16),
-    subtract=Op(FP32), exp=Func("exp", FP32), row_sum=RowSum("sequential", FP32), p_cast=Op(BF16),
-    pv=Dot(BF16, SEQ32, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32), normalize=Norm("divide", "ieee", FP32),
-    output=Op(BF16), lse=Func("log", FP32),
-    # backward: the same idealisation (BF16 tensors dO, dP, dS, dQ, dK, dV; FP32 inside every op; FP32
-    # accumulators across blocks; autograd of S*c puts the scale into dS)
-    delta=Delta("sequential", FP32, fused=True), recompute=Recompute("exp", FP32),
-    dv=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, SEQ32, BF16),
-    ds=SoftmaxGrad(BF16, compute=FP32, scale_at="ds"),
-    dk=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)),
-    dq=Grad(Dot(BF16, SEQ32, into_acc=True), Op(FP32), Op(BF16)),
-    bwd_tiling=BwdTiling(64, 64),
-)
-
-QIU_YAO = Policy(
-    name="qiu_yao",
-    note="Qiu & Yao's reference code (pure-PyTorch FA2, 512x512 tiles) under bf16 autocast: "
-         "P V stored in BF16 and O accumulated in BF16",
-    scores=Dot(BF16, SEQ32, BF16),  # einsum: cuBLAS, fp32 accumulation, RNE store to bf16
-    scale=Scale("scores", BF16, compute=FP32),  # bf16 * python float: fp32 opmath, bf16 store
-    mask=Mask(-float(BF16.max)),  # masked_fill(-finfo(bf16).max)
-    max=Op(BF16, compute=FP32),  # amax in bf16; the fix's r_m - eps and beta*r_m are bf16 ops
-    subtract=Op(BF16, compute=FP32),  # attn_weights - new_row_maxes: bf16
-    exp=Func("exp", FP32),  # torch.exp autocasts to fp32
-    row_sum=RowSum("pairwise", BF16, compute=FP32),  # fp32 sum and update, copied into bf16 row_sums
-    p_cast=Op(BF16),  # einsum autocasts P to bf16
-    pv=Dot(BF16, SEQ32, BF16),  # exp_values = einsum(P, V): stored in bf16
-    rescale=Op(BF16, compute=FP32),  # oc.mul_(exp_row_max_diff)
-    o_accum=Op(BF16, compute=FP32),  # .add_(exp_values)
-    normalize=Norm("divide", "ieee", BF16, compute=FP32),  # oc.div_(row_sums)
-    output=Op(BF16),
-    lse=Func("log", FP32),  # row_sums.log() (fp32 by autocast) + row_maxes
-    tiling=Tiling(512, 512, "forward", skip_masked=False),
-    # backward: their hand-written backward (Algorithm 2 of FA2, Q blocks outer, K/V blocks inner) on bf16
-    # q, k, v, o, do and fp32 lse, its ops under bf16 autocast (torch.compile traces the backward with the
-    # forward's autocast state; eager, einsum(fp32 P, bf16 dO) would not even run)
-    delta=Delta("pairwise", FP32, prod=BF16),  # D = (do * o).sum(-1): bf16 products, autocast fp32 sum
-    recompute=Recompute("exp", FP32),  # p = exp(attn_weights - lse): bf16 - fp32 promotes to fp32; exp fp32
-    dv=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dv.add_(einsum(p, do)): bf16
-    dp=Dot(BF16, SEQ32, BF16),  # dp = einsum(do, v): bf16
-    ds=SoftmaxGrad(FP32, scale_at="p"),  # ds = p * scale * (dp - D): fp32 throughout
-    dk=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dk.add_(einsum(ds, q)): ds -> bf16
-    dq=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dq.add_(einsum(ds, k))
-    # their loop nest is Q blocks outer, K/V inner; each of dQ, dK, dV still accumulates in block order, as here
-    bwd_tiling=BwdTiling(512, 512, skip_masked=False),
-)
-
-FA2 = Policy(
-    name="fa2",
-    note="FlashAttention-2 style on an H100: raw-max FFMA exp2 (ex2.approx.ftz, fast math), thread-local "
-         "row sums, reverse K/V order, 1/l then multiply; mma.sync assumed to round like wgmma",
-    scores=Dot(BF16, h100.WGMMA_BF16), scale=Scale("exp", FP32), mask=Mask(), max=Op(FP32),
-    subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32), row_sum=RowSum("fa2_threads", FP32),
-    p_cast=Op(BF16), pv=Dot(BF16, h100.WGMMA_BF16, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
-    normalize=Norm("reciprocal", "rcp_approx", FP32), output=Op(BF16), lse=Func("log", FP32),
-    tiling=Tiling(128, 128, "reverse"),
-    # backward (flash_bwd_kernel.h): dot_do_o preprocessing in fp32; P = exp2f(S*scale_log2 - lse*log2e)
-    # as one FFMA; mma products with fp32 accumulators (dK, dV in registers over Q blocks walked last to
-    # first; dQ block products atomically added into an fp32 dQaccum); dS = P*(dP - delta) in fp32, cast
-    # to bf16 for the mma; dQ, dK times softmax_scale at the end; 128 x 128 tiles (head dim 64)
-    delta=Delta("fa2_dot_do_o", FP32, fused=True), recompute=Recompute("h100_ex2", FP32, fused=True),
-    dv=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)), dp=Dot(BF16, h100.WGMMA_BF16),
-    ds=SoftmaxGrad(FP32, scale_at="end"),
-    dk=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
-    dq=Grad(Dot(BF16, h100.WGMMA_BF16), Op(FP32), Op(BF16)),
-    bwd_tiling=BwdTiling(128, 128, q_order="reverse"),
-)
-
-
-
-#: the project's kernels: input dtype name -> the format of q, k, v and P
-KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
-
-
-def kernel_format(dtype: str) -> ef.Format:
-    """The format of the kernels' inputs and P for a dtype name ('bf16', 'fp16', 'e4m3')."""
-    if dtype not in KERNEL_FORMATS:
-        raise ValueError(f"dtype: expected one of {sorted(KERNEL_FORMATS)}, got {dtype!r}")
-    return KERNEL_FORMATS[dtype]
-
-
-def kernel_output_format(dtype: str) -> ef.Format:
-    """The format the kernels write O (and gradients) in: BF16 for the FP8 forward, else the input format."""
-    return BF16 if dtype == "e4m3" else kernel_format(dtype)
-
-
-def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
-                  bwd_block_m: int = 64, bwd_block_n: int = 64, name: str | None = None) -> Policy:
-    """The project's Triton kernels (gpu/kernels) on the H100, for one launch configuration.
-
-    Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
-    qk*c + bias by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
-    tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
-    base 2 by emufloat.hw.h100.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
-    P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
-    the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
-    (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
-    'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
-    steps stay BF16, as the kernels have no FP8 backward).
-    """
-    fmt, out = kernel_format(dtype), kernel_output_format(dtype)
-    models = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16, E4M3FN: h100.WGMMA_FP8}
-    model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
-    gmodel = models[gfmt]
-    # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a
-    # 16-bit format keeps its payload bits (0x7FFF: O, dQ, dK, dV), where emufloat writes a canonical quiet NaN
-    grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt, nan_bits=0x7FFF))
-    return Policy(
-        name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
-        note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
-             f"backward {bwd_block_m}x{bwd_block_n})",
-        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-math.inf, "select"), max=Op(FP32),
-        subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
-        row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
-        pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
-        normalize=Norm("divide", "div_full", FP32), output=Op(out, nan_bits=0x7FFF), lse=Func("log2_fma", FP32),
-        tiling=Tiling(block_m, block_n, "forward"),
-        delta=Delta("h100_tl_sum", FP32, nan_bits=0x7FFFFFFF),
-        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(gfmt, gmodel),
-        ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
-        bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),
-    )
-
-
-TRITON_H100 = triton_policy(name="triton_h100")
-
 # ---- registry -----------------------------------------------------------------------------------
+#: the entry-point group through which other packages provide policies (name -> "module:attribute")
+ENTRY_POINT_GROUP = "flashsim.policies"
 _REGISTRY: dict[str, Policy] = {}
+_PLUGINS: dict[str, metadata.EntryPoint] | None = None  # the group's entry points by name, read once
 ALIASES = {"golden": "fp64", "reference": "qiu_yao", "bf16": "baseline_bf16"}
+
+
+class PolicyPluginError(ValueError):
+    """A policy provided through the entry-point group failed to load, or is not what it claims to be."""
+
+
+def _plugins() -> dict[str, metadata.EntryPoint]:
+    """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
+    global _PLUGINS
+    if _PLUGINS is None:
+        _PLUGINS = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return _PLUGINS
+
+
+def _load_plugin(name: str) -> Policy | None:
+    """Import and register the policy that an entry point provides under ``name`` (None: no such entry point)."""
+    ep = _plugins().get(name)
+    if ep is None:
+        return None
+    where = f"the policy plugin {name!r} ({ep.value}, entry-point group {ENTRY_POINT_GROUP!r})"
+    try:
+        obj = ep.load()
+        policy = obj if isinstance(obj, Policy) or not callable(obj) else obj()
+    except Exception as exc:  # noqa: BLE001 - any failure of a third party's import or factory
+        raise PolicyPluginError(f"policy: {where} failed to load: {type(exc).__name__}: {exc}") from exc
+    if not isinstance(policy, Policy):
+        raise PolicyPluginError(f"policy: {where} gave a {type(policy).__name__}; expected a Policy or a function "
+                                "returning one")
+    if policy.name != name:
+        raise PolicyPluginError(f"policy: {where} gave a policy named {policy.name!r}; the entry point's name "
+                                "must be the policy's name")
+    _REGISTRY[name] = policy
+    return policy
 
 
 def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
     """Make ``policy`` available to :func:`get_policy` under ``policy.name``."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy: expected a Policy, got {type(policy).__name__}")
-    if not replace and (policy.name in _REGISTRY or policy.name in ALIASES):
+    if not replace and (policy.name in _REGISTRY or policy.name in ALIASES or policy.name in _plugins()):
         raise ValueError(f"policy: the name {policy.name!r} is taken; pass replace=True or choose another name")
     _REGISTRY[policy.name] = policy
     return policy
 
 
 def policy_names() -> list[str]:
-    """Registered names (aliases not included)."""
-    return sorted(_REGISTRY)
+    """Registered names, those of the entry-point group's policies included (aliases not included)."""
+    return sorted(set(_REGISTRY) | set(_plugins()))
 
 
 def get_policy(name: str | Policy) -> Policy:
-    """The registered policy ``name`` (or an alias: golden, reference, bf16); a Policy passes through."""
+    """The registered policy ``name`` (or an alias: golden, reference, bf16); a Policy passes through.
+
+    A name not registered yet is looked up in the ``flashsim.policies`` entry-point group and, when an
+    installed package provides it there, imported and registered.
+    """
     if isinstance(name, Policy):
         return name
     key = ALIASES.get(name, name) if isinstance(name, str) else name
-    if not isinstance(key, str) or key not in _REGISTRY:
+    if isinstance(key, str) and key in _REGISTRY:
+        return _REGISTRY[key]
+    found = _load_plugin(key) if isinstance(key, str) else None
+    if found is None:
         aliases = ", ".join(f"{a} ({t})" for a, t in sorted(ALIASES.items()))
         raise ValueError(f"policy: unknown policy {name!r}; accepted: {', '.join(policy_names())}; "
                          f"aliases: {aliases}")
-    return _REGISTRY[key]
+    return found
 
 
-for _p in (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2, TRITON_H100):
-    register_policy(_p)
+# ---- references, for files --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PolicyRef:
+    """A policy by reference, as a file stores it: :meth:`resolve` gives the Policy again.
+
+    ``target``: a registered name (``"fa2"``, an entry-point plugin's ``"triton_h100"``), or
+    ``"module:attribute"``, a Policy or a function returning one, called with ``kwargs`` (JSON values:
+    ``PolicyRef("gpu.policies:triton_policy", {"dtype": "fp16", "block_m": 64})``).
+    """
+
+    target: str
+    kwargs: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, str) or not self.target or self.target.count(":") > 1:
+            raise ValueError(f"PolicyRef.target: expected a registered name or 'module:attribute', got "
+                             f"{self.target!r}")
+        if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
+            raise ValueError(f"PolicyRef.kwargs: expected a dict with string keys, got {self.kwargs!r}")
+        if self.kwargs and ":" not in self.target:
+            raise ValueError(f"PolicyRef.kwargs: only a 'module:function' target takes arguments; {self.target!r} "
+                             "is a registered name")
+
+    def resolve(self) -> Policy:
+        """The Policy referred to; a ValueError saying why when there is none."""
+        if ":" not in self.target:
+            return get_policy(self.target)
+        module, attr = self.target.split(":")
+        try:
+            obj = importlib.import_module(module)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"policy: cannot import {self.target!r} ({type(exc).__name__}: {exc})") from None
+        if isinstance(obj, Policy) and not self.kwargs:
+            return obj
+        if isinstance(obj, Policy) or not callable(obj):
+            raise ValueError(f"policy: {self.target!r} is a {type(obj).__name__}; expected a Policy (without "
+                             "kwargs) or a function returning one")
+        try:
+            policy = obj(**self.kwargs)
+        except TypeError as exc:  # arguments the function does not take
+            raise ValueError(f"policy: {self}: {exc}") from None
+        if not isinstance(policy, Policy):
+            raise ValueError(f"policy: {self} returned a {type(policy).__name__}, not a Policy")
+        return policy
+
+    def to_json(self) -> dict:
+        return {"target": self.target, "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> PolicyRef:
+        return cls(obj["target"], dict(obj.get("kwargs", {})))
+
+    def __str__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+        return f"{self.target}({args})" if ":" in self.target else self.target
+
 
 __all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "BWD_STEPS", "BWD_STEP_DOCS", "BWD_TRACE_LABELS",
-           "default_backward", "Policy", "get_policy", "register_policy", "policy_names", "ALIASES",
-           "FP64_GOLDEN", "FP32_POLICY", "BASELINE_BF16", "QIU_YAO", "FA2", "TRITON_H100", "triton_policy",
-           "KERNEL_FORMATS", "kernel_format", "kernel_output_format"]
+           "default_backward", "Policy", "PolicyRef", "PolicyPluginError", "get_policy", "register_policy",
+           "policy_names", "ALIASES", "ENTRY_POINT_GROUP"]

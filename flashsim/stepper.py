@@ -30,11 +30,11 @@ from . import arith
 from .attention import (
     ForwardResult,
     KVStep,
+    Pipeline,
     RowsResult,
-    _check,
-    _Pipeline,
     causal_alignment,
     causal_offset,
+    check_inputs,
     kv_steps,
     tiling_of,
 )
@@ -162,7 +162,7 @@ class RowStepper:
             tr = Trace() if trace else None
         else:
             raise TypeError(f"trace: expected True, False or an emufloat.Trace, got {type(trace).__name__}")
-        q, k, v, variant, scale = _check(q, k, v, softmax, sm_scale, tr, causal)
+        q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, tr, causal)
         for name, arr in (("q", q), ("k", k), ("v", v)):
             if arr.ndim != 2:
                 raise ValueError(f"{name}: the stepper runs one head: expected shape (rows, head_dim), got "
@@ -203,7 +203,7 @@ class RowStepper:
     def _loop(self, qrows: range, local: np.ndarray, qc: np.ndarray, kt: np.ndarray,
               vc: np.ndarray) -> Iterator[StepState]:
         tr = self.trace
-        pipe = _Pipeline(self.policy, self.sm_scale, self.softmax, tr)
+        pipe = Pipeline(self.policy, self.sm_scale, self.softmax, tr)
         if np.array_equal(local, np.arange(len(qrows))):
             local = None
         pick = local if self.whole_block and local is not None else slice(None)  # rows of the computed arrays

@@ -1,7 +1,7 @@
 """gpu: the project's Triton attention kernels (forward and backward, standard / stabilised / robust
 softmax), calibration probes, and the cross-check of emufloat/flashsim against the GPU.
 
-``gpu.flash`` and ``gpu.kernels`` need torch and triton (the ``gpu`` extra); ``gpu.cases``,
+``gpu.flash`` and ``gpu.kernels`` need torch and triton (the ``gpu`` extra); ``gpu.crosscheck.cases``,
 ``gpu.configs`` and ``gpu.crosscheck`` need only numpy and the emulator, so the CPU test suite checks the
 recorded GPU results with them.
 """

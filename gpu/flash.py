@@ -1,11 +1,12 @@
 """The project's flash attention on the GPU: forward and backward Triton kernels behind a torch API.
 
-``attention(q, k, v, causal=..., softmax=...)`` returns (O, LSE) for (B, H, N, d) tensors;
-:class:`FlashAttention` is its autograd Function and :func:`scaled_dot_product_attention` has the calling
-convention of ``torch.nn.functional.scaled_dot_product_attention``.  The softmax variant (``standard``,
+``attention(q, k, v, causal=..., softmax=...)`` returns O for (B, H, N, d) tensors, with autograd
+(:class:`FlashAttention`); :func:`forward` and :func:`backward` run the kernels directly (O, LSE and the
+gradients), and :func:`scaled_dot_product_attention` has the calling convention of
+``torch.nn.functional.scaled_dot_product_attention``.  The softmax variant (``standard``,
 ``stabilised`` = Qiu & Yao's fix, ``robust`` = the project's) is a compile-time choice of the kernel; its
 thresholds are the constants flashsim's variants use, rounded to float32 the way flashsim rounds them, so
-``flashsim``'s ``triton_h100`` policy with the same tiles computes what the kernel computes.
+the ``triton_h100`` policy (:mod:`gpu.policies`) with the same tiles computes what the kernel computes.
 
 LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 for the natural log.
 """
@@ -22,18 +23,18 @@ import numpy as np
 import torch
 
 from flashsim.attention import LOG2E
-from flashsim.policy import KERNEL_FORMATS
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, kernel_variant, overlap_from_keys
+from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, overlap_from_keys
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import DebugOutputs, attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
 from .kernels.steps import SoftmaxConstants
 from .launch import Launcher
+from .policies import KERNEL_FORMATS, kernel_variant
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
-#: dtype names (flashsim.policy.KERNEL_FORMATS) -> torch dtypes
+#: dtype names (gpu.policies.KERNEL_FORMATS) -> torch dtypes
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
 HEAD_DIMS = tuple(sorted(BWD_CONFIGS))  # the head dims with tiles (the forward's table has the same)
@@ -41,7 +42,7 @@ SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
 #: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
 #: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
-#: (tests/test_gpu_kernels.py, gpu/run_attention.py --sections overlap).
+#: (tests/test_gpu_kernels.py, gpu/scripts/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
 _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq,
                                                    transpose_keys))
@@ -97,7 +98,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
-    """The forward kernels' float32 scalars for ``variant`` (as flashsim's ``triton_h100`` policy rounds them)."""
+    """The forward kernels' float32 scalars for ``variant`` (as the ``triton_h100`` policy rounds them)."""
     if not isinstance(variant, (StandardSoftmax, StabilisedSoftmax, RobustSoftmax)):
         raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
     return _softmax_constants(variant, float(sm_scale))
@@ -285,7 +286,7 @@ def _keys_contiguous(v: torch.Tensor) -> torch.Tensor:
 
 
 def _hopper(x: torch.Tensor) -> bool:
-    """A Hopper GPU with Gluon's Hopper module (Triton >= 3.5; the overlap kernel was measured on 3.6)."""
+    """A Hopper GPU with Gluon's Hopper module (Triton >= 3.5; the overlap kernel is built and checked on 3.6)."""
     return x.is_cuda and _hopper_device(x.device.index if x.device.index is not None else torch.cuda.current_device())
 
 

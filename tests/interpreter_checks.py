@@ -9,7 +9,7 @@ The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the ch
 - ``shifts``: on integer-valued q and k, whose scores are exact in any summation order (so the
   interpreter's numpy dot and the H100's wgmma give the same scores), many of them tied, the running max m
   the kernel keeps after every K/V block (its debug output) equals, bit for bit, the m that flashsim's
-  model of the kernel (``gpu.configs.kernel_policy``) computes: the tie counts, thresholds, the split
+  model of the kernel (``gpu.policies.kernel_policy``) computes: the tie counts, thresholds, the split
   rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
 - ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
 - ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
@@ -39,9 +39,9 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.configs import kernel_policy, kernel_variant  # noqa: E402
 from gpu.crosscheck import bits_of, same_bits  # noqa: E402
-from gpu.run_attention import reference  # noqa: E402
+from gpu.policies import kernel_policy, kernel_variant  # noqa: E402
+from gpu.scripts.run_attention import reference  # noqa: E402
 
 SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128), (90, 150, 256)]  # (N_q, N_k, d): ragged against every tile
 

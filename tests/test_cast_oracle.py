@@ -312,7 +312,7 @@ def test_precision_one_ties_agree_across_paths():
 
 
 def test_ieee_format_without_fraction_bits_keeps_nan():
-    """Format(4, 0) has no NaN encoding; it used to be accepted and encode(NaN) gave +Inf (fixed in 1387d53)."""
+    """Format(4, 0) has no NaN encoding: it must be refused (or keep NaN), never encode NaN as +Inf."""
     try:
         f = ef.Format(4, 0)
     except ValueError:

@@ -27,9 +27,10 @@ from hypothesis import strategies as st
 
 from flashsim import cli
 from flashsim.crosscheck import KernelRun, save_run
+from flashsim.policy import PolicyRef
 from gpu import crosscheck as gpu_crosscheck
-from gpu import record_nan_backward
 from gpu.probes import run as probes_run
+from gpu.scripts import record_nan_backward
 
 ROOT = Path(__file__).resolve().parents[1]
 _DEMO = importlib.util.spec_from_file_location("emufloat_demo", ROOT / "examples" / "emufloat_demo.py")
@@ -66,11 +67,12 @@ def qkv(m=6, n=10, d=4, dv=3, seed=0):
             rng.standard_normal((n, dv)).astype(np.float32))
 
 
-def tiny_run() -> KernelRun:
+def tiny_run(**policy_args) -> KernelRun:
     q, k, v = (x[None] for x in qkv(m=4, n=4, d=4, dv=4))
     outputs = {"o": np.zeros((1, 4, 4), np.uint16), "lse": np.zeros((1, 4), np.uint32)}
+    policy = PolicyRef("gpu.policies:triton_policy", {"dtype": "bf16", "block_m": 64, "block_n": 64} | policy_args)
     return KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.5, softmax=cli.get_softmax("standard"),
-                     policy_args={"dtype": "bf16", "block_m": 64, "block_n": 64}, outputs=outputs)
+                     policy=policy, outputs=outputs)
 
 
 @pytest.fixture(scope="module")
@@ -101,14 +103,12 @@ def files(tmp_path_factory) -> Path:
     (t / "file").write_text("a file, not a folder")
     (t / "empty_dir").mkdir()
     save_run(t / "run.npz", tiny_run())
-    no_model = tiny_run()
-    no_model.policy_args["block_m"] = 16  # no tl.sum tree recorded for 16-row tiles
-    save_run(t / "no_model.npz", no_model)
+    save_run(t / "no_model.npz", tiny_run(block_m=16))  # no tl.sum tree for 16-row tiles (no wgmma)
     np.savez(t / "no_meta.npz", q=q)
     np.savez(t / "bad_meta.npz", q=q, meta=np.array("{not json"))
     with zipfile.ZipFile(t / "run.npz") as z:
-        members = {n: z.read(n) for n in z.namelist() if n != "out_lse.npy"}
-    with zipfile.ZipFile(t / "no_lse.npz", "w") as z:
+        members = {n: z.read(n) for n in z.namelist() if n != "out_o.npy"}
+    with zipfile.ZipFile(t / "no_o.npz", "w") as z:
         for n, b in members.items():
             z.writestr(n, b)
     return t
@@ -185,7 +185,7 @@ TABLE = [
     ("flashsim", ["crosscheck", "{t}/empty_dir"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/no_meta.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/bad_meta.npz"], "RUN"),
-    ("flashsim", ["crosscheck", "{t}/no_lse.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/no_o.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/run.npz", "{t}/garbage.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/no_model.npz"], "RUN"),
     ("flashsim", ["no-such-command"], "invalid choice"),
@@ -204,15 +204,18 @@ TABLE = [
     ("gpu.probes.run", ["--out", "{t}/p", "--params", "{{x"], "--params"),
     ("gpu.probes.run", ["--out", "{t}/p", "--params", "[1]"], "--params"),
     ("gpu.probes.run", ["--out", "{t}/file", "--quick"], "--out"),
-    ("gpu.run_attention", ["--out", "{t}/ra", "--sections", "bogus"], "--sections"),
-    ("gpu.run_attention", ["--out", "{t}/ra", "--seconds", "0"], "--seconds"),
-    ("gpu.run_attention", ["--out", "{t}/ra", "--replay-from", "-1"], "--replay-from"),
-    ("gpu.run_attention", ["--out", "{t}/file"], "--out"),
-    ("gpu.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
-    ("gpu.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
-    ("gpu.verify_models", ["--out", "{t}/file"], "--out"),
-    ("gpu.record_nan_backward", ["--out", "{t}/n", "--dtypes", "fp8"], "--dtypes"),
-    ("gpu.record_nan_backward", ["--out", "{t}/file"], "--out"),
+    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--sections", "bogus"], "--sections"),
+    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--seconds", "0"], "--seconds"),
+    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--replay-from", "-1"], "--replay-from"),
+    ("gpu.scripts.run_attention", ["--out", "{t}/file"], "--out"),
+    ("gpu.scripts.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
+    ("gpu.scripts.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
+    ("gpu.scripts.verify_models", ["--out", "{t}/file"], "--out"),
+    ("gpu.scripts.record_nan_backward", ["--out", "{t}/n", "--dtypes", "fp8"], "--dtypes"),
+    ("gpu.scripts.record_nan_backward", ["--out", "{t}/file"], "--out"),
+    ("gpu.scripts.train_check", ["--out", "{t}/tc", "--steps", "0"], "--steps"),
+    ("gpu.scripts.train_check", ["--out", "{t}/tc", "--seconds", "-1"], "--seconds"),
+    ("gpu.scripts.train_check", ["--out", "{t}/file"], "--out"),
 ]
 
 
@@ -225,21 +228,25 @@ def _main(command: str):
         return gpu_crosscheck.main
     if command == "gpu.probes.run":
         return probes_run.main
-    if command == "gpu.record_nan_backward":
+    if command == "gpu.scripts.record_nan_backward":
         return record_nan_backward.main
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    if command == "gpu.run_attention":
-        from gpu import run_attention
+    if command == "gpu.scripts.run_attention":
+        from gpu.scripts import run_attention
         return run_attention.main
-    from gpu import verify_models
+    if command == "gpu.scripts.train_check":
+        from gpu.scripts import train_check
+        return train_check.main
+    from gpu.scripts import verify_models
     return verify_models.main
 
 
 def test_the_table_covers_every_command():
     assert len(TABLE) >= 40
     assert {c for c, _, _ in TABLE} == {"flashsim", "emufloat", "gpu.crosscheck", "gpu.probes.run",
-                                        "gpu.run_attention", "gpu.verify_models", "gpu.record_nan_backward"}
+                                        "gpu.scripts.run_attention", "gpu.scripts.verify_models",
+                                        "gpu.scripts.record_nan_backward", "gpu.scripts.train_check"}
     assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
 
 
@@ -336,7 +343,7 @@ def test_random_bytes_fail_cleanly(tmp_path, blob):
 ])
 def test_commands_as_processes(files, argv, argument):
     if "--live" in argv:
-        from gpu.device_cli import gpu_stack_missing
+        from gpu.scripts.device_cli import gpu_stack_missing
         if gpu_stack_missing() is None:
             pytest.skip("this machine can run --live")
     res = subprocess.run([sys.executable, *[a.format(t=files) for a in argv]], cwd=ROOT, capture_output=True,
@@ -347,7 +354,7 @@ def test_commands_as_processes(files, argv, argument):
 
 def test_gpu_crosscheck_names_missing_recorded_files(tmp_path, monkeypatch):
     """An install without the recorded cases says which file is missing and what to do."""
-    monkeypatch.setattr(gpu_crosscheck, "DATA", tmp_path)
+    monkeypatch.setattr(gpu_crosscheck.cli, "DATA", tmp_path)
     code, _out, err = invoke(gpu_crosscheck.main, [])
     assert_clean_failure(code, err, "recorded cases")
     assert "recorded.npz" in err and "--folder" in err

@@ -1,7 +1,7 @@
 """The emulator reproduces our Triton kernels bit for bit: every recorded H100 case, checked on the CPU.
 
-Recorded by ``OUT=$OUT bash gpu/run_attention.sh --sections record`` (provenance in
-gpu/data/recorded.json); inputs are regenerated from their seeds (gpu/cases.py).
+Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (provenance in
+gpu/data/recorded.json); inputs are regenerated from their seeds (gpu/crosscheck/cases.py).
 """
 
 from pathlib import Path
@@ -11,8 +11,8 @@ import pytest
 
 from emufloat.hw import h100
 from flashsim.crosscheck import check_bits as check
-from gpu.cases import Case
 from gpu.crosscheck import DATA, compare, load_recorded
+from gpu.crosscheck.cases import Case
 
 META, ARRAYS = load_recorded()
 FORWARD = [Case(**c) for c in META["record"]["forward"] if f"f/{Case(**c).key}/o" in ARRAYS]
@@ -64,8 +64,8 @@ def test_check_reports_differences():
 
 # ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
 def test_fp8_forward_bit_identical():
-    """Recorded by ``OUT=$OUT bash gpu/run_attention.sh --sections fp8`` (results.json 'fp8'): q, k, v and P in
-    e4m3 on the fp8 tensor cores, O in bf16; emulated by flashsim.triton_policy('e4m3')."""
+    """Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8`` (gpu/data/fp8.npz): q, k, v and
+    P in e4m3 on the fp8 tensor cores, O in bf16; emulated by gpu.policies.triton_policy('e4m3')."""
     z = np.load(DATA / "fp8.npz")
     cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in z.files]
     assert len(cases) >= 40 and {c.softmax for c in cases} == {"standard", "stabilised", "robust"}
@@ -104,12 +104,13 @@ def _multi_block_run():
     divergence search must find exactly the element a test perturbs (4 K/V blocks)."""
     import flashsim as fs
     from flashsim.crosscheck import KernelRun, emulate, to_bits
-    from gpu.cases import batch
-    from gpu.configs import kernel_policy_args
+    from gpu.crosscheck.cases import batch
+    from gpu.policies import kernel_policy_args, kernel_policy_ref
     x = batch("repeated", "bf16", (1, 1, 130, 64), 11, n_k=200)
     q, k, v = x["q"][0], x["k"][0], x["v"][0]
     args = kernel_policy_args("bf16", 64, False)
-    pol = fs.triton_policy(**args)
+    ref = kernel_policy_ref("bf16", 64, False)
+    pol = ref.resolve()
     n_blk = -(-200 // args["block_n"])
     dbg = {"m": np.full((1, n_blk, 130), np.nan, np.float32), "l": np.full((1, n_blk, 130), np.nan, np.float32),
            "p": np.full((1, n_blk, 130, args["block_n"]), np.nan, np.float32),
@@ -122,7 +123,7 @@ def _multi_block_run():
             dbg["p"][0, st.block, rows, :st.p_exp.shape[1]] = st.p_exp
             dbg["acc"][0, st.block, rows] = st.acc
     run = KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.125,
-                    softmax=fs.get_softmax("robust"), policy_args=args, outputs={"o": np.zeros((1, 130, 64),
+                    softmax=fs.get_softmax("robust"), policy=ref, outputs={"o": np.zeros((1, 130, 64),
                     np.uint16), "lse": np.zeros((1, 130), np.uint32)}, debug={n: to_bits(a, None) for n, a in
                                                                               dbg.items()})
     run.outputs.update(emulate(run))
@@ -152,14 +153,14 @@ def test_crosscheck_reports_the_first_differing_row(tmp_path):
     run = _debug_run()
     path = save_run(tmp_path / "run.npz", run)
     back = load_run(path)
-    assert back.softmax == run.softmax and back.policy_args == run.policy_args and crosscheck(back).identical
+    assert back.softmax == run.softmax and back.policy == run.policy and crosscheck(back).identical
     back.outputs["o"][0, 5, 3] ^= 0x0001
     rep = crosscheck(back)
     assert not rep.identical and rep.first_row == (0, 5)
     assert rep.divergence.step is None and "after the K/V loop" in str(rep)
     assert "1 ulp: 1" in str(rep.checks[0])
     back.debug = {}
-    assert "rerun the kernel with debug=True" in str(crosscheck(back))
+    assert "no per-block intermediates recorded" in str(crosscheck(back))
 
 
 def test_flashsim_crosscheck_cli(tmp_path, capsys):
@@ -180,14 +181,16 @@ def test_flashsim_crosscheck_cli(tmp_path, capsys):
 
 
 def test_kernel_run_checks_its_arguments():
-    from flashsim.crosscheck import KernelRun
+    from flashsim.crosscheck import KernelRun, crosscheck
     run = _debug_run()
     kw = dict(q=run.q, k=run.k, v=run.v, dtype="bf16", causal=False, sm_scale=0.125, softmax=run.softmax,
-              policy_args=run.policy_args)
+              policy=run.policy)
     with pytest.raises(ValueError, match="dtype: expected one of"):
         KernelRun(**(kw | {"dtype": "fp8"}), outputs=run.outputs)
-    with pytest.raises(ValueError, match=r"outputs: missing \['lse'\]"):
-        KernelRun(**kw, outputs={"o": run.outputs["o"]})
+    with pytest.raises(ValueError, match=r"outputs: missing 'o'"):
+        KernelRun(**kw, outputs={"lse": run.outputs["lse"]})
+    o_only = KernelRun(**kw, outputs={"o": run.outputs["o"]})  # a kernel without an LSE: O alone is checked
+    assert [c.name for c in crosscheck(o_only).checks] == ["o"] and crosscheck(o_only).identical
     with pytest.raises(ValueError, match=r"outputs\['o'\]: expected uint16 bits of shape"):
         KernelRun(**kw, outputs={"o": run.outputs["o"].astype(np.uint32), "lse": run.outputs["lse"]})
     with pytest.raises(ValueError, match="do: a run with backward outputs"):
@@ -209,11 +212,11 @@ def test_output_step_nan_encoding():
 
 
 def test_replay_start_and_stop_bookkeeping():
-    """gpu/run_attention.py --sections replay --replay-from K: the start is checked against the recording, and
+    """gpu/scripts/run_attention.py --sections replay --replay-from K: the start is checked against the recording, and
     the result says which runs a call compared (no GPU needed for the cases that run nothing)."""
     pytest.importorskip("torch")
     from gpu.crosscheck import recorded_runs
-    from gpu.run_attention import replay
+    from gpu.scripts.run_attention import replay
     n = len(recorded_runs())
     for bad in (-1, n + 1):
         with pytest.raises(ValueError, match=rf"--replay-from must be in 0\.\.{n} \(recorded runs\), got {bad}"):

@@ -11,8 +11,9 @@ import emufloat as ef
 import flashsim as fs
 from emufloat.hw import h100
 from flashsim import arith
-from flashsim.backward import _fa2_threads, delta_rowsum
+from flashsim.backward import delta_rowsum, fa2_threads
 from flashsim.policy import BWD_STEPS, BWD_TRACE_LABELS, default_backward
+from gpu.policies import triton_policy
 
 
 # ---- the oracle: the gradient of softmax attention, from the math --------------------------------
@@ -201,15 +202,15 @@ def test_reference_backward_is_the_one_block_flash_backward(policy):
 @pytest.mark.parametrize("causal", [False, True])
 def test_triton_backward_bits_do_not_depend_on_its_tiles(causal):
     """Under the Triton kernels' policy the backward's bits are the same for every tile that is a multiple of
-    16 (the tensor-core model's k-chunk): the H100 agrees (50 of 50 runs of gpu/kernels/bwd.py with five
-    tile combinations gave the same bits, results.json ``bwd_split.runs.kernel_tiles``), so the backward's
-    tiles are a speed choice only.  Tiles off the 16-grid change dK under causal masking: the property
-    is the chunking's, not a test that cannot fail."""
+    16 (the tensor-core model's k-chunk): the H100 agrees (gpu/kernels/bwd.py gave the same bits with five
+    tile combinations: docs/tried.md, "Backward"), so the backward's tiles are a speed choice only.  Tiles
+    off the 16-grid change dK under causal masking: the property is the chunking's, not a test that cannot
+    fail."""
     rng = np.random.default_rng(15)
     q, k = rng.standard_normal((100, 64)), rng.standard_normal((130, 64))
     k[1::3] = k[0]  # repeated keys: ties in every row
     v, do = rng.standard_normal((130, 64)), rng.standard_normal((100, 64))
-    pol = fs.triton_policy(dtype="bf16", block_m=128, block_n=64, num_warps=4)
+    pol = triton_policy(dtype="bf16", block_m=128, block_n=64, num_warps=4)
     o, lse = fs.flash_forward(q, k, v, pol, causal=causal)
     ref = fs.flash_backward(q, k, v, o, lse, do, pol, causal=causal, block_m=64, block_n=64)
     for bm, bn in ((16, 16), (32, 64), (64, 128), (128, 64), (128, 128)):
@@ -267,7 +268,7 @@ def test_fa2_recompute_is_one_ffma_and_ex2():
 
 
 def test_fa2_delta_thread_layout_and_butterfly():
-    cols = _fa2_threads(np.arange(2 * 20, dtype=np.float64).reshape(2, 20), threads=4, chunk=2)
+    cols = fa2_threads(np.arange(2 * 20, dtype=np.float64).reshape(2, 20), threads=4, chunk=2)
     assert cols.shape == (2, 4, 6)
     assert cols[0].tolist() == [[0, 1, 8, 9, 16, 17], [2, 3, 10, 11, 18, 19], [4, 5, 12, 13, 0, 0],
                                 [6, 7, 14, 15, 0, 0]]

@@ -1,12 +1,12 @@
-"""Issue 4's acceptance experiment: random rows with repeated maxima and negative V under the reference policy
-(qiu_yao); O's mean signed error against FP64 leans negative, the paper's fix and ours remove the lean, rows
-with a single max do not lean.  2000 rows in the default run (~12 s); the 10^4 rows of the acceptance
-criterion (~1 min) with ``pytest -m slow`` (the same assertions: they hold at both sizes)."""
+"""The bias experiment (``flashsim bias-rows``, docs/flashsim.md): random rows with repeated maxima and negative V
+under the reference policy (qiu_yao); O's mean signed error against FP64 leans negative, the paper's fix and
+ours remove the lean, rows with a single max do not lean.  2000 rows in the default run; the 10^4 rows of the
+documented experiment with ``pytest -m slow`` (the same assertions: they hold at both sizes)."""
 
 import numpy as np
 import pytest
 
-from flashsim.experiments import bias_rows, format_bias_table, repeated_maxima_rows
+from flashsim.analysis.experiments import bias_rows, format_bias_table, repeated_maxima_rows
 
 SIZES = [2000, pytest.param(10_000, marks=pytest.mark.slow)]
 
@@ -78,8 +78,8 @@ def test_fixes_lean_when_p_is_fp8():
     """Under the FP8 kernel's policy (K, V, P in e4m3) the standard softmax does not lean on these rows,
     and the fixes do: the largest P, e^-shift, is rounded to 4 significand bits in P V while l sums it
     unrounded, so every shifted row's O is off by the same relative rounding (docs/flashsim.md)."""
-    from flashsim.experiments import rows_in_format
-    from gpu.configs import kernel_policy, kernel_variant
+    from flashsim.analysis.experiments import rows_in_format
+    from gpu.policies import kernel_policy, kernel_variant
     rows = rows_in_format(repeated_maxima_rows(1000, (2, 3, 4, 5, 6, 7, 8), seed=1), "e4m3fn")
     assert np.array_equal(np.sort(rows.k[:, :, 0], axis=1)[:, -2:] == rows.k[:, :, 0].max(axis=1)[:, None],
                           np.ones((1000, 2), bool))  # rounding kept at least two maxima a row

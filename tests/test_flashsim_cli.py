@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flashsim import cli, report
-from flashsim.report import PLOT_FILES
+from flashsim import cli
+from flashsim.analysis import report
+from flashsim.analysis.report import PLOT_FILES
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,8 @@ import pytest
 
 import emufloat as ef
 import flashsim as fs
-from flashsim.experiments import repeated_maxima_rows
+from flashsim.analysis.experiments import repeated_maxima_rows
+from gpu.policies import triton_policy
 
 VARIANTS = {"standard": fs.StandardSoftmax(), "stabilised": fs.StabilisedSoftmax(), "robust": fs.RobustSoftmax()}
 
@@ -70,7 +71,7 @@ def test_robust_variant_leaves_single_max_rows_spread_over_blocks_alone():
     split tie: the robust variant must not shift it.  (An earlier rule did, and leaned O by +2.2e-4 with
     p = 7e-27 on 10^4 such rows of 512 keys under triton_h100; docs/flashsim.md.)"""
     rows = repeated_maxima_rows(64, 1, n_keys=512, seed=5)
-    pol = fs.triton_policy("bf16", block_m=128, block_n=64, num_warps=4)
+    pol = triton_policy("bf16", block_m=128, block_n=64, num_warps=4)
     std = fs.flash_forward(rows.q, rows.k, rows.v, pol, softmax="standard", sm_scale=1.0)
     rob = fs.flash_forward(rows.q, rows.k, rows.v, pol, softmax=fs.RobustSoftmax(), sm_scale=1.0)
     assert np.array_equal(std.o.view(np.uint16), rob.o.view(np.uint16))
@@ -111,7 +112,7 @@ def test_triton_policy_masks_by_select(softmax):
     (log2 units) above a row's own key, or a NaN key, leaves the earlier rows alone.  Under the tutorial's bias
     alone (Mask(-1e6, 'add'), the same FMA) the later key wins row 0 and the NaN reaches the rows before it."""
     import dataclasses
-    select = fs.triton_policy("fp16", block_m=64, block_n=64, num_warps=4)
+    select = triton_policy("fp16", block_m=64, block_n=64, num_warps=4)
     bias = dataclasses.replace(select, mask=fs.specs.Mask(-1.0e6, "add"))
     q, k, v = (np.zeros((2, 64), np.float16) for _ in range(3))
     q[0], k[0], v[1] = -300.0, 300.0, 1.0  # row 0's only visible key scores -1.04e6 in log2 units

@@ -9,9 +9,9 @@ from gpu.configs import (
     OVERLAP_FROM_KEYS,
     Config,
     fwd_config,
-    kernel_policy_args,
     overlap_from_keys,
 )
+from gpu.policies import kernel_policy_args
 
 
 def test_tuned_tables_are_accepted():

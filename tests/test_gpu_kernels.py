@@ -195,7 +195,8 @@ def _ptxas_log(ptx: str) -> str:
 #: (dtype, head dim, causal) where the overlap kernel runs with the dtype's default tiles (BLOCK_N == d)
 OVERLAP_KEYS = sorted([("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
                       + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]])
-#: and FP8 on two compute warpgroups (128-row programs), measured but not the default (docs/performance.md)
+#: and FP8 on two compute warpgroups (128-row programs), measured but not the default (docs/tried.md, "FP8 E4M3
+#: forward")
 OVERLAP_KEYS += [("fp8", 128, False, 128), ("fp8", 128, True, 128)]
 
 
@@ -399,7 +400,7 @@ def test_live_against_fp64(dtype, causal, softmax, d):
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
     o = flash.attention(qq, kk, vv, causal=causal, softmax=softmax)
     o.backward(do)
-    from gpu.run_attention import reference
+    from gpu.scripts.run_attention import reference
     o64, _, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
     tol = 2e-2 if dtype == "bf16" else 4e-3
     assert (o.double() - o64).abs().max().item() < tol
@@ -411,8 +412,8 @@ def test_live_against_fp64(dtype, causal, softmax, d):
 @cuda
 def test_live_kernel_equals_emulator():
     from flashsim.crosscheck import crosscheck
-    from gpu.cases import Case, inputs
     from gpu.crosscheck import live_run
+    from gpu.crosscheck.cases import Case, inputs
     for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1),
                  Case(77, 130, 128, "fp16", False, "stabilised", "sink", 2),
                  Case(90, 150, 256, "bf16", True, "robust", "repeated", 3),
@@ -432,7 +433,7 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
     """The Gluon forward computes the tl forward's bits (O and LSE), ragged lengths and adversarial inputs."""
     from gpu import flash
     from gpu.crosscheck import same_bits
-    from gpu.run_attention import kind_inputs
+    from gpu.scripts.run_attention import kind_inputs
     for kind, n, dtype in (("repeated", 1000, "bf16"), ("sink", 517, "fp16"), ("large", 4096 - 3, "bf16")):
         q, k, v, _ = kind_inputs(kind, dtype, (1, 2, n, d), n)
         for sm in flash.SOFTMAX_IDS:
@@ -445,7 +446,7 @@ def _fp8_cases(d: int):
     """(kind, N_q, N_k, q, k, v) in e4m3 on the GPU: adversarial inputs, ragged lengths (rows of V^T padded
     to 16 keys) down to one key."""
     from gpu import flash
-    from gpu.run_attention import kind_inputs
+    from gpu.scripts.run_attention import kind_inputs
     for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
         q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
         yield (kind, nq, nk, q[:, :, :nq].to(flash.FP8).contiguous(),

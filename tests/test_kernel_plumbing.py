@@ -1,5 +1,5 @@
 """How arrays reach emufloat's Numba kernels: one specialisation per kernel whatever the formats (each costs
-30-80 s of cold compilation)."""
+a long cold compilation)."""
 
 import ml_dtypes
 import numpy as np

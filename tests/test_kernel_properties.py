@@ -1,4 +1,4 @@
-"""Property tests of our attention kernels on Hypothesis-drawn adversarial inputs (flashsim.strategies).
+"""Property tests of our attention kernels on Hypothesis-drawn adversarial inputs (flashsim.testing).
 
 Properties:
 1. kernel == emulator, bit for bit: live on a GPU (tests marked ``gpu``); without one, drawn from the
@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 import flashsim as fs
 from flashsim.crosscheck import crosscheck
-from flashsim.strategies import attention_inputs
-from gpu.configs import kernel_policy, kernel_variant
+from flashsim.testing import attention_inputs
 from gpu.crosscheck import recorded_runs
+from gpu.policies import kernel_policy, kernel_variant
 
 try:
     import torch
@@ -112,7 +112,7 @@ def test_robust_fix_leaves_no_block_with_two_p_equal_one(case):
 
 def test_the_inputs_do_have_repeated_ones_under_the_standard_softmax():
     """Not vacuous: the 'repeated' inputs give blocks with several P = 1 when nothing is fixed."""
-    from flashsim.strategies import AttentionInputs, make_inputs
+    from flashsim.testing import AttentionInputs, make_inputs
     x = make_inputs("repeated", 70, 130, 64, "bf16", seed=3, ties=4)
     case = AttentionInputs(x["q"], x["k"], x["v"], x["do"], "bf16", False, "repeated", 3)
     assert _ones_per_block(case, "standard") >= 4
@@ -150,13 +150,13 @@ def test_live_robust_kernel_leaves_no_block_with_two_p_equal_one(case):
 
 def test_input_kinds_check_their_arguments():
     from flashsim.inputs import draw_head
-    from flashsim.strategies import make_inputs
+    from flashsim.testing import make_inputs
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="kind: expected one of"):
         draw_head(rng, "huge", 4, 4, 8)
     with pytest.raises(ValueError, match="ties: expected a positive integer"):
         draw_head(rng, "repeated", 4, 4, 8, ties=0)
-    with pytest.raises(ValueError, match="dtype: expected one of"):
-        make_inputs("random", 4, 4, 8, "fp32", seed=0)
+    with pytest.raises(ValueError, match="dtype: unknown format"):
+        make_inputs("random", 4, 4, 8, "fp33", seed=0)
     x = make_inputs("repeated", 5, 9, 8, "bf16", seed=1, ties=3)
     assert np.array_equal(x["k"][0], x["k"][2]) and not np.array_equal(x["k"][2], x["k"][3])

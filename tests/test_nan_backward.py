@@ -1,6 +1,6 @@
 """The backward's NaN encoding: a recorded case whose rows are NaN matches the kernel's bits in every output.
 
-Recorded on the GPU by ``PYTHONPATH=. python -m gpu.record_nan_backward --out $OUT`` (card and versions in each
+Recorded on the GPU by ``PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT`` (card and versions in each
 run's note; gpu/data/README.md): the stabilised fix's l = 0 rows (O = 0/0) carry NaN into
 delta, dS, dQ, dK and dV.  The kernels write every such NaN as 0x7FFF (bf16 and fp16) and 0x7FFFFFFF (fp32
 delta), emufloat its canonical quiet NaN; ``triton_policy``'s ``nan_bits`` on the gradients' output casts and
@@ -14,7 +14,8 @@ import flashsim as fs
 from flashsim import arith
 from flashsim.crosscheck import BACKWARD_OUTPUTS, crosscheck, load_run
 from gpu.crosscheck import DATA
-from gpu.record_nan_backward import NAN_ROWS, _values, nan_encodings, nan_rows_inputs
+from gpu.policies import triton_policy
+from gpu.scripts.record_nan_backward import NAN_ROWS, nan_encodings, nan_rows_inputs, output_values
 
 DTYPES = ("bf16", "fp16")
 
@@ -31,10 +32,10 @@ def test_recording_is_the_constructed_case_with_nan_rows(run):
     for name in ("q", "k", "v", "do"):
         assert np.array_equal(getattr(run, name)[0], x[name]), name
     assert run.softmax.name == "stabilised" and not run.causal and run.backward
-    o = _values(run.outputs["o"], run.dtype)[0]
+    o = output_values(run.outputs["o"], run.dtype)[0]
     assert np.flatnonzero(np.isnan(o).any(axis=-1)).tolist() == list(NAN_ROWS)
     assert np.isfinite(np.delete(o, NAN_ROWS, axis=0)).all()
-    assert np.isneginf(_values(run.outputs["lse"], run.dtype)[0, list(NAN_ROWS)]).all()
+    assert np.isneginf(output_values(run.outputs["lse"], run.dtype)[0, list(NAN_ROWS)]).all()
     for name in ("o",) + BACKWARD_OUTPUTS:
         want = ["0x7fffffff"] if name == "delta" else ["0x7fff"]
         assert nan_encodings(run.outputs[name], run.dtype) == want, name
@@ -68,6 +69,6 @@ def test_delta_nan_encoding_is_spec_data():
 
 def test_triton_policy_encodes_backward_nans():
     for dtype in ("bf16", "fp16", "e4m3"):
-        pol = fs.triton_policy(dtype)
+        pol = triton_policy(dtype)
         assert pol.delta.nan_bits == 0x7FFFFFFF
         assert {pol.dq.out.nan_bits, pol.dk.out.nan_bits, pol.dv.out.nan_bits, pol.output.nan_bits} == {0x7FFF}

@@ -507,13 +507,13 @@ def test_runner_rejects_unknown_probe(tmp_path):
 
 
 def test_run_script_syntax_and_contents():
-    script = ROOT / "gpu" / "run_probes.sh"
+    script = ROOT / "gpu" / "scripts" / "run_probes.sh"
     assert script.exists()
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = script.read_text()
     assert "gpu.probes.run" in text and "run_module.sh" in text
-    runner = (ROOT / "gpu" / "run_module.sh").read_text()
+    runner = (ROOT / "gpu" / "scripts" / "run_module.sh").read_text()
     assert "PYTHONPATH" in runner and "PYTHONUNBUFFERED" in runner
 
 

@@ -2,8 +2,8 @@
 
     python tools/build_package_data.py FOLDER      # e.g. tests/data/h100, the recording the package data came from
 
-FOLDER is what the device scripts wrote to $OUT: ``gpu/run_probes.sh`` (results.json, exp2.npz) and, for
-the rcp table, ``gpu/run_verify.sh`` (rcp.npz; skipped when absent).
+FOLDER is what the device scripts wrote to $OUT: ``gpu/scripts/run_probes.sh`` (results.json, exp2.npz) and, for
+the rcp table, ``gpu/scripts/run_verify.sh`` (rcp.npz; skipped when absent).
 
 Each table ships as int8 corrections to the correctly rounded values plus the SHA-256 of the table bits
 as the GPU computed them; emufloat rebuilds the table on load and refuses it if the digest differs.
@@ -37,7 +37,7 @@ def build_ex2(src: Path) -> dict:
         out[f"{side}_near_idx"] = z[f"exp2_table_{side}_near_idx"].astype(np.int64)
         out[f"{side}_bits_at_near"] = z[f"exp2_table_{side}_bits_at_near"].astype(np.uint32)
         out[f"{side}_sha256"] = np.array(table[side]["sha256_table_bits"])
-    out["source"] = np.array("tests/data/h100/exp2.npz + results.json (gpu/run_probes.sh on an H100)")
+    out["source"] = np.array("tests/data/h100/exp2.npz + results.json (gpu/scripts/run_probes.sh on an H100)")
     return out
 
 
@@ -47,7 +47,7 @@ def build_rcp(src: Path) -> dict | None:
         return None
     z = np.load(f)
     return {"delta": z["rcp_table_delta"].astype(np.int8), "sha256": np.array(str(z["rcp_table_sha256"])),
-            "source": np.array("tests/data/h100/rcp.npz (gpu/verify_models.py on an H100)")}
+            "source": np.array("tests/data/h100/rcp.npz (gpu/scripts/verify_models.py on an H100)")}
 
 
 def build_trees(src: Path) -> dict:
@@ -105,7 +105,7 @@ def build_trees(src: Path) -> dict:
             "probe": "gpu/probes/reduction.py (FPRev tree inference: gpu/probes/trees.py)",
             "source": "tests/data/h100/results.json: probes.reduction.result.configs; random rows and GPU "
                       "outputs in tests/data/h100/reduction.npz",
-            "recording_command": "OUT=$OUT bash gpu/run_probes.sh",
+            "recording_command": "OUT=$OUT bash gpu/scripts/run_probes.sh",
             "recorded": res["started"],
             "seed": red["result"]["seed"],
             "gpu": env["gpu_name"],
@@ -136,11 +136,11 @@ def dump_trees(data: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src", type=Path, metavar="FOLDER",
-                    help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/run_verify.sh)")
+                    help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/scripts/run_verify.sh)")
     args = ap.parse_args()
     missing = [f for f in ("results.json", "exp2.npz") if not (args.src / f).is_file()]
     if missing:
-        ap.error(f"FOLDER {args.src} lacks {', '.join(missing)}: give the output folder of gpu/run_probes.sh")
+        ap.error(f"FOLDER {args.src} lacks {', '.join(missing)}: give the output folder of gpu/scripts/run_probes.sh")
     DST.mkdir(exist_ok=True)
     for name, arrays in (("ex2", build_ex2(args.src)), ("rcp", build_rcp(args.src))):
         if arrays is None:

@@ -3,7 +3,7 @@ gpu/data/recorded.json; or, for FP8, fp8.npz and the 'fp8' entry.
 
     PYTHONPATH=. python tools/keep_recording.py DIR
 
-DIR holds what ``OUT=$OUT bash gpu/run_attention.sh --sections record`` (or ``--sections fp8``) wrote.  Kept:
+DIR holds what ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (or ``--sections fp8``) wrote.  Kept:
 forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m, l, P, acc for n_q*n_k <= 64^2) and
 all backward cases; FP8: O and LSE of the cases with n_q*n_k <= 333^2.  Prints how many kept arrays differ
 from the file they replace.
@@ -59,7 +59,8 @@ def main() -> int:
         kept = {k: a for k, a in arrays.items() if k.startswith("f8/") and _area(k.split("/")[1]) <= 333 * 333}
         changed += _replace(DATA / "fp8.npz", kept)
         n = len(kept) // 2
-        res["fp8"] = run["fp8"] | {"command": "OUT=$OUT bash gpu/run_attention.sh --sections fp8", "env": run["env"],
+        res["fp8"] = run["fp8"] | {"command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8",
+                                   "env": run["env"],
                                    "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with "
                                            "n_q * n_k <= 333^2"}
         print(f"kept {len(kept)} FP8 arrays ({n} cases)")

@@ -4,13 +4,14 @@ The generic emulator (``emufloat``'s top level) knows formats, rounding, exact o
 accumulation (:class:`emufloat.FusedBlock`), function and reduction-tree (:class:`emufloat.ReductionTree`)
 models.  A room here gives them one device's parameters and calibration data:
 
-* :mod:`emufloat.hw.h100` — the NVIDIA H100 under Triton 3.6.
+* :mod:`emufloat.hw.h100` — the NVIDIA H100 under Triton 3.6;
+* :mod:`emufloat.hw.libdevice` — CUDA's libdevice functions (IEEE FP32 operations: any NVIDIA GPU).
 
 A new device is a sibling package ``emufloat/hw/<device>`` with its own ``data`` folder (loaded through
 :mod:`emufloat.hw.calibration`); its accumulation presets register with :func:`emufloat.accum.register`
 when it is imported below, so ``emufloat.matmul`` takes them by name.
 """
 
-from . import h100
+from . import h100, libdevice
 
-__all__ = ["h100"]
+__all__ = ["h100", "libdevice"]

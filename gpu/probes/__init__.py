@@ -1,6 +1,6 @@
 """GPU calibration probes: measure what an H100 computes for exp2/exp, fp32 division, tl.dot and tl.sum.
 
-Run all of them with ``bash gpu/run_probes.sh`` (``OUT`` set), i.e. ``python -m gpu.probes.run --out $OUT``.
+Run all of them with ``bash gpu/scripts/run_probes.sh`` (``OUT`` set), i.e. ``python -m gpu.probes.run --out $OUT``.
 The layout is described in ``docs/probes.md``.
 
 Modules that import torch/triton (they define kernels): ``exp2``, ``division``, ``mma``, ``reduction``,

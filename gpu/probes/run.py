@@ -25,7 +25,7 @@ from pathlib import Path
 
 from flashsim.console import ArgumentParser, run_command, writable_dir
 
-from ..device_cli import json_params, positive, sections
+from ..scripts.device_cli import json_params, positive, sections
 from . import PROBES
 from .common import SCHEMA, ProbeContext, check_out_dir, summary_table, validate_results, write_json
 

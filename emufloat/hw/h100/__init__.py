@@ -20,7 +20,7 @@ from .common import CANONICAL_NAN, DATA
 from .division import div_full, grid_rcp, rcp_approx, rcp_table, triton_div
 from .ex2 import LOG2E_F32, ex2_approx, ex2_tables, triton_exp, triton_exp2
 from .log2 import LOG2_FMA_COEFFS, log2_fma
-from .trees import tl_sum
+from .trees import derived_tl_sum, tl_sum
 from .wgmma import (
     INPUT_FORMATS,
     PRESETS,
@@ -36,6 +36,6 @@ __all__ = [
     "ex2_approx", "ex2_tables", "triton_exp2", "triton_exp", "LOG2E_F32",
     "rcp_approx", "rcp_table", "grid_rcp", "div_full", "triton_div",
     "log2_fma", "LOG2_FMA_COEFFS",
-    "tl_sum",
+    "tl_sum", "derived_tl_sum",
     "CANONICAL_NAN", "DATA",
 ]

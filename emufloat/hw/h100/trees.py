@@ -59,22 +59,74 @@ def tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> R
 
     ``layout="dot"``: ``x`` is a ``tl.dot`` result (the wgmma accumulator layout, e.g. attention scores);
     ``"load"``: ``x`` came from ``tl.load`` (Triton's blocked layout).  The tree is the same for every row
-    of the tile.  Recorded with Triton 3.6.0 on an H100 80GB HBM3 (provenance in ``data/reduction_trees.json``);
-    other Triton versions may order differently.  Leaves are column positions 0..block_n-1.
+    of the tile.  Recorded with Triton 3.6.0 on an H100 80GB HBM3 (provenance in ``data/reduction_trees.json``)
+    for 16 tiles; any other tile gets :func:`derived_tl_sum`, the same rules, checked against the GPU for
+    further tiles (docs/hardware-models.md).  Other Triton versions may order differently.  Leaves are column
+    positions 0..block_n-1.
     """
     configs = _h100_data()["configs"]
-    accepted = {
-        "block_m": sorted({c["block_m"] for c in configs.values()}),
-        "block_n": sorted({c["block_n"] for c in configs.values()}),
-        "num_warps": sorted({c["num_warps"] for c in configs.values()}),
-    }
+    if layout not in ("dot", "load"):
+        raise ValueError(f"layout: expected one of ['dot', 'load'], got {layout!r}")
     for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
-        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) not in accepted[arg]:
-            raise ValueError(f"{arg}: no H100 tl.sum recording for {arg}={val!r}; accepted: {accepted[arg]}")
-    layouts = sorted({c["layout"] for c in configs.values()})
-    if layout not in layouts:
-        raise ValueError(f"layout: expected one of {layouts}, got {layout!r}")
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)):
+            raise ValueError(f"{arg}: expected an int, got {val!r}")
     key = f"BM{int(block_m)}_BN{int(block_n)}_w{int(num_warps)}_{layout}"
-    if key not in configs:
-        raise ValueError(f"no H100 tl.sum recording for {key}; recorded: {sorted(configs)}")
-    return _h100_tree(key)
+    if key in configs:
+        return _h100_tree(key)
+    return derived_tl_sum(block_m, block_n, num_warps, layout)
+
+
+def _butterfly(parts: list) -> list:
+    """Partial sums held by 2**k lanes combined by shuffle-xor with offsets 2**(k-1), ..., 1."""
+    off = len(parts) // 2
+    while off >= 1:
+        parts = [[parts[i], parts[i + off]] for i in range(off)]
+        off //= 2
+    return parts[0]
+
+
+def _chain(cols: list[int]):
+    node = cols[0]
+    for c in cols[1:]:
+        node = [node, c]
+    return node
+
+
+def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:
+    """The order of ``tl.sum(x, 1)`` derived from Triton's layout rules, for tiles no probe recorded.
+
+    ``"dot"`` (the wgmma accumulator): warps split the columns when ``num_warps * 16 > block_m`` (two halves at
+    most here); within a half, lane t of a quad holds columns 8j + 2t and 8j + 2t + 1 and adds them in that
+    order; the quad meets by shuffle-xor 2 then 1; the halves are added last.  ``"load"`` (Triton's blocked
+    layout for fp32): a lane holds 4 contiguous columns, up to 32 lanes span the row (so at most 128 columns),
+    lanes meet by a shuffle butterfly.  Every recorded tree (:func:`tl_sum`) is reproduced by these rules,
+    and the GPU agrees with them on tiles of 16 to 256 columns (128 for ``"load"``).
+    """
+    for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
+        if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1 or val & (val - 1):
+            raise ValueError(f"{arg}: expected a power of two, got {val!r}")
+    if layout == "dot":
+        if block_m % 64:
+            raise ValueError(f"block_m: the wgmma accumulator layout needs a multiple of 64, got {block_m}")
+        if num_warps < 4:
+            raise ValueError(f"num_warps: wgmma needs a warpgroup (4 warps or more), got {num_warps}")
+        splits = max(1, num_warps * 16 // block_m)
+        width = block_n // splits
+        if splits > 2 or width % 8:
+            raise ValueError(f"block_n, num_warps: {num_warps} warps on {block_m} rows split {block_n} columns "
+                             f"{splits} ways; the rules cover at most 2 splits of a multiple of 8 columns")
+        halves = [_butterfly([_chain([s * width + 8 * j + 2 * t + e for j in range(width // 8) for e in (0, 1)])
+                              for t in range(4)]) for s in range(splits)]
+        tree = halves[0] if splits == 1 else halves
+    elif layout == "load":
+        per, lanes = 4, min(32, block_n // 4)
+        if lanes < 1 or block_m * lanes < 32 * num_warps:
+            raise ValueError(f"block_m, block_n: a {block_m} x {block_n} fp32 tile on {num_warps} warps puts warps "
+                             "side by side along the row, which the rules do not cover")
+        if block_n > per * 32:
+            raise ValueError(f"block_n: a lane holding more than {per} columns ({block_n} fp32 columns) sums in an "
+                             "order the rules do not derive (probed on the GPU: not left to right)")
+        tree = _butterfly([_chain([per * i + j for j in range(per)]) for i in range(lanes)])
+    else:
+        raise ValueError(f"layout: expected one of ['dot', 'load'], got {layout!r}")
+    return ReductionTree.from_nested(tree, name=f"h100_tl_sum derived BM{block_m}_BN{block_n}_w{num_warps}_{layout}")

@@ -2,8 +2,8 @@
 
 Each preset is a FusedBlock with the H100's parameters: products per step (``width``), fraction bits kept
 below the step's largest exponent (``align_bits``), the accumulator format and rounding (RZ).  They encode
-what ../shared/notes/h100-numerics.md and published models say; ``gpu/probes`` re-derives each parameter
-on the hardware and the recorded cases in tests/data decide (docs/hardware-models.md).  On import they are
+the published models of Hopper's tensor cores; ``gpu/probes`` re-derives each parameter on the hardware
+and the recorded cases in tests/data decide (docs/hardware-models.md, "Tensor cores").  On import they are
 registered with :data:`emufloat.accum.PRESETS`, so ``emufloat.matmul(a, b, "h100_wgmma_bf16")`` works.
 """
 

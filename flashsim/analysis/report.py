@@ -1,0 +1,369 @@
+"""Readable and machine-readable reports of :class:`~flashsim.analysis.RowAnalysis` results, and plots.
+
+:func:`format_report` writes the text ``flashsim trace-row`` prints (several softmax variants of one row
+side by side); :func:`report_dict` the JSON; :func:`write_plots` the PNGs (needs matplotlib, the
+optional extra ``plot``; :func:`have_matplotlib` says whether it is there).
+"""
+
+from __future__ import annotations
+
+import math
+import textwrap
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from ..policy import TRACE_LABELS
+from ..specs import is_native
+from .bias import Bias
+from .errors import StepError
+from .row import RowAnalysis
+
+SIGNIFICANCE = 0.01  # the level at which a lean is called significant in the verdict
+WIDTH = 110  # text wrapped at this width
+PLOT_FILES = ("cumulative_error.png", "block_error.png", "step_error.png")
+
+
+def fmt_p(p: float) -> str:
+    """A p-value for a table: 2 significant digits; below 1e-300 as '<1e-300'."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "-"
+    return "<1e-300" if p < 1e-300 else f"{p:.2g}"
+
+
+def _e(x: float, signed: bool = True) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{x:+.3e}" if signed else f"{x:.3e}"
+
+
+def _ulp(x: float) -> str:
+    return "-" if x is None or math.isnan(x) else f"{x:+.3f}"
+
+
+def _pct(a: int, b: int) -> str:
+    return f"{a}/{b} ({a / b:.0%})" if b else "-"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
+    line = [indent + "  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
+                               for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
+    return line + [indent + "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
+                                      for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+
+
+def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
+    """Whether errors lean, by the sign test and the z-test together, saying where the two disagree."""
+    if b.n == 0:
+        return "no finite error to test" + (f" ({b.excluded} non-finite excluded)" if b.excluded else "")
+    if b.n < 2:
+        return "too few values to test"
+    by_sign, by_mean = b.sign_p < alpha, b.mean_p < alpha
+    most = "negative" if b.negative > b.positive else "positive"
+    mean = "negative" if b.mean_error < 0 else "positive"
+    tests = f"sign test p = {fmt_p(b.sign_p)}, z-test p = {fmt_p(b.mean_p)}"
+    if by_sign and by_mean:
+        if most == mean:
+            return f"leans {mean} ({tests})"
+        return (f"leans both ways: most errors are {most} (sign test p = {fmt_p(b.sign_p)}) but the mean is "
+                f"{mean} (z-test p = {fmt_p(b.mean_p)})")
+    if by_mean:
+        return f"leans {mean} by the z-test, not by the sign test ({tests})"
+    if by_sign:
+        return f"leans {most} by the sign test ({b.negative} < 0, {b.positive} > 0), not by the z-test ({tests})"
+    return f"no lean significant at {alpha:g} by either test ({tests}; not a test of equivalence)"
+
+
+def nonfinite_lines(analyses: Sequence[RowAnalysis]) -> list[str]:
+    """What is NaN or infinite, per variant (inputs once): the first thing a report says."""
+    seen, out = set(), []
+    for a in analyses:
+        for f in a.nonfinite:
+            is_input = not f.name.startswith(("O", "LSE"))
+            key = f.describe() if is_input else None
+            if key in seen:
+                continue
+            if key:
+                seen.add(key)
+            out.append(("input " if is_input else f"{a.softmax}: ") + f.describe())
+    return out
+
+
+def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
+    """A few sentences per variant: how large O's error is, whether its products part leans, and where."""
+    out = []
+
+    def size(b: Bias) -> str:
+        if b.n == 0:
+            return "nothing (no finite error)"
+        return f"{b.mean_error:+.3g}" + (f" ({b.mean_ulps:+.3f} ulp)" if not math.isnan(b.mean_ulps) else "")
+
+    def excluded(b: Bias) -> str:
+        return f" over {b.n} element(s), {b.excluded} non-finite excluded" if b.excluded else ""
+
+    for a in analyses:
+        t, b = a.budget.total, a.budget.products
+        if t.n == 0:
+            out.append(f"{a.softmax}: no finite error to measure: O - O_fp64 is NaN or infinite in all {t.excluded} "
+                       "element(s) (see NON-FINITE VALUES above).")
+            continue
+        line = (f"{a.softmax}: O - O_fp64 averages {size(t)} per element{excluded(t)}: {lean(t)}. Its products "
+                f"part (P V .. output, independent roundings) averages {size(b)}: {lean(b)}.")
+        f = a.p_one
+        if f.events:
+            ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
+            line += (f" Where: K/V block(s) {list(f.blocks)} have P = 1 at >= 2 keys; {f.half_ulp} of their "
+                     f"{f.events} P V results are would-be ties ({f.half_ulp / f.events:.0%}; other blocks {ctl}), "
+                     f"mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)}).")
+        out.append(line)
+    std = next((a for a in analyses if a.softmax == "standard"), None)
+    if std is not None and std.budget.products.n and std.budget.products.mean_p < SIGNIFICANCE:
+        for a in analyses:
+            if a is std or not a.budget.products.n:
+                continue
+            ratio = abs(a.budget.products.mean_error) / abs(std.budget.products.mean_error)
+            out.append(f"{a.softmax} vs standard: |mean error of the products part| x {ratio:.2g}"
+                       + (f" ({1 / ratio:.2g}x smaller)" if 0 < ratio < 1 else ""))
+    return out
+
+
+def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Sequence[str] = (),
+                  plots: Sequence[Path] | str | None = None) -> str:
+    """The text report: setup, summary (the verdict), repeated maxima, bias of O, the P = 1 fingerprint, per-step
+    and per-block tables.  ``analyses``: one row under one policy, one per softmax variant."""
+    if not analyses:
+        raise ValueError("analyses: nothing to report")
+    a0 = analyses[0]
+    run = a0.run
+    q, k, v = run.inputs
+    names = [a.softmax for a in analyses]
+    L: list[str] = []
+    bad = nonfinite_lines(analyses)
+    if bad:
+        L.append("NON-FINITE VALUES (statistics below exclude every error that is not finite, and say how many)")
+        for line in bad:
+            L += textwrap.wrap(line, WIDTH, initial_indent="  ! ", subsequent_indent="    ")
+        L.append("")
+    if title:
+        L += textwrap.wrap(title, WIDTH, subsequent_indent="  ") + [""]
+    L += textwrap.wrap(f"policy    {run.policy.name}" + (f": {run.policy.note}" if run.policy.note else ""),
+                       WIDTH, subsequent_indent=" " * 10)
+    L.append(f"row       {a0.row} of {q.shape[0]} | keys N={k.shape[0]}, d={q.shape[1]}, dv={v.shape[1]} | "
+             f"sm_scale {run.sm_scale:.6g} | {f'causal, {run.causal}-aligned' if run.causal else 'not causal'}")
+    L.append(f"tiling    BLOCK_M={run.block_m}, BLOCK_N={run.block_n} ({len(run.steps)} K/V block(s) processed, "
+             f"{run.kv_order} order)")
+    L.append(f"softmax   {'; '.join(describe_variant(a.run.softmax) for a in analyses)}")
+    L.append("reference the same inputs, variant and tiling in FP64 (policy fp64)")
+    L += [f"note      {n}" for n in notes]
+    L += ["", "Summary"]
+    for line in verdict(analyses):
+        L += textwrap.wrap(line, WIDTH, initial_indent="  ", subsequent_indent="    ")
+
+    L += ["", f"1. Repeated maxima of row {a0.row} (scores as the max step sees them)"]
+    L += ["  " + line for line in a0.maxima.describe().splitlines()]
+    if a0.maxima.p_one:
+        L.append("  (P is relative to the running max at its block, so each block's own max has P = 1 too)")
+
+    n_el = a0.o.size
+    L += ["", f"2. Bias of O against FP64 ({n_el} elements of row {a0.row}"
+          + ("; non-finite errors excluded: " + ", ".join(f"{a.softmax} {a.budget.total.excluded}"
+                                                          for a in analyses) if any(
+              a.budget.total.excluded for a in analyses) else "") + ")"]
+    rows = []
+    out_fmt = run.policy.output.fmt.name
+    for part, label in (("total", "O - O_fp64"), ("weights", "  from the weights (scores .. P cast)"),
+                        ("normaliser", "  from the normaliser l (row_sum)"),
+                        ("products", "  from the products (P V .. output)")):
+        bs = [a.budget.parts()[part] for a in analyses]
+        rows.append([f"{label}: mean signed error", *[_e(b.mean_error) for b in bs]])
+        rows.append(["    in ulps of the " + out_fmt + " output", *[f"{b.mean_ulps:+.3f}" if not math.isnan(
+            b.mean_ulps) else "-" for b in bs]])
+        rows.append(["    errors < 0 / > 0", *[f"{b.negative} / {b.positive}" for b in bs]])
+        if any(b.excluded for b in bs):
+            rows.append(["    non-finite, excluded", *[str(b.excluded) for b in bs]])
+        rows.append(["    sign test p / z-test p", *[f"{fmt_p(b.sign_p)} / {fmt_p(b.mean_p)}" for b in bs]])
+    L += _table(["", *names], rows)
+    L += textwrap.wrap(
+        "total = weights + normaliser + products, exactly.  Only the products part is a sum of independent "
+        "per-element roundings; the other two come from roundings of P or l shared by every element of the "
+        "row, so their p-values over one row's elements do not measure a lean across rows.", WIDTH,
+        initial_indent="  ", subsequent_indent="  ")
+
+    L += ["", "3. Fingerprint: P V results of K/V blocks where P = 1 exactly at >= 2 keys (vs the other blocks)"]
+    if not any(a.p_one.events or a.p_one.control_events for a in analyses):
+        why = ("FP64 steps record no events" if is_native(run.policy.pv.fmt) else
+               f"no P V rounding events (emufloat traces {getattr(run.policy.pv.model, 'name', 'this')} "
+               "accumulation inside matmul only through a cast to a narrower format)")
+        L.append(f"  not available: {why}")
+    else:
+        rows = []
+        for a in analyses:
+            f = a.p_one
+            rows.append([a.softmax, str(list(f.blocks)) if f.blocks else "none", str(f.events),
+                         _pct(f.away, f.inexact), _pct(f.half_ulp, f.events), _ulp(f.mean_ulps),
+                         f"{_pct(f.control_away, f.control_inexact)}, {_pct(f.control_half_ulp, f.control_events)}, "
+                         f"{_ulp(f.control_mean_ulps)}"])
+        L += _table(["variant", "blocks", "results", "away from 0", "would-be ties", "mean ulp",
+                     "other blocks: away, ties, mean ulp"], rows)
+        L.append(f"  ({a0.p_one.op} events, {a0.p_one.rounding}; would-be tie: exact result within 1/32 ulp of a "
+                 "midpoint, ~6% of random roundings)")
+
+    for a in analyses:
+        L += ["", f"4. Rounding error per step, row {a.row}, {a.softmax} (trace events of this row)"]
+        L += _step_table(a.steps) if a.steps else ["  (no trace events: FP64 steps record nothing)"]
+
+    L += ["", "5. Per K/V block (processing order): P = 1 count, the block's P V rounding, O so far vs FP64"]
+    rows = []
+    for i, b0 in enumerate(a0.blocks):
+        cells = [str(b0.index), f"{b0.block} [{b0.keys[0]},{b0.keys[1]})"]
+        for a in analyses:
+            b = a.blocks[i]
+            pv = "-" if b.pv is None else f"{_e(b.pv.mean_error)} {b.pv.frac_away:.0%}"
+            cells += [str(b.p_one), f"{b.m:.6g}", pv,
+                      _e(b.out_error) + (f" [{b.out_nonfinite} NaN/inf]" if b.out_nonfinite else "")]
+        rows.append(cells)
+    head = ["step", "block [keys)"]
+    for n in names:
+        s = n[:4]
+        head += [f"{s} P=1", f"{s} m", f"{s} pv err, away", f"{s} O err"]
+    L += _table(head, rows)
+    L.append("  O err: mean over elements of acc/l after the block minus the FP64 run's (shift invariant)")
+
+    if plots:
+        L += ["", "Plots"]
+        L += [f"  {p}" for p in plots] if not isinstance(plots, str) else [f"  {plots}"]
+    return "\n".join(L)
+
+
+def _step_table(steps: Sequence[StepError]) -> list[str]:
+    nonfinite = any(s.nonfinite for s in steps)
+    rows = [[s.label, str(s.events), str(s.inexact), *([str(s.nonfinite)] if nonfinite else []), _e(s.mean_error),
+             "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}", _e(s.sum_error), _e(s.max_abs, False),
+             f"{s.frac_away:.0%}" if s.inexact else "-", str(s.tie_sticky), fmt_p(s.sign_p), fmt_p(s.mean_p)]
+            for s in steps]
+    return _table(["step", "events", "inexact", *(["non-finite"] if nonfinite else []), "mean error", "mean ulp",
+                   "sum error", "max |error|", "away", "tie+sticky", "sign p", "z p"], rows)
+
+
+def describe_variant(variant) -> str:
+    """'standard', 'stabilised (beta=2, eps=0.001)': the name and the parameters of a dataclass variant."""
+    import dataclasses
+
+    if not dataclasses.is_dataclass(variant):
+        return getattr(variant, "name", type(variant).__name__)
+    params = [f"{f.name}={getattr(variant, f.name)!r}" for f in dataclasses.fields(variant) if f.name != "name"]
+    return variant.name + (f" ({', '.join(params)})" if params else "")
+
+
+def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> dict:
+    """Everything in the report, as plain JSON-ready values."""
+    return {"tool": "flashsim trace-row", "nonfinite": nonfinite_lines(analyses), **(meta or {}),
+            "significance": SIGNIFICANCE, "verdict": verdict(analyses), "analyses": [a.to_dict() for a in analyses]}
+
+
+# ---- plots -------------------------------------------------------------------------------------------
+def have_matplotlib() -> bool:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Path]:
+    """cumulative_error.png (O - O_fp64 summed along the row's elements), block_error.png (O so far after each
+    K/V block) and step_error.png (mean signed rounding error and share rounded away per step).  Needs
+    matplotlib; raises ImportError without it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    a0 = analyses[0]
+    where = f"{a0.policy}, row {a0.row}"
+    paths = []
+
+    bad = nonfinite_lines(analyses)
+    banner = ("NON-FINITE (excluded from every curve): " + "; ".join(bad)) if bad else ""
+
+    def save(fig, name: str) -> None:
+        """Lay out, add the non-finite banner, write ``out/name`` and close."""
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        if banner:
+            fig.text(0.01, 0.005, textwrap.shorten(banner, 160), color="red", fontsize=7, va="bottom")
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=110)
+        plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for a in analyses:
+        total = a.budget.errors["total"]
+        (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a.softmax}: O - O_fp64")
+        products = a.budget.errors["products"]
+        ax.plot(np.cumsum(np.where(np.isfinite(products), products, 0.0)), ls="--", color=line.get_color(),
+                label=f"{a.softmax}: products part")
+        gone = np.flatnonzero(~np.isfinite(total))
+        if gone.size:
+            ax.plot(gone, np.zeros(gone.size), "x", color=line.get_color(), ms=6,
+                    label=f"{a.softmax}: {gone.size} non-finite element(s), excluded")
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set(xlabel="element of the output row", ylabel="cumulative signed error (finite errors)",
+           title=f"Cumulative error of O along the row ({where})")
+    ax.legend(fontsize=8)
+    save(fig, PLOT_FILES[0])
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    x = np.arange(len(a0.blocks))
+    for a in analyses:
+        (line,) = ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
+        gone = [b.index for b in a.blocks if math.isnan(b.out_error)]
+        if gone:
+            ax.plot(gone, np.zeros(len(gone)), "x", color=line.get_color(), ms=8,
+                    label=f"{a.softmax}: no finite error at these blocks")
+    for b in a0.blocks:
+        if b.p_one >= 2:
+            ax.axvspan(b.index - 0.4, b.index + 0.4, color="orange", alpha=0.15)
+    ax.axhline(0, color="k", lw=0.5)
+    ax.set_xticks(x, [f"{b.block}\n[{b.keys[0]},{b.keys[1]})" for b in a0.blocks], fontsize=8)
+    ax.set(xlabel="K/V block, in processing order (shaded: P = 1 at >= 2 keys, standard)",
+           ylabel="mean error of acc/l so far vs FP64", title=f"Error of O after each K/V block ({where})")
+    ax.legend(fontsize=8)
+    save(fig, PLOT_FILES[1])
+
+    seen = {s.label for a in analyses for s in a.steps}
+    labels = [lab for lab in TRACE_LABELS if lab in seen] + sorted(seen - set(TRACE_LABELS))
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    width = 0.8 / max(len(analyses), 1)
+    pos = np.arange(len(labels))
+    for j, a in enumerate(analyses):
+        by = {s.label: s for s in a.steps}
+        xs = pos + j * width
+        mean = [by[lab].mean_ulps if lab in by and not math.isnan(by[lab].mean_ulps) else 0.0 for lab in labels]
+        bars = ax1.bar(xs, mean, width, label=a.softmax)
+        ax2.bar(xs, [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels], width,
+                color=bars.patches[0].get_facecolor() if bars.patches else None, label=a.softmax)
+        for x_, lab in zip(xs, labels, strict=True):  # the event count says whether a 0 bar is "no events"
+            st = by.get(lab)
+            text = "no events" if st is None or not st.events else (
+                f"n={st.events}" + (f"\n{st.nonfinite} non-finite" if st.nonfinite else ""))
+            ax1.annotate(text, (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
+                         rotation=90, fontsize=6, color="grey" if st is None or not st.events else "black")
+            if st is not None and st.events and not st.inexact:
+                ax2.annotate("exact", (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                             va="bottom", rotation=90, fontsize=6, color="grey")
+    ax1.axhline(0, color="k", lw=0.5)
+    ax1.set(ylabel="mean signed error (ulps)", title=f"Rounding error per step, this row's events ({where})")
+    ax2.axhline(0.5, color="k", lw=0.5, ls="--")
+    ax2.set(ylabel="share of inexact results rounded away from 0", ylim=(0, 1))
+    ax2.set_xticks(pos + width * (len(analyses) - 1) / 2, labels, rotation=30, fontsize=8)
+    ax1.legend(fontsize=8)
+    save(fig, PLOT_FILES[2])
+    return paths
+
+
+__all__ = ["PLOT_FILES", "SIGNIFICANCE", "format_report", "have_matplotlib", "lean", "nonfinite_lines",
+           "report_dict", "verdict", "write_plots"]

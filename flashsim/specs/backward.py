@@ -1,0 +1,225 @@
+"""The backward's step specifications: Delta, Recompute, SoftmaxGrad, Grad and BwdTiling, and the orders and
+placements each accepts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from emufloat import Format, Rounding
+
+from ..functions import get_function
+from .base import NUMPY, Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
+from .forward import Dot, Func, Op
+
+DELTA_ORDERS = {
+    NUMPY: "numpy float64 sum (FP64 only)",
+    "exact": "exact sum of the (rounded) products, rounded once (emufloat.sum)",
+    "sequential": "left to right, each add rounded (an FMA per term when fused)",
+    "pairwise": "balanced tree, each add rounded",
+    "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
+                    "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
+    "h100_tl_sum": "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous "
+                   "values a lane left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)",
+}
+DELTA_SOURCES = {
+    "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
+    "p": "delta = rowsum(dP * P) over the whole row (PyTorch's softmax backward; the paper's alternative fix)",
+}
+SCALE_AT = {
+    "p": "P * sm_scale first, then dS = (P*c) * (dP - delta) (Qiu & Yao: p * scale * (dp - D))",
+    "ds": "dS = P * (dP - delta), then dS * sm_scale (autograd of S*c: the scale enters dS)",
+    "end": "dS = P * (dP - delta); dQ and dK multiplied by sm_scale once after accumulation (FA2, Triton)",
+}
+
+
+@dataclass(frozen=True)
+class Delta(Spec):
+    """delta_i = sum_k dO_ik O_ik (``source='o'``) or sum_j dP_ij P_ij (``source='p'``), one per query row.
+
+    Each product is rounded into ``prod`` (default: the compute format, else ``fmt``; for BF16 operands
+    an FP32 product is exact) and the products are summed by ``order`` (``DELTA_ORDERS``) in the compute
+    format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
+    (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
+    ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
+    'h100_tl_sum' is the tree of the project's delta kernel (8 values a lane, then a butterfly).
+    ``nan_bits``: the encoding NaN results take in ``fmt``, as :class:`Op`'s (0x7FFFFFFF for the H100's
+    fp32 arithmetic, recorded); None: emufloat's canonical quiet NaN.
+    """
+
+    order: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    prod: Format | None = None
+    fused: bool = False
+    source: str = "o"
+    threads: int = 8
+    chunk: int = 8
+    nan_bits: int | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.order, DELTA_ORDERS, "Delta.order")
+        check_choice(self.source, DELTA_SOURCES, "Delta.source")
+        self._normalise()
+        if self.prod is not None:
+            object.__setattr__(self, "prod", spec_format(self.prod, "Delta.prod"))
+        native = is_native(self.fmt)
+        if (self.order == NUMPY) != native:
+            raise ValueError(f"Delta.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
+                             f"fmt {format_name(self.fmt)}")
+        if self.prod is not None and (native != is_native(self.prod) or (not native and self.prod.precision > 24)):
+            raise ValueError(f"Delta.prod: FP64 with an FP64 delta, else at most 24 significand bits; got "
+                             f"{format_name(self.prod)}")
+        if self.fused and (native or self.order not in ("sequential", "fa2_dot_do_o") or self.prod is not None):
+            raise ValueError("Delta.fused: FMA accumulation needs order 'sequential' or 'fa2_dot_do_o', a non-FP64 "
+                             "format and no separate product format (prod=None)")
+        for arg in ("threads", "chunk"):
+            val = getattr(self, arg)
+            if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
+                raise ValueError(f"Delta.{arg}: expected a power of two >= 1, got {val!r}")
+        check_nan_bits(self)
+
+    @property
+    def prod_fmt(self) -> Format:
+        """The format each product dO*O (or dP*P) is rounded into before the sum (unless fused)."""
+        if self.prod is not None:
+            return self.prod
+        return self.compute if self.compute is not None else self.fmt
+
+    def __str__(self) -> str:
+        src = "rowsum(dO*O)" if self.source == "o" else "rowsum(dP*P)"
+        if self.fused:
+            terms = "products fused (FMA)"
+        else:
+            terms = f"products -> {format_name(self.prod_fmt)}"
+        order = self.order + (f" ({self.threads} threads, chunks of {self.chunk})" if self.order == "fa2_dot_do_o"
+                              else "")
+        nan = f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""
+        return f"{src}: {terms}; {order} -> {self._store()}{nan}"
+
+
+@dataclass(frozen=True)
+class Recompute(Spec):
+    """The backward's P = exp(S*c - L), recomputed from the forward's LSE.
+
+    S is recomputed with the policy's ``scores`` step and multiplied by c as its ``scale`` step says
+    (placement 'scores': S*c rounded first, as PyTorch code does).  L is the LSE converted to the base of
+    ``function`` (times log2 e or ln 2, rounded here).  x = S*c - L is rounded into the compute format
+    (or ``fmt``), as one FMA when ``fused`` (placements 'max'/'exp': FA2's ``exp2f(s*scale - lse*log2e)``);
+    P = function(x) is stored in ``fmt``.  Masked scores become -inf first, so masked P are +0.
+    """
+
+    function: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    fused: bool = False
+
+    def __post_init__(self) -> None:
+        model = get_function(self.function, "exp", argname="Recompute.function")
+        self._normalise()
+        if model.hardware and is_native(self.fmt):
+            raise ValueError(f"Recompute.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
+        if self.fused and is_native(self.fmt):
+            raise ValueError("Recompute.fused: numpy has no FMA, so an FP64 step cannot be fused")
+
+    @property
+    def base(self) -> str:
+        return get_function(self.function).base
+
+    def func(self) -> Func:
+        """The exp as a :class:`Func` spec (for :func:`flashsim.arith.function`)."""
+        return Func(self.function, self.fmt, self.rounding, self.compute)
+
+    def __str__(self) -> str:
+        x = "fma(S, c, -L)" if self.fused else "S*c - L"
+        return f"P = {self.function}({x}) -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class SoftmaxGrad(Spec):
+    """dS = P * (dP - delta), and where the softmax scale enters the gradient (``scale_at``: ``SCALE_AT``).
+
+    dP - delta is rounded into the compute format (or ``fmt``) and kept there; the product (and the
+    multiplies by sm_scale for 'p' and 'ds') round into the compute format, then ``fmt``.  The scale is
+    sm_scale (the log2 e of a base-2 exp cancels in the gradient), rounded into the compute format.
+    """
+
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    scale_at: str = "ds"
+
+    def __post_init__(self) -> None:
+        check_choice(self.scale_at, SCALE_AT, "SoftmaxGrad.scale_at")
+        self._normalise()
+
+    def __str__(self) -> str:
+        how = {"p": "(P*c) * (dP - delta)", "ds": "P * (dP - delta), then * c",
+               "end": "P * (dP - delta); c applied to dQ, dK at the end"}[self.scale_at]
+        return f"{how} -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class Grad:
+    """One gradient (dQ, dK or dV): a product per (Q block, K/V block) pair, accumulated over blocks, stored.
+
+    ``dot``: the operands' format (P, dS, dO, Q, K rounded into ``dot.inputs``), the accumulation model and
+    the product's format; ``dot.into_acc``: the accumulator enters as the product's C (mma / ``tl.dot(a, b,
+    acc)``), otherwise each block product is stored and added by ``accum`` (``dq.add_(chunk)``, FA2's
+    fp32 atomicAdd into dQaccum).  ``accum`` also rounds the final multiply by sm_scale (``scale_at='end'``).
+    ``out``: the cast of the result into its stored format.
+    """
+
+    dot: Dot
+    accum: Op
+    out: Op
+
+    def __post_init__(self) -> None:
+        for arg, typ in (("dot", Dot), ("accum", Op), ("out", Op)):
+            val = getattr(self, arg)
+            if not isinstance(val, typ):
+                raise TypeError(f"Grad.{arg}: expected a {typ.__name__} spec, got {type(val).__name__}")
+        if self.dot.into_acc and self.accum.fmt != self.dot.fmt:
+            raise ValueError(f"Grad.accum: with dot.into_acc the accumulator is the product's format "
+                             f"{format_name(self.dot.fmt)}; got {format_name(self.accum.fmt)}")
+        if self.accum.fused or self.out.fused:
+            raise ValueError("Grad.accum, Grad.out: have no fused form")
+        if self.out.compute is not None and self.out.compute != self.out.fmt:
+            raise ValueError(f"Grad.out: a cast rounds once; compute must be None, got {format_name(self.out.compute)}")
+
+    @property
+    def acc_fmt(self) -> Format:
+        """The format the accumulator is kept in between blocks."""
+        return self.dot.fmt if self.dot.into_acc else self.accum.fmt
+
+    def __str__(self) -> str:
+        acc = "" if self.dot.into_acc else f"; acc + product -> {self.accum}"
+        return f"{self.dot}{acc}; stored {self.out}"
+
+
+@dataclass(frozen=True)
+class BwdTiling:
+    """Default tiles and block orders of the tiled backward (FA2 layout: K/V blocks outer, Q blocks inner).
+
+    ``q_order``: order of Q blocks in the inner loop, the order dK and dV accumulate in (FA2 walks them
+    last to first); ``kv_order``: order of K/V blocks, the order dQ accumulates in.  ``skip_masked``:
+    (Q block, K/V block) pairs masked for every entry are skipped (FA2, Triton); the Qiu & Yao code
+    processes them (their P is 0, so they add only zeros).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    q_order: str = "forward"
+    kv_order: str = "forward"
+    skip_masked: bool = True
+
+    def __post_init__(self) -> None:
+        check_tiles(self, "BwdTiling", ("q_order", "kv_order"))
+
+    def __str__(self) -> str:
+        return (f"{self.block_m} x {self.block_n}, K/V blocks outer ({self.kv_order}), Q blocks inner "
+                f"({self.q_order}), fully masked blocks " + ("skipped" if self.skip_masked else "processed"))
+
+
+__all__ = ["DELTA_ORDERS", "DELTA_SOURCES", "SCALE_AT", "BwdTiling", "Delta", "Grad", "Recompute", "SoftmaxGrad"]

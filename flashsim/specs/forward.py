@@ -1,0 +1,269 @@
+"""The forward's step specifications: Op, Scale, Mask, Dot, Func, RowSum, Norm and Tiling, and the models each
+accepts by name."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import emufloat as ef
+from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
+from emufloat.accum import PRESETS as MODEL_PRESETS
+
+from ..functions import get_function
+from .base import (
+    NUMPY,
+    Model,
+    Spec,
+    check_choice,
+    check_nan_bits,
+    check_tiles,
+    format_name,
+    is_native,
+)
+
+ROW_SUM_ORDERS = {
+    NUMPY: "numpy float64 sum (FP64 only)",
+    "exact": "exact sum rounded once (emufloat.sum)",
+    "sequential": "left to right, each add rounded",
+    "pairwise": "balanced tree, each add rounded",
+    "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.hw.h100.tl_sum)",
+    "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
+}
+SCALE_PLACES = {
+    "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
+    "max": "row max of raw S, then m = max*c (Triton: m in scaled units), x = S*c - m",
+    "exp": "m kept raw (FA2); x = S*c - m*c, alpha = exp((m_old - m_new)*c)",
+}
+DIVISIONS = {
+    "ieee": "correctly rounded division (emufloat.div)",
+    "div_full": "H100 div.full.f32 (Triton's fp32 '/')",
+    "rcp_approx": "H100 rcp.approx.ftz.f32 (CUDA 1.f/x under fast math)",
+}
+
+
+@dataclass(frozen=True)
+class Op(Spec):
+    """An elementwise step (max, subtract, P cast, rescale, O accumulation, output cast).
+
+    ``fused``: only for ``subtract`` under scale placement 'max'/'exp': x = S*c - m as one FMA.
+    ``nan_bits``: the encoding NaN results take in ``fmt`` (hardware that converts its canonical NaN keeps
+    payload bits: 0x7FFF for bf16 and fp16 on the H100, recorded); None: emufloat's canonical quiet NaN.
+    """
+
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    fused: bool = False
+    nan_bits: int | None = None
+
+    def __post_init__(self) -> None:
+        self._normalise()
+        if self.fused and is_native(self.fmt):
+            raise ValueError("Op.fused: numpy has no FMA, so an FP64 step cannot be fused")
+        check_nan_bits(self)
+
+    def __str__(self) -> str:
+        return (self._store() + (", fused (FMA)" if self.fused else "")
+                + (f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""))
+
+
+@dataclass(frozen=True)
+class Scale(Spec):
+    """Where the softmax scale c = sm_scale (* log2 e for base-2 exp) enters, and how its products round.
+
+    ``where``: 'scores', 'max' or 'exp' (see ``SCALE_PLACES``).  The constant c is itself rounded into
+    the compute format (or ``fmt``), as a kernel holds it in a register.
+    """
+
+    where: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.where, SCALE_PLACES, "Scale.where")
+        self._normalise()
+
+    def __str__(self) -> str:
+        return f"at {self.where}: {self._store()}"
+
+
+@dataclass(frozen=True)
+class Mask:
+    """How causal masking enters the scores.
+
+    ``how='fill'``: masked scores are replaced by ``value`` (after scaling under placement 'scores', on
+    raw S otherwise); ``how='add'`` (the Triton tutorial's diagonal block): S*c + where(mask, value, 0) as
+    one FMA, the row max taken over that, then a separate subtraction; ``how='select'`` (the project's
+    kernels): the same FMA, then masked entries replaced by ``value`` (-inf), so no masked score can win
+    the max or bring a NaN in.  Blocks without masked entries are untouched in all three.
+    """
+
+    value: float = -math.inf
+    how: str = "fill"
+
+    def __post_init__(self) -> None:
+        check_choice(self.how, ("fill", "add", "select"), "Mask.how")
+        if math.isnan(self.value) or self.value > 0:
+            raise ValueError(f"Mask.value: expected a negative value or -inf, got {self.value!r}")
+
+    def __str__(self) -> str:
+        return f"{self.how} {self.value:g}"
+
+
+@dataclass(frozen=True)
+class Dot(Spec):
+    """A matrix product (QK^T or PV): operands rounded into ``inputs``, summed by ``model``, stored in ``fmt``.
+
+    ``model`` is an emufloat accumulation model or ``"numpy"`` (FP64 BLAS).  ``fmt=None`` keeps the
+    model's format.  ``into_acc`` (PV only): the O accumulator enters as the product's C, as
+    ``tl.dot(p, v, acc)`` and mma do; otherwise the product is stored and added by the ``o_accum`` step.
+    """
+
+    inputs: Format
+    model: Model | str
+    fmt: Format | None = None
+    rounding: Rounding = field(default_factory=Rounding)
+    into_acc: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            if self.model == NUMPY:
+                pass
+            elif self.model in MODEL_PRESETS:
+                object.__setattr__(self, "model", MODEL_PRESETS[self.model])
+            else:
+                raise ValueError(f"Dot.model: expected an emufloat model, {NUMPY!r} or one of "
+                                 f"{sorted(MODEL_PRESETS)}, got {self.model!r}")
+        elif not isinstance(self.model, (Sequential, Pairwise, Exact, FusedBlock)):
+            raise ValueError(f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock or {NUMPY!r}, "
+                             f"got {type(self.model).__name__}")
+        if self.fmt is None:
+            object.__setattr__(self, "fmt", ef.FP64 if self.model == NUMPY else ef.as_format(self.model.fmt))
+        self._normalise()
+        native = self.model == NUMPY
+        if native != is_native(self.fmt) or native != is_native(self.inputs):
+            raise ValueError("Dot.model: the 'numpy' model goes with FP64 inputs and result, and FP64 with it; "
+                             f"got model {self.model_name}, inputs {format_name(self.inputs)}, fmt "
+                             f"{format_name(self.fmt)}")
+
+    @property
+    def model_name(self) -> str:
+        return self.model if isinstance(self.model, str) else self.model.name
+
+    def __str__(self) -> str:
+        m = self.model
+        if isinstance(m, str):
+            how = "numpy float64"
+        elif isinstance(m, FusedBlock):
+            how = f"{m.name} (width {m.width}, {m.align_bits} bits, {m.final_rounding})"
+        else:
+            how = f"{m.name} {format_name(m.fmt)} {m.rounding}" + (", unfused" if getattr(m, "fused", True) is False
+                                                                 else "")
+        return (f"{format_name(self.inputs)} in; {how} -> {self._store()}"
+                + ("; accumulator fed in as C" if self.into_acc else ""))
+
+
+@dataclass(frozen=True)
+class Func(Spec):
+    """An elementary function step (exp, and the log of LSE) by the name of a function model
+    (:mod:`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``."""
+
+    function: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        model = get_function(self.function, argname="Func.function")
+        self._normalise()
+        if model.hardware and is_native(self.fmt):
+            raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
+
+    @property
+    def base(self) -> str:
+        """'e' or '2': the base of the exponential or logarithm."""
+        return get_function(self.function).base
+
+    def __str__(self) -> str:
+        return f"{self.function} -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class RowSum(Spec):
+    """Row sum of P and its update l = l*alpha + rowsum(P).
+
+    The block sum follows ``order`` (``ROW_SUM_ORDERS``) in the compute format (or ``fmt``); the update
+    is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt`` between blocks.
+    ``num_warps`` picks the recorded tree for 'h100_tl_sum'.
+    """
+
+    order: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+    fused: bool = False
+    num_warps: int = 4
+
+    def __post_init__(self) -> None:
+        check_choice(self.order, ROW_SUM_ORDERS, "RowSum.order")
+        self._normalise()
+        if (self.order == NUMPY) != is_native(self.fmt):
+            raise ValueError(f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
+                             f"fmt {format_name(self.fmt)}")
+        if self.fused and (is_native(self.fmt) or self.order == "fa2_threads"):
+            raise ValueError("RowSum.fused: no FMA update for FP64 (numpy has none) or 'fa2_threads' (FA2 "
+                             "multiplies its partial sums, then adds)")
+
+    def __str__(self) -> str:
+        return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")
+
+
+@dataclass(frozen=True)
+class Norm(Spec):
+    """Normalisation O = acc / l: ``method`` 'divide', or 'reciprocal' (r = 1/l, then acc*r, as FA2)."""
+
+    method: str
+    division: str
+    fmt: Format
+    rounding: Rounding = field(default_factory=Rounding)
+    compute: Format | None = None
+
+    def __post_init__(self) -> None:
+        check_choice(self.method, ("divide", "reciprocal"), "Norm.method")
+        check_choice(self.division, DIVISIONS, "Norm.division")
+        self._normalise()
+        if (self.method, self.division) in (("divide", "rcp_approx"), ("reciprocal", "div_full")):
+            raise ValueError(f"Norm.division: {self.division!r} does not go with method {self.method!r}")
+        if self.division != "ieee" and is_native(self.fmt):
+            raise ValueError(f"Norm.division: {self.division!r} is an FP32 hardware model; FP64 needs 'ieee'")
+
+    def __str__(self) -> str:
+        how = "acc / l" if self.method == "divide" else "acc * (1/l)"
+        return f"{how} by {self.division} -> {self._store()}"
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Default tiles and K/V order of the tiled forward (the call may override them).
+
+    ``skip_masked``: K/V blocks masked for every row of the Q block are skipped, as Triton and FA2 do;
+    the Qiu & Yao code processes them (which matters only to its stabilised softmax).
+    """
+
+    block_m: int = 64
+    block_n: int = 64
+    kv_order: str = "forward"
+    skip_masked: bool = True
+
+    def __post_init__(self) -> None:
+        check_tiles(self, "Tiling", ("kv_order",))
+
+    def __str__(self) -> str:
+        return (f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks "
+                + ("skipped" if self.skip_masked else "processed"))
+
+
+__all__ = ["DIVISIONS", "MODEL_PRESETS", "ROW_SUM_ORDERS", "SCALE_PLACES", "Dot",
+           "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling"]

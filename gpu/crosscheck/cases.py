@@ -1,0 +1,113 @@
+"""Attention inputs by seed, for the GPU recordings and the emulator cross-check (numpy only).
+
+A :class:`Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
+variant, input kind and seed.  :func:`inputs` builds q, k, v (and dO) from the seed with numpy and
+rounds them to the dtype (RNE, as ``torch.Tensor.to`` does), so the CPU regenerates exactly the tensors
+the GPU ran on; the kinds are :mod:`flashsim.inputs`' (``repeated`` with pairs of identical keys).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+import emufloat as ef
+from flashsim.inputs import draw_head
+
+from ..policies import kernel_format
+
+KINDS = ("random", "repeated", "sink", "large", "tiny")  # the kinds of the recorded grid, in the grid's order
+SOFTMAXES = ("standard", "stabilised", "robust")
+
+
+@dataclass(frozen=True)
+class Case:
+    n_q: int
+    n_k: int
+    d: int
+    dtype: str  # 'bf16', 'fp16' or 'e4m3' (the FP8 forward)
+    causal: bool
+    softmax: str
+    kind: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        return (f"{self.dtype}_d{self.d}_q{self.n_q}_k{self.n_k}_{'causal' if self.causal else 'full'}_"
+                f"{self.softmax}_{self.kind}_s{self.seed}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def batch(kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
+          ) -> dict[str, np.ndarray]:
+    """q, k, v, dO of shape (B, H, N, d) (k, v with ``n_k`` rows if given): every head drawn as
+    :func:`inputs` draws one, from one generator seeded with ``seed``; float32 arrays of dtype values."""
+    b, h, nq, d = shape
+    rng = np.random.default_rng(seed)
+    heads = [draw_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
+    fmt = kernel_format(dtype)
+    return {name: ef.quantize(np.stack([hd[name] for hd in heads]), fmt).astype(np.float32).reshape(
+        b, h, *heads[0][name].shape) for name in ("q", "k", "v", "do")}
+
+
+def inputs(case: Case) -> dict[str, np.ndarray]:
+    """q, k, v, do of a case as float32 arrays holding dtype values, shapes (1, 1, N, d)."""
+    return batch(case.kind, case.dtype, (1, 1, case.n_q, case.d), case.seed, case.n_k)
+
+
+def forward_cases() -> list[Case]:
+    """The recorded forward cases: N from 16 to 4096 (ragged too), d 64/128, both dtypes, causal or not,
+    the three variants, every kind."""
+    out = []
+    seed = 1000
+    lengths = [(16, 16), (40, 40), (64, 64), (100, 100), (128, 128), (200, 200), (256, 256), (333, 333),
+               (512, 512), (77, 130), (130, 77), (1000, 1000), (2048, 2048), (4096, 4096)]
+    for i, (nq, nk) in enumerate(lengths):
+        for rep in range(2 if nq * nk <= 512 * 512 else 1):
+            for d in (64, 128):
+                for causal in (False, True):
+                    for j, sm in enumerate(SOFTMAXES):
+                        kind = KINDS[(i + j + int(causal) + 2 * rep) % len(KINDS)]
+                        dtype = "bf16" if (i + j + d // 64 + rep) % 3 else "fp16"
+                        if nq * nk > 1024 * 1024 and (d == 128 or j != 1):
+                            continue  # keep the largest sizes few: the emulator takes seconds per case there
+                        seed += 1
+                        out.append(Case(nq, nk, d, dtype, causal, sm, kind, seed))
+    return out
+
+
+def fp8_cases() -> list[Case]:
+    """FP8 E4M3 forward cases (inputs rounded to e4m3; 'tiny' inputs would be mostly zeros there).  333 x 150:
+    with causal masking at d=128 rows 192-255 take the last key block by the diagonal's arithmetic in
+    128-row programs and by the plain one in 64-row programs, so the recording pins FP8's query tiles."""
+    out = []
+    seed = 8000
+    for i, (nq, nk) in enumerate([(64, 64), (77, 130), (200, 200), (333, 333), (1024, 1024), (333, 150)]):
+        for d in (64, 128):
+            for causal in (False, True):
+                for j, sm in enumerate(SOFTMAXES):
+                    seed += 1
+                    out.append(Case(nq, nk, d, "e4m3", causal, sm, KINDS[(i + j + int(causal)) % 4], seed))
+    return out
+
+
+def backward_cases() -> list[Case]:
+    """The recorded backward cases (the variant changes only the forward's O and LSE that feed it)."""
+    out = []
+    seed = 5000
+    lengths = [(16, 16), (64, 64), (100, 100), (128, 128), (200, 200), (77, 130), (130, 77), (256, 256),
+               (333, 333), (512, 512)]
+    for i, (nq, nk) in enumerate(lengths):
+        for d in (64, 128):
+            for causal in (False, True):
+                for sm in (("standard", "robust") if i % 2 else ("stabilised",)):
+                    seed += 1
+                    dtype = "bf16" if (i + d // 64 + int(causal)) % 3 else "fp16"
+                    out.append(Case(nq, nk, d, dtype, causal, sm, KINDS[(i + int(causal)) % len(KINDS)], seed))
+    return out
+
+
+__all__ = ["Case", "KINDS", "SOFTMAXES", "batch", "inputs", "forward_cases", "backward_cases", "fp8_cases"]

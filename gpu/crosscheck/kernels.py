@@ -1,0 +1,104 @@
+"""Any attention kernel against the emulator: a callable ``kernel(q, k, v, causal, sm_scale) -> (O, LSE)``.
+
+A kernel takes torch tensors of shape (1, H, N, d) (SDPA's layout) in the run's dtype and returns O of the
+same shape and the LSE (1, H, N) as float32, or None when it gives none.  :func:`kernel_run` runs it on
+one set of heads and packages the result as a :class:`~flashsim.crosscheck.KernelRun` with the policy it
+is to be checked against, so :func:`flashsim.crosscheck.crosscheck`, :func:`~flashsim.crosscheck.save_run`
+and ``python -m flashsim crosscheck`` work as for our own kernels.  :func:`sdpa` gives PyTorch's
+scaled_dot_product_attention with a chosen backend as such a kernel.  torch is imported only when called.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from flashsim.crosscheck import KernelRun
+from flashsim.policy import Policy, PolicyRef, get_policy
+from flashsim.softmax import SoftmaxVariant, get_softmax
+
+from .live import bits_of
+
+#: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d) and (1, H, N)
+Kernel = Callable[..., tuple]
+TORCH_DTYPES = ("bf16", "fp16")
+SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
+
+
+def sdpa(backend: str) -> Kernel:
+    """PyTorch SDPA restricted to one backend, as a kernel giving O and the natural-log LSE of the scaled
+    scores ('math' gives O only).  'flash': FlashAttention-2 as built into PyTorch; 'efficient': the
+    memory-efficient (CUTLASS) kernel; 'cudnn': cuDNN's fused attention."""
+    if backend not in SDPA_BACKENDS:
+        raise ValueError(f"backend: expected one of {SDPA_BACKENDS}, got {backend!r}")
+
+    def kernel(q, k, v, causal: bool, sm_scale: float):
+        import torch
+
+        aten = torch.ops.aten
+        if backend == "flash":
+            out = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=sm_scale)
+        elif backend == "efficient":
+            out = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, causal, scale=sm_scale)
+        elif backend == "cudnn":
+            out = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=sm_scale)
+        else:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            with sdpa_kernel(SDPBackend.MATH):
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                        scale=sm_scale), None
+        o, lse = out[0], out[1].reshape(q.shape[0], q.shape[1], -1)  # cuDNN: (B, H, N, 1)
+        return o, lse[..., : q.shape[2]].float().contiguous()  # efficient pads the LSE to a multiple of 32
+
+    kernel.__name__ = f"sdpa_{backend}"
+    return kernel
+
+
+def _heads(name: str, a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a, np.float32)
+    if a.ndim == 2:
+        a = a[None]
+    if a.ndim != 3:
+        raise ValueError(f"{name}: expected shape (N, d) or (H, N, d), got {a.shape}")
+    return a
+
+
+def kernel_run(kernel: Kernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
+               policy: Policy | PolicyRef | str, dtype: str = "bf16", causal: bool = False,
+               sm_scale: float | None = None, softmax: SoftmaxVariant | str = "standard", device: str = "cuda",
+               note: str = "") -> KernelRun:
+    """Run ``kernel`` on heads q, k, v (N, d) or (H, N, d), rounded RNE to ``dtype`` first, and package its O
+    (and LSE, where it gives one) as a run to be checked against ``policy`` (a Policy, a PolicyRef or a
+    registered name; the policy's ``lse`` step must give the LSE in the kernel's units)."""
+    import torch
+
+    if dtype not in TORCH_DTYPES:
+        raise ValueError(f"dtype: expected one of {TORCH_DTYPES}, got {dtype!r}")
+    if not callable(kernel):
+        raise ValueError(f"kernel: expected a callable kernel(q, k, v, causal, sm_scale), got {type(kernel).__name__}")
+    pol = get_policy(policy) if isinstance(policy, str) else policy
+    heads = {n: _heads(n, a) for n, a in (("q", q), ("k", k), ("v", v))}
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    x = {n: torch.from_numpy(a).to(device).to(tdt)[None] for n, a in heads.items()}
+    scale = 1.0 / math.sqrt(heads["q"].shape[-1]) if sm_scale is None else float(sm_scale)
+    with torch.no_grad():
+        o, lse = kernel(x["q"], x["k"], x["v"], causal, scale)
+    if o.dtype != tdt or tuple(o.shape) != tuple(x["q"].shape[:-1]) + (x["v"].shape[-1],):
+        raise ValueError(f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + "
+                         f"(d_v,) in {tdt}")
+    outputs = {"o": bits_of(o[0])}
+    if lse is not None:
+        if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(x["q"].shape[:-1]):
+            raise ValueError(f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected "
+                             f"{tuple(x['q'].shape[:-1])} float32")
+        outputs["lse"] = bits_of(lse[0])
+    rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
+    return KernelRun(q=rounded["q"], k=rounded["k"], v=rounded["v"], dtype=dtype, causal=causal, sm_scale=scale,
+                     softmax=get_softmax(softmax), policy=pol, outputs=outputs,
+                     note=note or getattr(kernel, "__name__", "kernel"))
+
+
+__all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "sdpa"]

@@ -1,0 +1,117 @@
+"""Other people's attention kernels, recorded on the GPU: the grid of fresh cases, inputs by seed, and the
+recorded outputs as kernel runs checked against a policy.
+
+Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128) and PyTorch SDPA's
+``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends.  Inputs come from
+:func:`flashsim.testing.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
+magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
+them (O, LSE, and dQ, dK, dV); a recording folder holds ``others.json`` and ``others.npz`` (the kept copy
+the tests check: tests/data/others).  numpy only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from flashsim.crosscheck import KernelRun
+from flashsim.policy import PolicyRef
+from flashsim.softmax import get_softmax
+from flashsim.testing import KINDS, make_inputs
+
+KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+SEED0 = 910_000  # no other recording draws seeds from here on
+
+
+@dataclass(frozen=True)
+class KernelCase:
+    """One head of one kernel's launch: q, k, v of (n, d) drawn by ``kind`` from ``seed``."""
+
+    kernel: str
+    n: int
+    d: int
+    dtype: str
+    causal: bool
+    kind: str
+    seed: int
+
+    @property
+    def key(self) -> str:
+        mask = "causal" if self.causal else "full"
+        return f"{self.kernel}_{self.dtype}_d{self.d}_n{self.n}_{mask}_{self.kind}_s{self.seed}"
+
+    def inputs(self) -> dict[str, np.ndarray]:
+        """q, k, v, do as float32 arrays of dtype values, (n, d) each."""
+        return make_inputs(self.kind, self.n, self.n, self.d, self.dtype, self.seed)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None
+         ) -> list[KernelCase]:
+    """Every kind x head dim (64, 128) x causal x length x dtype x ``seeds_per_cell`` seeds of ``kernel``: 112
+    cases by default.
+
+    The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; SDPA's
+    backends bf16 and fp16 with one ragged length, one seed a cell."""
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    tutorial = kernel == "tutorial"
+    lengths = lengths or ((128, 256) if tutorial else (128, 200))
+    dtypes = ("fp16",) if tutorial else ("bf16", "fp16")
+    seeds_per_cell = seeds_per_cell or (2 if tutorial else 1)
+    cases, seed = [], SEED0 + 100_000 * KERNELS.index(kernel)
+    for dtype in dtypes:
+        for d in (64, 128):
+            for causal in (False, True):
+                for n in lengths:
+                    for kind in KINDS:
+                        for _ in range(seeds_per_cell):
+                            cases.append(KernelCase(kernel, n, d, dtype, causal, kind, seed))
+                            seed += 1
+    return cases
+
+
+def policy_of(kernel: str, config: dict | None = None) -> PolicyRef:
+    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; FA2-style
+    arithmetic (``fa2``, not yet a bit-exact model) for SDPA's backends."""
+    if kernel == "tutorial":
+        cfg = config or {}
+        return PolicyRef("gpu.policies:tutorial_policy", {"block_m": int(cfg.get("BLOCK_M", 128)),
+                                                          "block_n": int(cfg.get("BLOCK_N", 64)),
+                                                          "num_warps": int(cfg.get("num_warps", 4))})
+    return PolicyRef("fa2")
+
+
+def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    """(others.json, the arrays of others.npz) of a recording folder."""
+    meta_path, arr_path = Path(folder) / "others.json", Path(folder) / "others.npz"
+    for p in (meta_path, arr_path):
+        if not p.is_file():
+            raise FileNotFoundError(f"others: {p} is missing (record with gpu/scripts/record_kernels.py)")
+    with np.load(arr_path) as z:
+        arrays = {k: z[k] for k in z.files}
+    return json.loads(meta_path.read_text()), arrays
+
+
+def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
+    """The recorded forward runs (O, LSE) of a folder as kernel runs, each with the policy of its launch."""
+    meta, arrays = load(folder)
+    out = []
+    for rec in meta["cases"]:
+        case = KernelCase(**rec["case"])
+        if kernel is not None and case.kernel != kernel or f"{case.key}/o" not in arrays:
+            continue
+        x = case.inputs()
+        outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
+        out.append(KernelRun(q=x["q"][None], k=x["k"][None], v=x["v"][None], dtype=case.dtype, causal=case.causal,
+                             sm_scale=float(rec["sm_scale"]), softmax=get_softmax("standard"),
+                             policy=policy_of(case.kernel, rec.get("config")), outputs=outputs, note=case.key))
+    return out
+
+
+__all__ = ["KERNELS", "KernelCase", "grid", "load", "policy_of", "runs"]

@@ -1,0 +1,153 @@
+"""The flashsim policy of our Triton kernels: their formats, the policy of one launch, and its variants.
+
+:func:`triton_policy` says how the kernels of :mod:`gpu.kernels` round at every step for a dtype and a
+launch's tiles; :func:`kernel_policy` picks the tiles from :mod:`gpu.configs` as :mod:`gpu.flash` does, and
+:func:`kernel_policy_ref` names that policy for a file (:class:`flashsim.crosscheck.KernelRun`).
+``TRITON_H100`` (the default launch) is registered with flashsim through the ``flashsim.policies`` entry
+point in pyproject.toml, so ``flashsim.get_policy("triton_h100")`` and ``flashsim trace-row --policy
+triton_h100`` find it.  numpy and the emulator only: no torch needed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import emufloat as ef
+from emufloat import BF16, E4M3FN, FP16, FP32
+from emufloat.hw import h100
+from flashsim.policy import Policy, PolicyRef
+from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
+from flashsim.specs import (
+    BwdTiling,
+    Delta,
+    Dot,
+    Func,
+    Grad,
+    Mask,
+    Norm,
+    Op,
+    Recompute,
+    RowSum,
+    Scale,
+    SoftmaxGrad,
+    Tiling,
+)
+
+from .configs import BWD_CONFIGS, Config, fwd_config
+
+#: input dtype name -> the format of q, k, v and P
+KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
+
+
+def kernel_format(dtype: str) -> ef.Format:
+    """The format of the kernels' inputs and P for a dtype name ('bf16', 'fp16', 'e4m3')."""
+    if dtype not in KERNEL_FORMATS:
+        raise ValueError(f"dtype: expected one of {sorted(KERNEL_FORMATS)}, got {dtype!r}")
+    return KERNEL_FORMATS[dtype]
+
+
+def kernel_output_format(dtype: str) -> ef.Format:
+    """The format the kernels write O (and gradients) in: BF16 for the FP8 forward, else the input format."""
+    return BF16 if dtype == "e4m3" else kernel_format(dtype)
+
+
+def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
+                  bwd_block_m: int = 64, bwd_block_n: int = 64, name: str | None = None) -> Policy:
+    """The policy of our Triton kernels (gpu/kernels) on the H100, for one launch configuration.
+
+    Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
+    qk*c + bias by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
+    tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
+    base 2 by emufloat.hw.h100.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
+    P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
+    the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
+    (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
+    'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
+    steps stay BF16, as the kernels have no FP8 backward).
+    """
+    fmt, out = kernel_format(dtype), kernel_output_format(dtype)
+    models = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16, E4M3FN: h100.WGMMA_FP8}
+    model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
+    gmodel = models[gfmt]
+    # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a
+    # 16-bit format keeps its payload bits (0x7FFF: O, dQ, dK, dV), where emufloat writes a canonical quiet NaN
+    grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt, nan_bits=0x7FFF))
+    return Policy(
+        name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
+        note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
+             f"backward {bwd_block_m}x{bwd_block_n})",
+        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-math.inf, "select"), max=Op(FP32),
+        subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
+        row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
+        pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
+        normalize=Norm("divide", "div_full", FP32), output=Op(out, nan_bits=0x7FFF), lse=Func("log2_fma", FP32),
+        tiling=Tiling(block_m, block_n, "forward"),
+        delta=Delta("h100_tl_sum", FP32, nan_bits=0x7FFFFFFF),
+        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(gfmt, gmodel),
+        ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
+        bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),
+    )
+
+
+TRITON_H100 = triton_policy(name="triton_h100")
+
+
+def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -> Policy:
+    """The forward of Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the
+    H100, for the tiles and warps its autotuner chose.
+
+    Our kernels descend from it, so it is :func:`triton_policy` ('fp16') with two steps of its own: the
+    diagonal blocks add a -1e6 bias by FMA and keep the masked scores (``Mask(-1e6, "add")``), and the LSE
+    (in base 2, ``m + log2(l)``) comes from ``tl.math.log2``, which is libdevice's log2f
+    (``Func("libdevice_log2f")``).  The tutorial needs N a multiple of its tiles.
+    """
+    base = triton_policy("fp16", block_m=block_m, block_n=block_n, num_warps=num_warps)
+    return dataclasses.replace(base, name=f"triton_tutorial_{block_m}x{block_n}w{num_warps}",
+                               note=f"Triton's fused-attention tutorial, fp16 forward on the H100 "
+                                    f"({block_m}x{block_n}, {num_warps} warps)",
+                               mask=Mask(-1e6, "add"), lse=Func("libdevice_log2f", FP32))
+
+
+# ---- the policy of one launch -----------------------------------------------------------------------------
+def kernel_policy_args(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
+                       bwd: Config | None = None) -> dict:
+    """Keyword arguments of :func:`triton_policy` for our kernels launched with these configs (defaults: the
+    tables of :mod:`gpu.configs`)."""
+    f = fwd or fwd_config(dtype, head_dim, causal)
+    b = bwd or BWD_CONFIGS[head_dim]
+    return dict(dtype=dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
+                bwd_block_n=b.block_n)
+
+
+def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
+                  bwd: Config | None = None) -> Policy:
+    """flashsim's policy for our kernels launched with these configs (defaults: the tables of gpu.configs)."""
+    return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
+
+
+def kernel_policy_ref(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
+                      bwd: Config | None = None) -> PolicyRef:
+    """:func:`kernel_policy` as a reference a saved run keeps (``gpu.policies:triton_policy`` and its
+    arguments)."""
+    return PolicyRef(f"{__name__}:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
+
+
+def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:
+    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``)."""
+    if isinstance(softmax, str):
+        return _named_variant(softmax, dtype)
+    return get_softmax(softmax)
+
+
+@functools.lru_cache(maxsize=64)
+def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
+    """kernel_variant for a name, cached (variants are frozen): it runs on every kernel launch."""
+    if softmax == "robust":
+        return RobustSoftmax(p_precision=kernel_format(dtype).precision)  # P's significand bits
+    return get_softmax(softmax)
+
+
+__all__ = ["KERNEL_FORMATS", "TRITON_H100", "kernel_format", "kernel_output_format", "kernel_policy",
+           "kernel_policy_args", "kernel_policy_ref", "kernel_variant", "triton_policy", "tutorial_policy"]

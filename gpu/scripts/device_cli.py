@@ -1,0 +1,63 @@
+"""Argument checks the device scripts share (gpu/scripts, ``python -m gpu.crosscheck``, ``gpu.probes.run``):
+each bad argument ends the script with one line naming it, before any GPU work (run the script's ``main``
+through :func:`flashsim.console.run_command`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+from flashsim.console import UsageError
+
+
+def gpu_stack_missing() -> str | None:
+    """Why GPU work cannot run here (torch or Triton missing, no CUDA GPU), or None when it can."""
+    missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
+    if missing:
+        return (f"needs torch and Triton with a CUDA GPU; {' and '.join(missing)} not installed (pip install "
+                "'lowprec-attention[gpu]')")
+    import torch
+
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU; torch sees none on this machine"
+    return None
+
+
+def require_gpu(prog: str) -> None:
+    """A UsageError unless torch, Triton and a CUDA GPU are here."""
+    why = gpu_stack_missing()
+    if why:
+        raise UsageError(f"{prog}: {why}")
+
+
+def sections(value: str, accepted, flag: str = "--sections") -> list[str]:
+    """A comma list of names, each one of ``accepted``."""
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    unknown = [n for n in names if n not in accepted]
+    if not names or unknown:
+        raise UsageError(f"{flag}: unknown or no name(s) {unknown or value!r}; accepted: {', '.join(accepted)}")
+    return names
+
+
+def positive(value: float, flag: str) -> float:
+    """A finite number > 0."""
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{flag}: expected a positive number, got {value}")
+    return value
+
+
+def json_params(value: str, flag: str = "--params") -> dict:
+    """A JSON object given on the command line."""
+    try:
+        obj = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{flag}: not valid JSON ({exc.msg} at character {exc.pos}); expected an object such as "
+                         "'{\"name\": 1}'") from None
+    if not isinstance(obj, dict):
+        raise UsageError(f"{flag}: expected a JSON object ({{...}}), got {type(obj).__name__}")
+    return obj
+
+
+__all__ = ["gpu_stack_missing", "json_params", "positive", "require_gpu", "sections"]

@@ -1,0 +1,157 @@
+"""Record other people's attention kernels on fresh inputs, and hold them to the emulator on the spot.
+
+    PYTHONPATH=. python -m gpu.scripts.record_kernels --out $OUT --tutorial PATH/06-fused-attention.py
+
+Kernels (``--kernels``): ``tutorial`` (Triton's fused-attention tutorial, loaded from ``--tutorial``, run
+as its ``_attention`` autograd function runs it, autotuner included; forward and backward), and PyTorch
+SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward).  Cases: :func:`gpu.crosscheck.others.grid`.
+Writes ``others.json`` (cases, autotuned configs, versions, the card, and per case the emulator's
+identical fraction under :func:`gpu.crosscheck.others.policy_of`), ``others.npz`` (O and LSE bits) and
+``others_bwd.npz`` (the tutorial's dQ, dK, dV bits).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
+
+from .device_cli import require_gpu, sections
+
+
+class _Ctx:
+    """What torch.autograd.Function.forward is given as ctx: keeps what forward saves for backward."""
+
+    def save_for_backward(self, *tensors) -> None:
+        self.saved_tensors = tensors
+
+
+def load_tutorial(path: Path):
+    """The tutorial file as a module (its kernels and ``_attention``)."""
+    spec = importlib.util.spec_from_file_location("triton_tutorial_fused_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
+    """Forward (O, M = the base-2 LSE) and backward (dQ, dK, dV) of the tutorial on (1, 1, n, d) fp16 tensors."""
+    ctx = _Ctx()
+    o = mod._attention.forward(ctx, x["q"], x["k"], x["v"], causal, scale)
+    lse = ctx.saved_tensors[4]
+    tuner = mod._attn_fwd_tma if mod.supports_tma() else mod._attn_fwd  # the path its forward takes
+    best = tuner.best_config
+    config = dict(best.kwargs) | {"num_warps": best.num_warps, "num_stages": best.num_stages,
+                                  "kernel": tuner.fn.__name__}
+    dq, dk, dv = mod._attention.backward(ctx, x["do"].contiguous())[:3]
+    return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, config
+
+
+def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
+    from ..crosscheck.kernels import sdpa
+    o, lse = sdpa(backend)(x["q"], x["k"], x["v"], causal, scale)
+    return {"o": o, "lse": lse}
+
+
+def _check(args) -> tuple[str, dict]:
+    """One recorded forward against the emulator (runs in a worker process)."""
+    from flashsim.crosscheck import crosscheck
+
+    from ..crosscheck import others
+    key, folder = args
+    run = next(r for r in others.runs(Path(folder)) if r.note == key)
+    rep = crosscheck(run)
+    return key, {c.name: {"identical": c.identical, "n": c.n, "ulp_hist": c.ulp_hist} for c in rep.checks}
+
+
+def run(args: argparse.Namespace) -> int:
+    kernels = sections(args.kernels, ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"), "--kernels")
+    if "tutorial" in kernels and (args.tutorial is None or not args.tutorial.is_file()):
+        raise UsageError(f"--tutorial: the tutorial's file is needed for the tutorial kernel, got {args.tutorial}")
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m gpu.scripts.record_kernels")
+    import torch
+
+    from ..crosscheck.live import bits_of
+    from ..crosscheck.others import grid
+    from ..probes import env
+
+    mod = load_tutorial(args.tutorial) if "tutorial" in kernels else None
+    meta: dict = {"env": env.run(None), "device": torch.cuda.get_device_name(), "cases": [],
+                  "tutorial_file": str(args.tutorial) if mod else None}
+    fwd, bwd = {}, {}
+    t0 = time.monotonic()
+    for kernel in kernels:
+        for case in grid(kernel)[: args.limit]:
+            x = {n: torch.from_numpy(a).cuda().to(torch.float16 if case.dtype == "fp16" else torch.bfloat16)[None, None]
+                 for n, a in case.inputs().items()}
+            scale = 1.0 / math.sqrt(case.d)
+            rec = {"case": case.to_dict(), "sm_scale": scale}
+            try:
+                if kernel == "tutorial":
+                    res, rec["config"] = run_tutorial(mod, x, case.causal, scale)
+                    for g in ("dq", "dk", "dv"):
+                        bwd[f"{case.key}/{g}"] = bits_of(res[g][0, 0])
+                else:
+                    res = run_sdpa(kernel[5:], x, case.causal, scale)
+                fwd[f"{case.key}/o"] = bits_of(res["o"][0, 0])
+                fwd[f"{case.key}/lse"] = bits_of(res["lse"][0, 0].float().contiguous())
+            except Exception as exc:  # noqa: BLE001 - a backend refusing a shape is a result, not a crash
+                rec["error"] = f"{type(exc).__name__}: {exc}"[:500]
+            meta["cases"].append(rec)
+        print(f"{kernel}: recorded ({time.monotonic() - t0:.0f} s)", flush=True)
+        np.savez_compressed(out / "others.npz", **fwd)  # after every kernel: a run cut short keeps what it has
+        if bwd:
+            np.savez_compressed(out / "others_bwd.npz", **bwd)
+        (out / "others.json").write_text(json.dumps(meta, indent=1))
+    keys = [r["case"] for r in meta["cases"] if "error" not in r]
+    from ..crosscheck.others import KernelCase
+    jobs = [(KernelCase(**c).key, str(out)) for c in keys]
+    with ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 2)) as pool:
+        checks = dict(pool.map(_check, jobs))
+    for rec in meta["cases"]:
+        key = KernelCase(**rec["case"]).key
+        if key in checks:
+            rec["emulator"] = checks[key]
+    meta["check_seconds"] = round(time.monotonic() - t0, 1)
+    (out / "others.json").write_text(json.dumps(meta, indent=1))
+    for kernel in kernels:
+        tot = {}
+        for rec in meta["cases"]:
+            if rec["case"]["kernel"] == kernel and "emulator" in rec:
+                for name, c in rec["emulator"].items():
+                    t = tot.setdefault(name, [0, 0, 0])
+                    t[0] += c["identical"]
+                    t[1] += c["n"]
+                    t[2] += c["identical"] == c["n"]
+        print(kernel, {n: f"{100 * a / b:.4f}% of elements, {k} cases all identical" for n, (a, b, k) in tot.items()})
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = ArgumentParser(prog="python -m gpu.scripts.record_kernels",
+                        description="record other people's attention kernels and hold them to the emulator")
+    ap.add_argument("--out", type=Path, required=True, help="folder for others.json, others.npz, others_bwd.npz")
+    ap.add_argument("--kernels", default="sdpa_flash,sdpa_efficient,sdpa_cudnn,tutorial",
+                    help="comma list of tutorial, sdpa_flash, sdpa_efficient, sdpa_cudnn")
+    ap.add_argument("--tutorial", type=Path, help="the Triton tutorial's 06-fused-attention.py (for 'tutorial')")
+    ap.add_argument("--limit", type=int, default=None, help="at most this many cases a kernel (default: all)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("python -m gpu.scripts.record_kernels", lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -141,23 +141,43 @@ def make_rows(n: int, seed: int) -> list[Row]:
 
     sr = ef.stochastic(bits=8, seed=1)
     return [
-        Row("cast f32->bf16 rne", cast("bf16"), "ml_dtypes astype(bfloat16)", lambda: x.astype(bf), 2.0,
-            compare=True),
-        Row("cast f32->e4m3fn rne", cast("e4m3fn"), "ml_dtypes astype(float8_e4m3fn)",
-            lambda: x.astype(ml_dtypes.float8_e4m3fn), 5.0, compare=True),
-        Row("cast f32->e5m2 rne", cast("e5m2"), "ml_dtypes astype(float8_e5m2)",
-            lambda: x.astype(ml_dtypes.float8_e5m2), compare=True),
-        Row("cast f32->fp16 rne", cast("fp16"), "numpy astype(float16)", lambda: x.astype(np.float16),
-            compare=True),
+        Row("cast f32->bf16 rne", cast("bf16"), "ml_dtypes astype(bfloat16)", lambda: x.astype(bf), 2.0, compare=True),
+        Row(
+            "cast f32->e4m3fn rne",
+            cast("e4m3fn"),
+            "ml_dtypes astype(float8_e4m3fn)",
+            lambda: x.astype(ml_dtypes.float8_e4m3fn),
+            5.0,
+            compare=True,
+        ),
+        Row(
+            "cast f32->e5m2 rne",
+            cast("e5m2"),
+            "ml_dtypes astype(float8_e5m2)",
+            lambda: x.astype(ml_dtypes.float8_e5m2),
+            compare=True,
+        ),
+        Row("cast f32->fp16 rne", cast("fp16"), "numpy astype(float16)", lambda: x.astype(np.float16), compare=True),
         Row("cast f32->bf16 rtz", cast("bf16", "rtz"), "emufloat bf16 rne cast", cast("bf16")),
         Row("cast f32->bf16 rup", cast("bf16", "rup"), "emufloat bf16 rne cast", cast("bf16")),
         Row("cast f32->bf16 stochastic(8 bits)", cast("bf16", sr), "emufloat bf16 rne cast", cast("bf16")),
         Row("add bf16", lambda: ef.add(a, b), "ml_dtypes a + b", lambda: a + b, 1.0, compare=True),
-        Row("add bf16, traced", traced_add, "emufloat add bf16 untraced", lambda: ef.add(a, b), 0.25,
-            "fresh Trace per repetition"),
+        Row(
+            "add bf16, traced",
+            traced_add,
+            "emufloat add bf16 untraced",
+            lambda: ef.add(a, b),
+            0.25,
+            "fresh Trace per repetition",
+        ),
         Row("mul bf16", lambda: ef.mul(a, b), "ml_dtypes a * b", lambda: a * b, compare=True),
-        Row("fma bf16*bf16+f32 -> fp32", lambda: ef.fma(a, b, c32, fmt="fp32"),
-            "numpy f32 a*b + c (with casts)", f32_fma, compare=True),
+        Row(
+            "fma bf16*bf16+f32 -> fp32",
+            lambda: ef.fma(a, b, c32, fmt="fp32"),
+            "numpy f32 a*b + c (with casts)",
+            f32_fma,
+            compare=True,
+        ),
         Row("div bf16", lambda: ef.div(a, b_nz), "ml_dtypes a / b", lambda: a / b_nz, compare=True),
         Row("sqrt bf16", lambda: ef.sqrt(a_pos), "ml_dtypes np.sqrt(a)", lambda: np.sqrt(a_pos), compare=True),
         Row("numpy f32 add", lambda: x + y32, "numpy f32 copy", lambda: x.copy(), None, "memory-bound reference"),
@@ -185,8 +205,13 @@ def add_common_args(p: argparse.ArgumentParser, quick_help: str) -> None:
     p.add_argument("--threads", type=int, default=None, help="Numba threads (default: Numba's default)")
     p.add_argument("--only", default="", help="run only rows whose name contains this text")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--spin-up", type=float, default=2.0, metavar="SECONDS",
-                   help="run a parallel kernel this long before the first row (default 2)")
+    p.add_argument(
+        "--spin-up",
+        type=float,
+        default=2.0,
+        metavar="SECONDS",
+        help="run a parallel kernel this long before the first row (default 2)",
+    )
 
 
 def load_average() -> str:
@@ -203,10 +228,14 @@ def print_header(title: str) -> None:
     """Date, command, versions, CPU and load: what a reader needs to compare two runs."""
     print(f"# {title}, {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
-          f"ml_dtypes {ml_dtypes.__version__}")
-    print(f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
-          f"load average {load_average()}")
+    print(
+        f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
+        f"ml_dtypes {ml_dtypes.__version__}"
+    )
+    print(
+        f"# cpu: {cpu_model()}, {os.cpu_count()} logical cores, numba threads {numba.get_num_threads()}, "
+        f"load average {load_average()}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -223,13 +252,17 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n
 
     print_header("emufloat benchmark")
-    print(f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
-          f"{args.spin_up:g} s of spin-up; "
-          "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
-          "other load = cores busy with other processes during the row")
+    print(
+        f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
+        f"{args.spin_up:g} s of spin-up; "
+        "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
+        "other load = cores busy with other processes during the row"
+    )
     print()
-    print("| row | ns/elt best | ns/elt median | M elt/s | baseline | baseline ns/elt | ratio | goal | same bits "
-          "| other load |")
+    print(
+        "| row | ns/elt best | ns/elt median | M elt/s | baseline | baseline ns/elt | ratio | goal | same bits "
+        "| other load |"
+    )
     print("|---|---:|---:|---:|---|---:|---:|---|---|---:|")
     rows = [r for r in make_rows(n, args.seed) if args.only in r.name]
     if not rows:
@@ -260,8 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         name = row.name + (f" ({row.note})" if row.note else "")
         load_s = "" if other.cores is None else f"{other.cores:.2f}"
         agree = same_bits(row.fn(), row.baseline()) if row.compare and row.baseline is not None else ""
-        print(f"| {name} | {fmt_ns(t.best, n)} | {fmt_ns(t.median, n)} | {rate:.0f} | {row.baseline_name} | "
-              f"{base_ns} | {ratio_s} | {goal} | {agree} | {load_s} |", flush=True)
+        print(
+            f"| {name} | {fmt_ns(t.best, n)} | {fmt_ns(t.median, n)} | {rate:.0f} | {row.baseline_name} | "
+            f"{base_ns} | {ratio_s} | {goal} | {agree} | {load_s} |",
+            flush=True,
+        )
     print_footer()
     return 0
 

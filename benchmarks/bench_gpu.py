@@ -84,10 +84,31 @@ def _tf(row: dict, name: str, pass_: str) -> float | None:
 def table(rows: list[dict]) -> str:
     """Markdown: TFLOP/s per implementation, the ratios of the fixes against SDPA flash and cuDNN, and each fix's
     cost against our kernel without it."""
-    names = ["ours_standard", "ours_stabilised", "ours_robust", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient",
-             "tl_standard", "tl_stabilised", "tl_robust", "ours_fp8_standard", "ours_fp8_robust"]
-    head = ["pass", "d", "N", "causal", *[n.replace("ours_", "").replace("sdpa_", "sdpa ") for n in names],
-            "stab/flash", "stab/cuDNN", "robust/cuDNN", "stab cost", "robust cost"]
+    names = [
+        "ours_standard",
+        "ours_stabilised",
+        "ours_robust",
+        "sdpa_cudnn",
+        "sdpa_flash",
+        "sdpa_efficient",
+        "tl_standard",
+        "tl_stabilised",
+        "tl_robust",
+        "ours_fp8_standard",
+        "ours_fp8_robust",
+    ]
+    head = [
+        "pass",
+        "d",
+        "N",
+        "causal",
+        *[n.replace("ours_", "").replace("sdpa_", "sdpa ") for n in names],
+        "stab/flash",
+        "stab/cuDNN",
+        "robust/cuDNN",
+        "stab cost",
+        "robust cost",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
 
     def f(x):
@@ -103,10 +124,24 @@ def table(rows: list[dict]) -> str:
         for row in rows:
             t = {n: _tf(row, n, pass_) for n in names}
             std, stab, rob = t["ours_standard"], t["ours_stabilised"], t["ours_robust"]
-            lines.append("| " + " | ".join([pass_, str(row["d"]), str(row["n"]), "yes" if row["causal"] else "no",
-                                            *[f(t[n]) for n in names], r(stab, t["sdpa_flash"]),
-                                            r(stab, t["sdpa_cudnn"]), r(rob, t["sdpa_cudnn"]), cost(stab, std),
-                                            cost(rob, std)]) + " |")
+            lines.append(
+                "| "
+                + " | ".join(
+                    [
+                        pass_,
+                        str(row["d"]),
+                        str(row["n"]),
+                        "yes" if row["causal"] else "no",
+                        *[f(t[n]) for n in names],
+                        r(stab, t["sdpa_flash"]),
+                        r(stab, t["sdpa_cudnn"]),
+                        r(rob, t["sdpa_cudnn"]),
+                        cost(stab, std),
+                        cost(rob, std),
+                    ]
+                )
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -130,8 +165,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(measure(d, n, causal, rounds=args.rounds))
                 print("measured", d, n, causal, flush=True)
     e = env()
-    print(f"\n# bench_gpu: B={B} H={H} bf16, {env_line(e)}; TFLOP/s (backward: 2.5x forward FLOPs); "
-          "cost = 1 - fix/standard (unpaired; benchmarks/fix_cost.py pairs them)\n")
+    print(
+        f"\n# bench_gpu: B={B} H={H} bf16, {env_line(e)}; TFLOP/s (backward: 2.5x forward FLOPs); "
+        "cost = 1 - fix/standard (unpaired; benchmarks/fix_cost.py pairs them)\n"
+    )
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps({"env": e, "bench": rows}, indent=1))

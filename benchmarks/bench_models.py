@@ -63,8 +63,15 @@ def matmul_rows(size: int, seed: int) -> list[Row]:
         a = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
         b = rng.standard_normal((size, size), dtype=np.float32).astype(dtype)
         a32, b32 = a.astype(np.float32), b.astype(np.float32)
-        rows.append(Row(f"{name} {size}x{size}x{size}", lambda a=a, b=b, m=model: ef.matmul(a, b, m),
-                        "numpy float32 a @ b", lambda a32=a32, b32=b32: a32 @ b32, 2.0 * size**3))
+        rows.append(
+            Row(
+                f"{name} {size}x{size}x{size}",
+                lambda a=a, b=b, m=model: ef.matmul(a, b, m),
+                "numpy float32 a @ b",
+                lambda a32=a32, b32=b32: a32 @ b32,
+                2.0 * size**3,
+            )
+        )
     return rows
 
 
@@ -74,8 +81,12 @@ FUNCTION_MODELS: list[tuple[str, Callable[[np.ndarray], object], str, Callable[[
     ("H100 tl.math.exp2 model (h100.triton_exp2)", h100.triton_exp2, "numpy np.exp2 float32", np.exp2),
     ("H100 tl.exp model (h100.triton_exp)", h100.triton_exp, "numpy np.exp float32", np.exp),
     ("correctly rounded exp2 (ef.exp2)", ef.exp2, "numpy np.exp2 float32", np.exp2),
-    ("H100 fp32 division model (h100.triton_div)", lambda x: h100.triton_div(x, x + np.float32(1)),
-     "numpy float32 division", lambda x: x / (x + np.float32(1))),
+    (
+        "H100 fp32 division model (h100.triton_div)",
+        lambda x: h100.triton_div(x, x + np.float32(1)),
+        "numpy float32 division",
+        lambda x: x / (x + np.float32(1)),
+    ),
 ]
 
 
@@ -84,8 +95,10 @@ def function_rows(n: int, seed: int) -> list[Row]:
         return []
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n, dtype=np.float32) * np.float32(8)  # within about +-40: finite exp2
-    return [Row(name, lambda f=fn: f(x), baseline_name, lambda g=baseline: g(x), float(n))
-            for name, fn, baseline_name, baseline in FUNCTION_MODELS]
+    return [
+        Row(name, lambda f=fn: f(x), baseline_name, lambda g=baseline: g(x), float(n))
+        for name, fn, baseline_name, baseline in FUNCTION_MODELS
+    ]
 
 
 PAUSE = 0.5  # seconds between the two sides of a row: longer than OpenBLAS's and libgomp's idle spinning
@@ -117,9 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         numba.set_num_threads(args.threads)
 
     print_header("emufloat model benchmark")
-    print(f"# best and median of {args.repeat} after one warm-up call each and {args.spin_up:g} s of spin-up; "
-          "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
-          "other load = cores busy with other processes during the row")
+    print(
+        f"# best and median of {args.repeat} after one warm-up call each and {args.spin_up:g} s of spin-up; "
+        "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
+        "other load = cores busy with other processes during the row"
+    )
 
     tables = [
         ("matmul", matmul_rows(args.size, args.seed), "GFLOP/s", lambda t, w: w / t / 1e9),
@@ -146,9 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             with OtherLoad() as other:
                 t, tb = (_measure_alone(fn, args.repeat) for fn in (row.fn, row.baseline))
             load_s = "" if other.cores is None else f"{other.cores:.2f}"
-            print(f"| {row.name} | {rate(t.best, row.work):.2f} | {rate(t.median, row.work):.2f} | "
-                  f"{row.baseline_name} | {rate(tb.best, row.work):.2f} | {tb.best / t.best:.4f}x | {load_s} |",
-                  flush=True)
+            print(
+                f"| {row.name} | {rate(t.best, row.work):.2f} | {rate(t.median, row.work):.2f} | "
+                f"{row.baseline_name} | {rate(tb.best, row.work):.2f} | {tb.best / t.best:.4f}x | {load_s} |",
+                flush=True,
+            )
     print_footer()
     return 0
 

@@ -55,7 +55,7 @@ def paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -
     keys = list(launch)
     events = []
     for r in range(rounds):
-        for key in keys[r % len(keys):] + keys[:r % len(keys)]:
+        for key in keys[r % len(keys) :] + keys[: r % len(keys)]:
             if before is not None:
                 before()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -130,8 +130,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", default="overlap,triton", help="of gpu.flash.KERNELS")
     ap.add_argument("--inputs", default="randn", help="randn, repeated")
     ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--mode", default="graph", choices=("graph", "flush"),
-                    help="graph: back-to-back CUDA-graph replays; flush: do_bench's regime, paired")
+    ap.add_argument(
+        "--mode",
+        default="graph",
+        choices=("graph", "flush"),
+        help="graph: back-to-back CUDA-graph replays; flush: do_bench's regime, paired",
+    )
     ap.add_argument("--layer", action="store_true", help="also: the cost per training step of a causal block")
     ap.add_argument("--json", help="write the rows (with every round's time) here")
     a = ap.parse_args(argv)
@@ -147,16 +151,19 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--rounds: at least 3 (a rotation of the order), got {a.rounds}")
     command = " ".join(sys.argv if argv is None else ["benchmarks/fix_cost.py", *argv])
     res = {"env": env(), "command": command, "rounds": a.rounds, "rows": []}
-    print(f"# {env_line(res['env'])}; B={B} H={H} bf16; "
-          f"{a.rounds} paired rounds ({a.mode}); cost = 1 - t_standard / t_fix per round: median [10%, 90%]")
+    print(
+        f"# {env_line(res['env'])}; B={B} H={H} bf16; "
+        f"{a.rounds} paired rounds ({a.mode}); cost = 1 - t_standard / t_fix per round: median [10%, 90%]"
+    )
     print("| input | d | N | causal | kernel | standard | stabilised | robust | stabilised cost | robust cost |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in kinds:
         for d in map(int, a.d.split(",")):
             for n in map(int, a.n.split(",")):
                 shape = (B, H, n, d)
-                q, k, v = (rand(shape, torch.bfloat16) if kind == "randn"
-                           else kind_inputs("repeated", "bf16", shape, 3)[:3])
+                q, k, v = (
+                    rand(shape, torch.bfloat16) if kind == "randn" else kind_inputs("repeated", "bf16", shape, 3)[:3]
+                )
                 for causal in (False, True):
                     for kernel in kernels:
                         row = {"input": kind, "d": d, "n": n, "causal": causal, "kernel": kernel}
@@ -183,9 +190,12 @@ def _report(res: dict, row: dict, json_path: str | None) -> None:
     res["rows"].append(row)
     t = row["tflops"]
     cost = {sm: "{median:+.1f}% [{p10:+.1f}, {p90:+.1f}]".format(**row[f"{sm}_cost"]) for sm in SOFTMAXES[1:]}
-    print(f"| {row['input']} | {row['d']} | {row['n']} | {'yes' if row['causal'] else 'no'} | {row['kernel']} | "
-          f"{t['standard']:.0f} | {t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | "
-          f"{cost['robust']} |", flush=True)
+    print(
+        f"| {row['input']} | {row['d']} | {row['n']} | {'yes' if row['causal'] else 'no'} | {row['kernel']} | "
+        f"{t['standard']:.0f} | {t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | "
+        f"{cost['robust']} |",
+        flush=True,
+    )
     if json_path:
         Path(json_path).write_text(json.dumps(res, indent=1))
 

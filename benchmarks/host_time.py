@@ -103,8 +103,9 @@ def rows_for(d: int, n: int) -> dict:
     rows["flash.attention fwd+bwd"] = ours_train
     for name, backend in sdpa_backends().items():
         rows[f"sdpa {name} forward"] = partial(run_sdpa, q, k, v, backend=backend, causal=False)
-        rows[f"sdpa {name} fwd+bwd"] = lambda backend=backend: run_sdpa(qg, kg, vg, backend=backend,
-                                                                        causal=False).backward(do)
+        rows[f"sdpa {name} fwd+bwd"] = lambda backend=backend: run_sdpa(
+            qg, kg, vg, backend=backend, causal=False
+        ).backward(do)
     return rows
 
 
@@ -144,8 +145,10 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--d: {d} is not one of {flash.HEAD_DIMS}")
     command = " ".join(sys.argv if argv is None else ["benchmarks/host_time.py", *argv])
     res = {"env": env(), "command": command, "calls": a.calls, "rows": []}
-    print(f"# {env_line(res['env'])}; B={B} H={H} bf16, "
-          f"non-causal; host: best of 7 batches of {a.calls} calls with the GPU busy; GPU: CUDA-graph replay")
+    print(
+        f"# {env_line(res['env'])}; B={B} H={H} bf16, "
+        f"non-causal; host: best of 7 batches of {a.calls} calls with the GPU busy; GPU: CUDA-graph replay"
+    )
     print("| d | N | call | host us | host us, Triton's launch | GPU us | host/GPU | host vs SDPA cuDNN |")
     print("|---|---|---|---|---|---|---|---|")
     for d in ds:
@@ -160,22 +163,36 @@ def main(argv: list[str] | None = None) -> None:
                 # several launches a call: fewer calls a batch, so the launch queue (~1000) never fills
                 calls = a.calls if "bwd" not in name else max(1, a.calls // 8)
                 if name.startswith("flash"):
-                    t = host_us({"direct": (partial(launch.direct, True), fn),
-                                 "triton": (partial(launch.direct, False), fn)}, calls)
+                    t = host_us(
+                        {"direct": (partial(launch.direct, True), fn), "triton": (partial(launch.direct, False), fn)},
+                        calls,
+                    )
                 else:
                     t = {"direct": host_us({name: (contextlib.nullcontext, fn)}, calls)[name], "triton": float("nan")}
-                row = {"d": d, "n": n, "call": name, "host_us": t["direct"], "host_us_triton_launch": t["triton"],
-                       "gpu_us": dev}
+                row = {
+                    "d": d,
+                    "n": n,
+                    "call": name,
+                    "host_us": t["direct"],
+                    "host_us_triton_launch": t["triton"],
+                    "gpu_us": dev,
+                }
                 res["rows"].append(row)
             sdpa = {r["call"]: r["host_us"] for r in res["rows"] if r["d"] == d and r["n"] == n}
             for row in res["rows"]:
                 if row["d"] != d or row["n"] != n:
                     continue
                 ref = sdpa["sdpa cudnn fwd+bwd" if "bwd" in row["call"] else "sdpa cudnn forward"]
-                tri = "" if row["host_us_triton_launch"] != row["host_us_triton_launch"] else \
-                    f"{row['host_us_triton_launch']:.1f}"
-                print(f"| {d} | {n} | {row['call']} | {row['host_us']:.1f} | {tri} | {row['gpu_us']:.1f} | "
-                      f"{row['host_us'] / row['gpu_us']:.2f} | {row['host_us'] / ref:.2f}x |", flush=True)
+                tri = (
+                    ""
+                    if row["host_us_triton_launch"] != row["host_us_triton_launch"]
+                    else f"{row['host_us_triton_launch']:.1f}"
+                )
+                print(
+                    f"| {d} | {n} | {row['call']} | {row['host_us']:.1f} | {tri} | {row['gpu_us']:.1f} | "
+                    f"{row['host_us'] / row['gpu_us']:.2f} | {row['host_us'] / ref:.2f}x |",
+                    flush=True,
+                )
             del rows
             torch.cuda.empty_cache()
     if a.profile:

@@ -82,8 +82,7 @@ def _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_ov
         res = 0.0
     else:
         sign = np.int64(1) if total < 0 else np.int64(0)
-        enc, fl = _core.round_pack(sign, abs(total), cut, False, _core.NO_CARRY_REF, acc_params,
-                                   final_mode, 0, 0)
+        enc, fl = _core.round_pack(sign, abs(total), cut, False, _core.NO_CARRY_REF, acc_params, final_mode, 0, 0)
         res = _core.decode(enc, acc_params) + 0.0  # a sum truncated to zero is +0 (integer datapath)
         if inf_on_overflow and fl & _core.OVERFLOW:
             res = -np.inf if sign else np.inf
@@ -101,8 +100,24 @@ def _promote(promoted, acc, params):
 
 
 @nb.njit(cache=True)
-def _block_step(arow, brow, ea, eb, k0, k1, c, have_c, early_c, align_bits, zeros_in_max, min_exp,
-                acc_params, final_mode, tracing, inf_on_overflow):
+def _block_step(
+    arow,
+    brow,
+    ea,
+    eb,
+    k0,
+    k1,
+    c,
+    have_c,
+    early_c,
+    align_bits,
+    zeros_in_max,
+    min_exp,
+    acc_params,
+    final_mode,
+    tracing,
+    inf_on_overflow,
+):
     """One fused step: products k0..k1-1 (plus C when early_c), cut, summed, rounded once.
 
     ``ea``/``eb`` hold the operands' unnormalised exponents.  Returns the
@@ -150,7 +165,8 @@ def _block_step(arow, brow, ea, eb, k0, k1, c, have_c, early_c, align_bits, zero
     aligned = 0.0
     if tracing:
         aligned = (-1.0 if total < 0 else 1.0) * _core.parts_f64(
-            _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut)
+            _core.CLS_FINITE if total else _core.CLS_ZERO, 0, abs(total), cut
+        )
     res = _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_overflow)
     return res, hi, lo, aligned, True
 
@@ -169,9 +185,24 @@ def _block_chain(arow, brow, ea, eb, c0, have_c, mp, params, acc_params, mode, s
     for s in range((kk + width - 1) // width):
         k0 = s * width
         k1 = min(k0 + width, kk)
-        acc, h, l, al, finite = _block_step(arow, brow, ea, eb, k0, k1, acc, c_in, mp.early_c != 0, mp.align_bits,
-                                            mp.zeros_in_max != 0, mp.min_exp, acc_params, mode, tracing,
-                                            mp.inf_on_overflow != 0)
+        acc, h, l, al, finite = _block_step(
+            arow,
+            brow,
+            ea,
+            eb,
+            k0,
+            k1,
+            acc,
+            c_in,
+            mp.early_c != 0,
+            mp.align_bits,
+            mp.zeros_in_max != 0,
+            mp.min_exp,
+            acc_params,
+            mode,
+            tracing,
+            mp.inf_on_overflow != 0,
+        )
         if finite:  # a special step's events repeat the previous step's exact and aligned sums
             hi, lo, aligned = h, l, al
         c_in = True
@@ -235,8 +266,29 @@ def _step_finish(c, total, cut, c_in, early_c, acc_params, final_mode, inf_on_ov
 
 
 @nb.njit(parallel=True, cache=True)
-def _block_kernel(sa, xa, sb, xb, c, have_c, out, mp, params, acc_params, mode, bad_a, bad_b, a, bt, ea, eb,
-                  work_f, work_i, no_steps, ti):
+def _block_kernel(
+    sa,
+    xa,
+    sb,
+    xb,
+    c,
+    have_c,
+    out,
+    mp,
+    params,
+    acc_params,
+    mode,
+    bad_a,
+    bad_b,
+    a,
+    bt,
+    ea,
+    eb,
+    work_f,
+    work_i,
+    no_steps,
+    ti,
+):
     """A FusedBlock chain for every output element, untraced, computing as :func:`_block_step`.
 
     ``sa``/``xa`` (m, K): a split by :func:`_split`; ``sb``/``xb`` (column
@@ -336,8 +388,9 @@ def _block_kernel(sa, xa, sb, xb, c, have_c, out, mp, params, acc_params, mode, 
                     if okv[jj]:
                         acc[jj] = fres[jj]
                     else:
-                        acc[jj] = _step_finish(acc[jj], tot[jj], cut46[jj] - 2 * SIG_BITS, c_in, early_c, acc_params,
-                                               mode, inf_ovf)
+                        acc[jj] = _step_finish(
+                            acc[jj], tot[jj], cut46[jj] - 2 * SIG_BITS, c_in, early_c, acc_params, mode, inf_ovf
+                        )
                 c_in = True
                 if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
                     for jj in range(tj):
@@ -347,8 +400,21 @@ def _block_kernel(sa, xa, sb, xb, c, have_c, out, mp, params, acc_params, mode, 
             for jj in range(min(tj, n - j0)):
                 j = j0 + jj
                 if bad_a[i] or bad_b[j]:
-                    out[i, j] = _block_chain(a[i], bt[j], ea[i], eb[j], c[i, j] if have_c else 0.0, have_c, mp,
-                                             params, acc_params, mode, no_steps, 0, False)
+                    out[i, j] = _block_chain(
+                        a[i],
+                        bt[j],
+                        ea[i],
+                        eb[j],
+                        c[i, j] if have_c else 0.0,
+                        have_c,
+                        mp,
+                        params,
+                        acc_params,
+                        mode,
+                        no_steps,
+                        0,
+                        False,
+                    )
                 elif chunk:
                     out[i, j] = _promote(promoted[jj], acc[jj], params)
                 else:
@@ -379,8 +445,29 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
     sb = np.ascontiguousarray(sb.reshape(nj, tj, kk).transpose(0, 2, 1))
     xb = np.ascontiguousarray(xb.reshape(nj, tj, kk).transpose(0, 2, 1))
     ntiles = -(-m // ti) * nj
-    _block_kernel(sa, xa, sb, xb, cv, have_c, out, mp, params, acc_params, mode, bad_a, bad_b, av, bt, ea, eb,
-                  np.empty((ntiles, 3, tj)), np.empty((ntiles, 3, tj), np.int64), np.zeros((0, 0, 4)), ti)
+    _block_kernel(
+        sa,
+        xa,
+        sb,
+        xb,
+        cv,
+        have_c,
+        out,
+        mp,
+        params,
+        acc_params,
+        mode,
+        bad_a,
+        bad_b,
+        av,
+        bt,
+        ea,
+        eb,
+        np.empty((ntiles, 3, tj)),
+        np.empty((ntiles, 3, tj), np.int64),
+        np.zeros((0, 0, 4)),
+        ti,
+    )
 
 
 @nb.njit(parallel=True, cache=True)
@@ -411,8 +498,9 @@ def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, s
         j = ij % n
         c0 = c[i, j] if have_c else 0.0
         if kind == KIND_BLOCK:
-            out[i, j] = _block_chain(a[i], bt[j], ea[i], eb[j], c0, have_c, mp, params, acc_params, mode, steps, ij,
-                                     tracing)
+            out[i, j] = _block_chain(
+                a[i], bt[j], ea[i], eb[j], c0, have_c, mp, params, acc_params, mode, steps, ij, tracing
+            )
         elif kind == KIND_SEQUENTIAL:
             acc = c0
             for k in range(kk):
@@ -427,8 +515,7 @@ def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, s
             for leaf in range(nleaf):
                 s = 0.0
                 for k in range(leaf * base, min((leaf + 1) * base, kk)):
-                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * bt[j, k], 0.0, params, mode)),
-                                    params, mode)
+                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * bt[j, k], 0.0, params, mode)), params, mode)
                 buf[leaf] = s
             width = nleaf
             while width > 1:

@@ -169,10 +169,7 @@ def result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
         found.discard(None)
         if len(found) != 1:
             names = ", ".join(f"{k}: {format_of_dtype(a.dtype).name}" for k, a in arrays.items())
-            raise ValueError(
-                f"fmt: cannot infer the result format from operands ({names}); "
-                "pass fmt=, e.g. fmt='bf16'"
-            )
+            raise ValueError(f"fmt: cannot infer the result format from operands ({names}); pass fmt=, e.g. fmt='bf16'")
         f = found.pop()
     if f.precision > 24:
         raise ValueError(
@@ -184,10 +181,7 @@ def result_format(fmt, arrays: dict[str, np.ndarray]) -> Format:
 
 def check_no_nan_format(count: int, fmt: Format, argname: str) -> None:
     if count:
-        raise ValueError(
-            f"{argname}: {count} NaN result(s) cannot be represented in {fmt.name}, "
-            "a format without NaN"
-        )
+        raise ValueError(f"{argname}: {count} NaN result(s) cannot be represented in {fmt.name}, a format without NaN")
 
 
 def empty_trace_columns(n: int, tracing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -274,11 +274,7 @@ def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> 
     if e_res > emax or (e_res == emax and m > maxsig):
         flags |= OVERFLOW | INEXACT
         to_max = (
-            ovf == OVF_SAT
-            or mode == RTZ
-            or mode == RTO
-            or (mode == RUP and sign == 1)
-            or (mode == RDOWN and sign == 0)
+            ovf == OVF_SAT or mode == RTZ or mode == RTO or (mode == RUP and sign == 1) or (mode == RDOWN and sign == 0)
         )
         if to_max:
             flags &= ~AWAY

@@ -109,8 +109,13 @@ def fast_round(bits, plan, rnd) -> tuple:
     e_s = mag >> plan.src_man_bits
     c = mag + plan.rebias
     shp = plan.shift
-    inc = (plan.inc_const + plan.inc_lsb * ((c >> shp) & 1) + plan.inc_pos * (1 - sign) + plan.inc_neg * sign
-           + plan.stochastic * (rnd << plan.sr_scale))
+    inc = (
+        plan.inc_const
+        + plan.inc_lsb * ((c >> shp) & 1)
+        + plan.inc_pos * (1 - sign)
+        + plan.inc_neg * sign
+        + plan.stochastic * (rnd << plan.sr_scale)
+    )
     r = ((c + inc) >> shp) << plan.widen
     r |= plan.to_odd & np.int64((c & plan.low_mask) != 0)
     ok = plan.ok_base & np.int64(e_s >= 1) & np.int64(e_s < plan.src_exp_all)
@@ -151,8 +156,14 @@ class DecodePlan(NamedTuple):
 def decode_plan(params) -> DecodePlan:
     """The :class:`DecodePlan` of :func:`fast_decode` for one source format."""
     eb, mb, bias, _spec, _subn, _ovf = params
-    return DecodePlan(sign_pos=np.int64(eb + mb), man_bits=np.int64(mb), rebias=np.int64(1023 - bias),
-                      widen=np.int64(52 - mb), exp_all=(np.int64(1) << eb) - 1, fnuz=np.int64(_spec == SPEC_FNUZ))
+    return DecodePlan(
+        sign_pos=np.int64(eb + mb),
+        man_bits=np.int64(mb),
+        rebias=np.int64(1023 - bias),
+        widen=np.int64(52 - mb),
+        exp_all=(np.int64(1) << eb) - 1,
+        fnuz=np.int64(_spec == SPEC_FNUZ),
+    )
 
 
 @nb.njit(inline="always", cache=True)

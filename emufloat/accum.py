@@ -132,9 +132,16 @@ class FusedBlock:
     @property
     def params(self) -> ModelParams:
         """The record the kernels take."""
-        return ModelParams(KIND_BLOCK, width=int(self.width), align_bits=int(self.align_bits),
-                           early_c=int(self.early_c), zeros_in_max=int(self.zeros_in_max), min_exp=int(self.min_exp),
-                           chunk=int(self.chunk), inf_on_overflow=int(self.inf_on_overflow))
+        return ModelParams(
+            KIND_BLOCK,
+            width=int(self.width),
+            align_bits=int(self.align_bits),
+            early_c=int(self.early_c),
+            zeros_in_max=int(self.zeros_in_max),
+            min_exp=int(self.min_exp),
+            chunk=int(self.chunk),
+            inf_on_overflow=int(self.inf_on_overflow),
+        )
 
 
 Model = Sequential | Pairwise | Exact | FusedBlock
@@ -155,8 +162,9 @@ def register(*models: Model) -> None:
 
 def _check_model(model: object) -> None:
     if not isinstance(model, (Sequential, Pairwise, Exact, FusedBlock)):
-        raise TypeError(f"model: expected Sequential, Pairwise, Exact, FusedBlock or a preset name, "
-                        f"got {type(model).__name__}")
+        raise TypeError(
+            f"model: expected Sequential, Pairwise, Exact, FusedBlock or a preset name, got {type(model).__name__}"
+        )
 
 
 def _resolve(model: Model | str) -> Model:
@@ -227,26 +235,43 @@ def matmul(
     mp = model.params
     with _arrays.threads_for(m * n * av.shape[1]):
         if block and not tracing:
-            block_matmul(av, bt, ea, eb, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params,
-                         model.zeros_in_max)
+            block_matmul(av, bt, ea, eb, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
         else:
-            matmul_kernel(av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps,
-                          tracing)
+            matmul_kernel(av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
     if tracing:
         st = steps.reshape(-1, 4)
-        for op, exact_hi, exact_lo, rounded in (("align", st[:, 0], st[:, 1], st[:, 2]),
-                                                ("dot_step", st[:, 2], np.zeros(len(st)), st[:, 3])):
+        for op, exact_hi, exact_lo, rounded in (
+            ("align", st[:, 0], st[:, 1], st[:, 2]),
+            ("dot_step", st[:, 2], np.zeros(len(st)), st[:, 3]),
+        ):
             err = rounded - exact_hi - exact_lo
-            flags = ((err != 0) * Flag.INEXACT | (np.abs(rounded) > np.abs(exact_hi + exact_lo)) * Flag.AWAY)
-            trace.record(Chunk(
-                op=op, fmt=acc_fmt, rounding=Rounding("rtz") if op == "align" else mode,
-                operands=(), rounded=rounded.copy(), exact_hi=exact_hi.copy(), exact_lo=exact_lo.copy(),
-                flags=flags.astype(np.uint16), shape=(m, n, nsteps), label=label))
+            flags = (err != 0) * Flag.INEXACT | (np.abs(rounded) > np.abs(exact_hi + exact_lo)) * Flag.AWAY
+            trace.record(
+                Chunk(
+                    op=op,
+                    fmt=acc_fmt,
+                    rounding=Rounding("rtz") if op == "align" else mode,
+                    operands=(),
+                    rounded=rounded.copy(),
+                    exact_hi=exact_hi.copy(),
+                    exact_lo=exact_lo.copy(),
+                    flags=flags.astype(np.uint16),
+                    shape=(m, n, nsteps),
+                    label=label,
+                )
+            )
     return out.astype(fmt.carrier)
 
 
-def dot(a: np.ndarray, b: np.ndarray, model: Model | str = "h100_wgmma_bf16", c: float | None = None,
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def dot(
+    a: np.ndarray,
+    b: np.ndarray,
+    model: Model | str = "h100_wgmma_bf16",
+    c: float | None = None,
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """Dot product of two vectors under ``model`` (see :func:`matmul`); returns a 0-d array."""
     a = _arrays.as_float_array(a, "a")
     b = _arrays.as_float_array(b, "b")

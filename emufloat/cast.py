@@ -81,17 +81,34 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
     with _arrays.threads_for(n):
         bad = _cast_kernel(
-            bits, sfmt.params, out, fmt.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
-            ex_hi, flags, tracing,
+            bits,
+            sfmt.params,
+            out,
+            fmt.params,
+            rnd.code,
+            np.uint64(rnd.seed),
+            rnd.bits,
+            ex_hi,
+            flags,
+            tracing,
         )
     _arrays.check_no_nan_format(bad, fmt, "x")
     result = _arrays.output_bits(out, fmt).reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
     if tracing:
-        trace.record(Chunk(
-            op="cast", fmt=fmt, rounding=rnd, operands=(src.reshape(-1).copy(),),
-            rounded=_arrays.finish_output(out.copy(), fmt, (n,)),
-            exact_hi=ex_hi, exact_lo=np.zeros(n), flags=flags, shape=src.shape, label=label,
-        ))
+        trace.record(
+            Chunk(
+                op="cast",
+                fmt=fmt,
+                rounding=rnd,
+                operands=(src.reshape(-1).copy(),),
+                rounded=_arrays.finish_output(out.copy(), fmt, (n,)),
+                exact_hi=ex_hi,
+                exact_lo=np.zeros(n),
+                flags=flags,
+                shape=src.shape,
+                label=label,
+            )
+        )
     return result
 
 

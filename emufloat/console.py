@@ -65,8 +65,9 @@ class _CompileListener(event.Listener):
     def _tick(self) -> None:
         while not self._stop.wait(self.every):
             if self.depth > 0 and self.started is not None:
-                self._say(f"  ... still compiling ({time.perf_counter() - self.started:.0f} s, "
-                          f"{self.count} kernel(s) so far)")
+                self._say(
+                    f"  ... still compiling ({time.perf_counter() - self.started:.0f} s, {self.count} kernel(s) so far)"
+                )
 
     def close(self) -> None:
         self._stop.set()
@@ -75,8 +76,9 @@ class _CompileListener(event.Listener):
 
 
 @contextlib.contextmanager
-def announce_compiles(stream: TextIO | None = None, every: float = 20.0,
-                      what: str = "emufloat's kernels") -> Iterator[_CompileListener]:
+def announce_compiles(
+    stream: TextIO | None = None, every: float = 20.0, what: str = "emufloat's kernels"
+) -> Iterator[_CompileListener]:
     """While active, report Numba compilations on ``stream`` (default stderr); yields the listener, whose
     ``count`` and ``busy`` (seconds) say how many kernels were compiled and how long it took."""
     listener = _CompileListener(sys.stderr if stream is None else stream, every, what)

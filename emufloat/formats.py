@@ -52,13 +52,9 @@ class Format:
 
     def __post_init__(self) -> None:
         if not isinstance(self.exp_bits, (int, np.integer)) or not 1 <= self.exp_bits <= 11:
-            raise ValueError(
-                f"exp_bits must be an integer from 1 to 11, got {self.exp_bits!r}"
-            )
+            raise ValueError(f"exp_bits must be an integer from 1 to 11, got {self.exp_bits!r}")
         if not isinstance(self.man_bits, (int, np.integer)) or not 0 <= self.man_bits <= 52:
-            raise ValueError(
-                f"man_bits must be an integer from 0 to 52, got {self.man_bits!r}"
-            )
+            raise ValueError(f"man_bits must be an integer from 0 to 52, got {self.man_bits!r}")
         if self.specials not in SPECIALS:
             raise ValueError(f"specials must be one of {SPECIALS}, got {self.specials!r}")
         if self.specials == "ieee" and self.exp_bits < 2:
@@ -267,20 +263,37 @@ E2M3 = Format(2, 3, specials="none", name="e2m3")
 E2M1 = Format(2, 1, specials="none", name="e2m1")
 
 PRESETS: dict[str, Format] = {
-    f.name: f
-    for f in (FP64, FP32, TF32, FP16, BF16, E4M3FN, E5M2, E4M3FNUZ, E5M2FNUZ, E3M2, E2M3, E2M1)
+    f.name: f for f in (FP64, FP32, TF32, FP16, BF16, E4M3FN, E5M2, E4M3FNUZ, E5M2FNUZ, E3M2, E2M3, E2M1)
 }
 _ALIASES = {
-    "float64": "fp64", "double": "fp64", "binary64": "fp64",
-    "float32": "fp32", "float": "fp32", "single": "fp32", "binary32": "fp32",
-    "float16": "fp16", "half": "fp16", "binary16": "fp16",
+    "float64": "fp64",
+    "double": "fp64",
+    "binary64": "fp64",
+    "float32": "fp32",
+    "float": "fp32",
+    "single": "fp32",
+    "binary32": "fp32",
+    "float16": "fp16",
+    "half": "fp16",
+    "binary16": "fp16",
     "bfloat16": "bf16",
-    "float8_e4m3fn": "e4m3fn", "fp8_e4m3": "e4m3fn", "e4m3": "e4m3fn",
-    "float8_e5m2": "e5m2", "fp8_e5m2": "e5m2",
-    "float8_e4m3fnuz": "e4m3fnuz", "float8_e5m2fnuz": "e5m2fnuz",
-    "float6_e3m2fn": "e3m2", "fp6_e3m2": "e3m2", "e3m2fn": "e3m2",
-    "float6_e2m3fn": "e2m3", "fp6_e2m3": "e2m3", "e2m3fn": "e2m3",
-    "float4_e2m1fn": "e2m1", "fp4": "e2m1", "fp4_e2m1": "e2m1", "e2m1fn": "e2m1",
+    "float8_e4m3fn": "e4m3fn",
+    "fp8_e4m3": "e4m3fn",
+    "e4m3": "e4m3fn",
+    "float8_e5m2": "e5m2",
+    "fp8_e5m2": "e5m2",
+    "float8_e4m3fnuz": "e4m3fnuz",
+    "float8_e5m2fnuz": "e5m2fnuz",
+    "float6_e3m2fn": "e3m2",
+    "fp6_e3m2": "e3m2",
+    "e3m2fn": "e3m2",
+    "float6_e2m3fn": "e2m3",
+    "fp6_e2m3": "e2m3",
+    "e2m3fn": "e2m3",
+    "float4_e2m1fn": "e2m1",
+    "fp4": "e2m1",
+    "fp4_e2m1": "e2m1",
+    "e2m1fn": "e2m1",
 }
 
 _DTYPE_OF: dict[Format, np.dtype] = {

@@ -81,8 +81,9 @@ def _exp2_kernel(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, in
                 enc = _core.enc_inf(0, params) if v > 0 else _core.enc_zero(0, params)
             else:  # far beyond every format's range: a tiny or huge positive value, inexact
                 hi = np.inf if v > 0 else 0.0
-                enc, fl = _core.round_pack(0, np.int64(1), np.int64(2000 if v > 0 else -2000), True,
-                                           _core.NO_CARRY_REF, params, mode, 0, 0)
+                enc, fl = _core.round_pack(
+                    0, np.int64(1), np.int64(2000 if v > 0 else -2000), True, _core.NO_CARRY_REF, params, mode, 0, 0
+                )
         else:
             n, h, l, exact = _exp2_dd(v, invf_hi, invf_lo)
             if exact:
@@ -105,8 +106,14 @@ def _exp2_kernel(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, in
     return nan_count
 
 
-def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-         *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def exp2(
+    x: np.ndarray | float,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """2**x rounded once into ``fmt`` (default: x's format) — the correctly rounded reference.
 
     x holds FP32-representable values of any format.  Evaluated as a
@@ -135,9 +142,20 @@ def exp2(x: np.ndarray | float, fmt: Format | str | None = None, rounding: Round
         src = _arrays.source_format(arr)
         if src != FP64 and src.has_signalling_nan:  # float64 operands carry FP32 values: their NaNs are quiet
             flags[src.is_signalling(_arrays.flat_bits(arr))] |= np.uint16(_core.INVALID)
-        trace.record(Chunk(op="exp2", fmt=f, rounding=rnd, operands=(arr.reshape(-1).copy(),),
-                             rounded=result.reshape(-1).copy(), exact_hi=ex_hi, exact_lo=ex_lo,
-                             flags=flags.astype(np.uint16), shape=arr.shape, label=label))
+        trace.record(
+            Chunk(
+                op="exp2",
+                fmt=f,
+                rounding=rnd,
+                operands=(arr.reshape(-1).copy(),),
+                rounded=result.reshape(-1).copy(),
+                exact_hi=ex_hi,
+                exact_lo=ex_lo,
+                flags=flags.astype(np.uint16),
+                shape=arr.shape,
+                label=label,
+            )
+        )
     return result
 
 

@@ -40,8 +40,10 @@ def to_numpy(x: object, argname: str = "x") -> object:
     name = str(t.dtype).removeprefix("torch.")
     if t.is_floating_point():
         if name not in TORCH_TO_NUMPY:
-            raise TypeError(f"{argname}: torch dtype {t.dtype} has no emufloat format; accepted: "
-                            f"{', '.join('torch.' + n for n in TORCH_TO_NUMPY)}")
+            raise TypeError(
+                f"{argname}: torch dtype {t.dtype} has no emufloat format; accepted: "
+                f"{', '.join('torch.' + n for n in TORCH_TO_NUMPY)}"
+            )
         target = TORCH_TO_NUMPY[name]
         if t.device.type != "cpu":
             t = t.cpu()

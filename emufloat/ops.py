@@ -96,8 +96,9 @@ def _exact_sum_operands(op, x, y, z):
 
 
 @nb.njit(parallel=True, cache=True)
-def _arith_kernel(op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits,
-                  ex_hi, ex_lo, flags, tracing):
+def _arith_kernel(
+    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing
+):
     """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
 
     Block by block as in the cast kernel: add, sub, mul and fma first take the
@@ -246,82 +247,173 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     code = op_code if extra_code is None else extra_code
     with _arrays.threads_for(n):
         bad = _arith_kernel(
-            code, *flat[0], *flat[1], *flat[2],
-            out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing,
+            code,
+            *flat[0],
+            *flat[1],
+            *flat[2],
+            out,
+            f.params,
+            rnd.code,
+            np.uint64(rnd.seed),
+            rnd.bits,
+            ex_hi,
+            ex_lo,
+            flags,
+            tracing,
         )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape)
     if tracing:
-        trace.record(Chunk(
-            op=op_name, fmt=f, rounding=rnd,
-            operands=tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values()),
-            rounded=result.reshape(-1).copy(), exact_hi=ex_hi, exact_lo=ex_lo, flags=flags,
-            shape=shape, label=label,
-        ))
+        trace.record(
+            Chunk(
+                op=op_name,
+                fmt=f,
+                rounding=rnd,
+                operands=tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values()),
+                rounded=result.reshape(-1).copy(),
+                exact_hi=ex_hi,
+                exact_lo=ex_lo,
+                flags=flags,
+                shape=shape,
+                label=label,
+            )
+        )
     return result
 
 
 Array = np.ndarray | float
 
 
-def add(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def add(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """a + b rounded once to ``fmt`` (inferred when both operands share a format)."""
     return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label)
 
 
-def sub(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def sub(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """a - b rounded once to ``fmt``."""
     return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label)
 
 
-def mul(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def mul(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """a * b rounded once to ``fmt``."""
     return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label)
 
 
-def div(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def div(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """a / b correctly rounded to ``fmt`` (IEEE division, not a GPU approximation)."""
     return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label)
 
 
-def fma(a: Array, b: Array, c: Array, fmt: Format | str | None = None,
-        rounding: Rounding | str = "rne", *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def fma(
+    a: Array,
+    b: Array,
+    c: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
     return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label)
 
 
-def sqrt(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-         *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def sqrt(
+    a: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """Correctly rounded square root (NaN for negative operands, sqrt(-0) = -0)."""
     return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label)
 
 
-def neg(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def neg(
+    a: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """-a (exact within a format; rounded when ``fmt`` is narrower than a's)."""
     return _apply("neg", NEG, {"a": a}, fmt, rounding, trace, label)
 
 
-def abs(a: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",  # noqa: A001
-        *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def abs(  # noqa: A001
+    a: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """|a| (exact within a format; rounded when ``fmt`` is narrower than a's)."""
     return _apply("abs", ABS, {"a": a}, fmt, rounding, trace, label)
 
 
-def minimum(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-            *, propagate_nan: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def minimum(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    propagate_nan: bool = True,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """IEEE 754-2019 minimum (-0 < +0).  ``propagate_nan=False`` gives minimumNumber
     (a NaN operand is ignored, as C ``fmin`` and PTX ``min.f32`` do)."""
-    return _apply("min", MIN, {"a": a, "b": b}, fmt, rounding, trace, label,
-                  extra_code=None if propagate_nan else MINNUM)
+    return _apply(
+        "min", MIN, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MINNUM
+    )
 
 
-def maximum(a: Array, b: Array, fmt: Format | str | None = None, rounding: Rounding | str = "rne",
-            *, propagate_nan: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
+def maximum(
+    a: Array,
+    b: Array,
+    fmt: Format | str | None = None,
+    rounding: Rounding | str = "rne",
+    *,
+    propagate_nan: bool = True,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """IEEE 754-2019 maximum (-0 < +0).  ``propagate_nan=False`` gives maximumNumber."""
-    return _apply("max", MAX, {"a": a, "b": b}, fmt, rounding, trace, label,
-                  extra_code=None if propagate_nan else MAXNUM)
+    return _apply(
+        "max", MAX, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MAXNUM
+    )

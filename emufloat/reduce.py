@@ -188,8 +188,9 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)
     with _arrays.threads_for(rows * k):
-        _sum_kernel(flat, lut, xp, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits,
-                    ex_hi, ex_lo, flags, tracing)
+        _sum_kernel(
+            flat, lut, xp, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing
+        )
     if not f.has_nan and rows:
         with np.errstate(invalid="ignore"):  # signalling NaN terms widen to quiet ones
             vals = moved.astype(np.float64)
@@ -199,10 +200,21 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     if tracing:
         with np.errstate(invalid="ignore"):
             vals = moved.reshape(rows, k).astype(np.float64)
-        biggest = vals[np.arange(rows), np.argmax(np.nan_to_num(np.abs(vals), nan=np.inf), axis=-1)] if k else \
-            np.zeros(rows)
-        trace.record(Chunk(
-            op="sum", fmt=f, rounding=rnd, operands=(biggest,), rounded=result.reshape(-1).copy(),
-            exact_hi=ex_hi, exact_lo=ex_lo, flags=flags, shape=shape, label=label,
-        ))
+        biggest = (
+            vals[np.arange(rows), np.argmax(np.nan_to_num(np.abs(vals), nan=np.inf), axis=-1)] if k else np.zeros(rows)
+        )
+        trace.record(
+            Chunk(
+                op="sum",
+                fmt=f,
+                rounding=rnd,
+                operands=(biggest,),
+                rounded=result.reshape(-1).copy(),
+                exact_hi=ex_hi,
+                exact_lo=ex_lo,
+                flags=flags,
+                shape=shape,
+                label=label,
+            )
+        )
     return result

@@ -25,12 +25,22 @@ MODES: dict[str, int] = {
     "stochastic": SR,
 }
 _ALIASES = {
-    "nearest": "rne", "nearest_even": "rne", "ties_to_even": "rne",
-    "ties_to_away": "rna", "nearest_away": "rna",
-    "toward_zero": "rtz", "truncate": "rtz", "rz": "rtz",
-    "toward_positive": "rup", "ceil": "rup", "ru": "rup",
-    "toward_negative": "rdown", "floor": "rdown", "rd": "rdown",
-    "odd": "rto", "round_to_odd": "rto",
+    "nearest": "rne",
+    "nearest_even": "rne",
+    "ties_to_even": "rne",
+    "ties_to_away": "rna",
+    "nearest_away": "rna",
+    "toward_zero": "rtz",
+    "truncate": "rtz",
+    "rz": "rtz",
+    "toward_positive": "rup",
+    "ceil": "rup",
+    "ru": "rup",
+    "toward_negative": "rdown",
+    "floor": "rdown",
+    "rd": "rdown",
+    "odd": "rto",
+    "round_to_odd": "rto",
     "sr": "stochastic",
 }
 
@@ -57,9 +67,7 @@ class Rounding:
             raise ValueError(f"rounding: unknown mode {self.mode!r}; accepted: {list(MODES)}")
         if self.mode == "stochastic":
             if not isinstance(self.bits, (int, np.integer)) or not 1 <= self.bits <= MAX_SR_BITS:
-                raise ValueError(
-                    f"rounding: stochastic rounding needs bits from 1 to {MAX_SR_BITS}, got {self.bits!r}"
-                )
+                raise ValueError(f"rounding: stochastic rounding needs bits from 1 to {MAX_SR_BITS}, got {self.bits!r}")
             if not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
                 raise ValueError(f"rounding: seed must be a non-negative integer, got {self.seed!r}")
         elif self.bits or self.seed:
@@ -89,8 +97,7 @@ def as_rounding(rounding: Rounding | str, argname: str = "rounding") -> Rounding
         key = _ALIASES.get(key, key)
         if key == "stochastic":
             raise ValueError(
-                f"{argname}: stochastic rounding needs its bits and seed: "
-                "use emufloat.stochastic(bits=..., seed=...)"
+                f"{argname}: stochastic rounding needs its bits and seed: use emufloat.stochastic(bits=..., seed=...)"
             )
         if key in MODES:
             return Rounding(key)

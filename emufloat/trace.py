@@ -28,8 +28,23 @@ Flag.__doc__ = "Per-event rounding flags (the ``flags`` column is a uint16 of th
 #: flag name -> what it means
 FLAG_DOC: dict[str, str] = dict(FLAGS)
 
-OPS = ("cast", "add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max", "sum", "align", "dot_step",
-       "exp2")
+OPS = (
+    "cast",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "fma",
+    "sqrt",
+    "neg",
+    "abs",
+    "min",
+    "max",
+    "sum",
+    "align",
+    "dot_step",
+    "exp2",
+)
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 
@@ -108,8 +123,9 @@ class Trace:
     # ---- columns --------------------------------------------------------------
     def _columns(self) -> dict[str, np.ndarray]:
         if self._cache is None:
-            cols: dict[str, list[np.ndarray]] = {k: [] for k in (
-                "op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo", "rounded", "flags")}
+            cols: dict[str, list[np.ndarray]] = {
+                k: [] for k in ("op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo", "rounded", "flags")
+            }
             for k, ch in enumerate(self._chunks):
                 n = ch.flags.size
                 cols["op"].append(np.full(n, OP_CODE[ch.op], np.uint8))
@@ -118,26 +134,35 @@ class Trace:
                 with np.errstate(invalid="ignore"):  # a signalling NaN operand widens to a quiet one
                     for j, name in enumerate("abc"):
                         cols[name].append(
-                            ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan))
+                            ch.operands[j].astype(np.float64) if j < len(ch.operands) else np.full(n, np.nan)
+                        )
                     cols["rounded"].append(ch.rounded.astype(np.float64))
                 cols["exact_hi"].append(ch.exact_hi)
                 cols["exact_lo"].append(ch.exact_lo)
                 cols["flags"].append(ch.flags)
             empty = {"op": np.uint8, "call": np.int32, "index": np.int64, "flags": np.uint16}
-            out = {
-                k: (np.concatenate(v) if v else np.empty(0, empty.get(k, np.float64)))
-                for k, v in cols.items()
-            }
-            out["error_hi"], out["error_lo"] = _error_columns(
-                out["rounded"], out["exact_hi"], out["exact_lo"])
+            out = {k: (np.concatenate(v) if v else np.empty(0, empty.get(k, np.float64))) for k, v in cols.items()}
+            out["error_hi"], out["error_lo"] = _error_columns(out["rounded"], out["exact_hi"], out["exact_lo"])
             self._cache = out
         return self._cache
 
     def __getattr__(self, name: str) -> np.ndarray:
         aliases = {"exact": "exact_hi", "error": "error_hi"}
         key = aliases.get(name, name)
-        if key in ("op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo",
-                   "rounded", "flags", "error_hi", "error_lo"):
+        if key in (
+            "op",
+            "call",
+            "index",
+            "a",
+            "b",
+            "c",
+            "exact_hi",
+            "exact_lo",
+            "rounded",
+            "flags",
+            "error_hi",
+            "error_lo",
+        ):
             return self._columns()[key]
         raise AttributeError(name)
 
@@ -173,6 +198,7 @@ def check_trace(trace: object) -> None:
 
 def _error_columns(rounded: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """rounded - (hi + lo) as a double-double, with numpy TwoSum (exact)."""
+
     def two_sum(a, b):
         s = a + b
         bp = s - a
@@ -258,8 +284,14 @@ class TraceSummary:
 
     def __str__(self) -> str:
         lines = [
-            *([f"NON-FINITE: {self.nonfinite} event(s) with a NaN or infinite error, left out of every statistic "
-               "below"] if self.nonfinite else []),
+            *(
+                [
+                    f"NON-FINITE: {self.nonfinite} event(s) with a NaN or infinite error, left out of every statistic "
+                    "below"
+                ]
+                if self.nonfinite
+                else []
+            ),
             f"events: {self.events}  inexact: {self.inexact}  by op: {self.per_op}",
             f"mean signed error: {self.mean_error:.6g} (inexact only: {self.mean_error_inexact:.6g}); "
             f"sum: {self.sum_error:.6g}; p(mean = 0) = {self.mean_p:.3g}",

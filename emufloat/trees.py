@@ -118,8 +118,8 @@ class ReductionTree:
                 for child in reversed(node):
                     stack.append((child, False))
                 continue
-            kids = results[-len(node):]
-            del results[-len(node):]
+            kids = results[-len(node) :]
+            del results[-len(node) :]
             acc = kids[0]
             for kid in kids[1:]:
                 steps.append((acc, kid))
@@ -130,8 +130,9 @@ class ReductionTree:
             seen = collections.Counter(leaves)
             dup = sorted(k for k, c in seen.items() if c > 1)[:10]
             missing = sorted(set(range(n)) - set(seen))[:10]
-            raise ValueError(f"tree: the {n} leaves must be 0..{n - 1}, each exactly once; repeated: {dup}, "
-                             f"missing: {missing}")
+            raise ValueError(
+                f"tree: the {n} leaves must be 0..{n - 1}, each exactly once; repeated: {dup}, missing: {missing}"
+            )
 
         def slot(ref) -> int:
             return ref[1] if ref[0] == "leaf" else n + ref[1]
@@ -245,8 +246,9 @@ def _cast(v, params, mode, rnd, srbits):
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_sum_kernel(x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags,
-                     tracing):
+def _tree_sum_kernel(
+    x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing
+):
     """Row by row along the tree; when tracing, step k of row r writes event r * nsteps + k (its two
     addends, its exact sum and flags) and the rounded values stay in ``ops[2]``.  A step whose addend is a
     signalling-NaN leaf (encodings ``x`` of format params ``xp``) raises INVALID, as ``emufloat.add`` does;
@@ -305,15 +307,23 @@ def _rows_of(x, tree: ReductionTree, argname: str = "x"):
     if arr.ndim == 0:
         raise ValueError(f"{argname}: expected an array whose last axis is the reduced one, got a scalar")
     if arr.shape[-1] != tree.n_leaves:
-        raise ValueError(f"{argname}: the last axis has length {arr.shape[-1]}, but the tree has "
-                         f"{tree.n_leaves} leaves")
+        raise ValueError(
+            f"{argname}: the last axis has length {arr.shape[-1]}, but the tree has {tree.n_leaves} leaves"
+        )
     shape = arr.shape[:-1]
     flat, lut, params = _arrays.operand(arr, arr.shape, argname)
     return arr, shape, math.prod(shape), flat, lut, params
 
 
-def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Rounding | str = "rne", *,
-             trace: Trace | None = None, label: str = "") -> np.ndarray:
+def tree_sum(
+    x,
+    tree: ReductionTree,
+    fmt: Format | str = FP32,
+    rounding: Rounding | str = "rne",
+    *,
+    trace: Trace | None = None,
+    label: str = "",
+) -> np.ndarray:
     """Sum the last axis of ``x`` along ``tree``, every addition rounded once into ``fmt``.
 
     ``x``: FP32-representable values of any format (float32, bfloat16, ..., or float64 holding FP32
@@ -342,15 +352,42 @@ def tree_sum(x, tree: ReductionTree, fmt: Format | str = FP32, rounding: Roundin
     ops = np.empty((3, n_ev))
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n_ev, trace is not None)
     with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_sum_kernel(flat, lut, xp, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code,
-                         np.uint64(rnd.seed), rnd.bits, ops, ex_hi, ex_lo, flags, trace is not None)
+        _tree_sum_kernel(
+            flat,
+            lut,
+            xp,
+            rows,
+            tree.n_leaves,
+            tree.program,
+            out,
+            bad,
+            f.params,
+            rnd.code,
+            np.uint64(rnd.seed),
+            rnd.bits,
+            ops,
+            ex_hi,
+            ex_lo,
+            flags,
+            trace is not None,
+        )
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
     result = _arrays.finish_output(out, f, shape)
     if trace is not None:
-        trace.record(Chunk(
-            op="add", fmt=f, rounding=rnd, operands=(ops[0], ops[1]),
-            rounded=ops[2].astype(f.carrier),
-            exact_hi=ex_hi, exact_lo=ex_lo, flags=flags, shape=(*shape, nsteps), label=label))
+        trace.record(
+            Chunk(
+                op="add",
+                fmt=f,
+                rounding=rnd,
+                operands=(ops[0], ops[1]),
+                rounded=ops[2].astype(f.carrier),
+                exact_hi=ex_hi,
+                exact_lo=ex_lo,
+                flags=flags,
+                shape=(*shape, nsteps),
+                label=label,
+            )
+        )
     return result
 
 

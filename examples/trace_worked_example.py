@@ -16,7 +16,6 @@ residual = np.float32(fp32_sum + np.float32(4.703125))
 terms = np.float32([-2.40625, -2.296875, residual])
 
 
-
 def flags(tr, k):
     return ef.Flag(int(tr.flags[k])).name or "exact"
 
@@ -30,8 +29,10 @@ s = ef.add(s, terms[2], "fp32", trace=tr, label="+ small terms")
 o = ef.quantize(s, "bf16", trace=tr, label="store O")
 print("2. step by step:")
 for k, (op, fmt, _mode, _shape, label) in enumerate(tr.calls):
-    print(f"   {label:15s} {op:5s} -> {fmt}: exact {tr.exact[k]:.10g} rounded {tr.rounded[k]:.10g} "
-          f"error {tr.error[k]:+.6g} {flags(tr, k)}")
+    print(
+        f"   {label:15s} {op:5s} -> {fmt}: exact {tr.exact[k]:.10g} rounded {tr.rounded[k]:.10g} "
+        f"error {tr.error[k]:+.6g} {flags(tr, k)}"
+    )
 
 print("3. modes:")
 for mode in ["rne", "rna", "rtz", "rup", "rdown", "rto"]:

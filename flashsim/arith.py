@@ -42,8 +42,9 @@ def _store(r: np.ndarray, spec: Spec, trace: Trace | None, label: str) -> np.nda
     return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 
-def cast(x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | None = None,
-         label: str = "") -> np.ndarray:
+def cast(
+    x: np.ndarray, fmt: Format, rounding: Rounding = RNE, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """x rounded into ``fmt`` (float64 for FP64)."""
     if is_native(fmt):
         return f64(x)
@@ -74,8 +75,9 @@ def constant(value: float, spec: Spec) -> np.ndarray:
     return f64(value) if is_native(fmt) else ef.quantize(np.float64(value), fmt)
 
 
-def binary(op: str, a: np.ndarray, b: np.ndarray, spec: Spec, trace: Trace | None = None,
-           label: str = "") -> np.ndarray:
+def binary(
+    op: str, a: np.ndarray, b: np.ndarray, spec: Spec, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """a op b (add, sub, mul, div) under ``spec``."""
     if is_native(spec.fmt):
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
@@ -86,8 +88,9 @@ def binary(op: str, a: np.ndarray, b: np.ndarray, spec: Spec, trace: Trace | Non
     return _store(r, spec, trace, label)
 
 
-def fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, spec: Spec, trace: Trace | None = None,
-        label: str = "") -> np.ndarray:
+def fma(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, spec: Spec, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """a*b + c rounded once under ``spec`` (twice with a compute format)."""
     if is_native(spec.fmt):  # numpy has no FMA; FP64 policies do not fuse
         raise ValueError(f"{label or 'fma'}: an FP64 step cannot be fused; use fused=False")
@@ -116,8 +119,7 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
         return _libm(x, name) if name != "exp2" else np.exp2(f64(x))
     if name in ("exp", "log", "log2"):  # float64 libm, then rounded once
         first = compute_format(spec)
-        r = ef.quantize(_libm(x, name), first, spec.rounding if first == spec.fmt else RNE, trace=trace,
-                        label=label)
+        r = ef.quantize(_libm(x, name), first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
         return _store(r, spec, trace, label)
     if name == "exp2":
         first = compute_format(spec)
@@ -128,8 +130,9 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
 
 
 # ---- products --------------------------------------------------------------------------------------
-def dot(a: np.ndarray, b: np.ndarray, spec: Dot, c: np.ndarray | None = None, trace: Trace | None = None,
-        label: str = "") -> np.ndarray:
+def dot(
+    a: np.ndarray, b: np.ndarray, spec: Dot, c: np.ndarray | None = None, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """a @ b (+ c) by the spec's accumulation model, stored in its format.  Operands are already rounded."""
     if spec.model == NUMPY:
         r = f64(a) @ f64(b)
@@ -153,8 +156,9 @@ def _fa2_columns(n: int) -> np.ndarray:
     return cols.transpose(1, 0, 2).reshape(4, -1)
 
 
-def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None = None,
-              label: str = "") -> np.ndarray:
+def block_sum(
+    p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """Row sums of a P block along its order, in the spec's compute format (fmt when none).
 
     ``tile`` = (BLOCK_M, BLOCK_N) picks the recorded H100 tree; a narrower (ragged) block is padded with
@@ -171,7 +175,7 @@ def block_sum(p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace |
         if p.shape[-1] > tree.n_leaves:
             raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
         padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
-        padded[:, :p.shape[-1]] = p
+        padded[:, : p.shape[-1]] = p
         return ef.tree_sum(padded, tree, first, rnd, trace=trace, label=label)
     return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd, trace=trace, label=label)
 
@@ -184,8 +188,7 @@ class RowSumState:
     combines them with FA2's butterfly, (t0 + t2) + (t1 + t3).
     """
 
-    def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None,
-                 label: str = "row_sum"):
+    def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None, label: str = "row_sum"):
         self.spec, self.tile, self.trace, self.label = spec, tile, trace, label
         threads = (rows, 4) if spec.order == "fa2_threads" else (rows,)
         self.l = cast(np.zeros(threads), spec.fmt)
@@ -201,8 +204,14 @@ class RowSumState:
             scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
             leaves = np.concatenate([f64(scaled)[:, :, None], f64(padded)[:, _fa2_columns(width)]], axis=-1)
             first = compute_format(spec)
-            s = ef.tree_sum(leaves, order_tree("sequential", leaves.shape[-1]), first,
-                            spec.rounding if first == spec.fmt else RNE, trace=tr, label=lab)
+            s = ef.tree_sum(
+                leaves,
+                order_tree("sequential", leaves.shape[-1]),
+                first,
+                spec.rounding if first == spec.fmt else RNE,
+                trace=tr,
+                label=lab,
+            )
             self.l = _store(s, spec, tr, lab)
             return
         s = block_sum(p, spec, self.tile, tr, lab)
@@ -229,8 +238,9 @@ def compute_only(spec: Spec) -> Op:
 
 
 # ---- normalisation ---------------------------------------------------------------------------------
-def normalize(acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = None,
-              label: str = "normalize") -> np.ndarray:
+def normalize(
+    acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = None, label: str = "normalize"
+) -> np.ndarray:
     """acc / l (l broadcast along the last axis), by division or by a reciprocal and a multiply."""
     lb = l[..., None]
     if spec.method == "divide":
@@ -239,8 +249,7 @@ def normalize(acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = 
         r = h100.div_full(acc, lb, trace=trace, label=label)
         return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
     if spec.division == "ieee":
-        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, compute_only(spec), trace,
-                     label)
+        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, compute_only(spec), trace, label)
     else:
         inv = h100.rcp_approx(lb)
     return binary("mul", acc, inv, spec, trace, label)

@@ -65,8 +65,9 @@ class Pipeline:
         s[~visible] = arith.cast(np.float64(self.pol.mask.value), _fmt_of(s))
         return s
 
-    def softmax_block(self, s: np.ndarray, visible: np.ndarray | None,
-                      m_old: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def softmax_block(
+        self, s: np.ndarray, visible: np.ndarray | None, m_old: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(P, m_new, alpha) for raw scores ``s`` of one block; ``visible`` is None when nothing is masked."""
         pol, tr, c = self.pol, self.trace, self.c
         where = pol.scale.where
@@ -106,8 +107,9 @@ class Pipeline:
             if pol.subtract.fused:
                 x = arith.fma(s, c, arith.cast(neg, _fmt_of(m_s)), pol.subtract, tr, "subtract")
             else:
-                x = arith.binary("sub", arith.binary("mul", s, c, pol.scale, tr, "scale"), m_s[:, None],
-                                 pol.subtract, tr, "subtract")
+                x = arith.binary(
+                    "sub", arith.binary("mul", s, c, pol.scale, tr, "scale"), m_s[:, None], pol.subtract, tr, "subtract"
+                )
         p = arith.function(x, pol.exp, tr, "exp")
         d = arith.binary("sub", m_old, m_sub, self.sub_plain, tr, "alpha")
         if where == "exp":  # FA2: exp2((m_old - m_new) * scale_log2), the raw difference scaled after
@@ -139,13 +141,15 @@ def as_input(x, name: str) -> np.ndarray:
     float dtype arrive with their bits (bf16 and float8 as ml_dtypes arrays)."""
     arr = np.asarray(to_numpy(x, name))
     if format_of_dtype(arr.dtype) is None:
-        raise TypeError(f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), "
-                        f"got dtype {arr.dtype}")
+        raise TypeError(
+            f"{name}: expected a floating-point array (float16/32/64 or an ml_dtypes float), got dtype {arr.dtype}"
+        )
     return arr
 
 
-def check_inputs(q, k, v, softmax, sm_scale, trace, causal=False) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                      SoftmaxVariant, float]:
+def check_inputs(
+    q, k, v, softmax, sm_scale, trace, causal=False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, SoftmaxVariant, float]:
     """Checked q, k, v, the softmax variant and the scale (shared by the forward, the stepper and the backward)."""
     causal_alignment(causal)
     q, k, v = (as_input(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))
@@ -159,8 +163,9 @@ def check_inputs(q, k, v, softmax, sm_scale, trace, causal=False) -> tuple[np.nd
     if not q.shape[:-2] == k.shape[:-2] == v.shape[:-2]:
         raise ValueError(f"q, k, v: leading (batch, head) axes differ: {q.shape}, {k.shape}, {v.shape}")
     if q.shape[-2] < 1 or k.shape[-2] < 1 or q.shape[-1] < 1 or v.shape[-1] < 1:
-        raise ValueError(f"q, k, v: need at least one query, one key and head dims >= 1; got q {q.shape}, "
-                         f"k {k.shape}, v {v.shape}")
+        raise ValueError(
+            f"q, k, v: need at least one query, one key and head dims >= 1; got q {q.shape}, k {k.shape}, v {v.shape}"
+        )
     if sm_scale is None:
         sm_scale = 1.0 / math.sqrt(q.shape[-1])
     if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < math.inf:
@@ -231,11 +236,13 @@ def _per_head(fn, q, k, v) -> ForwardResult:
     return ForwardResult(o, lse)
 
 
-def tiling_of(pol: Policy, block_m: int | None, block_n: int | None,
-              kv_order: str | None) -> tuple[int, int, str]:
+def tiling_of(pol: Policy, block_m: int | None, block_n: int | None, kv_order: str | None) -> tuple[int, int, str]:
     """(BLOCK_M, BLOCK_N, K/V order): the arguments, or the policy's tiling where they are None."""
-    return (block_size(block_m, pol.tiling.block_m, "block_m"), block_size(block_n, pol.tiling.block_n, "block_n"),
-            block_order(kv_order, pol.tiling.kv_order, "kv_order"))
+    return (
+        block_size(block_m, pol.tiling.block_m, "block_m"),
+        block_size(block_n, pol.tiling.block_n, "block_n"),
+        block_order(kv_order, pol.tiling.kv_order, "kv_order"),
+    )
 
 
 # ---- the online-softmax loop of one Q block ---------------------------------------------------------
@@ -266,9 +273,17 @@ class RowsResult(NamedTuple):
     acc: np.ndarray
 
 
-def kv_steps(pipe: Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray, qrows: range,
-             local: np.ndarray | None, tile: tuple[int, int], order: str,
-             offset: int | None) -> Generator[KVStep, None, RowsResult]:
+def kv_steps(
+    pipe: Pipeline,
+    q_rows: np.ndarray,
+    kt: np.ndarray,
+    vc: np.ndarray,
+    qrows: range,
+    local: np.ndarray | None,
+    tile: tuple[int, int],
+    order: str,
+    offset: int | None,
+) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
 
     ``q_rows``: the rows to compute, already cast (all of ``qrows``, or those at the ``local`` offsets);
@@ -280,8 +295,11 @@ def kv_steps(pipe: Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray,
     pol, trace = pipe.pol, pipe.trace
     bm, bn = tile
     n = kt.shape[1]
-    starts = [j0 for j0 in range(0, n, bn)
-              if not (pol.tiling.skip_masked and causal_skips(offset, qrows, range(j0, min(j0 + bn, n))))]
+    starts = [
+        j0
+        for j0 in range(0, n, bn)
+        if not (pol.tiling.skip_masked and causal_skips(offset, qrows, range(j0, min(j0 + bn, n))))
+    ]
     if order == "reverse":
         starts.reverse()
     r = q_rows.shape[0]
@@ -291,7 +309,7 @@ def kv_steps(pipe: Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray,
     acc = arith.cast(np.zeros((r, vc.shape[1])), acc_fmt)
     for j0 in starts:
         cols = range(j0, min(j0 + bn, n))
-        s = arith.dot(q_rows, kt[:, j0:cols.stop], pol.scores, trace=trace, label="scores")
+        s = arith.dot(q_rows, kt[:, j0 : cols.stop], pol.scores, trace=trace, label="scores")
         visible = causal_visible(qrows, cols, offset)
         if visible is not None and local is not None:
             visible = visible[local]
@@ -300,9 +318,9 @@ def kv_steps(pipe: Pipeline, q_rows: np.ndarray, kt: np.ndarray, vc: np.ndarray,
         pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
-            acc = arith.dot(pl, vc[j0:cols.stop], pol.pv, c=acc, trace=trace, label="pv")
+            acc = arith.dot(pl, vc[j0 : cols.stop], pol.pv, c=acc, trace=trace, label="pv")
         else:
-            pv = arith.dot(pl, vc[j0:cols.stop], pol.pv, trace=trace, label="pv")
+            pv = arith.dot(pl, vc[j0 : cols.stop], pol.pv, trace=trace, label="pv")
             acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
         s_max, units = pipe.max_input
         yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)
@@ -322,9 +340,17 @@ def drain(steps: Generator[KVStep, None, RowsResult]) -> RowsResult:
 
 
 # ---- algorithms ------------------------------------------------------------------------------------
-def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-                        softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
-                        sm_scale: float | None = None, trace: Trace | None = None) -> ForwardResult:
+def reference_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    policy: Policy | str = "fp64",
+    *,
+    softmax: SoftmaxVariant | str = STANDARD,
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    trace: Trace | None = None,
+) -> ForwardResult:
     """Standard attention: softmax over the whole row, P normalised (normalize step) before P V.
 
     The policy's rescale and o_accum steps do not occur; the row sum tree (if any) spans the row.
@@ -354,10 +380,20 @@ def reference_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Pol
     return _per_head(one, q, k, v)
 
 
-def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-                  softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
-                  sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
-                  kv_order: str | None = None, trace: Trace | None = None) -> ForwardResult:
+def flash_forward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    policy: Policy | str = "fp64",
+    *,
+    softmax: SoftmaxVariant | str = STANDARD,
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    kv_order: str | None = None,
+    trace: Trace | None = None,
+) -> ForwardResult:
     """Tiled online-softmax forward (FlashAttention): per Q block, K/V blocks in ``kv_order``.
 
     Tiles and order default to the policy's ``tiling``.  The last blocks may be narrower (ragged M, N);
@@ -374,9 +410,14 @@ def flash_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | 
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
         offset = causal_offset(causal, q2.shape[0], k2.shape[0])
-        parts = [drain(kv_steps(pipe, qc[i0:i0 + bm], kt, vc, range(i0, min(i0 + bm, q2.shape[0])), None,
-                                (bm, bn), order, offset))
-                 for i0 in range(0, q2.shape[0], bm)]
+        parts = [
+            drain(
+                kv_steps(
+                    pipe, qc[i0 : i0 + bm], kt, vc, range(i0, min(i0 + bm, q2.shape[0])), None, (bm, bn), order, offset
+                )
+            )
+            for i0 in range(0, q2.shape[0], bm)
+        ]
         return ForwardResult(np.concatenate([p.o for p in parts]), np.concatenate([p.lse for p in parts]))
 
     return _per_head(one, q, k, v)

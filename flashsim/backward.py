@@ -72,8 +72,10 @@ class BackwardResult(tuple):
         return self[2]
 
     def __repr__(self) -> str:
-        return (f"BackwardResult(dq {self.dq.shape} {self.dq.dtype}, dk {self.dk.shape} {self.dk.dtype}, "
-                f"dv {self.dv.shape} {self.dv.dtype}, delta {self.delta.shape} {self.delta.dtype})")
+        return (
+            f"BackwardResult(dq {self.dq.shape} {self.dq.dtype}, dk {self.dk.shape} {self.dk.dtype}, "
+            f"dv {self.dv.shape} {self.dv.dtype}, delta {self.delta.shape} {self.delta.dtype})"
+        )
 
 
 # ---- small helpers ----------------------------------------------------------------------------------
@@ -104,8 +106,9 @@ def fa2_threads(x: np.ndarray, threads: int, chunk: int) -> np.ndarray:
     return x.reshape(rows, -1, threads, chunk).transpose(0, 2, 1, 3).reshape(rows, threads, -1)
 
 
-def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None,
-                 label: str = "delta") -> np.ndarray:
+def delta_rowsum(
+    a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None, label: str = "delta"
+) -> np.ndarray:
     """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats)."""
     if is_native(spec.fmt):
         return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
@@ -129,7 +132,7 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
             # ends with lane 0's value (addition commutes), so only the lanes that feed lane 0 are computed
             off = spec.threads // 2
             while off >= 1:
-                acc = arith.binary("add", acc[:, :off], acc[:, off:2 * off], acc_op, trace, label)
+                acc = arith.binary("add", acc[:, :off], acc[:, off : 2 * off], acc_op, trace, label)
                 off //= 2
             acc = acc[:, 0]
     else:
@@ -140,8 +143,9 @@ def delta_rowsum(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None 
         elif spec.order == "h100_tl_sum":
             acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd, trace=trace, label=label)
         else:
-            acc = ef.tree_sum(prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd, trace=trace,
-                              label=label)
+            acc = ef.tree_sum(
+                prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd, trace=trace, label=label
+            )
     if spec.compute is not None and spec.compute != spec.fmt:
         acc = ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
     return arith.nan_encoded(acc, spec.nan_bits)
@@ -185,8 +189,9 @@ class _Head:
         self.c = arith.constant(sm_scale * units, pol.scale)
         lse = _to(lse, pol.lse.fmt, tr, "inputs")
         if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
-            lse = arith.binary("mul", lse, arith.constant(LOG2E if rec.base == "2" else LN2, rec), self.x_op,
-                               tr, "recompute")
+            lse = arith.binary(
+                "mul", lse, arith.constant(LOG2E if rec.base == "2" else LN2, rec), self.x_op, tr, "recompute"
+            )
         self.neg_l = arith.f64(lse) * -1.0  # exact negation
         self.l = lse
         self.ds_tmp = arith.compute_only(pol.ds)
@@ -195,31 +200,33 @@ class _Head:
     # P = exp(S*c - L) for one block
     def p_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
         pol, tr = self.pol, trace
-        s = arith.dot(self.q[rows.start:rows.stop], self.k[cols.start:cols.stop].T, pol.scores, trace=tr,
-                      label="scores")
+        s = arith.dot(
+            self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
+        )
         vis = causal_visible(rows, cols, self.offset)
         if pol.scale.where == "scores":
             s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
             if vis is not None:
                 s = s.copy()
                 s[~vis] = -np.inf
-            x = arith.binary("sub", s, self.l[rows.start:rows.stop, None], self.x_op, tr, "recompute")
+            x = arith.binary("sub", s, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
         else:
             if vis is not None:
                 s = s.copy()
                 s[~vis] = -np.inf
-            neg_l = self.neg_l[rows.start:rows.stop, None]
+            neg_l = self.neg_l[rows.start : rows.stop, None]
             if pol.recompute.fused:
                 neg_l = arith.cast(neg_l, arith.compute_format(pol.recompute))
                 x = arith.fma(s, self.c, neg_l, self.x_op, tr, "recompute")
             else:
                 sc = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
-                x = arith.binary("sub", sc, self.l[rows.start:rows.stop, None], self.x_op, tr, "recompute")
+                x = arith.binary("sub", sc, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
         return arith.function(x, self.exp, tr, "recompute")
 
     def dp_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
-        return arith.dot(self.do[rows.start:rows.stop], self.v_dp[cols.start:cols.stop].T, self.pol.dp,
-                         trace=trace, label="dp")
+        return arith.dot(
+            self.do[rows.start : rows.stop], self.v_dp[cols.start : cols.stop].T, self.pol.dp, trace=trace, label="dp"
+        )
 
     def delta(self, bm: int) -> np.ndarray:
         spec, tr = self.pol.delta, self.trace
@@ -275,8 +282,7 @@ class _Head:
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 p = self.p_block(rows, cols, tr)
-                dv_acc = self.accumulate(pol.dv, _to(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc,
-                                         "dv")
+                dv_acc = self.accumulate(pol.dv, _to(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc, "dv")
                 ds = self.ds_block(p, self.dp_block(rows, cols, tr), delta[r0:r1])
                 ds_k = _to(ds, pol.dk.dot.inputs, tr, "ds")
                 ds_q = ds_k if pol.dq.dot.inputs == pol.dk.dot.inputs else _to(ds, pol.dq.dot.inputs, tr, "ds")
@@ -304,12 +310,24 @@ def _per_head(fn, arrays) -> BackwardResult:
 
 
 # ---- algorithms --------------------------------------------------------------------------------------
-def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray, do: np.ndarray,
-                   policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD,
-                   causal: bool | str = False,
-                   sm_scale: float | None = None, block_m: int | None = None, block_n: int | None = None,
-                   q_order: str | None = None, kv_order: str | None = None,
-                   trace: Trace | None = None) -> BackwardResult:
+def flash_backward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    o: np.ndarray,
+    lse: np.ndarray,
+    do: np.ndarray,
+    policy: Policy | str = "fp64",
+    *,
+    softmax: SoftmaxVariant | str = STANDARD,
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    q_order: str | None = None,
+    kv_order: str | None = None,
+    trace: Trace | None = None,
+) -> BackwardResult:
     """Tiled backward (FlashAttention-2): K/V blocks outer, Q blocks inner, P recomputed from ``lse``.
 
     ``o``, ``lse``: the forward's output and LSE (as :func:`flashsim.flash_forward` returns them under the
@@ -335,10 +353,20 @@ def flash_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, l
     return _per_head(one, arrays[:-1])
 
 
-def reference_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, o: np.ndarray, lse: np.ndarray,
-                       do: np.ndarray, policy: Policy | str = "fp64", *, softmax: SoftmaxVariant | str = STANDARD,
-                       causal: bool | str = False, sm_scale: float | None = None,
-                       trace: Trace | None = None) -> BackwardResult:
+def reference_backward(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    o: np.ndarray,
+    lse: np.ndarray,
+    do: np.ndarray,
+    policy: Policy | str = "fp64",
+    *,
+    softmax: SoftmaxVariant | str = STANDARD,
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    trace: Trace | None = None,
+) -> BackwardResult:
     """The backward without tiling: every step of :func:`flash_backward` on the whole matrices at once.
 
     P is recomputed from ``lse`` over full rows; dV, dP, dK and dQ are single products over the full

@@ -74,14 +74,16 @@ def _variants(spec: str, beta: float | None, eps: float | None) -> list:
     if "stabilised" not in names:
         for flag, val in (("--beta", beta), ("--eps", eps)):
             if val is not None:
-                raise UsageError(f"{flag}: applies to the stabilised softmax only, and --softmax {spec} does not "
-                                 "include it")
+                raise UsageError(
+                    f"{flag}: applies to the stabilised softmax only, and --softmax {spec} does not include it"
+                )
     out = []
     for n in names:
         if n == "stabilised" and (beta is not None or eps is not None):
             try:
-                out.append(StabilisedSoftmax(**{key: val for key, val in (("beta", beta), ("eps", eps))
-                                                if val is not None}))
+                out.append(
+                    StabilisedSoftmax(**{key: val for key, val in (("beta", beta), ("eps", eps)) if val is not None})
+                )
             except ValueError as exc:
                 msg = str(exc)
                 flag = "--beta" if msg.startswith("beta") else "--eps" if msg.startswith("eps") else "--beta/--eps"
@@ -120,8 +122,10 @@ def _check_finite(arrays: dict[str, np.ndarray], arg: str) -> None:
     for name, arr in arrays.items():
         f = count_nonfinite(arr, name)
         if f.count:
-            raise UsageError(f"{arg}: {f.describe()}; non-finite inputs are refused (--allow-nonfinite traces them: "
-                             "the report then counts them and every statistic says what it excluded)")
+            raise UsageError(
+                f"{arg}: {f.describe()}; non-finite inputs are refused (--allow-nonfinite traces them: "
+                "the report then counts them and every statistic says what it excluded)"
+            )
 
 
 def _causal_notes(causal: str | None, row: int, n_q: int, n_k: int) -> list[str]:
@@ -130,12 +134,15 @@ def _causal_notes(causal: str | None, row: int, n_q: int, n_k: int) -> list[str]
     offset = causal_offset(causal, n_q, n_k)
     seen = max(0, min(n_k, row + offset + 1))
     rule = "j > i" if offset == 0 else f"j > i {'+' if offset > 0 else '-'} {abs(offset)}"
-    note = (f"causal mask {causal}-aligned: key j hidden from query i when {rule}; row {row} attends {seen} of "
-            f"{n_k} keys")
+    note = (
+        f"causal mask {causal}-aligned: key j hidden from query i when {rule}; row {row} attends {seen} of {n_k} keys"
+    )
     if n_q != n_k:
         other = "bottom-right" if causal == "top-left" else "top-left"
-        note += (f" (queries {n_q} != keys {n_k}: the two alignments differ; --causal {other} for the other: "
-                 "top-left as PyTorch's is_causal, bottom-right as FlashAttention-2 >= 2.1)")
+        note += (
+            f" (queries {n_q} != keys {n_k}: the two alignments differ; --causal {other} for the other: "
+            "top-left as PyTorch's is_causal, bottom-right as FlashAttention-2 >= 2.1)"
+        )
     return [note]
 
 
@@ -181,8 +188,10 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
         row = _row_arg(args.row, q.shape[0])
         if row is None:
             row = auto_row(q, k, causal_offset(args.causal, q.shape[0], k.shape[0]), sm_scale, policy)
-            notes.append(f"row {row} chosen automatically: most keys within P's round-to-1 band of the row max "
-                         "(FP64 scores; choose with --row)")
+            notes.append(
+                f"row {row} chosen automatically: most keys within P's round-to-1 band of the row max "
+                "(FP64 scores; choose with --row)"
+            )
     else:
         for flag, val in (("--head", args.head), ("--input-format", args.input_format)):
             if val is not None:
@@ -195,41 +204,77 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
         sm_scale = ex.sm_scale if sm_scale is None else sm_scale
         if block_n is None:
             block_n = ex.block_n
-            notes.append(f"BLOCK_N={ex.block_n} is the built-in example's tiling (policy {policy.name}'s own: "
-                         f"{policy.tiling.block_n}; choose with --block-n)")
+            notes.append(
+                f"BLOCK_N={ex.block_n} is the built-in example's tiling (policy {policy.name}'s own: "
+                f"{policy.tiling.block_n}; choose with --block-n)"
+            )
     notes += _causal_notes(args.causal, row, q.shape[0], k.shape[0])
     size, seconds = _estimate(k.shape[0], q.shape[1], v.shape[1], len(variants))
     if (seconds > ESTIMATE_ABOVE[0] or size > ESTIMATE_ABOVE[1]) and not args.quiet:
         memory = _physical_memory()
-        print(f"flashsim trace-row: {k.shape[0]} keys, d={q.shape[1]}, {len(variants)} variant(s): roughly "
-              f"{seconds:.0f} s and {size / 2**30:.1f} GiB of memory for the traces"
-              + (f", more than this machine's {memory / 2**30:.0f} GiB: expect swapping or the process to be "
-                 "killed; trace fewer keys" if memory and size > memory else ""), file=sys.stderr, flush=True)
+        print(
+            f"flashsim trace-row: {k.shape[0]} keys, d={q.shape[1]}, {len(variants)} variant(s): roughly "
+            f"{seconds:.0f} s and {size / 2**30:.1f} GiB of memory for the traces"
+            + (
+                f", more than this machine's {memory / 2**30:.0f} GiB: expect swapping or the process to be "
+                "killed; trace fewer keys"
+                if memory and size > memory
+                else ""
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
 
     analyses = []
     try:
         for variant in variants:
-            run = step_rows(q, k, v, policy, rows=row, softmax=variant, causal=args.causal or False,
-                            sm_scale=sm_scale, block_m=args.block_m, block_n=block_n, kv_order=args.kv_order)
+            run = step_rows(
+                q,
+                k,
+                v,
+                policy,
+                rows=row,
+                softmax=variant,
+                causal=args.causal or False,
+                sm_scale=sm_scale,
+                block_m=args.block_m,
+                block_n=block_n,
+                kv_order=args.kv_order,
+            )
             for _ in progress(run, run.n_blocks, f"{variant.name}: K/V blocks", quiet=args.quiet, unit="block"):
                 pass
             analyses.append(analyse_run(run.run(), tol_ulps=args.tol_ulps, allow_nonfinite=args.allow_nonfinite))
     except (ValueError, TypeError) as exc:
         msg = str(exc)
-        flag = {"rows": "--row", "block_m": "--block-m", "block_n": "--block-n", "kv_order": "--kv-order",
-                "sm_scale": "--sm-scale", "tol_ulps": "--tol-ulps", "causal": "--causal"}.get(msg.split(":")[0])
+        flag = {
+            "rows": "--row",
+            "block_m": "--block-m",
+            "block_n": "--block-n",
+            "kv_order": "--kv-order",
+            "sm_scale": "--sm-scale",
+            "tol_ulps": "--tol-ulps",
+            "causal": "--causal",
+        }.get(msg.split(":")[0])
         raise UsageError(f"{flag}: {msg}" if flag else f"{'--data' if user else 'input'}: {msg}") from None
     t_run = time.perf_counter() - t0
 
     plots: list[Path] | str | None = None
     if not args.no_plots:
-        plots = ([out / name for name in PLOT_FILES] if have_matplotlib() else
-                 "matplotlib is not installed: no plots (pip install 'lowprec-attention[plot]')")
+        plots = (
+            [out / name for name in PLOT_FILES]
+            if have_matplotlib()
+            else "matplotlib is not installed: no plots (pip install 'lowprec-attention[plot]')"
+        )
     text = format_report(analyses, title=title, notes=notes, plots=plots)
     if not args.quiet:
         print(text, flush=True)
-    meta = {"title": title, "notes": notes, "input": "builtin" if not user else (args.data or [args.q, args.k, args.v]),
-            "plots": [str(p) for p in plots] if isinstance(plots, list) else [], "seconds": round(t_run, 3)}
+    meta = {
+        "title": title,
+        "notes": notes,
+        "input": "builtin" if not user else (args.data or [args.q, args.k, args.v]),
+        "plots": [str(p) for p in plots] if isinstance(plots, list) else [],
+        "seconds": round(t_run, 3),
+    }
     try:
         (out / "report.txt").write_text(text + "\n")
         json_path.write_text(json.dumps(report_dict(analyses, meta), indent=1) + "\n")
@@ -238,8 +283,9 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
     except OSError as exc:
         if args.quiet:
             print(text)  # the report is not lost
-        raise UsageError(f"--out: writing the report failed after the run ({exc}); the report is printed above") \
-            from None
+        raise UsageError(
+            f"--out: writing the report failed after the run ({exc}); the report is printed above"
+        ) from None
     if not args.quiet:
         print(f"\nreport: {out / 'report.txt'}  json: {json_path}  ({t_run:.2f} s)")
     return 0
@@ -272,14 +318,22 @@ def cmd_bias_rows(args: argparse.Namespace) -> int:
         rows = repeated_maxima_rows(args.rows, _ties_arg(args.ties), n_keys=args.n_keys, v=args.v, seed=args.seed)
     except ValueError as exc:
         msg = str(exc)
-        flag = {"n_rows": "--rows", "n_keys": "--n-keys", "ties": "--ties", "v": "--v",
-                "seed": "--seed"}.get(msg.split(":")[0], "--rows")
+        flag = {"n_rows": "--rows", "n_keys": "--n-keys", "ties": "--ties", "v": "--v", "seed": "--seed"}.get(
+            msg.split(":")[0], "--rows"
+        )
         raise UsageError(f"{flag}: {msg}") from None
-    results = bias_rows(rows, policy, variants, chunk=args.chunk,
-                        progress=lambda it, n, what: progress(it, n, what, quiet=args.quiet, unit="chunk"))
+    results = bias_rows(
+        rows,
+        policy,
+        variants,
+        chunk=args.chunk,
+        progress=lambda it, n, what: progress(it, n, what, quiet=args.quiet, unit="chunk"),
+    )
     print(format_bias_table(results, f"flashsim bias-rows, policy {policy.name}: {rows.description}"))
-    print(f"(per-row mean over the head dimension of O - O_fp64, and delta - delta_fp64 with dO ~ N(-1, 0.5); "
-          f"ratio: first variant / this one; {time.perf_counter() - t0:.1f} s)")
+    print(
+        f"(per-row mean over the head dimension of O - O_fp64, and delta - delta_fp64 with dO ~ N(-1, 0.5); "
+        f"ratio: first variant / this one; {time.perf_counter() - t0:.1f} s)"
+    )
     return 0
 
 
@@ -297,8 +351,10 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
         elif not p.exists():
             raise UsageError(f"RUN: no such file: {name}")
         elif p.suffix.lower() != ".npz":
-            raise UsageError(f"RUN: {name} is a {p.suffix or 'file without suffix'}; expected a run .npz written by "
-                             "flashsim.crosscheck.save_run or python -m gpu.crosscheck --save")
+            raise UsageError(
+                f"RUN: {name} is a {p.suffix or 'file without suffix'}; expected a run .npz written by "
+                "flashsim.crosscheck.save_run or python -m gpu.crosscheck --save"
+            )
         else:
             paths.append(p)
     runs = []
@@ -322,73 +378,132 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
 
 # ---- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="flashsim", description="Flash attention step by step under precision "
-                                     "policies (see docs/flashsim.md).")
+    parser = ArgumentParser(
+        prog="flashsim", description="Flash attention step by step under precision policies (see docs/flashsim.md)."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    tr = sub.add_parser("trace-row", help="trace one query row: repeated maxima, per-step errors, bias vs FP64",
-                        description=__doc__.split("\n\n")[1].replace("\n", " "))
+    tr = sub.add_parser(
+        "trace-row",
+        help="trace one query row: repeated maxima, per-step errors, bias vs FP64",
+        description=__doc__.split("\n\n")[1].replace("\n", " "),
+    )
     names = ", ".join(policy_names()) + "; aliases " + ", ".join(f"{a}={t}" for a, t in sorted(ALIASES.items()))
-    tr.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); "
-                    "default qiu_yao (the reference)")
-    tr.add_argument("--softmax", default="both", metavar="VARIANTS",
-                    help=f"standard, stabilised, robust, both (= standard,stabilised), all, or a comma list; "
-                    f"default both (variants: {', '.join(VARIANTS)})")
+    tr.add_argument(
+        "--policy",
+        default="qiu_yao",
+        metavar="NAME",
+        help=f"precision policy ({names}); default qiu_yao (the reference)",
+    )
+    tr.add_argument(
+        "--softmax",
+        default="both",
+        metavar="VARIANTS",
+        help=f"standard, stabilised, robust, both (= standard,stabilised), all, or a comma list; "
+        f"default both (variants: {', '.join(VARIANTS)})",
+    )
     tr.add_argument("--beta", type=float, help="beta of the stabilised variant (default 2; only with it)")
     tr.add_argument("--eps", type=float, help="eps of the stabilised variant (default 1e-3; only with it)")
-    tr.add_argument("--data", metavar="FILE", help=".npz with arrays q, k, v; .npy of shape (3, ..., N, d); "
-                    ".pt (needs torch): dict with q, k, v, three tensors or a (3, ...) tensor; any float dtype "
-                    "(numpy, ml_dtypes, torch bf16/float8)")
+    tr.add_argument(
+        "--data",
+        metavar="FILE",
+        help=".npz with arrays q, k, v; .npy of shape (3, ..., N, d); "
+        ".pt (needs torch): dict with q, k, v, three tensors or a (3, ...) tensor; any float dtype "
+        "(numpy, ml_dtypes, torch bf16/float8)",
+    )
     tr.add_argument("--q", metavar="FILE", help="q as .npy or .pt, shape (..., M, d) (with --k, --v)")
     tr.add_argument("--k", metavar="FILE", help="k as .npy or .pt, shape (..., N, d)")
     tr.add_argument("--v", metavar="FILE", help="v as .npy or .pt, shape (..., N, dv)")
-    tr.add_argument("--input-format", metavar="FMT", help="the format of arrays saved as raw bytes (an ml_dtypes "
-                    "float8 saved with np.save loses its type): e4m3fn, e5m2, ...; raw 2-byte arrays are bf16")
-    tr.add_argument("--allow-nonfinite", action="store_true", help="trace inputs holding NaN or inf (refused by "
-                    "default); the report counts them and every statistic says what it excluded")
+    tr.add_argument(
+        "--input-format",
+        metavar="FMT",
+        help="the format of arrays saved as raw bytes (an ml_dtypes "
+        "float8 saved with np.save loses its type): e4m3fn, e5m2, ...; raw 2-byte arrays are bf16",
+    )
+    tr.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="trace inputs holding NaN or inf (refused by "
+        "default); the report counts them and every statistic says what it excluded",
+    )
     tr.add_argument("--head", metavar="I[,J...]", help="index of the leading (batch, head) axes; default all 0")
-    tr.add_argument("--row", metavar="INDEX", help="query row to trace; default: the built-in row, or for user "
-                    "data 'auto' (the row with the most keys in the round-to-1 band of its max)")
-    tr.add_argument("--causal", nargs="?", const="top-left", choices=CAUSAL_ALIGNMENTS, default=None,
-                    help="causal masking; with M queries and N keys, top-left (the default when given without "
-                    "a value: key j hidden from query i when j > i, as PyTorch's is_causal and our kernels) or "
-                    "bottom-right (j > i + N - M, as FlashAttention-2 >= 2.1)")
+    tr.add_argument(
+        "--row",
+        metavar="INDEX",
+        help="query row to trace; default: the built-in row, or for user "
+        "data 'auto' (the row with the most keys in the round-to-1 band of its max)",
+    )
+    tr.add_argument(
+        "--causal",
+        nargs="?",
+        const="top-left",
+        choices=CAUSAL_ALIGNMENTS,
+        default=None,
+        help="causal masking; with M queries and N keys, top-left (the default when given without "
+        "a value: key j hidden from query i when j > i, as PyTorch's is_causal and our kernels) or "
+        "bottom-right (j > i + N - M, as FlashAttention-2 >= 2.1)",
+    )
     tr.add_argument("--block-n", type=int, metavar="N", help="BLOCK_N (default: the policy's; 64 for the built-in)")
     tr.add_argument("--block-m", type=int, metavar="M", help="BLOCK_M (default: the policy's)")
     tr.add_argument("--kv-order", choices=("forward", "reverse"), help="K/V block order (default: the policy's)")
     tr.add_argument("--sm-scale", type=float, metavar="S", help="softmax scale (default 1/sqrt(d))")
-    tr.add_argument("--tol-ulps", type=float, default=1.0, metavar="T",
-                    help="near ties: within T ulps (of the max step's format) below the row max; default 1")
-    tr.add_argument("--out", default="flashsim_out", metavar="DIR",
-                    help="folder for report.txt, report.json and the PNG plots (checked before the run); default "
-                    "./flashsim_out")
+    tr.add_argument(
+        "--tol-ulps",
+        type=float,
+        default=1.0,
+        metavar="T",
+        help="near ties: within T ulps (of the max step's format) below the row max; default 1",
+    )
+    tr.add_argument(
+        "--out",
+        default="flashsim_out",
+        metavar="DIR",
+        help="folder for report.txt, report.json and the PNG plots (checked before the run); default ./flashsim_out",
+    )
     tr.add_argument("--json", metavar="FILE", help="where to write the JSON report (default DIR/report.json)")
     tr.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     tr.add_argument("--quiet", action="store_true", help="print nothing; only write the files")
     tr.set_defaults(func=cmd_trace_row)
 
-    br = sub.add_parser("bias-rows", help="many random rows with repeated maxima: does O (and delta) lean?",
-                        description="Random rows with injected repeated maxima and negative V "
-                        "(flashsim.analysis.experiments): each softmax variant's mean signed error of O and of delta "
-                        "against FP64, with the sign test and the z-test.")
+    br = sub.add_parser(
+        "bias-rows",
+        help="many random rows with repeated maxima: does O (and delta) lean?",
+        description="Random rows with injected repeated maxima and negative V "
+        "(flashsim.analysis.experiments): each softmax variant's mean signed error of O and of delta "
+        "against FP64, with the sign test and the z-test.",
+    )
     br.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); default qiu_yao")
     br.add_argument("--softmax", default="all", metavar="VARIANTS", help="as for trace-row; default all")
     br.add_argument("--rows", type=int, default=10_000, metavar="N", help="rows (one query each); default 10000")
-    br.add_argument("--ties", default="2-8", metavar="K", help="maxima per row: a count (1 = no repeats), a range "
-                    "such as 2-8 (default) or a comma list; each row draws one")
+    br.add_argument(
+        "--ties",
+        default="2-8",
+        metavar="K",
+        help="maxima per row: a count (1 = no repeats), a range "
+        "such as 2-8 (default) or a comma list; each row draws one",
+    )
     br.add_argument("--n-keys", type=int, default=128, metavar="N", help="keys per row; default 128")
-    br.add_argument("--v", choices=V_DISTRIBUTIONS, default="uniform", help="V: uniform in -[1, 2) (default) or "
-                    "normal N(-1.5, 0.5)")
+    br.add_argument(
+        "--v", choices=V_DISTRIBUTIONS, default="uniform", help="V: uniform in -[1, 2) (default) or normal N(-1.5, 0.5)"
+    )
     br.add_argument("--seed", type=int, default=1)
-    br.add_argument("--chunk", type=int, default=1000, metavar="N", help="rows per step of the progress bar "
-                    "(same results for any value); default 1000")
+    br.add_argument(
+        "--chunk",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="rows per step of the progress bar (same results for any value); default 1000",
+    )
     br.add_argument("--quiet", action="store_true", help="no progress bar")
     br.set_defaults(func=cmd_bias_rows)
 
-    cc = sub.add_parser("crosscheck", help="kernel runs recorded on a GPU against the emulator, bit for bit",
-                        description="Rerun each recorded kernel run (.npz written by flashsim.crosscheck.save_run or "
-                        "python -m gpu.crosscheck --save) under its policy: per output the fraction of bit-identical "
-                        "elements and an ulp histogram; for the first differing row, the first K/V step whose m, P, "
-                        "l or acc differs. Exit status 1 when some run is not bit-identical, 2 for bad input.")
+    cc = sub.add_parser(
+        "crosscheck",
+        help="kernel runs recorded on a GPU against the emulator, bit for bit",
+        description="Rerun each recorded kernel run (.npz written by flashsim.crosscheck.save_run or "
+        "python -m gpu.crosscheck --save) under its policy: per output the fraction of bit-identical "
+        "elements and an ulp histogram; for the first differing row, the first K/V step whose m, P, "
+        "l or acc differs. Exit status 1 when some run is not bit-identical, 2 for bad input.",
+    )
     cc.add_argument("runs", nargs="+", metavar="RUN", help="run files, or folders of them")
     cc.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical; no progress bar")
     cc.set_defaults(func=cmd_crosscheck)

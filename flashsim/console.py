@@ -57,13 +57,23 @@ def writable_file(path: str | Path, arg: str) -> Path:
     return p
 
 
-def progress(items: Iterable[T], total: int | None = None, desc: str = "", *, quiet: bool = False,
-             unit: str = "it") -> Iterator[T]:
+def progress(
+    items: Iterable[T], total: int | None = None, desc: str = "", *, quiet: bool = False, unit: str = "it"
+) -> Iterator[T]:
     """``items`` with a progress bar on stderr (rate and ETA) shown after one second of work."""
     from tqdm import tqdm
 
-    yield from tqdm(items, total=total, desc=desc, unit=unit, disable=quiet, delay=1.0, leave=False,
-                    file=sys.stderr, dynamic_ncols=True)
+    yield from tqdm(
+        items,
+        total=total,
+        desc=desc,
+        unit=unit,
+        disable=quiet,
+        delay=1.0,
+        leave=False,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
 
 
 def one_line(message: str, limit: int = 400) -> str:
@@ -89,10 +99,22 @@ def run_command(prog: str, fn: Callable[[], int], *, quiet: bool = False) -> int
     except Exception as exc:
         if os.environ.get("LOWPREC_TRACEBACK"):
             raise
-        print(f"{prog}: internal error (a bug, please report it): {type(exc).__name__}: {one_line(str(exc))} "
-              "(LOWPREC_TRACEBACK=1 shows the traceback)", file=sys.stderr)
+        print(
+            f"{prog}: internal error (a bug, please report it): {type(exc).__name__}: {one_line(str(exc))} "
+            "(LOWPREC_TRACEBACK=1 shows the traceback)",
+            file=sys.stderr,
+        )
         return EXIT_BUG
 
 
-__all__ = ["ArgumentParser", "EXIT_BUG", "EXIT_INTERRUPTED", "EXIT_USAGE", "UsageError", "progress", "run_command",
-           "writable_dir", "writable_file"]
+__all__ = [
+    "ArgumentParser",
+    "EXIT_BUG",
+    "EXIT_INTERRUPTED",
+    "EXIT_USAGE",
+    "UsageError",
+    "progress",
+    "run_command",
+    "writable_dir",
+    "writable_file",
+]

@@ -83,16 +83,17 @@ class OutputCheck:
             return f"{self.name:>5}: {self.n} of {self.n} bit-identical"
         extra = " (NaN payloads only)" if self.nan_only else ""
         hist = ", ".join(f"{k} ulp: {v}" for k, v in sorted(self.ulp_hist.items()))
-        return (f"{self.name:>5}: {self.identical} of {self.n} bit-identical ({100 * self.fraction:.4f}%){extra}"
-                f"{'; ' + hist if hist else ''}")
+        return (
+            f"{self.name:>5}: {self.identical} of {self.n} bit-identical ({100 * self.fraction:.4f}%){extra}"
+            f"{'; ' + hist if hist else ''}"
+        )
 
 
 def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, fmt: Format | str = "bf16") -> OutputCheck:
     """Compare two arrays of bits of the same values (unsigned integers of ``fmt``, or uint32 of float32)."""
     emu, rec = np.asarray(emulated).ravel(), np.asarray(recorded).ravel()
     if emu.shape != rec.shape or emu.dtype != rec.dtype:
-        raise ValueError(f"{name}: {emu.size} emulated values ({emu.dtype}) against {rec.size} recorded "
-                         f"({rec.dtype})")
+        raise ValueError(f"{name}: {emu.size} emulated values ({emu.dtype}) against {rec.size} recorded ({rec.dtype})")
     diff = emu != rec
     nan_e, nan_r = _isnan(emu, fmt), _isnan(rec, fmt)
     finite = diff & ~nan_e & ~nan_r
@@ -134,33 +135,44 @@ class KernelRun:
         try:
             as_format(self.dtype)
         except (TypeError, ValueError):
-            raise ValueError(f"dtype: expected one of emufloat's format names (bf16, fp16, e4m3, ...), got "
-                             f"{self.dtype!r}") from None
+            raise ValueError(
+                f"dtype: expected one of emufloat's format names (bf16, fp16, e4m3, ...), got {self.dtype!r}"
+            ) from None
         if isinstance(self.policy, str):
             self.policy = PolicyRef(self.policy)
         if not isinstance(self.policy, (Policy, PolicyRef)):
-            raise ValueError(f"policy: expected a Policy, a PolicyRef or a registered name, got "
-                             f"{type(self.policy).__name__}")
+            raise ValueError(
+                f"policy: expected a Policy, a PolicyRef or a registered name, got {type(self.policy).__name__}"
+            )
         for name in ("q", "k", "v") + (("do",) if self.do is not None else ()):
             x = getattr(self, name)
             if not isinstance(x, np.ndarray) or x.ndim != 3:
-                raise ValueError(f"{name}: expected a numpy array of shape (H, N, d), got "
-                                 f"{getattr(x, 'shape', type(x).__name__)}")
+                raise ValueError(
+                    f"{name}: expected a numpy array of shape (H, N, d), got {getattr(x, 'shape', type(x).__name__)}"
+                )
         if "o" not in self.outputs:
             raise ValueError("outputs: missing 'o'; a run records at least O (and the LSE where the kernel gives it)")
         if any(n in self.outputs for n in BACKWARD_OUTPUTS) and self.do is None:
             raise ValueError("do: a run with backward outputs needs the dO it was given")
         h, n_q, d = self.q.shape
         n_k = self.k.shape[1]
-        want = {"o": (h, n_q, d), "lse": (h, n_q), "dq": (h, n_q, d), "dk": (h, n_k, d), "dv": (h, n_k, d),
-                "delta": (h, n_q)}
+        want = {
+            "o": (h, n_q, d),
+            "lse": (h, n_q),
+            "dq": (h, n_q, d),
+            "dk": (h, n_k, d),
+            "dv": (h, n_k, d),
+            "delta": (h, n_q),
+        }
         for name, bits in self.outputs.items():
             if name not in want:
                 raise ValueError(f"outputs: unknown output {name!r}; accepted: {sorted(want)}")
             wide = name in ("lse", "delta")
             if bits.shape != want[name] or bits.dtype != (np.uint32 if wide else np.uint16):
-                raise ValueError(f"outputs[{name!r}]: expected {'uint32' if wide else 'uint16'} bits of shape "
-                                 f"{want[name]}, got {bits.dtype} {bits.shape}")
+                raise ValueError(
+                    f"outputs[{name!r}]: expected {'uint32' if wide else 'uint16'} bits of shape "
+                    f"{want[name]}, got {bits.dtype} {bits.shape}"
+                )
 
     @property
     def backward(self) -> bool:
@@ -173,8 +185,14 @@ class KernelRun:
 
 def stored_formats(policy: Policy) -> dict[str, Format | None]:
     """The format each output of a run is stored in under ``policy`` (None: float32 bits, LSE and delta)."""
-    return {"o": policy.output.fmt, "lse": None, "dq": policy.dq.out.fmt, "dk": policy.dk.out.fmt,
-            "dv": policy.dv.out.fmt, "delta": None}
+    return {
+        "o": policy.output.fmt,
+        "lse": None,
+        "dq": policy.dq.out.fmt,
+        "dk": policy.dk.out.fmt,
+        "dv": policy.dv.out.fmt,
+        "delta": None,
+    }
 
 
 def _variant_dict(v: SoftmaxVariant) -> dict:
@@ -190,9 +208,11 @@ def _policy_ref(policy: Policy | PolicyRef) -> PolicyRef:
     except ValueError:
         registered = None
     if registered != policy:
-        raise ValueError(f"policy: the run's Policy {policy.name!r} is not registered under its name (or the "
-                         "registered one has other numerics), so a file cannot name it: register it "
-                         "(flashsim.register_policy) or give the run a PolicyRef('module:function', kwargs)")
+        raise ValueError(
+            f"policy: the run's Policy {policy.name!r} is not registered under its name (or the "
+            "registered one has other numerics), so a file cannot name it: register it "
+            "(flashsim.register_policy) or give the run a PolicyRef('module:function', kwargs)"
+        )
     return PolicyRef(policy.name)
 
 
@@ -203,14 +223,24 @@ def save_run(path: str | Path, run: KernelRun) -> Path:
     registered under its name.
     """
     ref = _policy_ref(run.policy)
-    meta = {"dtype": run.dtype, "causal": bool(run.causal), "sm_scale": float(run.sm_scale),
-            "softmax": _variant_dict(run.softmax), "policy": ref.to_json(), "note": run.note}
+    meta = {
+        "dtype": run.dtype,
+        "causal": bool(run.causal),
+        "sm_scale": float(run.sm_scale),
+        "softmax": _variant_dict(run.softmax),
+        "policy": ref.to_json(),
+        "note": run.note,
+    }
     try:
         text = json.dumps(meta)
     except TypeError as exc:
         raise ValueError(f"policy: the arguments of {ref} must be JSON values ({exc})") from None
-    arrays = {"q": run.q.astype(np.float32), "k": run.k.astype(np.float32), "v": run.v.astype(np.float32),
-              "meta": np.array(text)}
+    arrays = {
+        "q": run.q.astype(np.float32),
+        "k": run.k.astype(np.float32),
+        "v": run.v.astype(np.float32),
+        "meta": np.array(text),
+    }
     if run.do is not None:
         arrays["do"] = run.do.astype(np.float32)
     arrays.update({f"out_{k}": v for k, v in run.outputs.items()})
@@ -224,8 +254,10 @@ def load_run(path: str | Path) -> KernelRun:
     """Read a run written by :func:`save_run`; a file that is not one raises ValueError saying why."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"run: no such file {str(path)!r} (write runs with flashsim.crosscheck.save_run "
-                                "or python -m gpu.crosscheck)")
+        raise FileNotFoundError(
+            f"run: no such file {str(path)!r} (write runs with flashsim.crosscheck.save_run "
+            "or python -m gpu.crosscheck)"
+        )
     bad = f"run: {path} is not a kernel run written by save_run"
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -236,16 +268,27 @@ def load_run(path: str | Path) -> KernelRun:
     except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
         raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None
     if isinstance(meta, dict) and "policy_args" in meta and "policy" not in meta:
-        raise ValueError(f"run: {path} names its policy the old way ('policy_args', before runs carried a policy "
-                         f"reference); convert it with: python tools/upgrade_runs.py {path}")
+        raise ValueError(
+            f"run: {path} names its policy the old way ('policy_args', before runs carried a policy "
+            f"reference); convert it with: python tools/upgrade_runs.py {path}"
+        )
     try:
         sm = dict(meta["softmax"])
         variant = get_softmax(sm.pop("name"), **sm)
-        return KernelRun(q=arrays["q"], k=arrays["k"], v=arrays["v"], dtype=meta["dtype"], causal=meta["causal"],
-                         sm_scale=meta["sm_scale"], softmax=variant, policy=PolicyRef.from_json(meta["policy"]),
-                         outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
-                         do=arrays.get("do"), debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
-                         note=meta.get("note", ""))
+        return KernelRun(
+            q=arrays["q"],
+            k=arrays["k"],
+            v=arrays["v"],
+            dtype=meta["dtype"],
+            causal=meta["causal"],
+            sm_scale=meta["sm_scale"],
+            softmax=variant,
+            policy=PolicyRef.from_json(meta["policy"]),
+            outputs={k[4:]: v for k, v in arrays.items() if k.startswith("out_")},
+            do=arrays.get("do"),
+            debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
+            note=meta.get("note", ""),
+        )
     except Exception as exc:  # noqa: BLE001 - as above
         raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None
 
@@ -257,8 +300,12 @@ def _emulate(run: KernelRun, pol: Policy) -> dict[str, np.ndarray]:
     out = {"o": to_bits(f.o, fmts["o"]), "lse": to_bits(f.lse, None)}
     if run.backward:
         b = flash_backward(run.q, run.k, run.v, f.o, f.lse, run.do, pol, causal=run.causal, sm_scale=run.sm_scale)
-        out.update(dq=to_bits(b.dq, fmts["dq"]), dk=to_bits(b.dk, fmts["dk"]), dv=to_bits(b.dv, fmts["dv"]),
-                   delta=to_bits(b.delta, None))
+        out.update(
+            dq=to_bits(b.dq, fmts["dq"]),
+            dk=to_bits(b.dk, fmts["dk"]),
+            dv=to_bits(b.dv, fmts["dv"]),
+            delta=to_bits(b.delta, None),
+        )
     return out
 
 
@@ -289,11 +336,15 @@ class Divergence:
     def __str__(self) -> str:
         where = f"head {self.head}, row {self.row}"
         if self.step is None:
-            return (f"{where}: every recorded per-block m, P, l, acc agrees; the difference arises after the "
-                    "K/V loop (O = acc / l, the output cast or LSE)")
+            return (
+                f"{where}: every recorded per-block m, P, l, acc agrees; the difference arises after the "
+                "K/V loop (O = acc / l, the output cast or LSE)"
+            )
         col = "" if self.column is None else f"[{self.column}]"
-        return (f"{where}: first divergence at step {self.step} (K/V block {self.block}), {self.quantity}{col}: "
-                f"emulated {self.emulated!r}, kernel {self.recorded!r} ({self.ulps} ulp)")
+        return (
+            f"{where}: first divergence at step {self.step} (K/V block {self.block}), {self.quantity}{col}: "
+            f"emulated {self.emulated!r}, kernel {self.recorded!r} ({self.ulps} ulp)"
+        )
 
 
 def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
@@ -302,12 +353,25 @@ def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
     if not run.debug:
         raise ValueError("run: no per-block intermediates recorded (run the kernel with debug=True)")
     pol = run.resolve_policy()
-    steps = step_rows(run.q[head], run.k[head], run.v[head], pol, rows=row, softmax=run.softmax,
-                      causal=run.causal, sm_scale=run.sm_scale, trace=False)
+    steps = step_rows(
+        run.q[head],
+        run.k[head],
+        run.v[head],
+        pol,
+        rows=row,
+        softmax=run.softmax,
+        causal=run.causal,
+        sm_scale=run.sm_scale,
+        trace=False,
+    )
     for st in steps:
         b = st.block
-        emu = {"m": np.asarray(st.m, np.float32)[:1], "p": np.asarray(st.p_exp, np.float32)[0],
-               "l": np.asarray(st.l, np.float32).reshape(-1)[:1], "acc": np.asarray(st.acc, np.float32)[0]}
+        emu = {
+            "m": np.asarray(st.m, np.float32)[:1],
+            "p": np.asarray(st.p_exp, np.float32)[0],
+            "l": np.asarray(st.l, np.float32).reshape(-1)[:1],
+            "acc": np.asarray(st.acc, np.float32)[0],
+        }
         for key in DEBUG_KEYS:
             rec = run.debug[key][head, b, row]
             rec = rec.reshape(-1)[: emu[key].size]
@@ -315,9 +379,17 @@ def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
             bad = np.flatnonzero(e != rec)
             if bad.size:
                 j = int(bad[0])
-                return Divergence(head, row, st.index, b, key, j if key in ("p", "acc") else None,
-                                  float(e[j:j + 1].view(np.float32)[0]), float(rec[j:j + 1].view(np.float32)[0]),
-                                  int(ulp_distance(e[j:j + 1], rec[j:j + 1])[0]))
+                return Divergence(
+                    head,
+                    row,
+                    st.index,
+                    b,
+                    key,
+                    j if key in ("p", "acc") else None,
+                    float(e[j : j + 1].view(np.float32)[0]),
+                    float(rec[j : j + 1].view(np.float32)[0]),
+                    int(ulp_distance(e[j : j + 1], rec[j : j + 1])[0]),
+                )
     return Divergence(head, row, None, None, None)
 
 
@@ -342,9 +414,11 @@ class CrosscheckReport:
         elif self.divergence is not None:
             lines.append(str(self.divergence))
         else:
-            lines.append(f"first differing row: head {self.first_row[0]}, row {self.first_row[1]} (no per-block "
-                         "intermediates recorded; a kernel that exposes them, as ours with debug=True, lets the "
-                         "report locate the step)")
+            lines.append(
+                f"first differing row: head {self.first_row[0]}, row {self.first_row[1]} (no per-block "
+                "intermediates recorded; a kernel that exposes them, as ours with debug=True, lets the "
+                "report locate the step)"
+            )
         return "\n".join(lines)
 
 
@@ -353,8 +427,9 @@ def crosscheck(run: KernelRun) -> CrosscheckReport:
     first divergent step when per-block intermediates were recorded."""
     pol = run.resolve_policy()
     emu, fmts = _emulate(run, pol), stored_formats(pol)
-    checks = [check_bits(name, emu[name], run.outputs[name], fmts[name] or "fp32") for name in emu
-              if name in run.outputs]
+    checks = [
+        check_bits(name, emu[name], run.outputs[name], fmts[name] or "fp32") for name in emu if name in run.outputs
+    ]
     o_bad = (emu["o"] != run.outputs["o"]).any(axis=-1)
     if "lse" in run.outputs:
         o_bad |= emu["lse"] != run.outputs["lse"]
@@ -368,6 +443,21 @@ def crosscheck(run: KernelRun) -> CrosscheckReport:
     return CrosscheckReport(checks, first, div, run.note)
 
 
-__all__ = ["BACKWARD_OUTPUTS", "CrosscheckReport", "DEBUG_KEYS", "Divergence", "FORWARD_OUTPUTS", "KernelRun",
-           "OutputCheck", "check_bits", "crosscheck", "emulate", "first_divergence", "load_run",
-           "save_run", "stored_formats", "to_bits", "ulp_distance"]
+__all__ = [
+    "BACKWARD_OUTPUTS",
+    "CrosscheckReport",
+    "DEBUG_KEYS",
+    "Divergence",
+    "FORWARD_OUTPUTS",
+    "KernelRun",
+    "OutputCheck",
+    "check_bits",
+    "crosscheck",
+    "emulate",
+    "first_divergence",
+    "load_run",
+    "save_run",
+    "stored_formats",
+    "to_bits",
+    "ulp_distance",
+]

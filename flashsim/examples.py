@@ -87,12 +87,16 @@ def builtin_row(seed: int = SEED, near: tuple[int, ...] = ()) -> Example:
     v = _bf16(rng.normal(-1.5, 0.5, (n, d)))
     for x in (q, k, v):
         assert np.array_equal(_bf16(x), x)
-    desc = (f"built-in head (seed {seed}): N={n} keys, d=dv={d}; row {ROW} has two keys exactly at its max "
-            f"(keys {', '.join(map(str, TIES))}, scaled score {R_MAX}, both in K/V block {TIES[0] // BLOCK_N} of "
-            f"BLOCK_N={BLOCK_N})" + (f", near ties (1 BF16 ulp below) at keys {list(near)}" if near else "")
-            + f"; the other keys score ~{GAP:g} below; V ~ N(-1.5, 0.5), {np.mean(v < 0):.1%} negative")
-    return Example("builtin", q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), ROW,
-                   float(sm_scale), BLOCK_N, desc)
+    desc = (
+        f"built-in head (seed {seed}): N={n} keys, d=dv={d}; row {ROW} has two keys exactly at its max "
+        f"(keys {', '.join(map(str, TIES))}, scaled score {R_MAX}, both in K/V block {TIES[0] // BLOCK_N} of "
+        f"BLOCK_N={BLOCK_N})"
+        + (f", near ties (1 BF16 ulp below) at keys {list(near)}" if near else "")
+        + f"; the other keys score ~{GAP:g} below; V ~ N(-1.5, 0.5), {np.mean(v < 0):.1%} negative"
+    )
+    return Example(
+        "builtin", q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), ROW, float(sm_scale), BLOCK_N, desc
+    )
 
 
 def worked_example() -> Example:
@@ -106,8 +110,16 @@ def worked_example() -> Example:
     q = np.array([[1.0]], np.float32)
     k = np.array([[1.0], [1.0], [0.33984375]], np.float32)
     v = np.array([[-2.40625], [-2.296875], [-55 * 2.0**-15]], np.float32)
-    return Example("worked_example", q, k, v, 0, 1.0, None,
-                   "Qiu & Yao's worked example: P = (1, 1, 0.515625), V = (-2.40625, -2.296875, -55 * 2**-15)")
+    return Example(
+        "worked_example",
+        q,
+        k,
+        v,
+        0,
+        1.0,
+        None,
+        "Qiu & Yao's worked example: P = (1, 1, 0.515625), V = (-2.40625, -2.296875, -55 * 2**-15)",
+    )
 
 
 __all__ = ["Example", "builtin_row", "worked_example", "SEED", "ROW", "TIES", "R_MAX", "BLOCK_N"]

@@ -104,20 +104,33 @@ def _h100_ex2_noftz(x, trace=None, label=""):
 
 
 for _model in (
-    FunctionModel("exp", "exp", "e", "e**x, float64 libm then one rounding (correctly rounded but for ~2**-29 of "
-                  "inputs)"),
+    FunctionModel(
+        "exp", "exp", "e", "e**x, float64 libm then one rounding (correctly rounded but for ~2**-29 of inputs)"
+    ),
     FunctionModel("exp2", "exp", "2", "2**x correctly rounded (emufloat.exp2)"),
     FunctionModel("log", "log", "e", "ln x, float64 libm then one rounding"),
     FunctionModel("log2", "log", "2", "log2 x, float64 libm then one rounding"),
-    FunctionModel("h100_ex2", "exp", "2", "H100 ex2.approx.ftz.f32 (Triton tl.math.exp2, CUDA exp2f under fast math)",
-                  _h100_ex2),
+    FunctionModel(
+        "h100_ex2", "exp", "2", "H100 ex2.approx.ftz.f32 (Triton tl.math.exp2, CUDA exp2f under fast math)", _h100_ex2
+    ),
     FunctionModel("h100_ex2_noftz", "exp", "2", "H100 ex2.approx.f32 (subnormal results kept)", _h100_ex2_noftz),
-    FunctionModel("triton_exp", "exp", "e", "Triton tl.exp on the H100: mul.f32 by log2(e), then ex2.approx.f32",
-                  h100.triton_exp),
-    FunctionModel("log2_fma", "log", "2", "the project's Triton kernels: exponent bits + FP32 FMA polynomial "
-                  "(emufloat.hw.h100.log2_fma)", h100.log2_fma),
-    FunctionModel("libdevice_log2f", "log", "2", "CUDA libdevice log2f (Triton tl.math.log2 on float32): FP32 FMA "
-                  "polynomial (emufloat.hw.libdevice.log2f)", libdevice.log2f),
+    FunctionModel(
+        "triton_exp", "exp", "e", "Triton tl.exp on the H100: mul.f32 by log2(e), then ex2.approx.f32", h100.triton_exp
+    ),
+    FunctionModel(
+        "log2_fma",
+        "log",
+        "2",
+        "the project's Triton kernels: exponent bits + FP32 FMA polynomial (emufloat.hw.h100.log2_fma)",
+        h100.log2_fma,
+    ),
+    FunctionModel(
+        "libdevice_log2f",
+        "log",
+        "2",
+        "CUDA libdevice log2f (Triton tl.math.log2 on float32): FP32 FMA polynomial (emufloat.hw.libdevice.log2f)",
+        libdevice.log2f,
+    ),
 ):
     register_function(_model)
 

@@ -14,8 +14,7 @@ import numpy as np
 KINDS = ("random", "repeated", "sink", "negative_v", "large", "tiny")
 
 
-def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, ties: int = 2
-              ) -> dict[str, np.ndarray]:
+def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, ties: int = 2) -> dict[str, np.ndarray]:
     """One head's q (n_q, d), k, v (n_k, d) and dO (n_q, d) of ``kind``, float64, not yet rounded.
 
     The draws come from ``rng`` in a fixed order (q, k, v, then the kind's extra draw, then dO), so a seed

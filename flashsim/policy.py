@@ -40,8 +40,22 @@ from .specs import (
 )
 
 # The steps of the forward pass in the order they happen; trace events carry these names as labels.
-STEPS = ("scores", "scale", "mask", "max", "subtract", "exp", "row_sum", "p_cast", "pv", "rescale", "o_accum",
-         "normalize", "output", "lse")
+STEPS = (
+    "scores",
+    "scale",
+    "mask",
+    "max",
+    "subtract",
+    "exp",
+    "row_sum",
+    "p_cast",
+    "pv",
+    "rescale",
+    "o_accum",
+    "normalize",
+    "output",
+    "lse",
+)
 # Labels of trace events: the steps, plus the rounding of the inputs and the rescale factor alpha.
 TRACE_LABELS = ("inputs", *STEPS[:6], "alpha", *STEPS[6:])
 STEP_DOCS = {
@@ -75,10 +89,32 @@ BWD_STEP_DOCS = {
 # scores ('scores', 'scale'), then the backward steps ('ds' also labels the cast of dS for the products,
 # 'dv' the cast of P).
 BWD_TRACE_LABELS = ("inputs", "scores", "scale", *BWD_STEPS)
-_BWD_TYPES = {"delta": Delta, "recompute": Recompute, "dv": Grad, "dp": Dot, "ds": SoftmaxGrad, "dk": Grad,
-              "dq": Grad, "bwd_tiling": BwdTiling}
-_TYPES = {"scores": Dot, "scale": Scale, "mask": Mask, "max": Op, "subtract": Op, "exp": Func, "row_sum": RowSum,
-          "p_cast": Op, "pv": Dot, "rescale": Op, "o_accum": Op, "normalize": Norm, "output": Op, "lse": Func}
+_BWD_TYPES = {
+    "delta": Delta,
+    "recompute": Recompute,
+    "dv": Grad,
+    "dp": Dot,
+    "ds": SoftmaxGrad,
+    "dk": Grad,
+    "dq": Grad,
+    "bwd_tiling": BwdTiling,
+}
+_TYPES = {
+    "scores": Dot,
+    "scale": Scale,
+    "mask": Mask,
+    "max": Op,
+    "subtract": Op,
+    "exp": Func,
+    "row_sum": RowSum,
+    "p_cast": Op,
+    "pv": Dot,
+    "rescale": Op,
+    "o_accum": Op,
+    "normalize": Norm,
+    "output": Op,
+    "lse": Func,
+}
 
 
 @dataclass(frozen=True)
@@ -139,8 +175,10 @@ class Policy:
             if spec.compute is not None and spec.compute != spec.fmt:
                 raise ValueError(f"{step}: a cast rounds once; compute must be None, got {spec.compute.name}")
         if self.mask.how in ("add", "select") and self.scale.where != "max":
-            raise ValueError(f"mask: how={self.mask.how!r} (Triton's diagonal block) needs scale.where 'max', "
-                             f"got {self.scale.where!r}")
+            raise ValueError(
+                f"mask: how={self.mask.how!r} (Triton's diagonal block) needs scale.where 'max', "
+                f"got {self.scale.where!r}"
+            )
         if self.scores.into_acc:
             raise ValueError("scores: into_acc is only for the pv step")
 
@@ -219,11 +257,12 @@ def default_backward(policy: Policy) -> dict[str, object]:
     t = policy.tiling
     return {
         "delta": Delta(NUMPY, acc) if native else Delta("sequential", acc, fused=True),
-        "recompute": Recompute(policy.exp.function, policy.exp.fmt if native else ef.FP32,
-                               fused=policy.subtract.fused),
-        "dv": grad, "dp": Dot(pv.inputs, pv.model),
+        "recompute": Recompute(policy.exp.function, policy.exp.fmt if native else ef.FP32, fused=policy.subtract.fused),
+        "dv": grad,
+        "dp": Dot(pv.inputs, pv.model),
         "ds": SoftmaxGrad(acc, scale_at="ds" if policy.scale.where == "scores" else "end"),
-        "dk": grad, "dq": grad,
+        "dk": grad,
+        "dq": grad,
         "bwd_tiling": BwdTiling(t.block_m, t.block_n, skip_masked=t.skip_masked),
     }
 
@@ -260,11 +299,13 @@ def _load_plugin(name: str) -> Policy | None:
     except Exception as exc:  # noqa: BLE001 - any failure of a third party's import or factory
         raise PolicyPluginError(f"policy: {where} failed to load: {type(exc).__name__}: {exc}") from exc
     if not isinstance(policy, Policy):
-        raise PolicyPluginError(f"policy: {where} gave a {type(policy).__name__}; expected a Policy or a function "
-                                "returning one")
+        raise PolicyPluginError(
+            f"policy: {where} gave a {type(policy).__name__}; expected a Policy or a function returning one"
+        )
     if policy.name != name:
-        raise PolicyPluginError(f"policy: {where} gave a policy named {policy.name!r}; the entry point's name "
-                                "must be the policy's name")
+        raise PolicyPluginError(
+            f"policy: {where} gave a policy named {policy.name!r}; the entry point's name must be the policy's name"
+        )
     _REGISTRY[name] = policy
     return policy
 
@@ -298,8 +339,7 @@ def get_policy(name: str | Policy) -> Policy:
     found = _load_plugin(key) if isinstance(key, str) else None
     if found is None:
         aliases = ", ".join(f"{a} ({t})" for a, t in sorted(ALIASES.items()))
-        raise ValueError(f"policy: unknown policy {name!r}; accepted: {', '.join(policy_names())}; "
-                         f"aliases: {aliases}")
+        raise ValueError(f"policy: unknown policy {name!r}; accepted: {', '.join(policy_names())}; aliases: {aliases}")
     return found
 
 
@@ -318,13 +358,14 @@ class PolicyRef:
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, str) or not self.target or self.target.count(":") > 1:
-            raise ValueError(f"PolicyRef.target: expected a registered name or 'module:attribute', got "
-                             f"{self.target!r}")
+            raise ValueError(f"PolicyRef.target: expected a registered name or 'module:attribute', got {self.target!r}")
         if not isinstance(self.kwargs, dict) or not all(isinstance(k, str) for k in self.kwargs):
             raise ValueError(f"PolicyRef.kwargs: expected a dict with string keys, got {self.kwargs!r}")
         if self.kwargs and ":" not in self.target:
-            raise ValueError(f"PolicyRef.kwargs: only a 'module:function' target takes arguments; {self.target!r} "
-                             "is a registered name")
+            raise ValueError(
+                f"PolicyRef.kwargs: only a 'module:function' target takes arguments; {self.target!r} "
+                "is a registered name"
+            )
 
     def resolve(self) -> Policy:
         """The Policy referred to; a ValueError saying why when there is none."""
@@ -340,8 +381,10 @@ class PolicyRef:
         if isinstance(obj, Policy) and not self.kwargs:
             return obj
         if isinstance(obj, Policy) or not callable(obj):
-            raise ValueError(f"policy: {self.target!r} is a {type(obj).__name__}; expected a Policy (without "
-                             "kwargs) or a function returning one")
+            raise ValueError(
+                f"policy: {self.target!r} is a {type(obj).__name__}; expected a Policy (without "
+                "kwargs) or a function returning one"
+            )
         try:
             policy = obj(**self.kwargs)
         except TypeError as exc:  # arguments the function does not take
@@ -362,6 +405,20 @@ class PolicyRef:
         return f"{self.target}({args})" if ":" in self.target else self.target
 
 
-__all__ = ["STEPS", "STEP_DOCS", "TRACE_LABELS", "BWD_STEPS", "BWD_STEP_DOCS", "BWD_TRACE_LABELS",
-           "default_backward", "Policy", "PolicyRef", "PolicyPluginError", "get_policy", "register_policy",
-           "policy_names", "ALIASES", "ENTRY_POINT_GROUP"]
+__all__ = [
+    "STEPS",
+    "STEP_DOCS",
+    "TRACE_LABELS",
+    "BWD_STEPS",
+    "BWD_STEP_DOCS",
+    "BWD_TRACE_LABELS",
+    "default_backward",
+    "Policy",
+    "PolicyRef",
+    "PolicyPluginError",
+    "get_policy",
+    "register_policy",
+    "policy_names",
+    "ALIASES",
+    "ENTRY_POINT_GROUP",
+]

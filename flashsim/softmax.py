@@ -56,8 +56,9 @@ class SoftmaxVariant(Protocol):
 
     name: str
 
-    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
-                  ctx: MaxContext) -> np.ndarray:
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
         """The shift candidate for each row of the block, in ``ctx.spec.fmt``.
 
         ``s``: (rows, n) scores as the max sees them; ``valid``: (rows, n) True where not masked (None:
@@ -73,8 +74,9 @@ class StandardSoftmax:
 
     name: str = "standard"
 
-    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
-                  ctx: MaxContext) -> np.ndarray:
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
         return arith.cast(rowmax, ctx.spec.fmt)
 
 
@@ -110,8 +112,9 @@ class StabilisedSoftmax:
             near &= valid
         return np.count_nonzero(near, axis=-1) > 1
 
-    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
-                  ctx: MaxContext) -> np.ndarray:
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
         spec = ctx.spec
         rep = self.repeated(s, valid, rowmax, ctx)
         r = arith.f64(rowmax)
@@ -160,8 +163,9 @@ class RobustSoftmax:
         """Natural-log distance below the max within which P may round to exactly 1, doubled."""
         return -2.0 * math.log1p(-(2.0 ** -(self.p_precision + 1)))
 
-    def tie_prone(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
-                  ctx: MaxContext) -> np.ndarray:
+    def tie_prone(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
         """Rows with two or more entries in the round-to-1 band, or a running shift within band of r."""
         spec, tr, lab = ctx.spec, ctx.trace, ctx.label
         with np.errstate(invalid="ignore"):
@@ -173,12 +177,16 @@ class RobustSoftmax:
             band_m = arith.constant(self.band * ctx.running_units, spec)
             thr_m = arith.binary("sub", m_old, band_m, spec, tr, lab)
             top_m = arith.binary("add", m_old, band_m, spec, tr, lab)
-            split = (np.isfinite(arith.f64(m_old)) & (arith.f64(r_m) >= arith.f64(thr_m))
-                     & (arith.f64(r_m) <= arith.f64(top_m)))
+            split = (
+                np.isfinite(arith.f64(m_old))
+                & (arith.f64(r_m) >= arith.f64(thr_m))
+                & (arith.f64(r_m) <= arith.f64(top_m))
+            )
         return (np.count_nonzero(near, axis=-1) > 1) | split
 
-    def block_max(self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray,
-                  ctx: MaxContext) -> np.ndarray:
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
         spec = ctx.spec
         r = arith.f64(rowmax)
         prone = self.tie_prone(s, valid, rowmax, m_old, ctx) & np.isfinite(r)

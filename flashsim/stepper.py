@@ -122,8 +122,9 @@ def _rows(rows: int | Sequence[int] | range | slice | np.ndarray, m_rows: int, b
         except TypeError:
             idx = np.array([], dtype=object)
         if idx.ndim != 1 or idx.size == 0 or not (np.issubdtype(idx.dtype, np.integer)):
-            raise ValueError(f"rows: expected a row index, a slice or a non-empty sequence of row indices, "
-                             f"got {rows!r}")
+            raise ValueError(
+                f"rows: expected a row index, a slice or a non-empty sequence of row indices, got {rows!r}"
+            )
     idx = idx.astype(np.int64)
     if idx.size == 0:
         raise ValueError(f"rows: selects no row of {m_rows}")
@@ -135,8 +136,10 @@ def _rows(rows: int | Sequence[int] | range | slice | np.ndarray, m_rows: int, b
         raise ValueError(f"rows: repeated row indices in {idx.tolist()}")
     blocks = sorted(set((idx // bm).tolist()))
     if len(blocks) > 1:
-        raise ValueError(f"rows: rows {idx.min()}..{idx.max()} lie in Q blocks {blocks} of BLOCK_M={bm}; "
-                         "step the rows of one Q block at a time")
+        raise ValueError(
+            f"rows: rows {idx.min()}..{idx.max()} lie in Q blocks {blocks} of BLOCK_M={bm}; "
+            "step the rows of one Q block at a time"
+        )
     return idx
 
 
@@ -149,12 +152,22 @@ class RowStepper:
     keeps every state yielded so far.
     """
 
-    def __init__(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-                 rows: int | Sequence[int] | range | slice | np.ndarray = 0,
-                 softmax: SoftmaxVariant | str = STANDARD, causal: bool | str = False,
-                 sm_scale: float | None = None,
-                 block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
-                 trace: bool | Trace = True):
+    def __init__(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        policy: Policy | str = "fp64",
+        *,
+        rows: int | Sequence[int] | range | slice | np.ndarray = 0,
+        softmax: SoftmaxVariant | str = STANDARD,
+        causal: bool | str = False,
+        sm_scale: float | None = None,
+        block_m: int | None = None,
+        block_n: int | None = None,
+        kv_order: str | None = None,
+        trace: bool | Trace = True,
+    ):
         pol = get_policy(policy)
         if isinstance(trace, Trace):
             tr: Trace | None = trace
@@ -165,8 +178,10 @@ class RowStepper:
         q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, tr, causal)
         for name, arr in (("q", q), ("k", k), ("v", v)):
             if arr.ndim != 2:
-                raise ValueError(f"{name}: the stepper runs one head: expected shape (rows, head_dim), got "
-                                 f"{arr.shape}; index the batch/head axes first")
+                raise ValueError(
+                    f"{name}: the stepper runs one head: expected shape (rows, head_dim), got "
+                    f"{arr.shape}; index the batch/head axes first"
+                )
         bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
         #: None (not causal), 'top-left' or 'bottom-right' (flashsim.attention)
         self.causal = causal_alignment(causal)
@@ -200,15 +215,25 @@ class RowStepper:
         self._gen = self._loop(qrows, local, qc, kt, vc)
 
     # ---- the loop ---------------------------------------------------------------------------------
-    def _loop(self, qrows: range, local: np.ndarray, qc: np.ndarray, kt: np.ndarray,
-              vc: np.ndarray) -> Iterator[StepState]:
+    def _loop(
+        self, qrows: range, local: np.ndarray, qc: np.ndarray, kt: np.ndarray, vc: np.ndarray
+    ) -> Iterator[StepState]:
         tr = self.trace
         pipe = Pipeline(self.policy, self.sm_scale, self.softmax, tr)
         if np.array_equal(local, np.arange(len(qrows))):
             local = None
         pick = local if self.whole_block and local is not None else slice(None)  # rows of the computed arrays
-        gen = kv_steps(pipe, qc, kt, vc, qrows, None if self.whole_block else local,
-                       (self.block_m, self.block_n), self.kv_order, causal_offset(self.causal, *self._shape))
+        gen = kv_steps(
+            pipe,
+            qc,
+            kt,
+            vc,
+            qrows,
+            None if self.whole_block else local,
+            (self.block_m, self.block_n),
+            self.kv_order,
+            causal_offset(self.causal, *self._shape),
+        )
         start = _n_calls(tr)
         while True:
             try:
@@ -217,17 +242,37 @@ class RowStepper:
                 res: RowsResult = stop.value
                 break
             stop_ = _n_calls(tr)
-            state = StepState(len(self.steps), kv.block, kv.keys, self.rows, kv.scores[pick], kv.s_max[pick],
-                              kv.units, None if kv.visible is None else kv.visible[pick], kv.m[pick],
-                              kv.alpha[pick], kv.p_exp[pick], kv.p[pick], kv.l[pick], kv.acc[pick],
-                              None if tr is None else tr.view(start, stop_, f"block {kv.block}"),
-                              range(start, stop_))
+            state = StepState(
+                len(self.steps),
+                kv.block,
+                kv.keys,
+                self.rows,
+                kv.scores[pick],
+                kv.s_max[pick],
+                kv.units,
+                None if kv.visible is None else kv.visible[pick],
+                kv.m[pick],
+                kv.alpha[pick],
+                kv.p_exp[pick],
+                kv.p[pick],
+                kv.l[pick],
+                kv.acc[pick],
+                None if tr is None else tr.view(start, stop_, f"block {kv.block}"),
+                range(start, stop_),
+            )
             start = stop_
             self.steps.append(state)
             yield state
         stop_ = _n_calls(tr)
-        self.final = FinalState(res.o[pick], res.lse[pick], res.m[pick], res.l[pick], res.acc[pick],
-                                None if tr is None else tr.view(start, stop_, "final"), range(start, stop_))
+        self.final = FinalState(
+            res.o[pick],
+            res.lse[pick],
+            res.m[pick],
+            res.l[pick],
+            res.acc[pick],
+            None if tr is None else tr.view(start, stop_, "final"),
+            range(start, stop_),
+        )
 
     def __iter__(self) -> RowStepper:
         return self
@@ -254,22 +299,47 @@ class RowStepper:
 
     def __repr__(self) -> str:
         done = "done" if self.final is not None else f"{len(self.steps)} step(s) so far"
-        return (f"RowStepper(policy={self.policy.name}, softmax={self.softmax.name}, rows={self.rows.tolist()}, "
-                f"BLOCK_N={self.block_n}, {self.kv_order}, causal={self.causal}: {done})")
+        return (
+            f"RowStepper(policy={self.policy.name}, softmax={self.softmax.name}, rows={self.rows.tolist()}, "
+            f"BLOCK_N={self.block_n}, {self.kv_order}, causal={self.causal}: {done})"
+        )
 
 
-def step_rows(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", *,
-              rows: int | Sequence[int] | range | slice | np.ndarray = 0, softmax: SoftmaxVariant | str = STANDARD,
-              causal: bool | str = False, sm_scale: float | None = None, block_m: int | None = None,
-              block_n: int | None = None, kv_order: str | None = None, trace: bool | Trace = True) -> RowStepper:
+def step_rows(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    policy: Policy | str = "fp64",
+    *,
+    rows: int | Sequence[int] | range | slice | np.ndarray = 0,
+    softmax: SoftmaxVariant | str = STANDARD,
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    kv_order: str | None = None,
+    trace: bool | Trace = True,
+) -> RowStepper:
     """Step through :func:`flashsim.flash_forward` for ``rows`` (an index, or several rows of one Q block).
 
     q (M, d), k (N, d), v (N, dv): one head.  Arguments as for flash_forward; ``trace``: True (a new
     Trace, the default), False (no events: faster) or a Trace to record into.  Returns a
     :class:`RowStepper`; iterate it for the :class:`StepState` after each K/V block.
     """
-    return RowStepper(q, k, v, policy, rows=rows, softmax=softmax, causal=causal, sm_scale=sm_scale,
-                      block_m=block_m, block_n=block_n, kv_order=kv_order, trace=trace)
+    return RowStepper(
+        q,
+        k,
+        v,
+        policy,
+        rows=rows,
+        softmax=softmax,
+        causal=causal,
+        sm_scale=sm_scale,
+        block_m=block_m,
+        block_n=block_n,
+        kv_order=kv_order,
+        trace=trace,
+    )
 
 
 def trace_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", **kwargs) -> RowStepper:

@@ -49,8 +49,10 @@ class AttentionInputs:
     seed: int
 
     def __repr__(self) -> str:
-        return (f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, n_q={self.q.shape[0]}, "
-                f"n_k={self.k.shape[0]}, d={self.q.shape[1]}, causal={self.causal}, seed={self.seed})")
+        return (
+            f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, n_q={self.q.shape[0]}, "
+            f"n_k={self.k.shape[0]}, d={self.q.shape[1]}, causal={self.causal}, seed={self.seed})"
+        )
 
     def _repr_pretty_(self, p, cycle) -> None:  # what Hypothesis prints for a failing example
         p.text(repr(self))
@@ -61,8 +63,9 @@ def _lengths(max_len: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
 
 
-def make_inputs(kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2,
-                scale_exp: int = 0) -> dict[str, np.ndarray]:
+def make_inputs(
+    kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2, scale_exp: int = 0
+) -> dict[str, np.ndarray]:
     """q, k, v, dO of one ``kind`` (:func:`flashsim.inputs.draw_head`, reproducible from ``seed``), q and k
     scaled by 2**scale_exp, rounded RNE into ``dtype`` (a format name: bf16, fp16, e4m3, ...).
     'near_repeated' is 'repeated' with the first key of each group of ``ties`` moved by one ulp of ``dtype``
@@ -74,7 +77,7 @@ def make_inputs(kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ti
     except (TypeError, ValueError) as exc:
         raise ValueError(str(exc).replace("fmt:", "dtype:", 1)) from None
     x = draw_head(np.random.default_rng(seed), "repeated" if kind == "near_repeated" else kind, n_q, n_k, d, ties)
-    x["q"], x["k"] = x["q"] * 2.0 ** scale_exp, x["k"] * 2.0 ** scale_exp
+    x["q"], x["k"] = x["q"] * 2.0**scale_exp, x["k"] * 2.0**scale_exp
     out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in x.items()}
     if kind == "near_repeated":
         kk = out["k"]
@@ -84,8 +87,14 @@ def make_inputs(kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ti
 
 
 @st.composite
-def attention_inputs(draw, dtype: str | None = None, head_dims: tuple[int, ...] = (64, 128), max_len: int = 200,
-                     kinds: tuple[str, ...] = KINDS, causal: bool | None = None) -> AttentionInputs:
+def attention_inputs(
+    draw,
+    dtype: str | None = None,
+    head_dims: tuple[int, ...] = (64, 128),
+    max_len: int = 200,
+    kinds: tuple[str, ...] = KINDS,
+    causal: bool | None = None,
+) -> AttentionInputs:
     """One head of attention inputs: a kind from ``kinds``, ragged lengths up to ``max_len`` (block edges
     weighted), a head dim from ``head_dims``, ``dtype`` 'bf16'/'fp16' (drawn when None), causal or not."""
     bad = [k for k in kinds if k not in KINDS]
@@ -104,9 +113,16 @@ def attention_inputs(draw, dtype: str | None = None, head_dims: tuple[int, ...] 
     return AttentionInputs(x["q"], x["k"], x["v"], x["do"], dt, cz, kind, seed)
 
 
-def assert_matches_policy(case: AttentionInputs, o: np.ndarray, lse: np.ndarray | None = None, *,
-                          policy: Policy | PolicyRef | str, softmax: SoftmaxVariant | str = "standard",
-                          sm_scale: float | None = None, max_ulps: int = 0) -> CrosscheckReport:
+def assert_matches_policy(
+    case: AttentionInputs,
+    o: np.ndarray,
+    lse: np.ndarray | None = None,
+    *,
+    policy: Policy | PolicyRef | str,
+    softmax: SoftmaxVariant | str = "standard",
+    sm_scale: float | None = None,
+    max_ulps: int = 0,
+) -> CrosscheckReport:
     """Hold a kernel's outputs on one drawn case to the emulator under ``policy``; returns the report.
 
     ``o``: the kernel's O for ``case`` (N_q, d), in its output dtype (bf16/fp16 arrays keep their bits) or as
@@ -121,14 +137,30 @@ def assert_matches_policy(case: AttentionInputs, o: np.ndarray, lse: np.ndarray 
     outputs = {"o": to_bits(np.asarray(o).reshape(1, *case.q.shape[:1], -1), resolved.output.fmt)}
     if lse is not None:
         outputs["lse"] = to_bits(np.asarray(lse, np.float32).reshape(1, -1), None)
-    run = KernelRun(q=case.q[None], k=case.k[None], v=case.v[None], dtype=case.dtype, causal=case.causal,
-                    sm_scale=scale, softmax=get_softmax(softmax), policy=pol, outputs=outputs, note=repr(case))
+    run = KernelRun(
+        q=case.q[None],
+        k=case.k[None],
+        v=case.v[None],
+        dtype=case.dtype,
+        causal=case.causal,
+        sm_scale=scale,
+        softmax=get_softmax(softmax),
+        policy=pol,
+        outputs=outputs,
+        note=repr(case),
+    )
     report = crosscheck(run)
-    bad = [c for c in report.checks if c.identical != c.n and not c.nan_only
-           and (max(c.ulp_hist, default=0) > max_ulps or sum(c.ulp_hist.values()) < c.n - c.identical)]
+    bad = [
+        c
+        for c in report.checks
+        if c.identical != c.n
+        and not c.nan_only
+        and (max(c.ulp_hist, default=0) > max_ulps or sum(c.ulp_hist.values()) < c.n - c.identical)
+    ]
     if bad:
-        raise AssertionError(f"kernel differs from the emulator under {resolved.name} by more than {max_ulps} ulp:\n"
-                             f"{report}")
+        raise AssertionError(
+            f"kernel differs from the emulator under {resolved.name} by more than {max_ulps} ulp:\n{report}"
+        )
     return report
 
 

@@ -36,8 +36,10 @@ def raw_dtype(input_format: str | None, arg: str = "--input-format") -> np.dtype
     except (ValueError, KeyError, TypeError):
         fmt = None
     if fmt is None or fmt.dtype is None:
-        raise InputError(f"{arg}: expected a format with an ml_dtypes dtype, e.g. bf16, {', '.join(RAW_1BYTE_FORMATS)};"
-                         f" got {input_format!r}")
+        raise InputError(
+            f"{arg}: expected a format with an ml_dtypes dtype, e.g. bf16, {', '.join(RAW_1BYTE_FORMATS)};"
+            f" got {input_format!r}"
+        )
     return np.dtype(fmt.dtype)
 
 
@@ -55,15 +57,21 @@ def as_float(x: object, arg: str, name: str, raw: np.dtype | None = None) -> np.
             import ml_dtypes
 
             return arr.view(ml_dtypes.bfloat16)
-        raise InputError(f"{arg}: {name} holds raw {arr.dtype.itemsize}-byte values (an ml_dtypes array saved with "
-                         f"np.save loses its type); name their format with --input-format (1-byte: "
-                         f"{', '.join(RAW_1BYTE_FORMATS)})")
+        raise InputError(
+            f"{arg}: {name} holds raw {arr.dtype.itemsize}-byte values (an ml_dtypes array saved with "
+            f"np.save loses its type); name their format with --input-format (1-byte: "
+            f"{', '.join(RAW_1BYTE_FORMATS)})"
+        )
     if arr.dtype.kind in "iub":
-        raise InputError(f"{arg}: {name} holds {arr.dtype} values; flashsim takes floating-point arrays (numpy, "
-                         "ml_dtypes or torch floats), as its API does: convert them first, e.g. x.astype(np.float32)")
+        raise InputError(
+            f"{arg}: {name} holds {arr.dtype} values; flashsim takes floating-point arrays (numpy, "
+            "ml_dtypes or torch floats), as its API does: convert them first, e.g. x.astype(np.float32)"
+        )
     if format_of_dtype(arr.dtype) is None:
-        raise InputError(f"{arg}: {name} has dtype {arr.dtype}; expected a real floating-point array (float16/32/64, "
-                         "an ml_dtypes float such as bfloat16 or float8_e4m3fn, or a torch float tensor)")
+        raise InputError(
+            f"{arg}: {name} has dtype {arr.dtype}; expected a real floating-point array (float16/32/64, "
+            "an ml_dtypes float such as bfloat16 or float8_e4m3fn, or a torch float tensor)"
+        )
     return arr
 
 
@@ -72,24 +80,29 @@ def _read_npz(path: Path, arg: str) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return {key: z[key] for key in z.files}
     except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
-        raise InputError(f"{arg}: cannot read {path} as .npz ({type(exc).__name__}: {exc}); expected a file written "
-                         "by numpy.savez") from None
+        raise InputError(
+            f"{arg}: cannot read {path} as .npz ({type(exc).__name__}: {exc}); expected a file written by numpy.savez"
+        ) from None
 
 
 def _read_npy(path: Path, arg: str) -> np.ndarray:
     try:
         return np.load(path, allow_pickle=False)
     except Exception as exc:  # noqa: BLE001 - as for .npz
-        raise InputError(f"{arg}: cannot read {path} as .npy ({type(exc).__name__}: {exc}); expected a file written "
-                         "by numpy.save (object arrays are refused)") from None
+        raise InputError(
+            f"{arg}: cannot read {path} as .npy ({type(exc).__name__}: {exc}); expected a file written "
+            "by numpy.save (object arrays are refused)"
+        ) from None
 
 
 def _read_pt(path: Path, arg: str) -> object:
     try:
         import torch
     except ImportError:
-        raise InputError(f"{arg}: {path.name} is a PyTorch file but torch is not installed; install torch or save the "
-                         "arrays with numpy (.npy/.npz)") from None
+        raise InputError(
+            f"{arg}: {path.name} is a PyTorch file but torch is not installed; install torch or save the "
+            "arrays with numpy (.npy/.npz)"
+        ) from None
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for unreadable files
@@ -104,13 +117,13 @@ def _file(name: str, arg: str, suffixes: tuple[str, ...]) -> tuple[Path, str]:
         raise InputError(f"{arg}: {name} is not a file")
     suffix = path.suffix.lower()
     if suffix not in suffixes:
-        raise InputError(f"{arg}: unsupported file type {suffix or '(none)'} of {name}; expected "
-                         f"{', '.join(suffixes)}")
+        raise InputError(f"{arg}: unsupported file type {suffix or '(none)'} of {name}; expected {', '.join(suffixes)}")
     return path, suffix
 
 
-def load_named(name: str, arg: str, wanted: tuple[str, ...], optional: tuple[str, ...] = (),
-               raw: np.dtype | None = None) -> dict[str, np.ndarray]:
+def load_named(
+    name: str, arg: str, wanted: tuple[str, ...], optional: tuple[str, ...] = (), raw: np.dtype | None = None
+) -> dict[str, np.ndarray]:
     """The arrays ``wanted`` (and those of ``optional`` present) from one file: .npz with those names, .npy or
     .pt stacked on a first axis of len(wanted), or a .pt dict or list."""
     path, suffix = _file(name, arg, (".npz", ".npy", ".pt", ".pth"))
@@ -120,9 +133,12 @@ def load_named(name: str, arg: str, wanted: tuple[str, ...], optional: tuple[str
         keys = {key.lower(): key for key in z}
         missing = [n for n in wanted if n not in keys]
         if missing:
-            raise InputError(f"{arg}: {path.name} lacks array(s) {', '.join(missing)}; it has "
-                             f"{', '.join(z) or 'none'} (expected {', '.join(wanted)}"
-                             + (f", optionally {', '.join(optional)}" if optional else "") + ")")
+            raise InputError(
+                f"{arg}: {path.name} lacks array(s) {', '.join(missing)}; it has "
+                f"{', '.join(z) or 'none'} (expected {', '.join(wanted)}"
+                + (f", optionally {', '.join(optional)}" if optional else "")
+                + ")"
+            )
         return {n: as_float(z[keys[n]], arg, n, raw) for n in names if n in keys}
     obj = _read_npy(path, arg) if suffix == ".npy" else _read_pt(path, arg)
     if isinstance(obj, dict):
@@ -133,16 +149,19 @@ def load_named(name: str, arg: str, wanted: tuple[str, ...], optional: tuple[str
         return {n: as_float(obj[keys[n]], arg, n, raw) for n in names if n in keys}
     if isinstance(obj, (list, tuple)):
         if len(obj) not in (len(wanted), len(names)):
-            raise InputError(f"{arg}: {path.name} holds {len(obj)} objects; expected {len(wanted)} "
-                             f"({', '.join(wanted)})")
+            raise InputError(
+                f"{arg}: {path.name} holds {len(obj)} objects; expected {len(wanted)} ({', '.join(wanted)})"
+            )
         return {n: as_float(x, arg, n, raw) for n, x in zip(names, obj, strict=False)}
     if not (isinstance(obj, np.ndarray) or is_torch_tensor(obj)):
         raise InputError(f"{arg}: {path.name} holds a {type(obj).__name__}; expected arrays {', '.join(wanted)}")
     arr = as_float(obj, arg, "the array", raw)
     if arr.ndim < 3 or arr.shape[0] not in (len(wanted), len(names)):
-        raise InputError(f"{arg}: a single array must hold {', '.join(wanted)} stacked on a first axis of "
-                         f"{len(wanted)} (same shapes), got shape {arr.shape}; use .npz for different shapes")
-    return {n: arr[i] for i, n in enumerate(names[:arr.shape[0]])}
+        raise InputError(
+            f"{arg}: a single array must hold {', '.join(wanted)} stacked on a first axis of "
+            f"{len(wanted)} (same shapes), got shape {arr.shape}; use .npz for different shapes"
+        )
+    return {n: arr[i] for i, n in enumerate(names[: arr.shape[0]])}
 
 
 def load_one(name: str, arg: str, what: str, raw: np.dtype | None = None) -> np.ndarray:
@@ -154,8 +173,7 @@ def load_one(name: str, arg: str, what: str, raw: np.dtype | None = None) -> np.
     return as_float(obj, arg, what, raw)
 
 
-def check_attention_shapes(arg: str, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                           do: np.ndarray | None = None) -> None:
+def check_attention_shapes(arg: str, q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None = None) -> None:
     """Shapes that attention accepts: (..., M, d), (..., N, d), (..., N, dv) [, dO (..., M, dv)], M, N, d >= 1."""
     arrays = {"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {})
     for name, x in arrays.items():
@@ -172,12 +190,14 @@ def check_attention_shapes(arg: str, q: np.ndarray, k: np.ndarray, v: np.ndarray
         if x.shape[axis] < 1:
             raise InputError(f"{arg}: {name} has shape {x.shape}: at least one {what} needed")
     if do is not None and do.shape != (*q.shape[:-1], v.shape[-1]):
-        raise InputError(f"{arg}: do has shape {do.shape}; expected {(*q.shape[:-1], v.shape[-1])} (q's rows, v's "
-                         "head dim)")
+        raise InputError(
+            f"{arg}: do has shape {do.shape}; expected {(*q.shape[:-1], v.shape[-1])} (q's rows, v's head dim)"
+        )
 
 
-def load_qkv(data: str | None, q: str | None, k: str | None, v: str | None,
-             input_format: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def load_qkv(
+    data: str | None, q: str | None, k: str | None, v: str | None, input_format: str | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """q, k, v from ``--data`` (one file) or from ``--q/--k/--v`` (one file each), shapes checked."""
     raw = raw_dtype(input_format)
     if data is not None:
@@ -216,5 +236,14 @@ def pick_head(q: np.ndarray, k: np.ndarray, v: np.ndarray, head: str | None) -> 
     return idx, q[idx], k[idx], v[idx]
 
 
-__all__ = ["InputError", "RAW_1BYTE_FORMATS", "as_float", "check_attention_shapes", "load_named", "load_one",
-           "load_qkv", "pick_head", "raw_dtype"]
+__all__ = [
+    "InputError",
+    "RAW_1BYTE_FORMATS",
+    "as_float",
+    "check_attention_shapes",
+    "load_named",
+    "load_one",
+    "load_qkv",
+    "pick_head",
+    "raw_dtype",
+]

@@ -31,11 +31,16 @@ class Config:
 #: (head_dim, causal) -> forward config: at d=64 and 128 the fastest of eight tiles measured on the H100 at
 #: N=4096 (gpu/scripts/run_attention.py --sections configs; docs/tried.md, "Tiles, kernel choice and host
 #: time").  The tiles and warps are part of what the kernel computes.
-FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4, 3),
-               (128, False): Config(128, 128, 8, 3), (128, True): Config(128, 128, 8, 3),
-               # d=256: the fastest of six measured (docs/tried.md); ptxas spills 0-20 bytes a thread with
-               # these tiles, wider or taller ones spill hundreds, and a third stage does not fit in shared memory
-               (256, False): Config(128, 64, 8, 2), (256, True): Config(128, 64, 8, 2)}
+FWD_CONFIGS = {
+    (64, False): Config(128, 64, 4, 3),
+    (64, True): Config(64, 64, 4, 3),
+    (128, False): Config(128, 128, 8, 3),
+    (128, True): Config(128, 128, 8, 3),
+    # d=256: the fastest of six measured (docs/tried.md); ptxas spills 0-20 bytes a thread with
+    # these tiles, wider or taller ones spill hundreds, and a third stage does not fit in shared memory
+    (256, False): Config(128, 64, 8, 2),
+    (256, True): Config(128, 64, 8, 2),
+}
 #: (head_dim, causal) -> forward config for FP8 E4M3 where it differs from FWD_CONFIGS: one warpgroup of 64
 #: query rows a program, faster than the bf16 tiles' 128 rows (8 warps at d=128; 4 warps at d=64, where
 #: FP8 takes its own tiles only without causal masking), with or without the fixes (the products on e4m3
@@ -44,9 +49,13 @@ FWD_CONFIGS = {(64, False): Config(128, 64, 4, 3), (64, True): Config(64, 64, 4,
 #: on the H100 by paired rounds: docs/tried.md, "FP8 E4M3 forward".  The query tiles decide which blocks
 #: take the causal diagonal's arithmetic, so they are part of what the kernel computes, as for bf16
 #: (without causal masking they change no bit).
-FP8_FWD_CONFIGS = {(64, False): Config(64, 64, 4, 3), (128, False): Config(64, 128, 4, 3),
-                   (128, True): Config(64, 128, 4, 3), (256, False): Config(64, 64, 4, 3),
-                   (256, True): Config(64, 64, 4, 3)}
+FP8_FWD_CONFIGS = {
+    (64, False): Config(64, 64, 4, 3),
+    (128, False): Config(64, 128, 4, 3),
+    (128, True): Config(64, 128, 4, 3),
+    (256, False): Config(64, 64, 4, 3),
+    (256, True): Config(64, 64, 4, 3),
+}
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (interleaved rounds,
 #: N = 512 to 4096; docs/performance.md, "Which forward kernel", and docs/tried.md): at d=128 the overlap
@@ -77,5 +86,14 @@ def overlap_from_keys(dtype: str, head_dim: int, causal: bool) -> float:
     return table.get((head_dim, bool(causal)), float("inf"))
 
 
-__all__ = ["BWD_CONFIGS", "Config", "DELTA_BLOCK", "FP8_FWD_CONFIGS", "FP8_OVERLAP_FROM_KEYS", "FWD_CONFIGS",
-           "OVERLAP_FROM_KEYS", "fwd_config", "overlap_from_keys"]
+__all__ = [
+    "BWD_CONFIGS",
+    "Config",
+    "DELTA_BLOCK",
+    "FP8_FWD_CONFIGS",
+    "FP8_OVERLAP_FROM_KEYS",
+    "FWD_CONFIGS",
+    "OVERLAP_FROM_KEYS",
+    "fwd_config",
+    "overlap_from_keys",
+]

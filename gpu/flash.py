@@ -44,8 +44,9 @@ SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
 #: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
 #: (tests/test_gpu_kernels.py, gpu/scripts/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
-_FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq,
-                                                   transpose_keys))
+_FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(
+    Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, transpose_keys)
+)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -89,7 +90,7 @@ def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Te
     if bh <= per:
         return [(bh, tensors)]
     flat = [x.view(bh, x.numel() // bh) for x in tensors]  # not -1: an empty tensor has no inferable size
-    return [(min(per, bh - s), tuple(x[s:s + per] for x in flat)) for s in range(0, bh, per)]
+    return [(min(per, bh - s), tuple(x[s : s + per] for x in flat)) for s in range(0, bh, per)]
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -108,8 +109,16 @@ def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConsta
 def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
     """softmax_constants, cached per (variant, scale): every forward call needs them."""
     raw, scaled = 1.0 / sm_scale, LOG2E  # units of raw and of scaled scores per natural-log unit
-    out = dict(qk_scale=_f32(sm_scale * LOG2E), eps_raw=0.0, eps_t=0.0, beta=2.0, band_raw=0.0, band_t=0.0,
-               max_shift_raw=0.0, max_shift_t=0.0)
+    out = dict(
+        qk_scale=_f32(sm_scale * LOG2E),
+        eps_raw=0.0,
+        eps_t=0.0,
+        beta=2.0,
+        band_raw=0.0,
+        band_t=0.0,
+        max_shift_raw=0.0,
+        max_shift_t=0.0,
+    )
     if isinstance(variant, StabilisedSoftmax):
         if variant.count_masked:
             raise ValueError("softmax: the kernels count only unmasked entries (count_masked=False)")
@@ -118,13 +127,19 @@ def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConst
         accepted = {name: f.precision for name, f in KERNEL_FORMATS.items()}
         if variant.p_precision not in accepted.values():
             raise ValueError(f"softmax: the robust variant's p_precision must be P's format {accepted}")
-        out.update(beta=_f32(variant.beta), band_raw=_f32(variant.band * raw), band_t=_f32(variant.band * scaled),
-                   max_shift_raw=_f32(variant.max_shift * raw), max_shift_t=_f32(variant.max_shift * scaled))
+        out.update(
+            beta=_f32(variant.beta),
+            band_raw=_f32(variant.band * raw),
+            band_t=_f32(variant.band * scaled),
+            max_shift_raw=_f32(variant.max_shift * raw),
+            max_shift_t=_f32(variant.max_shift * scaled),
+        )
     return SoftmaxConstants(**out)
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False,
-           names: tuple[str, str, str] = ("q", "k", "v")) -> None:
+def _check(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False, names: tuple[str, str, str] = ("q", "k", "v")
+) -> None:
     """Refuse what the kernels cannot run, naming the argument (``names``: the caller's names for q, k, v)."""
     accepted = DTYPES + ((FP8,) if fp8 else ())
     nq, nk, nv = names
@@ -140,24 +155,31 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False,
         if not x.is_cuda and not INTERPRET:
             raise ValueError(f"{name}: must be a CUDA tensor (the Triton kernels run on the GPU)")
         if INTERPRET and x.dtype != torch.float16:
-            raise ValueError(f"{name}: dtype {x.dtype} under TRITON_INTERPRET=1: Triton's CPU interpreter multiplies "
-                             "bfloat16 and float8 as raw integers; only float16 is meaningful there")
+            raise ValueError(
+                f"{name}: dtype {x.dtype} under TRITON_INTERPRET=1: Triton's CPU interpreter multiplies "
+                "bfloat16 and float8 as raw integers; only float16 is meaningful there"
+            )
     if not (q.dtype == k.dtype == v.dtype):
         raise ValueError(f"{qkv}: dtypes differ ({q.dtype}, {k.dtype}, {v.dtype})")
     if not (q.device == k.device == v.device):
         raise ValueError(f"{qkv}: on different devices ({q.device}, {k.device}, {v.device}); accepted: one device")
     if q.shape[:2] != k.shape[:2] or k.shape != v.shape:
-        raise ValueError(f"{qkv}: shapes (B, H, N, d) must agree (B, H, d; {nk} and {nv} equal): "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"{qkv}: shapes (B, H, N, d) must agree (B, H, d; {nk} and {nv} equal): "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     if q.shape[-1] not in HEAD_DIMS:
         raise ValueError(f"{nq}: head dim {q.shape[-1]} not supported; accepted: {HEAD_DIMS}")
     if k.shape[-1] != q.shape[-1]:
-        raise ValueError(f"{nk}, {nv}: head dim {k.shape[-1]} differs from {nq}'s {q.shape[-1]}; accepted: equal "
-                         "head dims")
+        raise ValueError(
+            f"{nk}, {nv}: head dim {k.shape[-1]} differs from {nq}'s {q.shape[-1]}; accepted: equal head dims"
+        )
     for name, x in ((nq, q), (nk, k)):
         if x.shape[2] * x.shape[3] >= 2**31:
-            raise ValueError(f"{name}: N * d = {x.shape[2] * x.shape[3]}; accepted: below 2^31 (the kernels index the "
-                             "rows of one head with 32-bit offsets)")
+            raise ValueError(
+                f"{name}: N * d = {x.shape[2] * x.shape[3]}; accepted: below 2^31 (the kernels index the "
+                "rows of one head with 32-bit offsets)"
+            )
 
 
 def _config(config: Config | None) -> Config | None:
@@ -187,8 +209,10 @@ def _scale(sm_scale: float | None, d: int, name: str = "sm_scale") -> float:
     scale = float(sm_scale)
     tiny, big = _F32_NORMAL
     if not (math.isfinite(scale) and tiny <= _f32(scale) <= big and tiny <= _f32(scale * LOG2E) <= big):
-        raise ValueError(f"{name}: expected a finite positive number whose float32 roundings (of it and of it times "
-                         f"log2 e) are normal, about 1.2e-38 to 2.3e38; got {sm_scale!r}")
+        raise ValueError(
+            f"{name}: expected a finite positive number whose float32 roundings (of it and of it times "
+            f"log2 e) are normal, about 1.2e-38 to 2.3e38; got {sm_scale!r}"
+        )
     return scale
 
 
@@ -199,10 +223,19 @@ def _on(x: torch.Tensor) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-            sm_scale: float | None = None, softmax: str | SoftmaxVariant = "standard",
-            config: Config | None = None, debug: bool = False, kernel: str = "auto",
-            v_transposed: bool | None = None) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+def forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    softmax: str | SoftmaxVariant = "standard",
+    config: Config | None = None,
+    debug: bool = False,
+    kernel: str = "auto",
+    v_transposed: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
@@ -219,14 +252,17 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool =
     causal, debug = _flag(causal, "causal"), _flag(debug, "debug")
     v_t = q.dtype in V_TRANSPOSED if v_transposed is None else _flag(v_transposed, "v_transposed")
     if not isinstance(softmax, (str, SoftmaxVariant)):
-        raise TypeError(f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
-                        f"got {type(softmax).__name__}")
+        raise TypeError(
+            f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
+            f"got {type(softmax).__name__}"
+        )
     with _on(q):
         return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel, v_t)
 
 
-def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool,
-             kernel: str, v_t: bool) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
+def _forward(
+    q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool, kernel: str, v_t: bool
+) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """:func:`forward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
@@ -246,13 +282,22 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
-    overlap_ok = (not debug and (q.dtype != FP8 or v_t) and cfg.block_n == d
-                  and cfg.block_m in (64, 128) and _hopper(q) and all(x.data_ptr() % 16 == 0 for x in (q, k, v))
-                  and q.numel() > 0 and k.numel() > 0)
+    overlap_ok = (
+        not debug
+        and (q.dtype != FP8 or v_t)
+        and cfg.block_n == d
+        and cfg.block_m in (64, 128)
+        and _hopper(q)
+        and all(x.data_ptr() % 16 == 0 for x in (q, k, v))
+        and q.numel() > 0
+        and k.numel() > 0
+    )
     if kernel == "overlap" and not overlap_ok:
-        raise ValueError("kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed, "
-                         "block_n == head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA "
-                         "descriptors); kernel='triton' runs everything")
+        raise ValueError(
+            "kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed, "
+            "block_n == head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA "
+            "descriptors); kernel='triton' runs everything"
+        )
     if n_k == 0:  # no keys: O = 0 and LSE = log2 0, as SDPA and FlashAttention return (the kernel would divide 0/0)
         o.zero_()
         lse.fill_(float("-inf"))
@@ -265,11 +310,23 @@ def _forward(q, k, v, causal: bool, scale: float, softmax, config: Config | None
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
     sizes = (n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
-    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal,
-                      SOFTMAX=SOFTMAX_IDS[variant.name], DEBUG=debug, STAGES=stages, V_T=v_t)
+    constexprs = dict(
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        SOFTMAX=SOFTMAX_IDS[variant.name],
+        DEBUG=debug,
+        STAGES=stages,
+        V_T=v_t,
+    )
     for heads, (q_, k_, v_, o_, lse_, *dbg_) in _by_heads(b * h, q, k, v, o, lse, *ptrs):
-        _FWD((_cdiv(n_q, cfg.block_m), heads), (q_, k_, v_, o_, lse_, DebugOutputs(*dbg_), consts, *sizes),
-             constexprs, dict(num_warps=cfg.num_warps, num_stages=stages))
+        _FWD(
+            (_cdiv(n_q, cfg.block_m), heads),
+            (q_, k_, v_, o_, lse_, DebugOutputs(*dbg_), consts, *sizes),
+            constexprs,
+            dict(num_warps=cfg.num_warps, num_stages=stages),
+        )
     return o, lse, dbg
 
 
@@ -280,8 +337,12 @@ def _keys_contiguous(v: torch.Tensor) -> torch.Tensor:
     b, h, n, d = v.shape
     vt = v.new_empty((b, h, d, _cdiv(n, 16) * 16))
     for heads, (v_, vt_) in _by_heads(b * h, v, vt):
-        _TRANSPOSE((_cdiv(n, TRANSPOSE_BLOCK), heads), (v_, vt_, n, vt.shape[-1]),
-                   dict(HEAD_DIM=d, BLOCK_N=TRANSPOSE_BLOCK), dict(num_warps=4))
+        _TRANSPOSE(
+            (_cdiv(n, TRANSPOSE_BLOCK), heads),
+            (v_, vt_, n, vt.shape[-1]),
+            dict(HEAD_DIM=d, BLOCK_N=TRANSPOSE_BLOCK),
+            dict(num_warps=4),
+        )
     return vt
 
 
@@ -305,6 +366,7 @@ def _hopper_device(index: int) -> bool:
 def _tma_layout(block: tuple[int, ...], dtype: torch.dtype):
     """The shared-memory layout of a TMA block (Gluon's default for it; cached, as every launch needs one)."""
     from triton.experimental.gluon import language as gl
+
     gdt = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16, FP8: gl.float8e4nv}[dtype]
     return gl.NVMMASharedLayout.get_default_for(list(block), gdt)
 
@@ -313,6 +375,7 @@ def _tma_layout(block: tuple[int, ...], dtype: torch.dtype):
 def _overlap_launcher() -> Launcher:
     """The overlap kernel's launcher (imported on first use: Gluon's Hopper module is optional)."""
     from .kernels.fwd_overlap import attn_fwd_overlap
+
     return Launcher(attn_fwd_overlap)
 
 
@@ -332,8 +395,9 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
     return dict(num_warps=4, maxnreg=128) if two else dict(num_warps=4)
 
 
-def _forward_overlap(q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int,
-                     v_t: bool) -> None:
+def _forward_overlap(
+    q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int, v_t: bool
+) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N); with ``v_t`` V is :func:`_keys_contiguous`'s
     (B, H, d, N') copy, read over (B*H, d, N) with its row stride N'."""
@@ -349,8 +413,15 @@ def _forward_overlap(q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, cau
 
     kv = [1, cfg.block_n, d]
     scalars = (consts, n_q, n_k)
-    constexprs = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                      STAGES=cfg.num_stages, V_T=v_t)
+    constexprs = dict(
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        SOFTMAX=softmax,
+        STAGES=cfg.num_stages,
+        V_T=v_t,
+    )
     options = overlap_options(cfg, d, q.element_size())
     for heads, (q_, k_, v_, o_, lse_) in _by_heads(b * h, q, k, v, o, lse):
         if v_t:  # the descriptor ends at N_K: TMA fills the keys past it with zeros, not the copy's padding
@@ -361,27 +432,42 @@ def _forward_overlap(q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, cau
         _overlap_launcher()((_cdiv(n_q, cfg.block_m), heads), (*descs, o_, lse_, *scalars), constexprs, options)
 
 
-def backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-             do: torch.Tensor, *, causal: bool = False, sm_scale: float | None = None,
-             config: Config | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    o: torch.Tensor,
+    lse: torch.Tensor,
+    do: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    config: Config | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV, delta) from the forward's O and base-2 LSE; ``o`` and ``do`` of q's shape and dtype,
     ``lse`` float32 (B, H, N_q), all on q's device."""
     _check(q, k, v)
-    for name, x, shape, dtype in (("o", o, q.shape, q.dtype), ("do", do, q.shape, q.dtype),
-                                  ("lse", lse, q.shape[:3], torch.float32)):
+    for name, x, shape, dtype in (
+        ("o", o, q.shape, q.dtype),
+        ("do", do, q.shape, q.dtype),
+        ("lse", lse, q.shape[:3], torch.float32),
+    ):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
         if x.shape != shape or x.dtype != dtype or x.device != q.device:
-            raise ValueError(f"{name}: {tuple(x.shape)} {x.dtype} on {x.device}; accepted: {tuple(shape)} {dtype} on "
-                             f"{q.device}" + (" (the forward's base-2 LSE)" if name == "lse" else ""))
+            raise ValueError(
+                f"{name}: {tuple(x.shape)} {x.dtype} on {x.device}; accepted: {tuple(shape)} {dtype} on "
+                f"{q.device}" + (" (the forward's base-2 LSE)" if name == "lse" else "")
+            )
     scale = _scale(sm_scale, q.shape[-1])
     causal = _flag(causal, "causal")
     with _on(q):
         return _backward(q, k, v, o, lse, do, causal, scale, _config(config))
 
 
-def _backward(q, k, v, o, lse, do, causal: bool, scale: float,
-              config: Config | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def _backward(
+    q, k, v, o, lse, do, causal: bool, scale: float, config: Config | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`backward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
@@ -390,8 +476,9 @@ def _backward(q, k, v, o, lse, do, causal: bool, scale: float,
     delta = torch.empty((b, h, n_q), device=q.device, dtype=torch.float32)
     bh = b * h
     for heads, tensors in _by_heads(bh, o, do, delta):
-        _DELTA((_cdiv(n_q, DELTA_BLOCK), heads), (*tensors, n_q), dict(HEAD_DIM=d, BLOCK_M=DELTA_BLOCK),
-               dict(num_warps=4))
+        _DELTA(
+            (_cdiv(n_q, DELTA_BLOCK), heads), (*tensors, n_q), dict(HEAD_DIM=d, BLOCK_M=DELTA_BLOCK), dict(num_warps=4)
+        )
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     scalars = (_f32(scale * LOG2E), _f32(scale), n_q, n_k)
     tiles = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
@@ -421,16 +508,31 @@ class FlashAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-              sm_scale: float | None = None, softmax: str = "standard") -> torch.Tensor:
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    causal: bool = False,
+    sm_scale: float | None = None,
+    softmax: str = "standard",
+) -> torch.Tensor:
     """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors."""
     return FlashAttention.apply(q, k, v, causal, sm_scale, softmax)
 
 
-def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
-                                 is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False,
-                                 *, softmax: str = "standard") -> torch.Tensor:
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    softmax: str = "standard",
+) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` for 4-D (B, H, N, d) bfloat16/float16
     CUDA tensors with d in :data:`HEAD_DIMS`; no mask tensor, dropout, GQA, broadcasting or zero scale."""
     if attn_mask is not None:
@@ -453,5 +555,15 @@ def lse_natural(lse: torch.Tensor) -> torch.Tensor:
     return lse * math.log(2.0)
 
 
-__all__ = ["Config", "FWD_CONFIGS", "BWD_CONFIGS", "forward", "backward", "FlashAttention", "attention",
-           "scaled_dot_product_attention", "softmax_constants", "lse_natural"]
+__all__ = [
+    "Config",
+    "FWD_CONFIGS",
+    "BWD_CONFIGS",
+    "forward",
+    "backward",
+    "FlashAttention",
+    "attention",
+    "scaled_dot_product_attention",
+    "softmax_constants",
+    "lse_natural",
+]

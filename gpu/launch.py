@@ -44,7 +44,7 @@ def _arg_key(x: Any) -> Any:
     if isinstance(x, bool):
         return bool, x
     if isinstance(x, int):
-        return int, x == 1, x % 16 == 0, -2**31 <= x < 2**31, x < 2**63
+        return int, x == 1, x % 16 == 0, -(2**31) <= x < 2**31, x < 2**63
     if isinstance(x, float):
         return float
     if isinstance(x, tuple):  # a record (Triton specialises each field)
@@ -68,14 +68,20 @@ class Launcher:
         if INTERPRET or not _DIRECT.get():
             self.fn[grid](*args, **constexprs, **options)
             return
-        key = (torch.cuda.current_device(), tuple(map(_arg_key, args)), tuple(constexprs.items()),
-               tuple(options.items()))
+        key = (
+            torch.cuda.current_device(),
+            tuple(map(_arg_key, args)),
+            tuple(constexprs.items()),
+            tuple(options.items()),
+        )
         compiled = self._compiled.get(key)
         if compiled is None:
             names = self.fn.arg_names
-            if tuple(names[len(args):]) != tuple(constexprs):
-                raise TypeError(f"Launcher: {self.fn.__name__} takes {names[len(args):]} after its {len(args)} "
-                                f"run-time arguments, got {list(constexprs)}")
+            if tuple(names[len(args) :]) != tuple(constexprs):
+                raise TypeError(
+                    f"Launcher: {self.fn.__name__} takes {names[len(args) :]} after its {len(args)} "
+                    f"run-time arguments, got {list(constexprs)}"
+                )
             self._compiled[key] = self.fn[grid](*args, **constexprs, **options)  # compiles (or loads), launches
             return
         compiled[(*grid, 1, 1)[:3]](*args, *constexprs.values())  # the compiled kernel's runner takes 3 dims

@@ -53,8 +53,16 @@ def kernel_output_format(dtype: str) -> ef.Format:
     return BF16 if dtype == "e4m3" else kernel_format(dtype)
 
 
-def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64, num_warps: int = 4,
-                  bwd_block_m: int = 64, bwd_block_n: int = 64, name: str | None = None) -> Policy:
+def triton_policy(
+    dtype: str = "bf16",
+    *,
+    block_m: int = 128,
+    block_n: int = 64,
+    num_warps: int = 4,
+    bwd_block_m: int = 64,
+    bwd_block_n: int = 64,
+    name: str | None = None,
+) -> Policy:
     """The policy of our Triton kernels (gpu/kernels) on the H100, for one launch configuration.
 
     Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
@@ -77,16 +85,29 @@ def triton_policy(dtype: str = "bf16", *, block_m: int = 128, block_n: int = 64,
     return Policy(
         name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
         note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
-             f"backward {bwd_block_m}x{bwd_block_n})",
-        scores=Dot(fmt, model), scale=Scale("max", FP32), mask=Mask(-math.inf, "select"), max=Op(FP32),
-        subtract=Op(FP32, fused=True), exp=Func("h100_ex2", FP32),
-        row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps), p_cast=Op(fmt),
-        pv=Dot(fmt, model, into_acc=True), rescale=Op(FP32), o_accum=Op(FP32),
-        normalize=Norm("divide", "div_full", FP32), output=Op(out, nan_bits=0x7FFF), lse=Func("log2_fma", FP32),
+        f"backward {bwd_block_m}x{bwd_block_n})",
+        scores=Dot(fmt, model),
+        scale=Scale("max", FP32),
+        mask=Mask(-math.inf, "select"),
+        max=Op(FP32),
+        subtract=Op(FP32, fused=True),
+        exp=Func("h100_ex2", FP32),
+        row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps),
+        p_cast=Op(fmt),
+        pv=Dot(fmt, model, into_acc=True),
+        rescale=Op(FP32),
+        o_accum=Op(FP32),
+        normalize=Norm("divide", "div_full", FP32),
+        output=Op(out, nan_bits=0x7FFF),
+        lse=Func("log2_fma", FP32),
         tiling=Tiling(block_m, block_n, "forward"),
         delta=Delta("h100_tl_sum", FP32, nan_bits=0x7FFFFFFF),
-        recompute=Recompute("h100_ex2", FP32, fused=True), dv=grad, dp=Dot(gfmt, gmodel),
-        ds=SoftmaxGrad(FP32, scale_at="end"), dk=grad, dq=grad,
+        recompute=Recompute("h100_ex2", FP32, fused=True),
+        dv=grad,
+        dp=Dot(gfmt, gmodel),
+        ds=SoftmaxGrad(FP32, scale_at="end"),
+        dk=grad,
+        dq=grad,
         bwd_tiling=BwdTiling(bwd_block_m, bwd_block_n),
     )
 
@@ -104,31 +125,43 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     (``Func("libdevice_log2f")``).  The tutorial needs N a multiple of its tiles.
     """
     base = triton_policy("fp16", block_m=block_m, block_n=block_n, num_warps=num_warps)
-    return dataclasses.replace(base, name=f"triton_tutorial_{block_m}x{block_n}w{num_warps}",
-                               note=f"Triton's fused-attention tutorial, fp16 forward on the H100 "
-                                    f"({block_m}x{block_n}, {num_warps} warps)",
-                               mask=Mask(-1e6, "add"), lse=Func("libdevice_log2f", FP32))
+    return dataclasses.replace(
+        base,
+        name=f"triton_tutorial_{block_m}x{block_n}w{num_warps}",
+        note=f"Triton's fused-attention tutorial, fp16 forward on the H100 ({block_m}x{block_n}, {num_warps} warps)",
+        mask=Mask(-1e6, "add"),
+        lse=Func("libdevice_log2f", FP32),
+    )
 
 
 # ---- the policy of one launch -----------------------------------------------------------------------------
-def kernel_policy_args(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
-                       bwd: Config | None = None) -> dict:
+def kernel_policy_args(
+    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+) -> dict:
     """Keyword arguments of :func:`triton_policy` for our kernels launched with these configs (defaults: the
     tables of :mod:`gpu.configs`)."""
     f = fwd or fwd_config(dtype, head_dim, causal)
     b = bwd or BWD_CONFIGS[head_dim]
-    return dict(dtype=dtype, block_m=f.block_m, block_n=f.block_n, num_warps=f.num_warps, bwd_block_m=b.block_m,
-                bwd_block_n=b.block_n)
+    return dict(
+        dtype=dtype,
+        block_m=f.block_m,
+        block_n=f.block_n,
+        num_warps=f.num_warps,
+        bwd_block_m=b.block_m,
+        bwd_block_n=b.block_n,
+    )
 
 
-def kernel_policy(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
-                  bwd: Config | None = None) -> Policy:
+def kernel_policy(
+    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+) -> Policy:
     """flashsim's policy for our kernels launched with these configs (defaults: the tables of gpu.configs)."""
     return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
 
 
-def kernel_policy_ref(dtype: str, head_dim: int, causal: bool, fwd: Config | None = None,
-                      bwd: Config | None = None) -> PolicyRef:
+def kernel_policy_ref(
+    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+) -> PolicyRef:
     """:func:`kernel_policy` as a reference a saved run keeps (``gpu.policies:triton_policy`` and its
     arguments)."""
     return PolicyRef(f"{__name__}:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
@@ -149,5 +182,15 @@ def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
     return get_softmax(softmax)
 
 
-__all__ = ["KERNEL_FORMATS", "TRITON_H100", "kernel_format", "kernel_output_format", "kernel_policy",
-           "kernel_policy_args", "kernel_policy_ref", "kernel_variant", "triton_policy", "tutorial_policy"]
+__all__ = [
+    "KERNEL_FORMATS",
+    "TRITON_H100",
+    "kernel_format",
+    "kernel_output_format",
+    "kernel_policy",
+    "kernel_policy_args",
+    "kernel_policy_ref",
+    "kernel_variant",
+    "triton_policy",
+    "tutorial_policy",
+]

@@ -55,14 +55,39 @@ def _rand_bits(rng, n: int, dtype) -> np.ndarray:
 def _specials(p: int, emin: int, emax: int) -> np.ndarray:
     mx = np.ldexp(2.0 - 2.0 ** (1 - p), emax)
     sub = np.ldexp(1.0, emin - p + 1)
-    v = [0.0, np.inf, np.nan, mx, sub, np.ldexp(1.0, emin), 1.0, 2.0, np.ldexp(1.0, emax), 3.0 * sub,
-         np.ldexp(1.0, emin) - sub, mx / 2]
+    v = [
+        0.0,
+        np.inf,
+        np.nan,
+        mx,
+        sub,
+        np.ldexp(1.0, emin),
+        1.0,
+        2.0,
+        np.ldexp(1.0, emax),
+        3.0 * sub,
+        np.ldexp(1.0, emin) - sub,
+        mx / 2,
+    ]
     return np.array(v + [-x for x in v])
 
 
 CATEGORIES = (
-    "bits", "normal", "same_binade", "add_tie", "cancel", "gap", "subnormal", "short", "specials",
-    "mul_edge", "div_edge", "near_tie", "fma_cancel", "fma_tie", "mul_tie",
+    "bits",
+    "normal",
+    "same_binade",
+    "add_tie",
+    "cancel",
+    "gap",
+    "subnormal",
+    "short",
+    "specials",
+    "mul_edge",
+    "div_edge",
+    "near_tie",
+    "fma_cancel",
+    "fma_tie",
+    "mul_tie",
 )
 
 
@@ -86,8 +111,18 @@ def _hard_operands(op: str, target: str, n: int, seed: int, dtype) -> dict[str, 
         "sub": ["bits", "normal", "same_binade", "add_tie", "cancel", "gap", "subnormal", "specials"],
         "mul": ["bits", "normal", "short", "subnormal", "mul_edge", "specials", "near_tie", "mul_tie"],
         "div": ["bits", "normal", "short", "subnormal", "div_edge", "specials", "near_tie"],
-        "fma": ["bits", "normal", "short", "gap", "subnormal", "mul_edge", "specials", "fma_cancel", "fma_tie",
-                "mul_tie"],
+        "fma": [
+            "bits",
+            "normal",
+            "short",
+            "gap",
+            "subnormal",
+            "mul_edge",
+            "specials",
+            "fma_cancel",
+            "fma_tie",
+            "mul_tie",
+        ],
         "sqrt": ["bits", "normal", "short", "subnormal", "specials", "near_tie"],
     }[op]
     cat = rng.integers(0, len(cats), n)

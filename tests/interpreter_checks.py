@@ -86,8 +86,10 @@ def check_shifts(causal: bool, softmax: str) -> None:
         compared = shifted = 0
         for start in range(0, n_q, block_m):
             rows = slice(start, min(start + block_m, n_q))
-            plain = {st.block: np.asarray(st.m, np.float32).reshape(-1)
-                     for st in step_rows(qn, kn, vn, pol, rows=rows, causal=causal, trace=False)}
+            plain = {
+                st.block: np.asarray(st.m, np.float32).reshape(-1)
+                for st in step_rows(qn, kn, vn, pol, rows=rows, causal=causal, trace=False)
+            }
             for st in step_rows(qn, kn, vn, pol, rows=rows, softmax=variant, causal=causal, trace=False):
                 want = np.asarray(st.m, np.float32).reshape(-1)
                 have = got[st.block, rows]
@@ -163,8 +165,14 @@ def check_arguments(causal: bool) -> None:
     sdpa = flash.scaled_dot_product_attention  # its errors name its own arguments
     _raises(ValueError, "key, value: head dim 128 differs from query's 64", sdpa, q, k128, k128)
     _raises(TypeError, "value: expected a torch.Tensor", sdpa, q, k, None)
-    _raises(ValueError, "query, key, value: shapes (B, H, N, d) must agree (B, H, d; key and value equal)", sdpa, q,
-            k[:, :1], v)
+    _raises(
+        ValueError,
+        "query, key, value: shapes (B, H, N, d) must agree (B, H, d; key and value equal)",
+        sdpa,
+        q,
+        k[:, :1],
+        v,
+    )
     long = torch.zeros(1, 1, 1, 64, dtype=torch.float16).expand(1, 1, 2**25, 64)  # stride 0: no memory
     _raises(ValueError, "q: N * d = 2147483648; accepted: below 2^31", fwd, long, long, long)
     meta = torch.empty(1, 2, 16, 64, dtype=torch.float16, device="meta")
@@ -172,9 +180,14 @@ def check_arguments(causal: bool) -> None:
 
     o, lse, _ = fwd(q, k, v, causal=causal)
     bwd = flash.backward
-    for name, args in (("lse", (o, lse[:, :, :8], do)), ("lse", (o, lse.half(), do)),
-                       ("lse", (o, lse.to(torch.float64), do)), ("do", (o, lse, do.float())),
-                       ("do", (o, lse, do.transpose(2, 3)[..., :16, :])), ("o", (o[:, :, :4], lse, do))):
+    for name, args in (
+        ("lse", (o, lse[:, :, :8], do)),
+        ("lse", (o, lse.half(), do)),
+        ("lse", (o, lse.to(torch.float64), do)),
+        ("do", (o, lse, do.float())),
+        ("do", (o, lse, do.transpose(2, 3)[..., :16, :])),
+        ("o", (o[:, :, :4], lse, do)),
+    ):
         _raises(ValueError, f"{name}: ", bwd, q, k, v, *args, causal=causal)
     _raises(TypeError, "do: expected a torch.Tensor", bwd, q, k, v, o, lse, [1.0], causal=causal)
     _raises(TypeError, "config: expected a gpu.configs.Config", bwd, q, k, v, o, lse, do, config={"block_m": 64})
@@ -196,8 +209,9 @@ def check_v_transposed(causal: bool) -> None:
         q, k, v = _heads(shape, 2, 60 + i, integer=False)
         runs = []
         for v_transposed in (False, True):
-            o, lse, dbg = flash.forward(q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True,
-                                        v_transposed=v_transposed)
+            o, lse, dbg = flash.forward(
+                q, k, v, causal=causal, softmax="robust", kernel="triton", debug=True, v_transposed=v_transposed
+            )
             runs.append([o, lse, *dbg.values()])
         assert same_bits(*runs), (shape, causal)
 
@@ -240,8 +254,10 @@ def main(argv: list[str]) -> None:
     elif check == "v_transposed":
         check_v_transposed(causal)
     else:
-        raise SystemExit(f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments, "
-                         "causality, v_transposed")
+        raise SystemExit(
+            f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments, "
+            "causality, v_transposed"
+        )
     print("ok")
 
 

@@ -54,8 +54,16 @@ SF_INVALID = int(sf.ExceptionFlag.INVALID)
 # ---- gfloat format descriptions ------------------------------------------------------------------
 
 TF32_INFO = FormatInfo(
-    "tf32", k=19, precision=11, bias=127, is_signed=True, domain=Domain.Extended, has_nz=True,
-    num_high_nans=2**10 - 1, has_subnormals=True, is_twos_complement=False,
+    "tf32",
+    k=19,
+    precision=11,
+    bias=127,
+    is_signed=True,
+    domain=Domain.Extended,
+    has_nz=True,
+    num_high_nans=2**10 - 1,
+    has_subnormals=True,
+    is_twos_complement=False,
 )
 """NVIDIA TensorFloat-32 (binary32's range, binary16's precision); gfloat has no preset."""
 
@@ -85,20 +93,17 @@ def build_info(exp_bits: int, man_bits: int, bias: int, specials: str) -> Format
     gfloat's model (its ``has_subnormals=False`` reinterprets the zero exponent).
     """
     k = 1 + exp_bits + man_bits
-    common = dict(k=k, precision=man_bits + 1, bias=bias, is_signed=True, has_subnormals=True,
-                  is_twos_complement=False)
+    common = dict(k=k, precision=man_bits + 1, bias=bias, is_signed=True, has_subnormals=True, is_twos_complement=False)
     if specials == "ieee":
-        return FormatInfo(f"e{exp_bits}m{man_bits}", domain=Domain.Extended, has_nz=True,
-                          num_high_nans=2**man_bits - 1, **common)
+        return FormatInfo(
+            f"e{exp_bits}m{man_bits}", domain=Domain.Extended, has_nz=True, num_high_nans=2**man_bits - 1, **common
+        )
     if specials == "fn":
-        return FormatInfo(f"e{exp_bits}m{man_bits}fn", domain=Domain.Finite, has_nz=True, num_high_nans=1,
-                          **common)
+        return FormatInfo(f"e{exp_bits}m{man_bits}fn", domain=Domain.Finite, has_nz=True, num_high_nans=1, **common)
     if specials == "fnuz":
-        return FormatInfo(f"e{exp_bits}m{man_bits}fnuz", domain=Domain.Finite, has_nz=False, num_high_nans=0,
-                          **common)
+        return FormatInfo(f"e{exp_bits}m{man_bits}fnuz", domain=Domain.Finite, has_nz=False, num_high_nans=0, **common)
     if specials == "none":
-        return FormatInfo(f"e{exp_bits}m{man_bits}", domain=Domain.Finite, has_nz=True, num_high_nans=0,
-                          **common)
+        return FormatInfo(f"e{exp_bits}m{man_bits}", domain=Domain.Finite, has_nz=True, num_high_nans=0, **common)
     raise ValueError(specials)
 
 
@@ -124,6 +129,7 @@ def nan_has_sign(fi: FormatInfo) -> bool:
 
 
 # ---- gfloat rounding, with round-to-odd added ----------------------------------------------------
+
 
 def gf_round(fi: FormatInfo, v, mode: str, *, sat: bool = False, srbits=None, srnumbits: int = 0) -> np.ndarray:
     """Round float64 values into ``fi`` with gfloat; returns float64 values of the format.
@@ -205,6 +211,7 @@ def all_codes(fi: FormatInfo) -> np.ndarray:
 
 # ---- comparison ------------------------------------------------------------------------------------
 
+
 def mismatch(got, want, *, nan_sign: bool) -> np.ndarray:
     """Mask of elements where got != want as format values.
 
@@ -253,8 +260,14 @@ _SF_TYPE = {16: sf.Float16, 32: sf.Float32, 64: sf.Float64}
 _SF_FN = {
     (w, op): getattr(sf, f"f{w}_{name}")
     for w in (16, 32, 64)
-    for op, name in (("add", "add"), ("sub", "sub"), ("mul", "mul"), ("div", "div"), ("fma", "mul_add"),
-                     ("sqrt", "sqrt"))
+    for op, name in (
+        ("add", "add"),
+        ("sub", "sub"),
+        ("mul", "mul"),
+        ("div", "div"),
+        ("fma", "mul_add"),
+        ("sqrt", "sqrt"),
+    )
 }
 ARITY = {"add": 2, "sub": 2, "mul": 2, "div": 2, "fma": 3, "sqrt": 1}
 _FLOAT_OF_WIDTH = {16: np.float16, 32: np.float32, 64: np.float64}
@@ -318,14 +331,22 @@ def rto64(op: str, *cols) -> tuple[np.ndarray, np.ndarray]:
     return out, down
 
 
-def op_oracle(fi: FormatInfo, mode: str, rto_pair: tuple[np.ndarray, np.ndarray], *, sat: bool = False,
-              srbits=None, srnumbits: int = 0) -> np.ndarray:
+def op_oracle(
+    fi: FormatInfo,
+    mode: str,
+    rto_pair: tuple[np.ndarray, np.ndarray],
+    *,
+    sat: bool = False,
+    srbits=None,
+    srnumbits: int = 0,
+) -> np.ndarray:
     """Target-format result from the :func:`rto64` pair of an exact result."""
     v = rto_pair[1] if mode == "rdown" else rto_pair[0]
     return gf_round(fi, v, mode, sat=sat, srbits=srbits, srnumbits=srnumbits)
 
 
 # ---- IEEE 754-2019 minimum / maximum ---------------------------------------------------------------------
+
 
 def ieee_minmax(a, b, which: str, propagate_nan: bool = True) -> np.ndarray:
     """minimum/maximum (NaN if either is NaN) or minimumNumber/maximumNumber (NaN ignored).
@@ -370,6 +391,7 @@ def all_patterns(dtype, width: int) -> np.ndarray:
 
 
 # ---- exact rational oracle (pure Python), for stochastic rounding with many random bits ------------------
+
 
 def exact_value(op: str, *xs: float):
     """The exact result of ``op`` on finite floats as a Fraction.

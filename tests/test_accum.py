@@ -30,7 +30,7 @@ def _block_reference(a, b, c, width, align_bits, emin_a, emin_b):
     for k0 in range(0, len(a), width):
         terms = []
         exps = []
-        for x, y in zip(a[k0:k0 + width], b[k0:k0 + width], strict=True):
+        for x, y in zip(a[k0 : k0 + width], b[k0 : k0 + width], strict=True):
             p = _frac(x) * _frac(y)
             if p:
                 ex = max(int(np.floor(np.log2(abs(float(x))))), emin_a)
@@ -66,7 +66,7 @@ def test_sequential_unfused_matches_a_numpy_float32_loop():
     b = rng.standard_normal((100, 3)).astype(np.float32)
     acc = np.zeros((4, 3), np.float32)
     for k in range(100):
-        acc = (acc + (a[:, k:k + 1] * b[k:k + 1, :]).astype(np.float32)).astype(np.float32)
+        acc = (acc + (a[:, k : k + 1] * b[k : k + 1, :]).astype(np.float32)).astype(np.float32)
     np.testing.assert_array_equal(ef.matmul(a, b, ef.Sequential(fused=False)), acc)
 
 
@@ -141,8 +141,13 @@ def test_model_arguments_are_checked():
         ef.matmul(x, x.T, c=np.zeros((3, 3), np.float32))
 
 
-_STRESS_DTYPES = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16, "e4m3fn": ml_dtypes.float8_e4m3fn,
-                  "e5m2": ml_dtypes.float8_e5m2, "fp32": np.float32}
+_STRESS_DTYPES = {
+    "bf16": ml_dtypes.bfloat16,
+    "fp16": np.float16,
+    "e4m3fn": ml_dtypes.float8_e4m3fn,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "fp32": np.float32,
+}
 
 
 def _stress_operand(rng, shape, dtype, spread, p_special):
@@ -161,13 +166,15 @@ def test_fused_block_fast_path_matches_the_traced_general_path(name):
     """Untraced FusedBlock calls take the integer fast path, traced ones the general one: same bits."""
     fp8 = name in ("e4m3fn", "e5m2")
     acc = ef.Format(8, 13) if fp8 else ef.FP32
-    models = [h100.WGMMA_FP8 if fp8 else h100.WGMMA_BF16,
-              ef.FusedBlock(width=16, align_bits=25, early_c=False, zeros_in_max=True, min_exp=-140, acc_fmt=acc),
-              ef.FusedBlock(width=4, align_bits=3, final_rounding=ef.Rounding("rne"), acc_fmt=acc),
-              ef.FusedBlock(width=8, align_bits=40, final_rounding=ef.Rounding("rup"), zeros_in_max=True),
-              ef.FusedBlock(width=32, align_bits=13, acc_fmt=acc, chunk=64, final_rounding=ef.Rounding("rdown")),
-              ef.FusedBlock(width=16, align_bits=20, final_rounding=ef.Rounding("rto"), inf_on_overflow=False),
-              ef.FusedBlock(width=5, align_bits=30, final_rounding=ef.Rounding("rna"), min_exp=-20)]
+    models = [
+        h100.WGMMA_FP8 if fp8 else h100.WGMMA_BF16,
+        ef.FusedBlock(width=16, align_bits=25, early_c=False, zeros_in_max=True, min_exp=-140, acc_fmt=acc),
+        ef.FusedBlock(width=4, align_bits=3, final_rounding=ef.Rounding("rne"), acc_fmt=acc),
+        ef.FusedBlock(width=8, align_bits=40, final_rounding=ef.Rounding("rup"), zeros_in_max=True),
+        ef.FusedBlock(width=32, align_bits=13, acc_fmt=acc, chunk=64, final_rounding=ef.Rounding("rdown")),
+        ef.FusedBlock(width=16, align_bits=20, final_rounding=ef.Rounding("rto"), inf_on_overflow=False),
+        ef.FusedBlock(width=5, align_bits=30, final_rounding=ef.Rounding("rna"), min_exp=-20),
+    ]
     rng = np.random.default_rng(sorted(_STRESS_DTYPES).index(name))
     for model in models:
         for m, k, n in [(5, 37, 70), (17, 96, 9), (1, 130, 3)]:
@@ -182,8 +189,17 @@ def test_fused_block_fast_path_matches_the_traced_general_path(name):
                         fast = ef.matmul(a, b, model, cc)
                         general = ef.matmul(a, b, model, cc, trace=ef.Trace())
                         differ = fast.view(np.uint32) != general.view(np.uint32)
-                        assert not differ.any(), (model, m, k, n, spread, p_special, cc is not None,
-                                                  fast[differ][:4], general[differ][:4])
+                        assert not differ.any(), (
+                            model,
+                            m,
+                            k,
+                            n,
+                            spread,
+                            p_special,
+                            cc is not None,
+                            fast[differ][:4],
+                            general[differ][:4],
+                        )
 
 
 def test_fused_block_overflow_in_the_fast_path():

@@ -30,13 +30,30 @@ import emufloat as ef
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
 
 ALL_MODES = (*MODES, "sr8", "sr3", "sr32")
-PRESET_NAMES = ("fp64", "fp32", "tf32", "fp16", "bf16", "e4m3fn", "e5m2", "e4m3fnuz", "e5m2fnuz", "e3m2",
-                "e2m3", "e2m1")
+PRESET_NAMES = (
+    "fp64",
+    "fp32",
+    "tf32",
+    "fp16",
+    "bf16",
+    "e4m3fn",
+    "e5m2",
+    "e4m3fnuz",
+    "e5m2fnuz",
+    "e3m2",
+    "e2m3",
+    "e2m1",
+)
 NARROW_SOURCES = {  # dtype, width in bits
-    "fp16": (np.float16, 16), "bf16": (ml_dtypes.bfloat16, 16),
-    "e4m3fn": (ml_dtypes.float8_e4m3fn, 8), "e5m2": (ml_dtypes.float8_e5m2, 8),
-    "e4m3fnuz": (ml_dtypes.float8_e4m3fnuz, 8), "e5m2fnuz": (ml_dtypes.float8_e5m2fnuz, 8),
-    "e3m2": (ml_dtypes.float6_e3m2fn, 6), "e2m3": (ml_dtypes.float6_e2m3fn, 6), "e2m1": (ml_dtypes.float4_e2m1fn, 4),
+    "fp16": (np.float16, 16),
+    "bf16": (ml_dtypes.bfloat16, 16),
+    "e4m3fn": (ml_dtypes.float8_e4m3fn, 8),
+    "e5m2": (ml_dtypes.float8_e5m2, 8),
+    "e4m3fnuz": (ml_dtypes.float8_e4m3fnuz, 8),
+    "e5m2fnuz": (ml_dtypes.float8_e5m2fnuz, 8),
+    "e3m2": (ml_dtypes.float6_e3m2fn, 6),
+    "e2m3": (ml_dtypes.float6_e2m3fn, 6),
+    "e2m1": (ml_dtypes.float4_e2m1fn, 4),
 }
 
 
@@ -50,8 +67,14 @@ def rounding_of(mode: str, seed: int = 12345):
 def cast_oracle(fmt, x, mode: str, rnd, r: int) -> np.ndarray:
     fi = gfloat_info(fmt)
     srbits = ef.stochastic_bits(rnd, np.size(x)) if r else None
-    return gf_round(fi, np.asarray(x, np.float64).ravel(), "sr" if r else mode,
-                    sat=fmt.overflow == "saturate", srbits=srbits, srnumbits=r)
+    return gf_round(
+        fi,
+        np.asarray(x, np.float64).ravel(),
+        "sr" if r else mode,
+        sat=fmt.overflow == "saturate",
+        srbits=srbits,
+        srnumbits=r,
+    )
 
 
 def check_cast(x, fmt, mode: str, ctx: str, seed: int = 12345) -> int:
@@ -65,16 +88,17 @@ def check_cast(x, fmt, mode: str, ctx: str, seed: int = 12345) -> int:
     assert_same(got, want, nan_sign=nan_has_sign(fi), ctx=f"{ctx} encode", x=np.ravel(x), bits=bits.ravel())
     q = ef.quantize(x, fmt, rnd)
     assert q.dtype == fmt.carrier
-    assert_same(q.astype(np.float64).ravel(), want, nan_sign=nan_has_sign(fi), ctx=f"{ctx} quantize",
-                x=np.ravel(x))
+    assert_same(q.astype(np.float64).ravel(), want, nan_sign=nan_has_sign(fi), ctx=f"{ctx} quantize", x=np.ravel(x))
     # a trace sends every element through the general rounding routine instead of the fast path
     traced = ef.encode(x, fmt, rnd, trace=ef.Trace())
-    assert_same(gf_decode(fi, traced.ravel()), want, nan_sign=nan_has_sign(fi), ctx=f"{ctx} traced encode",
-                x=np.ravel(x))
+    assert_same(
+        gf_decode(fi, traced.ravel()), want, nan_sign=nan_has_sign(fi), ctx=f"{ctx} traced encode", x=np.ravel(x)
+    )
     return want.size
 
 
 # ---- (a) float32 -> narrow formats, RNE, against ml_dtypes ---------------------------------------------------
+
 
 def float32_boundaries(name: str) -> np.ndarray:
     """Every value of the format and every midpoint between neighbours, as float32 where exact,
@@ -99,11 +123,34 @@ def float32_boundaries(name: str) -> np.ndarray:
 
 
 def float32_specials() -> np.ndarray:
-    bits = np.array([
-        0x00000000, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001,
-        0x7FA00000, 0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00001, 0x7F802000, 0x7FE00000, 0x7F7FFFFF, 0xFF7FFFFF,
-        0x00000001, 0x80000001, 0x00800000, 0x80800000, 0x007FFFFF, 0x3F800000, 0x3F800001,
-    ], dtype=np.uint32)
+    bits = np.array(
+        [
+            0x00000000,
+            0x80000000,
+            0x7F800000,
+            0xFF800000,
+            0x7FC00000,
+            0xFFC00000,
+            0x7F800001,
+            0xFF800001,
+            0x7FA00000,
+            0x7FFFFFFF,
+            0xFFFFFFFF,
+            0x7FC00001,
+            0x7F802000,
+            0x7FE00000,
+            0x7F7FFFFF,
+            0xFF7FFFFF,
+            0x00000001,
+            0x80000001,
+            0x00800000,
+            0x80800000,
+            0x007FFFFF,
+            0x3F800000,
+            0x3F800001,
+        ],
+        dtype=np.uint32,
+    )
     return bits.view(np.float32)
 
 
@@ -137,8 +184,9 @@ def test_float32_rne_matches_ml_dtypes(name):
         bad = got != want
     if bad.any():
         idx = np.flatnonzero(bad)[:8]
-        raise AssertionError(f"{bad.sum()} mismatches; x={x[idx]!r} bits={x[idx].view(np.uint32)} "
-                             f"got={got[idx]} want={want[idx]}")
+        raise AssertionError(
+            f"{bad.sum()} mismatches; x={x[idx]!r} bits={x[idx].view(np.uint32)} got={got[idx]} want={want[idx]}"
+        )
     # the sample really contains the edge cases it is meant to
     assert nan_in.sum() >= 10 and np.isinf(x).sum() >= 2
 
@@ -163,6 +211,7 @@ def test_nan_into_format_without_nan_raises(name):
 
 
 # ---- (b) every narrow encoding into every preset, every mode, against gfloat --------------------------------
+
 
 @pytest.mark.parametrize("mode", ALL_MODES)
 @pytest.mark.parametrize("src", list(NARROW_SOURCES))
@@ -225,6 +274,7 @@ def test_sr_statistics_follow_the_definition():
 
 # ---- (c) float64 input into FP32 and BF16 ---------------------------------------------------------------------
 
+
 def float64_sample(seed: int = 3) -> np.ndarray:
     """Random float64 bit patterns around the FP32 range, plus midpoints of FP32 and BF16 and their neighbours."""
     rng = np.random.default_rng(seed)
@@ -233,12 +283,19 @@ def float64_sample(seed: int = 3) -> np.ndarray:
     expo = rng.integers(1023 - 160, 1023 + 131, n).astype(np.uint64) << np.uint64(52)
     frac = rng.integers(0, 2**52, n, dtype=np.uint64)
     near = (sign | expo | frac).view(np.float64)
-    anyb = rng.integers(0, 2**63, 1 << 14, dtype=np.uint64) * np.uint64(2) + rng.integers(0, 2, 1 << 14,
-                                                                                        dtype=np.uint64)
+    anyb = rng.integers(0, 2**63, 1 << 14, dtype=np.uint64) * np.uint64(2) + rng.integers(
+        0, 2, 1 << 14, dtype=np.uint64
+    )
     anyv = anyb.view(np.float64)
     b = rng.integers(0, 0x7F800000, 1 << 15, dtype=np.uint64).astype(np.uint32)
-    b = np.concatenate([b, np.arange(64, dtype=np.uint32), 0x7F7FFFFF - np.arange(64, dtype=np.uint32),
-                        0x007FFFE0 + np.arange(64, dtype=np.uint32)])
+    b = np.concatenate(
+        [
+            b,
+            np.arange(64, dtype=np.uint32),
+            0x7F7FFFFF - np.arange(64, dtype=np.uint32),
+            0x007FFFE0 + np.arange(64, dtype=np.uint32),
+        ]
+    )
     v32 = b.view(np.float32)
     with np.errstate(over="ignore"):
         n32 = np.nextafter(v32, np.float32(np.inf)).astype(np.float64)
@@ -281,11 +338,13 @@ E2M0 = ef.Format(2, 0, specials="none")  # precision 1: values 0, 1, 2, 4; see t
 @pytest.mark.parametrize("fmt", CUSTOM, ids=lambda f: f.name)
 def test_custom_formats(fmt, mode):
     rng = np.random.default_rng(5)
-    x = np.concatenate([
-        all_patterns(np.float16, 16).astype(np.float32),
-        all_patterns(ml_dtypes.bfloat16, 16).astype(np.float32),
-        rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32),
-    ])
+    x = np.concatenate(
+        [
+            all_patterns(np.float16, 16).astype(np.float32),
+            all_patterns(ml_dtypes.bfloat16, 16).astype(np.float32),
+            rng.integers(0, 2**32, 1 << 16, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        ]
+    )
     if not fmt.has_nan:
         x = x[~np.isnan(x)]
     check_cast(x, fmt, mode, f"f32->{fmt.name} {mode}")
@@ -294,8 +353,9 @@ def test_custom_formats(fmt, mode):
 @pytest.mark.parametrize("mode", ALL_MODES)
 def test_precision_one_format(mode):
     """Format(2, 0, specials='none') vs gfloat (P3109-style: 'even' is the encoding's last bit, the exponent's)."""
-    x = np.concatenate([all_patterns(np.float16, 16).astype(np.float32),
-                        np.array([3.0, -3.0, 1.5, 2.5, 6.0], np.float32)])
+    x = np.concatenate(
+        [all_patterns(np.float16, 16).astype(np.float32), np.array([3.0, -3.0, 1.5, 2.5, 6.0], np.float32)]
+    )
     check_cast(x[~np.isnan(x)], E2M0, mode, f"f32->e2m0 {mode}")
 
 
@@ -352,6 +412,7 @@ def test_flush_to_zero_format():
 
 # ---- (e) decode / encode round trips -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", [n for n in PRESET_NAMES if n not in ("fp32", "fp64")])
 def test_decode_encode_round_trip_all_encodings(name):
     fmt = ef.as_format(name)
@@ -379,8 +440,9 @@ def test_decode_encode_round_trip_all_encodings(name):
 
 def test_fp32_fp64_round_trip():
     rng = np.random.default_rng(11)
-    b32 = np.concatenate([rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32),
-                          float32_specials().view(np.uint32)])
+    b32 = np.concatenate(
+        [rng.integers(0, 2**32, 1 << 20, dtype=np.uint64).astype(np.uint32), float32_specials().view(np.uint32)]
+    )
     v = ef.decode(b32, "fp32")
     assert_same(v, b32.view(np.float32).astype(np.float64), nan_sign=True, ctx="fp32 decode")
     nan = np.isnan(v)

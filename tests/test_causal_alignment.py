@@ -55,7 +55,7 @@ def test_stepper_and_backward_follow_the_alignment(m, n):
     q, k, v = inputs(m, n, seed=1)
     f = fs.flash_forward(q, k, v, "fp64", causal="bottom-right", block_m=2, block_n=2)
     st = fs.step_rows(q, k, v, "fp64", rows=m - 1, causal="bottom-right", block_m=2, block_n=2).run()
-    assert np.array_equal(st.result.o, f.o[m - 1:m]) and st.causal == "bottom-right"
+    assert np.array_equal(st.result.o, f.o[m - 1 : m]) and st.causal == "bottom-right"
     do = np.random.default_rng(2).standard_normal((m, 5))
     tiled = fs.flash_backward(q, k, v, f.o, f.lse, do, "fp64", causal="bottom-right", block_m=2, block_n=2)
     whole = fs.reference_backward(q, k, v, f.o, f.lse, do, "fp64", causal="bottom-right")
@@ -86,4 +86,3 @@ def test_against_torch(m, n):
     o_tl = sdpa(*(x.detach() for x in (tq, tk, tv)), is_causal=True)
     got = fs.flash_forward(q, k, v, "fp64", causal="top-left", block_m=4, block_n=4).o
     assert np.allclose(got, o_tl[0, 0].numpy(), rtol=1e-12, atol=1e-14)
-

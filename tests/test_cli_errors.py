@@ -63,16 +63,28 @@ def assert_clean_failure(code: int, err: str, argument: str) -> None:
 # ---- files the table refers to ----------------------------------------------------------------------
 def qkv(m=6, n=10, d=4, dv=3, seed=0):
     rng = np.random.default_rng(seed)
-    return (rng.standard_normal((m, d)).astype(np.float32), rng.standard_normal((n, d)).astype(np.float32),
-            rng.standard_normal((n, dv)).astype(np.float32))
+    return (
+        rng.standard_normal((m, d)).astype(np.float32),
+        rng.standard_normal((n, d)).astype(np.float32),
+        rng.standard_normal((n, dv)).astype(np.float32),
+    )
 
 
 def tiny_run(**policy_args) -> KernelRun:
     q, k, v = (x[None] for x in qkv(m=4, n=4, d=4, dv=4))
     outputs = {"o": np.zeros((1, 4, 4), np.uint16), "lse": np.zeros((1, 4), np.uint32)}
     policy = PolicyRef("gpu.policies:triton_policy", {"dtype": "bf16", "block_m": 64, "block_n": 64} | policy_args)
-    return KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.5, softmax=cli.get_softmax("standard"),
-                     policy=policy, outputs=outputs)
+    return KernelRun(
+        q=q,
+        k=k,
+        v=v,
+        dtype="bf16",
+        causal=False,
+        sm_scale=0.5,
+        softmax=cli.get_softmax("standard"),
+        policy=policy,
+        outputs=outputs,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -91,8 +103,12 @@ def files(tmp_path_factory) -> Path:
     np.savez(t / "lead_mismatch.npz", q=q[None], k=k, v=v)
     np.savez(t / "nan_k.npz", q=q, k=np.where(np.arange(k.size).reshape(k.shape) == 5, np.nan, k), v=v)
     np.savez(t / "inf_v.npz", q=q, k=k, v=np.where(np.arange(v.size).reshape(v.shape) == 2, -np.inf, v))
-    np.savez(t / "fp8_raw.npz", q=q.astype(ml_dtypes.float8_e4m3fn), k=k.astype(ml_dtypes.float8_e4m3fn),
-             v=v.astype(ml_dtypes.float8_e4m3fn))
+    np.savez(
+        t / "fp8_raw.npz",
+        q=q.astype(ml_dtypes.float8_e4m3fn),
+        k=k.astype(ml_dtypes.float8_e4m3fn),
+        v=v.astype(ml_dtypes.float8_e4m3fn),
+    )
     np.save(t / "q.npy", q)
     np.save(t / "bad_stack.npy", q)
     (t / "x.txt").write_text("1 2 3")
@@ -234,24 +250,35 @@ def _main(command: str):
     pytest.importorskip("triton")
     if command == "gpu.scripts.run_attention":
         from gpu.scripts import run_attention
+
         return run_attention.main
     if command == "gpu.scripts.train_check":
         from gpu.scripts import train_check
+
         return train_check.main
     from gpu.scripts import verify_models
+
     return verify_models.main
 
 
 def test_the_table_covers_every_command():
     assert len(TABLE) >= 40
-    assert {c for c, _, _ in TABLE} == {"flashsim", "emufloat", "gpu.crosscheck", "gpu.probes.run",
-                                        "gpu.scripts.run_attention", "gpu.scripts.verify_models",
-                                        "gpu.scripts.record_nan_backward", "gpu.scripts.train_check"}
+    assert {c for c, _, _ in TABLE} == {
+        "flashsim",
+        "emufloat",
+        "gpu.crosscheck",
+        "gpu.probes.run",
+        "gpu.scripts.run_attention",
+        "gpu.scripts.verify_models",
+        "gpu.scripts.record_nan_backward",
+        "gpu.scripts.train_check",
+    }
     assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
 
 
-@pytest.mark.parametrize("command, argv, argument", TABLE, ids=[f"{c}:{' '.join(a[3:] if a[0] == 'trace-row' else a)}"
-                                                              for c, a, _ in TABLE])
+@pytest.mark.parametrize(
+    "command, argv, argument", TABLE, ids=[f"{c}:{' '.join(a[3:] if a[0] == 'trace-row' else a)}" for c, a, _ in TABLE]
+)
 def test_bad_input_fails_in_one_line_naming_the_argument(files, command, argv, argument, monkeypatch):
     main = _main(command)
     monkeypatch.setattr(cli, "step_rows", _no_computation)
@@ -299,8 +326,11 @@ def valid_files(tmp_path_factory) -> dict[str, bytes]:
 def _corrupt_run(tmp: Path, command: str, blob: bytes) -> tuple[int, str]:
     path = tmp / "corrupt.npz"
     path.write_bytes(blob)
-    argv = (["trace-row", "--data", str(path), "--no-plots", "--quiet", "--softmax", "standard", "--out",
-             str(tmp / "o")] if command == "trace-row" else ["crosscheck", "--quiet", str(path)])
+    argv = (
+        ["trace-row", "--data", str(path), "--no-plots", "--quiet", "--softmax", "standard", "--out", str(tmp / "o")]
+        if command == "trace-row"
+        else ["crosscheck", "--quiet", str(path)]
+    )
     code, _out, err = invoke(cli.main, argv)
     return code, err
 
@@ -335,19 +365,29 @@ def test_random_bytes_fail_cleanly(tmp_path, blob):
 
 
 # ---- as a user's shell sees it ------------------------------------------------------------------------
-@pytest.mark.parametrize("argv, argument", [
-    (["-m", "flashsim", "trace-row", "--data", "{t}/garbage.npz"], "--data"),
-    (["-m", "flashsim", "crosscheck", "{t}/q.npy"], "RUN"),
-    (["-m", "gpu.crosscheck", "--live", "--max-len", "1"], "--live"),
-    (["examples/emufloat_demo.py", "--rows", "0"], "--rows"),
-])
+@pytest.mark.parametrize(
+    "argv, argument",
+    [
+        (["-m", "flashsim", "trace-row", "--data", "{t}/garbage.npz"], "--data"),
+        (["-m", "flashsim", "crosscheck", "{t}/q.npy"], "RUN"),
+        (["-m", "gpu.crosscheck", "--live", "--max-len", "1"], "--live"),
+        (["examples/emufloat_demo.py", "--rows", "0"], "--rows"),
+    ],
+)
 def test_commands_as_processes(files, argv, argument):
     if "--live" in argv:
         from gpu.scripts.device_cli import gpu_stack_missing
+
         if gpu_stack_missing() is None:
             pytest.skip("this machine can run --live")
-    res = subprocess.run([sys.executable, *[a.format(t=files) for a in argv]], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(
+        [sys.executable, *[a.format(t=files) for a in argv]],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert_clean_failure(res.returncode, res.stderr, argument)
     assert res.returncode == 2
 
@@ -362,6 +402,7 @@ def test_gpu_crosscheck_names_missing_recorded_files(tmp_path, monkeypatch):
 
 def test_internal_errors_are_one_line_too(monkeypatch):
     """A bug is not the user's fault: one line saying so, status 3; LOWPREC_TRACEBACK=1 shows the traceback."""
+
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
@@ -378,8 +419,21 @@ def test_json_report_names_nonfinite_inputs_first(tmp_path):
     q, k, v = qkv()
     k[2, 1] = np.nan
     np.savez(tmp_path / "nan.npz", q=q, k=k, v=v)
-    code, _out, err = invoke(cli.main, ["trace-row", "--data", str(tmp_path / "nan.npz"), "--allow-nonfinite",
-                                        "--no-plots", "--quiet", "--softmax", "standard", "--out", str(tmp_path)])
+    code, _out, err = invoke(
+        cli.main,
+        [
+            "trace-row",
+            "--data",
+            str(tmp_path / "nan.npz"),
+            "--allow-nonfinite",
+            "--no-plots",
+            "--quiet",
+            "--softmax",
+            "standard",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert code == 0, err
     rep = json.loads((tmp_path / "report.json").read_text())
     assert list(rep)[:2] == ["tool", "nonfinite"]

@@ -61,7 +61,6 @@ def test_check_reports_differences():
     assert res.identical == 1 and res.nan_only
 
 
-
 # ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
 def test_fp8_forward_bit_identical():
     """Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8`` (gpu/data/fp8.npz): q, k, v and
@@ -80,10 +79,12 @@ def test_fp8_recording_pins_its_query_tiles():
     from flashsim.crosscheck import crosscheck
     from gpu.configs import FWD_CONFIGS, fwd_config
     from gpu.crosscheck import case_run
+
     assert fwd_config("e4m3", 128, True) != FWD_CONFIGS[(128, True)]
     z = np.load(DATA / "fp8.npz")
-    cases = [Case(**c) for c in META["fp8"]["cases"]
-             if (c["n_q"], c["n_k"], c["d"], c["causal"]) == (333, 150, 128, True)]
+    cases = [
+        Case(**c) for c in META["fp8"]["cases"] if (c["n_q"], c["n_k"], c["d"], c["causal"]) == (333, 150, 128, True)
+    ]
     assert len(cases) == 3
     differ = 0
     for case in cases:
@@ -96,6 +97,7 @@ def test_fp8_recording_pins_its_query_tiles():
 # ---- KernelRun files, the divergence report, the CLI ------------------------------------------------------
 def _debug_run():
     from gpu.crosscheck import recorded_runs
+
     return next(r for r in recorded_runs() if r.debug and not r.causal)
 
 
@@ -106,36 +108,53 @@ def _multi_block_run():
     from flashsim.crosscheck import KernelRun, emulate, to_bits
     from gpu.crosscheck.cases import batch
     from gpu.policies import kernel_policy_args, kernel_policy_ref
+
     x = batch("repeated", "bf16", (1, 1, 130, 64), 11, n_k=200)
     q, k, v = x["q"][0], x["k"][0], x["v"][0]
     args = kernel_policy_args("bf16", 64, False)
     ref = kernel_policy_ref("bf16", 64, False)
     pol = ref.resolve()
     n_blk = -(-200 // args["block_n"])
-    dbg = {"m": np.full((1, n_blk, 130), np.nan, np.float32), "l": np.full((1, n_blk, 130), np.nan, np.float32),
-           "p": np.full((1, n_blk, 130, args["block_n"]), np.nan, np.float32),
-           "acc": np.full((1, n_blk, 130, 64), np.nan, np.float32)}
+    dbg = {
+        "m": np.full((1, n_blk, 130), np.nan, np.float32),
+        "l": np.full((1, n_blk, 130), np.nan, np.float32),
+        "p": np.full((1, n_blk, 130, args["block_n"]), np.nan, np.float32),
+        "acc": np.full((1, n_blk, 130, 64), np.nan, np.float32),
+    }
     for start in range(0, 130, args["block_m"]):
         rows = slice(start, min(start + args["block_m"], 130))
         for st in fs.step_rows(q[0], k[0], v[0], pol, rows=rows, softmax="robust", trace=False):
             dbg["m"][0, st.block, rows] = st.m
             dbg["l"][0, st.block, rows] = st.l
-            dbg["p"][0, st.block, rows, :st.p_exp.shape[1]] = st.p_exp
+            dbg["p"][0, st.block, rows, : st.p_exp.shape[1]] = st.p_exp
             dbg["acc"][0, st.block, rows] = st.acc
-    run = KernelRun(q=q, k=k, v=v, dtype="bf16", causal=False, sm_scale=0.125,
-                    softmax=fs.get_softmax("robust"), policy=ref, outputs={"o": np.zeros((1, 130, 64),
-                    np.uint16), "lse": np.zeros((1, 130), np.uint32)}, debug={n: to_bits(a, None) for n, a in
-                                                                              dbg.items()})
+    run = KernelRun(
+        q=q,
+        k=k,
+        v=v,
+        dtype="bf16",
+        causal=False,
+        sm_scale=0.125,
+        softmax=fs.get_softmax("robust"),
+        policy=ref,
+        outputs={"o": np.zeros((1, 130, 64), np.uint16), "lse": np.zeros((1, 130), np.uint32)},
+        debug={n: to_bits(a, None) for n, a in dbg.items()},
+    )
     run.outputs.update(emulate(run))
     return run
 
 
 def test_first_divergence_finds_the_perturbed_element():
     from flashsim.crosscheck import crosscheck, first_divergence
+
     run = _multi_block_run()
     assert crosscheck(run).identical and first_divergence(run, 0, 129).step is None
-    for key, idx, col in (("acc", (0, 3, 129, 17), 17), ("p", (0, 2, 129, 5), 5), ("m", (0, 1, 129), None),
-                          ("l", (0, 3, 129), None)):
+    for key, idx, col in (
+        ("acc", (0, 3, 129, 17), 17),
+        ("p", (0, 2, 129, 5), 5),
+        ("m", (0, 1, 129), None),
+        ("l", (0, 3, 129), None),
+    ):
         saved = run.debug[key].copy()
         run.debug[key][idx] ^= 1
         div = first_divergence(run, 0, 129)
@@ -150,6 +169,7 @@ def test_first_divergence_finds_the_perturbed_element():
 
 def test_crosscheck_reports_the_first_differing_row(tmp_path):
     from flashsim.crosscheck import crosscheck, load_run, save_run
+
     run = _debug_run()
     path = save_run(tmp_path / "run.npz", run)
     back = load_run(path)
@@ -166,6 +186,7 @@ def test_crosscheck_reports_the_first_differing_row(tmp_path):
 def test_flashsim_crosscheck_cli(tmp_path, capsys):
     from flashsim.cli import main
     from flashsim.crosscheck import load_run, save_run
+
     run = _debug_run()
     save_run(tmp_path / "a.npz", run)
     assert main(["crosscheck", str(tmp_path)]) == 0
@@ -182,9 +203,11 @@ def test_flashsim_crosscheck_cli(tmp_path, capsys):
 
 def test_kernel_run_checks_its_arguments():
     from flashsim.crosscheck import KernelRun, crosscheck
+
     run = _debug_run()
-    kw = dict(q=run.q, k=run.k, v=run.v, dtype="bf16", causal=False, sm_scale=0.125, softmax=run.softmax,
-              policy=run.policy)
+    kw = dict(
+        q=run.q, k=run.k, v=run.v, dtype="bf16", causal=False, sm_scale=0.125, softmax=run.softmax, policy=run.policy
+    )
     with pytest.raises(ValueError, match="dtype: expected one of"):
         KernelRun(**(kw | {"dtype": "fp8"}), outputs=run.outputs)
     with pytest.raises(ValueError, match=r"outputs: missing 'o'"):
@@ -202,6 +225,7 @@ def test_output_step_nan_encoding():
     models it and refuses encodings that are not NaNs of the format."""
     from flashsim import arith
     from flashsim.specs import Op
+
     got = arith.output_cast(np.float32([np.nan, -np.nan, 1.5, -0.0]), Op("bf16", nan_bits=0x7FFF))
     assert got.view(np.uint16).tolist() == [0x7FFF, 0x7FFF, 0x3FC0, 0x8000]
     plain = arith.output_cast(np.float32([np.nan]), Op("bf16"))
@@ -217,6 +241,7 @@ def test_replay_start_and_stop_bookkeeping():
     pytest.importorskip("torch")
     from gpu.crosscheck import recorded_runs
     from gpu.scripts.run_attention import replay
+
     n = len(recorded_runs())
     for bad in (-1, n + 1):
         with pytest.raises(ValueError, match=rf"--replay-from must be in 0\.\.{n} \(recorded runs\), got {bad}"):
@@ -234,6 +259,7 @@ def test_same_bits_holds_tensors_to_their_bits():
     a NaN equals only the same NaN, shapes must match, and the tuples must pair up."""
     torch = pytest.importorskip("torch")
     from gpu.crosscheck import same_bits
+
     a = torch.tensor([1.0, -0.0, float("nan")], dtype=torch.bfloat16)
     assert same_bits((a, a.float()), (a.clone(), a.float().clone()))
     assert not same_bits((a,), (torch.tensor([1.0, 0.0, float("nan")], dtype=torch.bfloat16),))

@@ -27,8 +27,12 @@ def test_costs_are_paired_per_round_not_ratios_of_medians():
 
 
 def test_bad_arguments_name_the_option(capsys):
-    for argv, option in ((["--kernels", "cuda"], "--kernels"), (["--inputs", "sink"], "--inputs"),
-                         (["--rounds", "2"], "--rounds"), (["--mode", "eager"], "--mode")):
+    for argv, option in (
+        (["--kernels", "cuda"], "--kernels"),
+        (["--inputs", "sink"], "--inputs"),
+        (["--rounds", "2"], "--rounds"),
+        (["--mode", "eager"], "--mode"),
+    ):
         with pytest.raises(SystemExit):
             fix_cost.main(argv)
         assert option in capsys.readouterr().err

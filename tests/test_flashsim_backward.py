@@ -47,9 +47,14 @@ def attention_grad(q, k, v, do, causal=False, sm_scale=None, magnitudes=False):
 def test_oracle_matches_finite_differences():
     """The oracle itself against central differences of sum(dO * O) (independent of the derivation)."""
     rng = np.random.default_rng(10)
-    q, k, v, do = rng.standard_normal((4, 3)), rng.standard_normal((5, 3)), rng.standard_normal((5, 2)), \
-        rng.standard_normal((4, 2))
+    q, k, v, do = (
+        rng.standard_normal((4, 3)),
+        rng.standard_normal((5, 3)),
+        rng.standard_normal((5, 2)),
+        rng.standard_normal((4, 2)),
+    )
     for causal in (False, True):
+
         def loss(q_, k_, v_, causal=causal):
             return float(np.sum(do * attention_grad(q_, k_, v_, do, causal)[4]))
 
@@ -83,8 +88,10 @@ def backward_inputs(draw):
     return q, k, v, do
 
 
-variants = st.one_of(st.just(fs.STANDARD),
-                     st.builds(fs.StabilisedSoftmax, beta=st.floats(1.5, 8.0), eps=st.sampled_from([0.0, 1e-3, 0.5])))
+variants = st.one_of(
+    st.just(fs.STANDARD),
+    st.builds(fs.StabilisedSoftmax, beta=st.floats(1.5, 8.0), eps=st.sampled_from([0.0, 1e-3, 0.5])),
+)
 blocks = st.sampled_from([1, 3, 5, 8, 16, 64])
 
 
@@ -99,14 +106,35 @@ def assert_grads_fp64(res, q, k, v, do, causal, sm_scale=None):
 
 # ---- FP64: equal to the float64 gradient ------------------------------------------------------------
 @settings(max_examples=20)
-@given(backward_inputs(), variants, st.booleans(), blocks, blocks, st.sampled_from(["forward", "reverse"]),
-       st.sampled_from(["forward", "reverse"]), st.booleans())
+@given(
+    backward_inputs(),
+    variants,
+    st.booleans(),
+    blocks,
+    blocks,
+    st.sampled_from(["forward", "reverse"]),
+    st.sampled_from(["forward", "reverse"]),
+    st.booleans(),
+)
 def test_fp64_flash_backward_equals_attention_gradient(qkvd, variant, causal, bm, bn, q_order, kv_order, skip):
     q, k, v, do = qkvd
     pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.BwdTiling(skip_masked=False))
     o, lse = fs.flash_forward(q, k, v, "fp64", softmax=variant, causal=causal, block_m=bm, block_n=bn)
-    res = fs.flash_backward(q, k, v, o, lse, do, pol, softmax=variant, causal=causal, block_m=bm, block_n=bn,
-                            q_order=q_order, kv_order=kv_order)
+    res = fs.flash_backward(
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        pol,
+        softmax=variant,
+        causal=causal,
+        block_m=bm,
+        block_n=bn,
+        q_order=q_order,
+        kv_order=kv_order,
+    )
     assert_grads_fp64(res, q, k, v, do, causal)
     assert np.all(np.abs(res.delta - np.sum(do * o, axis=1)) <= 1e-12 * np.sum(np.abs(do * o), axis=1))
 
@@ -127,8 +155,9 @@ def test_fp64_delta_from_dp_and_p_in_the_tiled_backward(qkvd, causal, bm, bn):
     q, k, v, do = qkvd
     pol = dataclasses.replace(fs.FP64_GOLDEN, delta=fs.Delta("numpy", "fp64", source="p"))
     o, lse = fs.flash_forward(q, k, v, "fp64", causal=causal)
-    assert_grads_fp64(fs.flash_backward(q, k, v, o, lse, do, pol, causal=causal, block_m=bm, block_n=bn),
-                      q, k, v, do, causal)
+    assert_grads_fp64(
+        fs.flash_backward(q, k, v, o, lse, do, pol, causal=causal, block_m=bm, block_n=bn), q, k, v, do, causal
+    )
 
 
 def test_sm_scale_and_leading_axes():
@@ -147,14 +176,19 @@ def test_sm_scale_and_leading_axes():
 def test_keys_after_every_query_get_zero_gradients():
     """Causal with N > M: keys no query sees get dK = dV = 0, whether their blocks are skipped or not."""
     rng = np.random.default_rng(12)
-    q, k, v, do = rng.standard_normal((5, 4)), rng.standard_normal((20, 4)), rng.standard_normal((20, 3)), \
-        rng.standard_normal((5, 3))
+    q, k, v, do = (
+        rng.standard_normal((5, 4)),
+        rng.standard_normal((20, 4)),
+        rng.standard_normal((20, 3)),
+        rng.standard_normal((5, 3)),
+    )
     o, lse = fs.flash_forward(q, k, v, "fp64", causal=True)
     for pol in (fs.FP64_GOLDEN, dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.BwdTiling(skip_masked=False))):
         dq, dk, dv = fs.flash_backward(q, k, v, o, lse, do, pol, causal=True, block_m=2, block_n=4)
         assert not dk[5:].any() and not dv[5:].any()
-        assert_grads_fp64(fs.flash_backward(q, k, v, o, lse, do, pol, causal=True, block_m=2, block_n=4),
-                          q, k, v, do, True)
+        assert_grads_fp64(
+            fs.flash_backward(q, k, v, o, lse, do, pol, causal=True, block_m=2, block_n=4), q, k, v, do, True
+        )
 
 
 # ---- low precision: bounded, nonzero error ----------------------------------------------------------
@@ -173,8 +207,10 @@ def test_low_precision_gradients_close_to_fp64(policy, causal):
     pol = fs.get_policy(policy)
     o, lse = fs.flash_forward(q, k, v, pol, causal=causal, block_m=16, block_n=32)
     res = fs.flash_backward(q, k, v, o, lse, do, pol, causal=causal, block_m=16, block_n=32)
-    rounded = [arith.f64(arith.cast(x, f)) for x, f in ((q, pol.scores.inputs), (k, pol.scores.inputs),
-                                                        (v, pol.pv.inputs), (do, pol.dp.inputs))]
+    rounded = [
+        arith.f64(arith.cast(x, f))
+        for x, f in ((q, pol.scores.inputs), (k, pol.scores.inputs), (v, pol.pv.inputs), (do, pol.dp.inputs))
+    ]
     ref, mags = attention_grad(*rounded, causal, magnitudes=True)
     for name, got, want, mag in zip(("dq", "dk", "dv", "delta"), (*res, res.delta), ref[:4], mags, strict=True):
         fmt = pol.delta.fmt if name == "delta" else getattr(pol, name).out.fmt
@@ -186,8 +222,12 @@ def test_low_precision_gradients_close_to_fp64(policy, causal):
 @pytest.mark.parametrize("policy", ["fp32", "baseline_bf16", "qiu_yao", "fa2"])
 def test_reference_backward_is_the_one_block_flash_backward(policy):
     rng = np.random.default_rng(14)
-    q, k, v, do = rng.standard_normal((19, 8)), rng.standard_normal((23, 8)), rng.standard_normal((23, 4)), \
-        rng.standard_normal((19, 4))
+    q, k, v, do = (
+        rng.standard_normal((19, 8)),
+        rng.standard_normal((23, 8)),
+        rng.standard_normal((23, 4)),
+        rng.standard_normal((19, 4)),
+    )
     o, lse = fs.flash_forward(q, k, v, policy, causal=True)
     ref = fs.reference_backward(q, k, v, o, lse, do, policy, causal=True)
     one = fs.flash_backward(q, k, v, o, lse, do, policy, causal=True, block_m=19, block_n=23)
@@ -225,8 +265,12 @@ def test_triton_backward_bits_do_not_depend_on_its_tiles(causal):
 def test_qiu_yao_backward_rounds_as_their_code():
     """One block pair by hand, op by op as the reference code under bf16 autocast computes it."""
     rng = np.random.default_rng(15)
-    q, k, v, do = rng.standard_normal((6, 4)), rng.standard_normal((7, 4)), rng.standard_normal((7, 3)), \
-        rng.standard_normal((6, 3))
+    q, k, v, do = (
+        rng.standard_normal((6, 4)),
+        rng.standard_normal((7, 4)),
+        rng.standard_normal((7, 3)),
+        rng.standard_normal((6, 3)),
+    )
     o, lse = fs.flash_forward(q, k, v, "qiu_yao")
     dq, dk, dv = fs.flash_backward(q, k, v, o, lse, do, "qiu_yao")
     f = arith.f64
@@ -254,8 +298,12 @@ def test_qiu_yao_backward_rounds_as_their_code():
 def test_fa2_recompute_is_one_ffma_and_ex2():
     """FA2's P = exp2f(S * scale_log2 - lse * log2e) with an FFMA, then dV = P^T dO exactly as mma."""
     rng = np.random.default_rng(16)
-    q, k, v, do = rng.standard_normal((5, 16)), rng.standard_normal((9, 16)), rng.standard_normal((9, 4)), \
-        rng.standard_normal((5, 4))
+    q, k, v, do = (
+        rng.standard_normal((5, 16)),
+        rng.standard_normal((9, 16)),
+        rng.standard_normal((9, 4)),
+        rng.standard_normal((5, 4)),
+    )
     o, lse = fs.flash_forward(q, k, v, "fa2")
     dv = fs.flash_backward(q, k, v, o, lse, do, "fa2").dv
     qb, kb, dob = (ef.quantize(x, "bf16") for x in (q, k, do))
@@ -270,8 +318,12 @@ def test_fa2_recompute_is_one_ffma_and_ex2():
 def test_fa2_delta_thread_layout_and_butterfly():
     cols = fa2_threads(np.arange(2 * 20, dtype=np.float64).reshape(2, 20), threads=4, chunk=2)
     assert cols.shape == (2, 4, 6)
-    assert cols[0].tolist() == [[0, 1, 8, 9, 16, 17], [2, 3, 10, 11, 18, 19], [4, 5, 12, 13, 0, 0],
-                                [6, 7, 14, 15, 0, 0]]
+    assert cols[0].tolist() == [
+        [0, 1, 8, 9, 16, 17],
+        [2, 3, 10, 11, 18, 19],
+        [4, 5, 12, 13, 0, 0],
+        [6, 7, 14, 15, 0, 0],
+    ]
     a = np.float32(np.arange(3 * 70).reshape(3, 70) % 5)  # small integers: every order is exact
     b = np.float32(np.arange(3 * 70).reshape(3, 70) % 3 - 1)
     got = delta_rowsum(a, b, fs.FA2.delta)
@@ -288,11 +340,17 @@ def test_fa2_delta_thread_layout_and_butterfly():
 # ---- traces -----------------------------------------------------------------------------------------
 def test_trace_labels_are_backward_steps():
     rng = np.random.default_rng(17)
-    q, k, v, do = rng.standard_normal((12, 8)), rng.standard_normal((20, 8)), rng.standard_normal((20, 4)), \
-        rng.standard_normal((12, 4))
-    expected = {"fa2": {"inputs", "scores", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"},
-                "qiu_yao": {"inputs", "scores", "scale", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"},
-                "baseline_bf16": {"inputs", "scores", "scale", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"}}
+    q, k, v, do = (
+        rng.standard_normal((12, 8)),
+        rng.standard_normal((20, 8)),
+        rng.standard_normal((20, 4)),
+        rng.standard_normal((12, 4)),
+    )
+    expected = {
+        "fa2": {"inputs", "scores", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"},
+        "qiu_yao": {"inputs", "scores", "scale", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"},
+        "baseline_bf16": {"inputs", "scores", "scale", "recompute", "delta", "dv", "dp", "ds", "dk", "dq"},
+    }
     for name, labels in expected.items():
         o, lse = fs.flash_forward(q, k, v, name, causal=True)
         tr = ef.Trace()
@@ -318,16 +376,23 @@ def test_presets_have_backward_specs_and_print_them():
 
 def test_backward_defaults_derive_from_the_forward():
     """Policies built without backward specs (as before the backward existed) get an FA2-shaped one."""
-    fwd = {f.name: getattr(fs.FA2, f.name) for f in dataclasses.fields(fs.Policy)
-           if f.name not in (*BWD_STEPS, "bwd_tiling")}
+    fwd = {
+        f.name: getattr(fs.FA2, f.name)
+        for f in dataclasses.fields(fs.Policy)
+        if f.name not in (*BWD_STEPS, "bwd_tiling")
+    }
     pol = fs.Policy(**{**fwd, "name": "fa2_fwd_only"})
     assert pol.recompute == fs.Recompute("h100_ex2", "fp32", fused=True)
     assert pol.dq.dot.model == h100.WGMMA_BF16 and pol.dq.dot.into_acc and pol.ds.scale_at == "end"
     assert pol.bwd_tiling == fs.BwdTiling(128, 128)
     assert default_backward(fs.FP64_GOLDEN)["delta"] == fs.Delta("numpy", "fp64")
     rng = np.random.default_rng(19)
-    q, k, v, do = rng.standard_normal((10, 8)), rng.standard_normal((12, 8)), rng.standard_normal((12, 4)), \
-        rng.standard_normal((10, 4))
+    q, k, v, do = (
+        rng.standard_normal((10, 8)),
+        rng.standard_normal((12, 8)),
+        rng.standard_normal((12, 4)),
+        rng.standard_normal((10, 4)),
+    )
     o, lse = fs.flash_forward(q, k, v, pol, causal=True)
     res = fs.flash_backward(q, k, v, o, lse, do, pol, causal=True)
     ref = attention_grad(q, k, v, do, True)
@@ -342,35 +407,54 @@ def test_equality_and_diff_cover_the_backward():
     assert [s for s, _a, _b in changed.diff(fs.QIU_YAO, part="all")] == ["dq"]
     assert "dq" in changed.describe_diff(fs.QIU_YAO)
     assert [s for s, _a, _b in fs.QIU_YAO.diff(fs.BASELINE_BF16, part="backward")] == [
-        "delta", "dv", "ds", "dk", "dq", "bwd_tiling"]
+        "delta",
+        "dv",
+        "ds",
+        "dk",
+        "dq",
+        "bwd_tiling",
+    ]
     with pytest.raises(ValueError, match="part: expected"):
         fs.QIU_YAO.diff(fs.FA2, part="bwd")
 
 
 # ---- spec and input errors --------------------------------------------------------------------------
-@pytest.mark.parametrize("make, match", [
-    (lambda: fs.Delta("tree", "fp32"), "Delta.order"),
-    (lambda: fs.Delta("sequential", "fp32", source="s"), "Delta.source"),
-    (lambda: fs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),
-    (lambda: fs.Delta("sequential", "fp32", prod="bf16", fused=True), "Delta.fused"),
-    (lambda: fs.Delta("numpy", "fp32"), "Delta.order: 'numpy' goes with FP64"),
-    (lambda: fs.Delta("sequential", "fp32", prod="fp64"), "Delta.prod"),
-    (lambda: fs.Delta("fa2_dot_do_o", "fp32", threads=6), "Delta.threads"),
-    (lambda: fs.Recompute("expm1", "fp32"), "Recompute.function"),
-    (lambda: fs.Recompute("h100_ex2", "fp64"), "Recompute.fmt"),
-    (lambda: fs.Recompute("exp", "fp64", fused=True), "Recompute.fused"),
-    (lambda: fs.SoftmaxGrad("fp32", scale_at="q"), "SoftmaxGrad.scale_at"),
-    (lambda: fs.Grad(fs.Op("bf16"), fs.Op("fp32"), fs.Op("bf16")), "Grad.dot"),
-    (lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.Op("bf16"), fs.Op("bf16")), "Grad.accum"),
-    (lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32")), fs.Op("fp32"), fs.Op("bf16", compute="fp32")), "Grad.out"),
-    (lambda: fs.BwdTiling(block_n=0), "BwdTiling.block_n"),
-    (lambda: fs.BwdTiling(q_order="backward"), "BwdTiling.q_order"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, dp=fs.Dot("fp32", ef.Sequential("fp32"), into_acc=True)),
-     "dp: into_acc"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, recompute=fs.Recompute("exp", "fp32", fused=True)),
-     "recompute: fused"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, ds=fs.Op("fp32")), "ds: expected a SoftmaxGrad"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: fs.Delta("tree", "fp32"), "Delta.order"),
+        (lambda: fs.Delta("sequential", "fp32", source="s"), "Delta.source"),
+        (lambda: fs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),
+        (lambda: fs.Delta("sequential", "fp32", prod="bf16", fused=True), "Delta.fused"),
+        (lambda: fs.Delta("numpy", "fp32"), "Delta.order: 'numpy' goes with FP64"),
+        (lambda: fs.Delta("sequential", "fp32", prod="fp64"), "Delta.prod"),
+        (lambda: fs.Delta("fa2_dot_do_o", "fp32", threads=6), "Delta.threads"),
+        (lambda: fs.Recompute("expm1", "fp32"), "Recompute.function"),
+        (lambda: fs.Recompute("h100_ex2", "fp64"), "Recompute.fmt"),
+        (lambda: fs.Recompute("exp", "fp64", fused=True), "Recompute.fused"),
+        (lambda: fs.SoftmaxGrad("fp32", scale_at="q"), "SoftmaxGrad.scale_at"),
+        (lambda: fs.Grad(fs.Op("bf16"), fs.Op("fp32"), fs.Op("bf16")), "Grad.dot"),
+        (
+            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.Op("bf16"), fs.Op("bf16")),
+            "Grad.accum",
+        ),
+        (
+            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32")), fs.Op("fp32"), fs.Op("bf16", compute="fp32")),
+            "Grad.out",
+        ),
+        (lambda: fs.BwdTiling(block_n=0), "BwdTiling.block_n"),
+        (lambda: fs.BwdTiling(q_order="backward"), "BwdTiling.q_order"),
+        (
+            lambda: dataclasses.replace(fs.FP32_POLICY, dp=fs.Dot("fp32", ef.Sequential("fp32"), into_acc=True)),
+            "dp: into_acc",
+        ),
+        (
+            lambda: dataclasses.replace(fs.FP32_POLICY, recompute=fs.Recompute("exp", "fp32", fused=True)),
+            "recompute: fused",
+        ),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, ds=fs.Op("fp32")), "ds: expected a SoftmaxGrad"),
+    ],
+)
 def test_backward_spec_errors_name_the_argument(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
@@ -380,20 +464,23 @@ def _args(m=4, n=6, d=8, dv=5):
     return [np.ones((m, d)), np.ones((n, d)), np.ones((n, dv)), np.ones((m, dv)), np.ones(m), np.ones((m, dv))]
 
 
-@pytest.mark.parametrize("change, kwargs, match", [
-    ({3: np.ones((4, 4))}, {}, r"o: expected shape \(4, 5\) \(q's rows, v's head dim\), got \(4, 4\)"),
-    ({5: np.ones((3, 5))}, {}, r"do: expected shape \(4, 5\)"),
-    ({4: np.ones((4, 1))}, {}, r"lse: expected shape \(4,\)"),
-    ({1: np.ones((6, 7))}, {}, r"q, k: head dims differ"),
-    ({2: np.ones((5, 5))}, {}, r"k, v: numbers of keys differ"),
-    ({0: np.ones(8)}, {}, r"q: expected shape"),
-    ({}, {"block_m": 0}, r"block_m"),
-    ({}, {"block_n": 2.5}, r"block_n"),
-    ({}, {"q_order": "up"}, r"q_order"),
-    ({}, {"kv_order": "up"}, r"kv_order"),
-    ({}, {"sm_scale": 0.0}, r"sm_scale"),
-    ({}, {"softmax": "improved"}, r"softmax: unknown variant"),
-])
+@pytest.mark.parametrize(
+    "change, kwargs, match",
+    [
+        ({3: np.ones((4, 4))}, {}, r"o: expected shape \(4, 5\) \(q's rows, v's head dim\), got \(4, 4\)"),
+        ({5: np.ones((3, 5))}, {}, r"do: expected shape \(4, 5\)"),
+        ({4: np.ones((4, 1))}, {}, r"lse: expected shape \(4,\)"),
+        ({1: np.ones((6, 7))}, {}, r"q, k: head dims differ"),
+        ({2: np.ones((5, 5))}, {}, r"k, v: numbers of keys differ"),
+        ({0: np.ones(8)}, {}, r"q: expected shape"),
+        ({}, {"block_m": 0}, r"block_m"),
+        ({}, {"block_n": 2.5}, r"block_n"),
+        ({}, {"q_order": "up"}, r"q_order"),
+        ({}, {"kv_order": "up"}, r"kv_order"),
+        ({}, {"sm_scale": 0.0}, r"sm_scale"),
+        ({}, {"softmax": "improved"}, r"softmax: unknown variant"),
+    ],
+)
 def test_bad_inputs_name_the_argument(change, kwargs, match):
     args = _args()
     for i, x in change.items():

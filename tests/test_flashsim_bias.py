@@ -64,11 +64,19 @@ def test_inputs_have_the_requested_maxima():
     assert (rows.v < 0).all() and rows.q.shape == (50, 1, 8)
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(n_rows=0), "n_rows"), (dict(n_rows=5, ties=0), "ties"), (dict(n_rows=5, ties=[2.5]), "ties"),
-    (dict(n_rows=5, ties=200), "ties"), (dict(n_rows=5, gap=(3, 1)), "gap"), (dict(n_rows=5, v="cauchy"), "v:"),
-    (dict(n_rows=5, n_keys=1), "n_keys"), (dict(n_rows=5, r_range=(0, np.inf)), "r_range"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_rows=0), "n_rows"),
+        (dict(n_rows=5, ties=0), "ties"),
+        (dict(n_rows=5, ties=[2.5]), "ties"),
+        (dict(n_rows=5, ties=200), "ties"),
+        (dict(n_rows=5, gap=(3, 1)), "gap"),
+        (dict(n_rows=5, v="cauchy"), "v:"),
+        (dict(n_rows=5, n_keys=1), "n_keys"),
+        (dict(n_rows=5, r_range=(0, np.inf)), "r_range"),
+    ],
+)
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
         repeated_maxima_rows(**kwargs)
@@ -80,11 +88,19 @@ def test_fixes_lean_when_p_is_fp8():
     unrounded, so every shifted row's O is off by the same relative rounding (docs/flashsim.md)."""
     from flashsim.analysis.experiments import rows_in_format
     from gpu.policies import kernel_policy, kernel_variant
+
     rows = rows_in_format(repeated_maxima_rows(1000, (2, 3, 4, 5, 6, 7, 8), seed=1), "e4m3fn")
-    assert np.array_equal(np.sort(rows.k[:, :, 0], axis=1)[:, -2:] == rows.k[:, :, 0].max(axis=1)[:, None],
-                          np.ones((1000, 2), bool))  # rounding kept at least two maxima a row
-    res = {r.softmax: r for r in bias_rows(rows, kernel_policy("e4m3", 64, False),
-                                           [kernel_variant(n, "e4m3") for n in ("standard", "stabilised", "robust")])}
+    assert np.array_equal(
+        np.sort(rows.k[:, :, 0], axis=1)[:, -2:] == rows.k[:, :, 0].max(axis=1)[:, None], np.ones((1000, 2), bool)
+    )  # rounding kept at least two maxima a row
+    res = {
+        r.softmax: r
+        for r in bias_rows(
+            rows,
+            kernel_policy("e4m3", 64, False),
+            [kernel_variant(n, "e4m3") for n in ("standard", "stabilised", "robust")],
+        )
+    }
     print(format_bias_table(list(res.values()), rows.description))
     std = res["standard"].o
     assert std.sign_p > 0.01 and abs(std.mean_error) < 1e-4, std

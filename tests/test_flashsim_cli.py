@@ -31,10 +31,20 @@ def test_trace_row_without_arguments(tmp_path, monkeypatch, capsys):
     assert code == 0
     folder = tmp_path / "flashsim_out"
     assert (folder / "report.txt").read_text().strip() in out
-    for text in ("policy    qiu_yao", "REPEATED MAXIMUM", "exact ties at the max: 2 key(s): 140 (block 2), 178",
-                 "2. Bias of O against FP64", "from the products (P V .. output)", "would-be ties",
-                 "4. Rounding error per step, row 255, standard", "4. Rounding error per step, row 255, stabilised",
-                 "5. Per K/V block", "Summary", "standard: O - O_fp64 averages", "stabilised: O - O_fp64"):
+    for text in (
+        "policy    qiu_yao",
+        "REPEATED MAXIMUM",
+        "exact ties at the max: 2 key(s): 140 (block 2), 178",
+        "2. Bias of O against FP64",
+        "from the products (P V .. output)",
+        "would-be ties",
+        "4. Rounding error per step, row 255, standard",
+        "4. Rounding error per step, row 255, stabilised",
+        "5. Per K/V block",
+        "Summary",
+        "standard: O - O_fp64 averages",
+        "stabilised: O - O_fp64",
+    ):
         assert text in out, text
     summary = " ".join(out.split("Summary")[1].split("1. Repeated maxima")[0].split())
     assert "leans negative (sign test p = " in summary.split("standard:")[1].split("stabilised:")[0]
@@ -80,9 +90,28 @@ def test_trace_row_user_npz(tmp_path, capsys):
     q, k, v = make_data()
     np.savez(tmp_path / "qkv.npz", q=q, k=k, v=v)
     js = tmp_path / "sub" / "r.json"
-    code, out, _ = run_cli(["trace-row", "--data", str(tmp_path / "qkv.npz"), "--policy", "fa2", "--softmax",
-                            "standard,robust", "--causal", "--block-n", "16", "--head", "1", "--json", str(js),
-                            "--out", str(tmp_path / "o"), "--no-plots"], capsys)
+    code, out, _ = run_cli(
+        [
+            "trace-row",
+            "--data",
+            str(tmp_path / "qkv.npz"),
+            "--policy",
+            "fa2",
+            "--softmax",
+            "standard,robust",
+            "--causal",
+            "--block-n",
+            "16",
+            "--head",
+            "1",
+            "--json",
+            str(js),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-plots",
+        ],
+        capsys,
+    )
     assert code == 0 and "head [1]" in out and "policy    fa2" in out
     assert "chosen automatically: most keys within P's round-to-1 band" in out
     rep = json.loads(js.read_text())
@@ -100,15 +129,48 @@ def test_trace_row_user_npy_files_and_row(tmp_path, capsys):
     q, k, v = make_data(lead=())
     for name, x in (("q", q), ("k", k), ("v", v)):
         np.save(tmp_path / f"{name}.npy", x)
-    code, out, _ = run_cli(["trace-row", "--q", str(tmp_path / "q.npy"), "--k", str(tmp_path / "k.npy"), "--v",
-                            str(tmp_path / "v.npy"), "--row", "3", "--softmax", "stabilised", "--beta", "4",
-                            "--out", str(tmp_path), "--no-plots", "--quiet"], capsys)
+    code, out, _ = run_cli(
+        [
+            "trace-row",
+            "--q",
+            str(tmp_path / "q.npy"),
+            "--k",
+            str(tmp_path / "k.npy"),
+            "--v",
+            str(tmp_path / "v.npy"),
+            "--row",
+            "3",
+            "--softmax",
+            "stabilised",
+            "--beta",
+            "4",
+            "--out",
+            str(tmp_path),
+            "--no-plots",
+            "--quiet",
+        ],
+        capsys,
+    )
     assert code == 0 and out == ""
     rep = json.loads((tmp_path / "report.json").read_text())
     assert rep["analyses"][0]["row"] == 3 and "beta=4.0" in (tmp_path / "report.txt").read_text()
     np.save(tmp_path / "stacked.npy", np.stack([q, k[:24], k[:24]]))  # (3, N, d): q, k, v of one shape
-    code, _, _ = run_cli(["trace-row", "--data", str(tmp_path / "stacked.npy"), "--row", "0", "--out",
-                          str(tmp_path / "s"), "--no-plots", "--quiet", "--softmax", "standard"], capsys)
+    code, _, _ = run_cli(
+        [
+            "trace-row",
+            "--data",
+            str(tmp_path / "stacked.npy"),
+            "--row",
+            "0",
+            "--out",
+            str(tmp_path / "s"),
+            "--no-plots",
+            "--quiet",
+            "--softmax",
+            "standard",
+        ],
+        capsys,
+    )
     assert code == 0
 
 
@@ -117,8 +179,22 @@ def test_trace_row_torch_file(tmp_path, capsys, monkeypatch):
     path = tmp_path / "qkv.pt"
     q, k, v = make_data(lead=())
     torch.save({"q": torch.from_numpy(q).bfloat16(), "k": torch.from_numpy(k), "v": torch.from_numpy(v)}, path)
-    code, _, err = run_cli(["trace-row", "--data", str(path), "--row", "11", "--out", str(tmp_path), "--no-plots",
-                            "--quiet", "--softmax", "standard"], capsys)
+    code, _, err = run_cli(
+        [
+            "trace-row",
+            "--data",
+            str(path),
+            "--row",
+            "11",
+            "--out",
+            str(tmp_path),
+            "--no-plots",
+            "--quiet",
+            "--softmax",
+            "standard",
+        ],
+        capsys,
+    )
     assert code == 0, err
     monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     code, _, err = run_cli(["trace-row", "--data", str(path)], capsys)
@@ -132,9 +208,14 @@ def test_bare_command_prints_help(capsys):
 
 def test_python_m_flashsim(tmp_path):
     """The module entry point, as a user runs it (a fresh interpreter: numba caches are on disk)."""
-    res = subprocess.run([sys.executable, "-m", "flashsim", "trace-row", "--out", str(tmp_path), "--no-plots",
-                          "--softmax", "standard"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    res = subprocess.run(
+        [sys.executable, "-m", "flashsim", "trace-row", "--out", str(tmp_path), "--no-plots", "--softmax", "standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert res.returncode == 0, res.stderr
     assert "REPEATED MAXIMUM" in res.stdout and (tmp_path / "report.json").exists()
 
@@ -159,8 +240,10 @@ def nan_output_data(path):
 
 def test_all_nan_output_is_said_first(tmp_path, capsys):
     nan_output_data(tmp_path / "big.npz")
-    code, out, err = run_cli(["trace-row", "--data", str(tmp_path / "big.npz"), "--row", "0", "--out",
-                              str(tmp_path / "o"), "--no-plots"], capsys)
+    code, out, err = run_cli(
+        ["trace-row", "--data", str(tmp_path / "big.npz"), "--row", "0", "--out", str(tmp_path / "o"), "--no-plots"],
+        capsys,
+    )
     assert code == 0, err
     head = out.splitlines()[:4]
     assert head[0].startswith("NON-FINITE VALUES")
@@ -180,8 +263,18 @@ def test_nan_input_is_refused_or_said_first(tmp_path, capsys):
     q, k, v = make_data(lead=())
     q[5, 2] = np.nan
     np.savez(tmp_path / "nan.npz", q=q, k=k, v=v)
-    base = ["trace-row", "--data", str(tmp_path / "nan.npz"), "--row", "5", "--out", str(tmp_path / "o"),
-            "--softmax", "standard", "--no-plots"]
+    base = [
+        "trace-row",
+        "--data",
+        str(tmp_path / "nan.npz"),
+        "--row",
+        "5",
+        "--out",
+        str(tmp_path / "o"),
+        "--softmax",
+        "standard",
+        "--no-plots",
+    ]
     code, out, err = run_cli(base, capsys)
     assert code == 2 and out == ""
     assert "--data: q: 1 NaN of 192 value(s) (first at [5, 2])" in err and "--allow-nonfinite" in err
@@ -195,8 +288,10 @@ def test_nan_input_is_refused_or_said_first(tmp_path, capsys):
 @pytest.mark.skipif(not report.have_matplotlib(), reason="needs matplotlib")
 def test_plots_mark_nonfinite_and_no_events(tmp_path, capsys):
     nan_output_data(tmp_path / "big.npz")
-    code, _, err = run_cli(["trace-row", "--data", str(tmp_path / "big.npz"), "--row", "0", "--out",
-                            str(tmp_path / "o"), "--quiet"], capsys)
+    code, _, err = run_cli(
+        ["trace-row", "--data", str(tmp_path / "big.npz"), "--row", "0", "--out", str(tmp_path / "o"), "--quiet"],
+        capsys,
+    )
     assert code == 0, err
     for name in PLOT_FILES:
         assert (tmp_path / "o" / name).stat().st_size > 1000
@@ -212,22 +307,39 @@ def test_bf16_inputs_run_through_trace_row(tmp_path, capsys):
     for name, x in (("q", q), ("k", k), ("v", v)):
         paths[name] = tmp_path / f"{name}.npy"
         np.save(paths[name], x.astype(ml_dtypes.bfloat16))
-    np.savez(tmp_path / "f32.npz", **{n: x.astype(ml_dtypes.bfloat16).astype(np.float32)
-                                      for n, x in (("q", q), ("k", k), ("v", v))})
+    np.savez(
+        tmp_path / "f32.npz",
+        **{n: x.astype(ml_dtypes.bfloat16).astype(np.float32) for n, x in (("q", q), ("k", k), ("v", v))},
+    )
     common = ["--row", "11", "--softmax", "standard", "--no-plots", "--quiet"]
-    code, _, err = run_cli(["trace-row", "--q", str(paths["q"]), "--k", str(paths["k"]), "--v", str(paths["v"]),
-                            "--out", str(tmp_path / "bf16"), *common], capsys)
+    code, _, err = run_cli(
+        [
+            "trace-row",
+            "--q",
+            str(paths["q"]),
+            "--k",
+            str(paths["k"]),
+            "--v",
+            str(paths["v"]),
+            "--out",
+            str(tmp_path / "bf16"),
+            *common,
+        ],
+        capsys,
+    )
     assert code == 0, err
-    code, _, err = run_cli(["trace-row", "--data", str(tmp_path / "f32.npz"), "--out", str(tmp_path / "f32"),
-                            *common], capsys)
+    code, _, err = run_cli(
+        ["trace-row", "--data", str(tmp_path / "f32.npz"), "--out", str(tmp_path / "f32"), *common], capsys
+    )
     assert code == 0, err
     a = json.loads((tmp_path / "bf16" / "report.json").read_text())["analyses"][0]
     b = json.loads((tmp_path / "f32" / "report.json").read_text())["analyses"][0]
     assert a["o"] == b["o"] and a["o_bias"] == b["o_bias"]
     torch = pytest.importorskip("torch")
     torch.save([torch.from_numpy(x).bfloat16() for x in (q, k, v)], tmp_path / "bf16.pt")
-    code, _, err = run_cli(["trace-row", "--data", str(tmp_path / "bf16.pt"), "--out", str(tmp_path / "pt"),
-                            *common], capsys)
+    code, _, err = run_cli(
+        ["trace-row", "--data", str(tmp_path / "bf16.pt"), "--out", str(tmp_path / "pt"), *common], capsys
+    )
     assert code == 0, err
     c = json.loads((tmp_path / "pt" / "report.json").read_text())["analyses"][0]
     assert c["o"] == b["o"]
@@ -236,8 +348,16 @@ def test_bf16_inputs_run_through_trace_row(tmp_path, capsys):
 def test_causal_alignment_is_stated(tmp_path, capsys):
     q, k, v = make_data(lead=())
     np.savez(tmp_path / "one.npz", q=q[:1], k=k, v=v)
-    base = ["trace-row", "--data", str(tmp_path / "one.npz"), "--softmax", "standard", "--no-plots", "--out",
-            str(tmp_path / "o")]
+    base = [
+        "trace-row",
+        "--data",
+        str(tmp_path / "one.npz"),
+        "--softmax",
+        "standard",
+        "--no-plots",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     code, out, _ = run_cli(base + ["--causal"], capsys)
     assert code == 0
     assert "causal mask top-left-aligned: key j hidden from query i when j > i; row 0 attends 1 of 40 keys" in out

@@ -50,8 +50,12 @@ def attention_inputs(draw):
 
 variants = st.one_of(
     st.just(fs.STANDARD),
-    st.builds(fs.StabilisedSoftmax, beta=st.floats(1.5, 8.0), eps=st.sampled_from([0.0, 1e-3, 0.1, 0.5]),
-              count_masked=st.booleans()),
+    st.builds(
+        fs.StabilisedSoftmax,
+        beta=st.floats(1.5, 8.0),
+        eps=st.sampled_from([0.0, 1e-3, 0.1, 0.5]),
+        count_masked=st.booleans(),
+    ),
 )
 blocks = st.sampled_from([1, 2, 3, 5, 8, 16, 64])
 
@@ -64,8 +68,9 @@ def assert_close_fp64(res, q, k, v, causal):
 
 # ---- FP64: every variant equals plain attention -------------------------------------------------
 @settings(max_examples=25)
-@given(attention_inputs(), variants, st.booleans(), blocks, blocks, st.sampled_from(["forward", "reverse"]),
-       st.booleans())
+@given(
+    attention_inputs(), variants, st.booleans(), blocks, blocks, st.sampled_from(["forward", "reverse"]), st.booleans()
+)
 def test_fp64_flash_forward_equals_plain_attention(qkv, variant, causal, bm, bn, order, skip):
     q, k, v = qkv
     pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, tiling=fs.Tiling(skip_masked=False))
@@ -136,11 +141,20 @@ def test_triton_h100_policy_is_expressible():
     ex2.approx.ftz, a recorded tl.sum tree with an FMA update, div.full and a base-2 LSE."""
     pol = fs.Policy(
         name="triton_sketch",
-        scores=fs.Dot(ef.BF16, h100.WGMMA_BF16), scale=fs.Scale("max", ef.FP32), mask=fs.Mask(-1e6, "add"),
-        max=fs.Op(ef.FP32), subtract=fs.Op(ef.FP32, fused=True), exp=fs.Func("h100_ex2", ef.FP32),
-        row_sum=fs.RowSum("h100_tl_sum", ef.FP32, fused=True, num_warps=4), p_cast=fs.Op(ef.BF16),
-        pv=fs.Dot(ef.BF16, h100.WGMMA_BF16, into_acc=True), rescale=fs.Op(ef.FP32), o_accum=fs.Op(ef.FP32),
-        normalize=fs.Norm("divide", "div_full", ef.FP32), output=fs.Op(ef.BF16), lse=fs.Func("log2", ef.FP32),
+        scores=fs.Dot(ef.BF16, h100.WGMMA_BF16),
+        scale=fs.Scale("max", ef.FP32),
+        mask=fs.Mask(-1e6, "add"),
+        max=fs.Op(ef.FP32),
+        subtract=fs.Op(ef.FP32, fused=True),
+        exp=fs.Func("h100_ex2", ef.FP32),
+        row_sum=fs.RowSum("h100_tl_sum", ef.FP32, fused=True, num_warps=4),
+        p_cast=fs.Op(ef.BF16),
+        pv=fs.Dot(ef.BF16, h100.WGMMA_BF16, into_acc=True),
+        rescale=fs.Op(ef.FP32),
+        o_accum=fs.Op(ef.FP32),
+        normalize=fs.Norm("divide", "div_full", ef.FP32),
+        output=fs.Op(ef.BF16),
+        lse=fs.Func("log2", ef.FP32),
         tiling=fs.Tiling(64, 64),
     )
     rng = np.random.default_rng(5)
@@ -186,7 +200,8 @@ def test_worked_example_through_the_reference_pv_step():
     assert float(out[0, 0]) == -4.71875
     assert float(tr.error[0]) == -0.014759540557861328
     assert ef.Flag(int(tr.flags[0])) & (ef.Flag.TIE | ef.Flag.STICKY | ef.Flag.AWAY) == (
-        ef.Flag.TIE | ef.Flag.STICKY | ef.Flag.AWAY)
+        ef.Flag.TIE | ef.Flag.STICKY | ef.Flag.AWAY
+    )
 
 
 def test_repeated_maxima_give_p_equal_one_unless_stabilised():
@@ -215,8 +230,9 @@ def test_registry_names_and_aliases():
 
 
 def test_register_and_replace():
-    mine = dataclasses.replace(fs.QIU_YAO, name="qiu_yao_sr_pv",
-                               pv=dataclasses.replace(fs.QIU_YAO.pv, rounding=ef.stochastic(8, seed=1)))
+    mine = dataclasses.replace(
+        fs.QIU_YAO, name="qiu_yao_sr_pv", pv=dataclasses.replace(fs.QIU_YAO.pv, rounding=ef.stochastic(8, seed=1))
+    )
     with pytest.raises(ValueError, match="name 'qiu_yao' is taken"):
         fs.register_policy(dataclasses.replace(mine, name="qiu_yao"))
     fs.register_policy(mine, replace=True)
@@ -231,7 +247,16 @@ def test_equality_ignores_names_and_diff_lists_steps():
     assert [step for step, _a, _b in changed.diff(fs.FP32_POLICY)] == ["output", "tiling"]
     assert "output" in changed.describe_diff(fs.FP32_POLICY)
     assert [s for s, _a, _b in fs.QIU_YAO.diff(fs.BASELINE_BF16)] == [
-        "mask", "max", "subtract", "row_sum", "pv", "rescale", "o_accum", "normalize", "tiling"]
+        "mask",
+        "max",
+        "subtract",
+        "row_sum",
+        "pv",
+        "rescale",
+        "o_accum",
+        "normalize",
+        "tiling",
+    ]
 
 
 def test_policies_print_as_tables():
@@ -244,51 +269,62 @@ def test_policies_print_as_tables():
 
 
 def test_flashsim_does_not_import_gpu_libraries():
-    code = ("import sys, flashsim; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', "
-            "'gpu')); assert not bad, bad")
+    code = (
+        "import sys, flashsim; bad = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', "
+        "'gpu')); assert not bad, bad"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
 
 
 # ---- spec and input errors --------------------------------------------------------------------------
-@pytest.mark.parametrize("make, match", [
-    (lambda: fs.Op("fp64", "rtz"), "Op.rounding: FP64 steps run in numpy"),
-    (lambda: fs.Op("fp64", fused=True), "Op.fused"),
-    (lambda: fs.Op("bf17"), "Op.fmt"),
-    (lambda: fs.Dot("bf16", "numpy"), "Dot.model: the 'numpy' model goes with FP64"),
-    (lambda: fs.Dot("bf16", "wgmma"), "Dot.model: expected an emufloat model"),
-    (lambda: fs.Func("h100_ex2", "fp64"), "Func.fmt"),
-    (lambda: fs.Func("expm1", "fp32"), "Func.function"),
-    (lambda: fs.RowSum("tree", "fp32"), "RowSum.order"),
-    (lambda: fs.RowSum("fa2_threads", "fp32", fused=True), "RowSum.fused"),
-    (lambda: fs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
-    (lambda: fs.Scale("logits", "fp32"), "Scale.where"),
-    (lambda: fs.Mask(1.0), "Mask.value"),
-    (lambda: fs.Tiling(block_m=0), "Tiling.block_m"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.Op("fp32", fused=True)), "subtract: fused"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, mask=fs.Mask(-1e6, "add")), "mask: how='add'"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, output=fs.Op("bf16", compute="fp32")), "output: a cast"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.Func("log", "fp32")), "exp: expected one of"),
-    (lambda: dataclasses.replace(fs.FP32_POLICY, row_sum=fs.Op("fp32")), "row_sum: expected a RowSum"),
-    (lambda: fs.StabilisedSoftmax(beta=-2.0), "beta: must be a finite number > 1"),
-    (lambda: fs.StabilisedSoftmax(beta=1.0), "beta"),
-    (lambda: fs.StabilisedSoftmax(eps=-1e-3), "eps: must be"),
-    (lambda: fs.get_softmax("improved"), "softmax: unknown variant 'improved'; accepted: robust, stabilised, standard"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: fs.Op("fp64", "rtz"), "Op.rounding: FP64 steps run in numpy"),
+        (lambda: fs.Op("fp64", fused=True), "Op.fused"),
+        (lambda: fs.Op("bf17"), "Op.fmt"),
+        (lambda: fs.Dot("bf16", "numpy"), "Dot.model: the 'numpy' model goes with FP64"),
+        (lambda: fs.Dot("bf16", "wgmma"), "Dot.model: expected an emufloat model"),
+        (lambda: fs.Func("h100_ex2", "fp64"), "Func.fmt"),
+        (lambda: fs.Func("expm1", "fp32"), "Func.function"),
+        (lambda: fs.RowSum("tree", "fp32"), "RowSum.order"),
+        (lambda: fs.RowSum("fa2_threads", "fp32", fused=True), "RowSum.fused"),
+        (lambda: fs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
+        (lambda: fs.Scale("logits", "fp32"), "Scale.where"),
+        (lambda: fs.Mask(1.0), "Mask.value"),
+        (lambda: fs.Tiling(block_m=0), "Tiling.block_m"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.Op("fp32", fused=True)), "subtract: fused"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, mask=fs.Mask(-1e6, "add")), "mask: how='add'"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, output=fs.Op("bf16", compute="fp32")), "output: a cast"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.Func("log", "fp32")), "exp: expected one of"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, row_sum=fs.Op("fp32")), "row_sum: expected a RowSum"),
+        (lambda: fs.StabilisedSoftmax(beta=-2.0), "beta: must be a finite number > 1"),
+        (lambda: fs.StabilisedSoftmax(beta=1.0), "beta"),
+        (lambda: fs.StabilisedSoftmax(eps=-1e-3), "eps: must be"),
+        (
+            lambda: fs.get_softmax("improved"),
+            "softmax: unknown variant 'improved'; accepted: robust, stabilised, standard",
+        ),
+    ],
+)
 def test_spec_errors_name_the_argument(make, match):
     with pytest.raises((ValueError, TypeError), match=match):
         make()
 
 
-@pytest.mark.parametrize("shapes, kwargs, match", [
-    (((4, 8), (6, 7), (6, 8)), {}, r"q, k: head dims differ"),
-    (((4, 8), (6, 8), (5, 8)), {}, r"k, v: numbers of keys differ"),
-    (((2, 4, 8), (3, 6, 8), (3, 6, 8)), {}, r"q, k, v: leading"),
-    (((8,), (6, 8), (6, 8)), {}, r"q: expected shape"),
-    (((4, 8), (6, 8), (6, 8)), {"sm_scale": -1.0}, r"sm_scale"),
-    (((4, 8), (6, 8), (6, 8)), {"block_m": 0}, r"block_m"),
-    (((4, 8), (6, 8), (6, 8)), {"kv_order": "backward"}, r"kv_order"),
-    (((4, 8), (6, 8), (6, 8)), {"softmax": "improved"}, r"softmax: unknown variant"),
-])
+@pytest.mark.parametrize(
+    "shapes, kwargs, match",
+    [
+        (((4, 8), (6, 7), (6, 8)), {}, r"q, k: head dims differ"),
+        (((4, 8), (6, 8), (5, 8)), {}, r"k, v: numbers of keys differ"),
+        (((2, 4, 8), (3, 6, 8), (3, 6, 8)), {}, r"q, k, v: leading"),
+        (((8,), (6, 8), (6, 8)), {}, r"q: expected shape"),
+        (((4, 8), (6, 8), (6, 8)), {"sm_scale": -1.0}, r"sm_scale"),
+        (((4, 8), (6, 8), (6, 8)), {"block_m": 0}, r"block_m"),
+        (((4, 8), (6, 8), (6, 8)), {"kv_order": "backward"}, r"kv_order"),
+        (((4, 8), (6, 8), (6, 8)), {"softmax": "improved"}, r"softmax: unknown variant"),
+    ],
+)
 def test_bad_inputs_name_the_argument(shapes, kwargs, match):
     q, k, v = (np.ones(s) for s in shapes)
     with pytest.raises(ValueError, match=match):

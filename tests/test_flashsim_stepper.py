@@ -94,15 +94,18 @@ def test_stepper_records_into_a_given_trace_and_finds_rows():
     assert set(pos[tr.call >= before]) == {-1, 0}
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"rows": [3, 20]}, r"rows: rows 3\.\.20 lie in Q blocks \[0, 1\] of BLOCK_M=16"),
-    ({"rows": 40}, r"rows: index 40 out of range for 37 query rows"),
-    ({"rows": [1, 1]}, r"rows: repeated row indices"),
-    ({"rows": "a"}, r"rows: expected a row index"),
-    ({"rows": slice(40, 50)}, r"rows: selects no row"),
-    ({"trace": "yes"}, r"trace: expected True, False or an emufloat.Trace"),
-    ({"block_n": 0}, r"block_n"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"rows": [3, 20]}, r"rows: rows 3\.\.20 lie in Q blocks \[0, 1\] of BLOCK_M=16"),
+        ({"rows": 40}, r"rows: index 40 out of range for 37 query rows"),
+        ({"rows": [1, 1]}, r"rows: repeated row indices"),
+        ({"rows": "a"}, r"rows: expected a row index"),
+        ({"rows": slice(40, 50)}, r"rows: selects no row"),
+        ({"trace": "yes"}, r"trace: expected True, False or an emufloat.Trace"),
+        ({"block_n": 0}, r"block_n"),
+    ],
+)
 def test_stepper_bad_arguments(kwargs, match):
     q, k, v = qkv(37, 20, 4, 4, 5)
     with pytest.raises((ValueError, TypeError), match=match):
@@ -223,8 +226,9 @@ def test_error_budget_adds_up_and_splits_the_mechanism():
     # standard softmax: the products part leans negative (Qiu & Yao), the weights are exact up to P rounding
     assert b.products.mean_error < 0 and b.products.mean_p < 1e-4 and b.products.mean_ulps < -0.1
     assert abs(b.weights.mean_error) < 1e-6
-    stab = step_rows(ex.q, ex.k, ex.v, "qiu_yao", rows=ex.row, sm_scale=ex.sm_scale, block_n=64,
-                     softmax="stabilised").run()
+    stab = step_rows(
+        ex.q, ex.k, ex.v, "qiu_yao", rows=ex.row, sm_scale=ex.sm_scale, block_n=64, softmax="stabilised"
+    ).run()
     bs = error_budget(stab, reference_run(stab))
     assert bs.products.mean_p > 0.01 and abs(bs.products.mean_error) < abs(b.products.mean_error) / 10
 
@@ -246,8 +250,9 @@ def test_p_one_rounding_on_a_constructed_row():
     assert np.all(tr.has("away")[ties]) and np.count_nonzero(ties) >= f.half_ulp
     assert f.to_dict()["frac_away"] == f.away / f.inexact
     # no P == 1 pair with the fix
-    stab = step_rows(ex.q, ex.k, ex.v, "qiu_yao", rows=ex.row, sm_scale=ex.sm_scale, block_n=64,
-                     softmax="stabilised").run()
+    stab = step_rows(
+        ex.q, ex.k, ex.v, "qiu_yao", rows=ex.row, sm_scale=ex.sm_scale, block_n=64, softmax="stabilised"
+    ).run()
     g = p_one_rounding(stab)
     assert g.events == 0 and g.blocks == () and math.isnan(g.frac_away) and g.control_events == 256
 

@@ -112,6 +112,7 @@ def test_triton_policy_masks_by_select(softmax):
     (log2 units) above a row's own key, or a NaN key, leaves the earlier rows alone.  Under the tutorial's bias
     alone (Mask(-1e6, 'add'), the same FMA) the later key wins row 0 and the NaN reaches the rows before it."""
     import dataclasses
+
     select = triton_policy("fp16", block_m=64, block_n=64, num_warps=4)
     bias = dataclasses.replace(select, mask=fs.specs.Mask(-1.0e6, "add"))
     q, k, v = (np.zeros((2, 64), np.float16) for _ in range(3))

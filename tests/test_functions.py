@@ -102,8 +102,12 @@ def _functions_npz():
 def test_unary_models_reproduce_recorded_gpu_outputs(name):
     z = _functions_npz()
     x = z["x"].view(np.float32)
-    model = {"exp2": h100.triton_exp2, "exp": h100.triton_exp, "ex2_nonftz": lambda v: h100.ex2_approx(v, ftz=False),
-             "rcp": h100.rcp_approx}[name]
+    model = {
+        "exp2": h100.triton_exp2,
+        "exp": h100.triton_exp,
+        "ex2_nonftz": lambda v: h100.ex2_approx(v, ftz=False),
+        "rcp": h100.rcp_approx,
+    }[name]
     got = model(x).view(np.uint32)
     assert x.size > 100_000
     assert np.array_equal(got, z[f"{name}_out"]), np.count_nonzero(got != z[f"{name}_out"])

@@ -41,10 +41,23 @@ def test_auto_takes_the_overlap_kernel_where_it_was_measured_faster():
     assert overlap_from_keys("bf16", 128, False) <= 4096 and overlap_from_keys("bf16", 64, False) == float("inf")
 
 
-@pytest.mark.parametrize("field, bad", [
-    ("block_m", 0), ("block_m", 48), ("block_m", 8), ("block_m", 512), ("block_m", 64.0), ("block_m", True),
-    ("block_n", 0), ("block_n", -64), ("block_n", 96), ("num_warps", 0), ("num_warps", 3), ("num_warps", 32),
-])
+@pytest.mark.parametrize(
+    "field, bad",
+    [
+        ("block_m", 0),
+        ("block_m", 48),
+        ("block_m", 8),
+        ("block_m", 512),
+        ("block_m", 64.0),
+        ("block_m", True),
+        ("block_n", 0),
+        ("block_n", -64),
+        ("block_n", 96),
+        ("num_warps", 0),
+        ("num_warps", 3),
+        ("num_warps", 32),
+    ],
+)
 def test_bad_tiles_are_refused(field, bad):
     args = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, field: bad}
     with pytest.raises(ValueError, match=f"Config.{field}: expected a power of two"):

@@ -56,10 +56,29 @@ def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False):
     x = _ptr(DTYPES[dtype])
     lse = _ptr()
     n_vt = -(-n // 16) * 16 if v_t else n
-    args = (x, x, x, _ptr(torch.bfloat16), lse, DebugOutputs(lse, lse, lse, lse), CONSTS, n, n,
-            -(-n // cfg.block_n), n_vt)
-    const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax, DEBUG=False,
-                 STAGES=cfg.num_stages, V_T=v_t)
+    args = (
+        x,
+        x,
+        x,
+        _ptr(torch.bfloat16),
+        lse,
+        DebugOutputs(lse, lse, lse, lse),
+        CONSTS,
+        n,
+        n,
+        -(-n // cfg.block_n),
+        n_vt,
+    )
+    const = dict(
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        SOFTMAX=softmax,
+        DEBUG=False,
+        STAGES=cfg.num_stages,
+        V_T=v_t,
+    )
     return _compile(attn_fwd, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -76,6 +95,7 @@ def test_fp8_forward_pipelines_v(key):
     """FP8: with V's keys contiguous (gpu.flash passes it so) Triton loads V tiles by cp.async into a
     multi-buffered pipeline, like K's; from V as (N, d) it cannot, as e4m3 wgmma needs the keys contiguous
     in shared memory, so every V tile went through registers to be transposed (the contrast)."""
+
     def buffered(v_t):
         ttgir = _compile_forward(key, 0, dtype="fp8", v_t=v_t).asm["ttgir"]
         return len(re.findall(rf"local_alloc : \(\) -> !ttg.memdesc<{fwd_config('e4m3', *key).num_stages}x", ttgir))
@@ -89,6 +109,7 @@ def test_fp8_transpose_moves_16_bytes_at_a_time(d):
     """The transpose of FP8's V loads and stores 16 bytes a thread and instruction whatever N_K is (its
     rows padded to 16 keys; byte-wide stores were what made torch's copy slow)."""
     from gpu.flash import TRANSPOSE_BLOCK
+
     x = _ptr(DTYPES["fp8"])
     kern = _compile(transpose_keys, (x, x, 1001, 1008), dict(HEAD_DIM=d, BLOCK_N=TRANSPOSE_BLOCK), num_warps=4)
     ops = set(re.findall(r"\b(?:ld|st)\.global[.\w]*", kern.asm["ptx"]))
@@ -111,6 +132,7 @@ def test_forward_compiles_for_one_query(key, dtype):
 
 def test_every_head_dim_has_forward_and_backward_tiles():
     from gpu.flash import HEAD_DIMS
+
     assert sorted({d for d, _ in FWD_CONFIGS}) == list(HEAD_DIMS) == sorted(BWD_CONFIGS)
     assert all((d, causal) in FWD_CONFIGS for d in HEAD_DIMS for causal in (False, True))
 
@@ -121,8 +143,10 @@ def _compile_backward(d, causal, n):
     x, f = _ptr(torch.bfloat16), _ptr()
     const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
     opts = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    return (_compile(attn_bwd_dkdv, (x, x, x, x, f, f, x, x, 0.18, 0.125, n, n), const, **opts),
-            _compile(attn_bwd_dq, (x, x, x, x, f, f, x, 0.18, 0.125, n, n), const, **opts))
+    return (
+        _compile(attn_bwd_dkdv, (x, x, x, x, f, f, x, x, 0.18, 0.125, n, n), const, **opts),
+        _compile(attn_bwd_dq, (x, x, x, x, f, f, x, 0.18, 0.125, n, n), const, **opts),
+    )
 
 
 @pytest.mark.parametrize("d", sorted(BWD_CONFIGS))
@@ -158,6 +182,7 @@ def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000):
 
     from gpu.flash import overlap_options
     from gpu.kernels.fwd_overlap import attn_fwd_overlap
+
     cfg = cfg or fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
     gdt = {"bf16": gl.bfloat16, "fp16": gl.float16, "fp8": gl.float8e4nv}[dtype]
     v_t = dtype == "fp8"
@@ -165,15 +190,25 @@ def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000):
 
     def desc(shape, block, row=None):  # row: the last dimension's stride, if not its size
         row = row or shape[-1]
-        strides = [math.prod(shape[i + 1:-1]) * row for i in range(len(shape) - 1)] + [1]
+        strides = [math.prod(shape[i + 1 : -1]) * row for i in range(len(shape) - 1)] + [1]
         return TensorDescriptor(x, shape, strides, block, gl.NVMMASharedLayout.get_default_for(block, gdt))
 
     kv = [1, cfg.block_n, d]
-    descs = (desc([2 * n, d], [cfg.block_m, d]), desc([2, n, d], kv),  # V^T's rows padded to 16 keys, as gpu.flash
-             desc([2, d, n], [1, d, cfg.block_n], -(-n // 16) * 16) if v_t else desc([2, n, d], kv))
+    descs = (
+        desc([2 * n, d], [cfg.block_m, d]),
+        desc([2, n, d], kv),  # V^T's rows padded to 16 keys, as gpu.flash
+        desc([2, d, n], [1, d, cfg.block_n], -(-n // 16) * 16) if v_t else desc([2, n, d], kv),
+    )
     args = (*descs, _ptr(torch.bfloat16 if v_t else DTYPES[dtype]), _ptr(), CONSTS, n, n)
-    const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal, SOFTMAX=softmax,
-                 STAGES=cfg.num_stages, V_T=v_t)
+    const = dict(
+        HEAD_DIM=d,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        CAUSAL=causal,
+        SOFTMAX=softmax,
+        STAGES=cfg.num_stages,
+        V_T=v_t,
+    )
     return _compile(attn_fwd_overlap, args, const, **overlap_options(cfg, d, 1 if v_t else 2))
 
 
@@ -182,19 +217,26 @@ def _ptxas_log(ptx: str) -> str:
     import subprocess
     import tempfile
     from pathlib import Path
+
     ptxas = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "ptxas"
     if not ptxas.exists():
         pytest.skip("Triton's ptxas is not installed")
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "k.ptx"
         src.write_text(ptx)
-        return subprocess.run([str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
-                              capture_output=True, text=True, check=True).stderr
+        return subprocess.run(
+            [str(ptxas), "-arch=sm_90a", "-v", str(src), "-o", str(Path(tmp) / "k.cubin")],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stderr
 
 
 #: (dtype, head dim, causal) where the overlap kernel runs with the dtype's default tiles (BLOCK_N == d)
-OVERLAP_KEYS = sorted([("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
-                      + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]])
+OVERLAP_KEYS = sorted(
+    [("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
+    + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]]
+)
 #: and FP8 on two compute warpgroups (128-row programs), measured but not the default (docs/tried.md, "FP8 E4M3
 #: forward")
 OVERLAP_KEYS += [("fp8", 128, False, 128), ("fp8", 128, True, 128)]
@@ -224,6 +266,7 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
     raised to 232 and the load warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave
     every warp 255 (one program an SM, far slower: docs/tried.md, "FP8 E4M3 forward")."""
     from gpu.flash import SM_SHARED_BYTES
+
     k = _compile_overlap(128, False, softmax, "fp8")
     ptx = k.asm["ptx"]
     assert re.search(r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232", ptx), "compute warps not raised to 232"
@@ -240,6 +283,7 @@ def test_overlap_caps_registers_only_where_two_programs_fit():
     """The 128-register cap where two 64-row programs' shared memory fits an SM (FP8 at d=128, bf16 at
     d=64), not for bf16 at d=128 (208 KiB a program), where it would only make ptxas spill."""
     from gpu.flash import overlap_options
+
     tiles = Config(64, 128, 4, 3)
     assert overlap_options(tiles, 128, 1).get("maxnreg") == 128
     assert "maxnreg" not in overlap_options(tiles, 128, 2)
@@ -282,6 +326,7 @@ def test_folded_row_reductions_match_numpy_in_the_interpreter():
     import os
     import subprocess
     import sys
+
     env = dict(os.environ, TRITON_INTERPRET="1")
     run = subprocess.run([sys.executable, "-c", _FOLD_CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and "folds ok" in run.stdout, run.stderr[-3000:]
@@ -289,6 +334,7 @@ def test_folded_row_reductions_match_numpy_in_the_interpreter():
 
 def test_forward_kernel_argument_is_checked():
     from gpu import flash
+
     q = torch.zeros(1, 1, 8, 64, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="kernel: expected one of"):
         flash.forward(q, q, q, kernel="fast")
@@ -301,6 +347,7 @@ def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scal
 
     from flashsim.softmax import RobustSoftmax, StabilisedSoftmax
     from gpu import flash
+
     log2e = 1 / math.log(2)
     for scale in (0.125, 1 / math.sqrt(96), 0.3):
         for eps in (1e-3, 2.5e-3):
@@ -344,8 +391,12 @@ def test_float32_constants_have_the_bits_flashsim_gives_them():
     scales = [1 / math.sqrt(d) for d in range(1, 513)] + list(10.0 ** rng.uniform(-6, 3, 108))
     variants = [StandardSoftmax()]
     variants += [StabilisedSoftmax(eps=e, beta=b) for e in (1e-3, 2.5e-3, 1e-5, 0.37) for b in (1.5, 2.0, 3.0, 7.25)]
-    variants += [RobustSoftmax(p_precision=p, beta=b, max_shift=m) for p in (4, 8, 11) for b in (1.5, 2.0)
-                 for m in (0.5, 8.0, 20.0, 64.0)]
+    variants += [
+        RobustSoftmax(p_precision=p, beta=b, max_shift=m)
+        for p in (4, 8, 11)
+        for b in (1.5, 2.0)
+        for m in (0.5, 8.0, 20.0, 64.0)
+    ]
     emulated = {}
     compared = 0
     for scale in scales:
@@ -356,8 +407,13 @@ def test_float32_constants_have_the_bits_flashsim_gives_them():
             if isinstance(variant, StabilisedSoftmax):
                 exact.update(eps_raw=variant.eps * raw, eps_t=variant.eps * scaled, beta=variant.beta)
             elif isinstance(variant, RobustSoftmax):
-                exact.update(beta=variant.beta, band_raw=variant.band * raw, band_t=variant.band * scaled,
-                             max_shift_raw=variant.max_shift * raw, max_shift_t=variant.max_shift * scaled)
+                exact.update(
+                    beta=variant.beta,
+                    band_raw=variant.band * raw,
+                    band_t=variant.band * scaled,
+                    max_shift_raw=variant.max_shift * raw,
+                    max_shift_t=variant.max_shift * scaled,
+                )
             for name, x in exact.items():
                 if x not in emulated:
                     emulated[x] = float(arith.constant(x, Op(FP32)))
@@ -371,8 +427,25 @@ def test_float32_constants_have_the_bits_flashsim_gives_them():
     up = np.nextafter(f32.astype(np.float32), np.float32(np.inf)).astype(np.float64)
     ties = f32 + (up - f32) / 2  # exactly halfway between neighbouring float32s (exact in float64)
     big = float(np.finfo(np.float32).max)
-    special = np.array([0.0, -0.0, big, -big, big * (1 + 2**-25), big * (1 + 2**-24), 1e39, -1e39, 2.0**-149,
-                        2.0**-150, 2.0**-150 * 1.0000001, 2.0**-151, 1e-46, 2.0**-126, 2.0**-126 * (1 - 2**-24)])
+    special = np.array(
+        [
+            0.0,
+            -0.0,
+            big,
+            -big,
+            big * (1 + 2**-25),
+            big * (1 + 2**-24),
+            1e39,
+            -1e39,
+            2.0**-149,
+            2.0**-150,
+            2.0**-150 * 1.0000001,
+            2.0**-151,
+            1e-46,
+            2.0**-126,
+            2.0**-126 * (1 - 2**-24),
+        ]
+    )
     x = np.concatenate([pats, f32, ties, np.nextafter(ties, np.inf), np.nextafter(ties, -np.inf), special])
     x = x[np.isfinite(x)]
     with np.errstate(over="ignore"):
@@ -393,6 +466,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @pytest.mark.parametrize("d", [64, 256])
 def test_live_against_fp64(dtype, causal, softmax, d):
     from gpu import flash
+
     dt = torch.bfloat16 if dtype == "bf16" else torch.float16
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, 333, d, device="cuda", dtype=dt) for _ in range(3))
@@ -401,6 +475,7 @@ def test_live_against_fp64(dtype, causal, softmax, d):
     o = flash.attention(qq, kk, vv, causal=causal, softmax=softmax)
     o.backward(do)
     from gpu.scripts.run_attention import reference
+
     o64, _, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
     tol = 2e-2 if dtype == "bf16" else 4e-3
     assert (o.double() - o64).abs().max().item() < tol
@@ -414,13 +489,17 @@ def test_live_kernel_equals_emulator():
     from flashsim.crosscheck import crosscheck
     from gpu.crosscheck import live_run
     from gpu.crosscheck.cases import Case, inputs
-    for case in [Case(100, 100, 64, "bf16", True, "robust", "repeated", 1),
-                 Case(77, 130, 128, "fp16", False, "stabilised", "sink", 2),
-                 Case(90, 150, 256, "bf16", True, "robust", "repeated", 3),
-                 Case(70, 200, 256, "fp16", False, "standard", "random", 4)]:
+
+    for case in [
+        Case(100, 100, 64, "bf16", True, "robust", "repeated", 1),
+        Case(77, 130, 128, "fp16", False, "stabilised", "sink", 2),
+        Case(90, 150, 256, "bf16", True, "robust", "repeated", 3),
+        Case(70, 200, 256, "fp16", False, "standard", "random", 4),
+    ]:
         x = inputs(case)
-        run = live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0], dtype=case.dtype, causal=case.causal,
-                       softmax=case.softmax)
+        run = live_run(
+            x["q"][0], x["k"][0], x["v"][0], x["do"][0], dtype=case.dtype, causal=case.causal, softmax=case.softmax
+        )
         rep = crosscheck(run)
         assert rep.identical, str(rep)
 
@@ -434,6 +513,7 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
     from gpu import flash
     from gpu.crosscheck import same_bits
     from gpu.scripts.run_attention import kind_inputs
+
     for kind, n, dtype in (("repeated", 1000, "bf16"), ("sink", 517, "fp16"), ("large", 4096 - 3, "bf16")):
         q, k, v, _ = kind_inputs(kind, dtype, (1, 2, n, d), n)
         for sm in flash.SOFTMAX_IDS:
@@ -447,10 +527,16 @@ def _fp8_cases(d: int):
     to 16 keys) down to one key."""
     from gpu import flash
     from gpu.scripts.run_attention import kind_inputs
+
     for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
         q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)
-        yield (kind, nq, nk, q[:, :, :nq].to(flash.FP8).contiguous(),
-               *(x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v)))
+        yield (
+            kind,
+            nq,
+            nk,
+            q[:, :, :nq].to(flash.FP8).contiguous(),
+            *(x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v)),
+        )
 
 
 @pytest.mark.gpu
@@ -462,6 +548,7 @@ def test_live_fp8_overlap_kernel_equals_triton_kernel(d):
     every softmax."""
     from gpu import flash
     from gpu.crosscheck import same_bits
+
     for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
         for causal in (False, True):
             for sm in flash.SOFTMAX_IDS:
@@ -479,6 +566,7 @@ def test_live_fp8_transposed_v_keeps_the_bits(d):
     adversarial inputs, both maskings, every softmax."""
     from gpu import flash
     from gpu.crosscheck import same_bits
+
     for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
         for causal in (False, True):
             for sm in flash.SOFTMAX_IDS:
@@ -497,11 +585,14 @@ def test_live_direct_launch_follows_specialisations():
 
     from gpu import flash, launch
     from gpu.crosscheck import bits_of
+
     torch.manual_seed(1)
     for n in (64, 1, 17, 64):
         for offset in (0, 1):
-            q, k, v, do = (torch.randn(1 * 2 * n * 64 + offset, device="cuda", dtype=torch.bfloat16)[offset:]
-                           .view(1, 2, n, 64) for _ in range(4))
+            q, k, v, do = (
+                torch.randn(1 * 2 * n * 64 + offset, device="cuda", dtype=torch.bfloat16)[offset:].view(1, 2, n, 64)
+                for _ in range(4)
+            )
             o, lse, _ = flash.forward(q, k, v, causal=True, softmax="robust", kernel="triton")  # compiles
             flash.backward(q, k, v, o, lse, do, causal=True)
             got = []
@@ -526,6 +617,7 @@ def test_live_more_heads_than_one_grid_holds(kernel):
 
     from gpu import flash
     from gpu.crosscheck import bits_of, same_bits
+
     torch.manual_seed(2)
     b, h, n, d = 4098, 16, 8, 128
     assert b * h > flash.HEADS_PER_LAUNCH
@@ -535,8 +627,9 @@ def test_live_more_heads_than_one_grid_holds(kernel):
     for part in (slice(0, 1), slice(b - 3, b)):  # heads 0-15 (first launch), 65520-65567 (second)
         o1, lse1, _ = flash.forward(q[part], k[part], v[part], causal=True, softmax="robust", kernel=kernel)
         grads1 = flash.backward(q[part], k[part], v[part], o1, lse1, do[part], causal=True)
-        for name, x, y in zip(("o", "lse", "dq", "dk", "dv", "delta"), (o, lse, *grads), (o1, lse1, *grads1),
-                              strict=True):
+        for name, x, y in zip(
+            ("o", "lse", "dq", "dk", "dv", "delta"), (o, lse, *grads), (o1, lse1, *grads1), strict=True
+        ):
             assert np.array_equal(bits_of(x[part]), bits_of(y)), (kernel, part, name)
     q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))  # FP8: V transposed, and its descriptor per launch
     o, lse, _ = flash.forward(q8, k8, v8, causal=True, softmax="robust", kernel=kernel)
@@ -554,8 +647,12 @@ def test_live_empty_inputs():
     returns, dQ = 0; no queries: dK = dV = 0); the overlap kernel, whose TMA descriptors need a non-empty
     tensor, is refused with an error that says so."""
     from gpu import flash
-    for q_shape, k_shape in (((1, 2, 0, 128), (1, 2, 5, 128)), ((1, 2, 5, 128), (1, 2, 0, 128)),
-                             ((0, 2, 5, 128), (0, 2, 5, 128))):
+
+    for q_shape, k_shape in (
+        ((1, 2, 0, 128), (1, 2, 5, 128)),
+        ((1, 2, 5, 128), (1, 2, 0, 128)),
+        ((0, 2, 5, 128), (0, 2, 5, 128)),
+    ):
         q = torch.randn(q_shape, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(k_shape, device="cuda", dtype=torch.bfloat16)
         o, lse, _ = flash.forward(q, k, k, softmax="robust")
@@ -579,6 +676,7 @@ def test_live_causal_rows_never_see_later_keys(d):
     bias let it win) or NaN (it made the earlier rows of its tile NaN) leaves earlier rows alone, in both
     forward kernels where they run."""
     from gpu import flash
+
     kernels = ("triton", "overlap") if flash.FWD_CONFIGS[(d, True)].block_n == d else ("triton",)
     q, k, v = (torch.zeros(1, 1, 2, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     q[0, 0, 0], k[0, 0, 0], v[0, 0, 1] = -300.0, 300.0, 1.0  # row 0's only key scores about -1e6 (log2 units)

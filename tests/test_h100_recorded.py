@@ -76,7 +76,7 @@ def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
     for t in range(a.shape[0]):
         acc = c[t].copy() if with_c else np.zeros((64, 64), np.float32)
         for s in range(0, a.shape[2], 32):
-            acc = acc + ef.matmul(a[t][:, s:s + 32], bt[t][:, s:s + 32].T, h100.WGMMA_FP8)
+            acc = acc + ef.matmul(a[t][:, s : s + 32], bt[t][:, s : s + 32].T, h100.WGMMA_FP8)
         got = ef.matmul(a[t], bt[t].T, h100.WGMMA_FP8_PROMOTED, None if c is None else c[t])
         assert np.array_equal(got.view(np.uint32), acc.view(np.uint32))
     verify = json.loads((DATA.parent / "verify.json").read_text())["sections"]["dot"]["result"]["fp8_maxi32"]

@@ -29,6 +29,7 @@ from gpu.policies import kernel_policy, kernel_variant
 
 try:
     import torch
+
     CUDA = torch.cuda.is_available()
 except ImportError:  # the CPU test suite runs without torch
     CUDA = False
@@ -44,7 +45,7 @@ DT = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}
 
 def _bound(case) -> np.ndarray:
     u = 2.0 ** -PRECISION[case.dtype]
-    per_output = 2 * u + 2 * case.k.shape[0] * 2.0 ** -23 + 2.0 ** -20
+    per_output = 2 * u + 2 * case.k.shape[0] * 2.0**-23 + 2.0**-20
     return 2 * per_output * np.abs(case.v).max()
 
 
@@ -58,8 +59,9 @@ def _row_max_log2(case) -> np.ndarray:
 
 def _emulated(case, softmax: str) -> np.ndarray:
     pol = kernel_policy(case.dtype, case.q.shape[1], case.causal)
-    return fs.flash_forward(case.q, case.k, case.v, pol, softmax=kernel_variant(softmax, case.dtype),
-                            causal=case.causal).o.astype(np.float64)
+    return fs.flash_forward(
+        case.q, case.k, case.v, pol, softmax=kernel_variant(softmax, case.dtype), causal=case.causal
+    ).o.astype(np.float64)
 
 
 def _ones_per_block(case, softmax: str) -> int:
@@ -70,8 +72,7 @@ def _ones_per_block(case, softmax: str) -> int:
     most = 0
     for start in range(0, case.q.shape[0], bm):
         rows = slice(start, min(start + bm, case.q.shape[0]))
-        for st_ in fs.step_rows(case.q, case.k, case.v, pol, rows=rows, softmax=sm, causal=case.causal,
-                                trace=False):
+        for st_ in fs.step_rows(case.q, case.k, case.v, pol, rows=rows, softmax=sm, causal=case.causal, trace=False):
             p = np.asarray(st_.p_exp, np.float32).astype(DT[case.dtype])
             most = max(most, int((p == 1).sum(axis=1).max()))
     return most
@@ -113,6 +114,7 @@ def test_robust_fix_leaves_no_block_with_two_p_equal_one(case):
 def test_the_inputs_do_have_repeated_ones_under_the_standard_softmax():
     """Not vacuous: the 'repeated' inputs give blocks with several P = 1 when nothing is fixed."""
     from flashsim.testing import AttentionInputs, make_inputs
+
     x = make_inputs("repeated", 70, 130, 64, "bf16", seed=3, ties=4)
     case = AttentionInputs(x["q"], x["k"], x["v"], x["do"], "bf16", False, "repeated", 3)
     assert _ones_per_block(case, "standard") >= 4
@@ -126,8 +128,10 @@ def test_the_inputs_do_have_repeated_ones_under_the_standard_softmax():
 @given(attention_inputs(max_len=300), st.sampled_from(("standard", "stabilised", "robust")))
 def test_live_kernel_equals_emulator_on_drawn_inputs(case, softmax):
     from gpu.crosscheck import live_run
-    run = live_run(case.q, case.k, case.v, case.do, dtype=case.dtype, causal=case.causal, softmax=softmax,
-                   note=repr(case))
+
+    run = live_run(
+        case.q, case.k, case.v, case.do, dtype=case.dtype, causal=case.causal, softmax=softmax, note=repr(case)
+    )
     rep = crosscheck(run)
     assert rep.identical, str(rep)
 
@@ -138,6 +142,7 @@ def test_live_kernel_equals_emulator_on_drawn_inputs(case, softmax):
 @given(attention_inputs(max_len=300, kinds=("repeated", "near_repeated", "sink", "random")))
 def test_live_robust_kernel_leaves_no_block_with_two_p_equal_one(case):
     from gpu.crosscheck import live_run
+
     run = live_run(case.q, case.k, case.v, dtype=case.dtype, causal=case.causal, softmax="robust")
     p = run.debug["p"].view(np.float32)  # (1, blocks, N_q, BLOCK_N), NaN where skipped
     ones = (np.nan_to_num(p).astype(DT[case.dtype]) == 1).sum(axis=-1)
@@ -151,6 +156,7 @@ def test_live_robust_kernel_leaves_no_block_with_two_p_equal_one(case):
 def test_input_kinds_check_their_arguments():
     from flashsim.inputs import draw_head
     from flashsim.testing import make_inputs
+
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError, match="kind: expected one of"):
         draw_head(rng, "huge", 4, 4, 8)

@@ -36,7 +36,9 @@ class FakeKernel:
             class Compiled:
                 def __getitem__(self, grid):
                     return lambda *a: kernel.launches.append((grid, a))
+
             return Compiled()
+
         return run
 
 
@@ -64,8 +66,9 @@ def test_second_call_launches_the_compiled_kernel_with_constexprs_in_order(fake)
     assert fake.launches == [((3, 1, 1), (*args, 128, True))]
 
 
-@pytest.mark.parametrize("change", ["dtype", "alignment", "n is 1", "n not divisible by 16", "n needs 64 bits",
-                                    "constexpr", "option"])
+@pytest.mark.parametrize(
+    "change", ["dtype", "alignment", "n is 1", "n not divisible by 16", "n needs 64 bits", "constexpr", "option"]
+)
 def test_a_new_specialisation_compiles_again(fake, change):
     run = launch.Launcher(fake)
     const, opts = {"BLOCK": 128, "FLAG": True}, {"num_warps": 4}
@@ -87,15 +90,36 @@ def test_a_new_specialisation_compiles_again(fake, change):
 
 def test_the_key_separates_what_triton_specialises_on():
     """Where Triton's binder gives two arguments different specialisations, the key differs too."""
-    values = [1, 2, 16, 17, 32, 2**31 - 16, 2**31, 2**63, -16, -3, 0.5, 2.0,
-              torch.zeros(8, dtype=torch.bfloat16), torch.zeros(9, dtype=torch.bfloat16)[1:],
-              torch.zeros(8, dtype=torch.float16), torch.zeros(8, dtype=torch.float32),
-              (0.5, 16), (0.5, 17), (0.5, 1), (2.0, torch.zeros(8, dtype=torch.bfloat16)),
-              (0.5, torch.zeros(9, dtype=torch.bfloat16)[1:]), (1, 0.5), (16, 0.5)]
+    values = [
+        1,
+        2,
+        16,
+        17,
+        32,
+        2**31 - 16,
+        2**31,
+        2**63,
+        -16,
+        -3,
+        0.5,
+        2.0,
+        torch.zeros(8, dtype=torch.bfloat16),
+        torch.zeros(9, dtype=torch.bfloat16)[1:],
+        torch.zeros(8, dtype=torch.float16),
+        torch.zeros(8, dtype=torch.float32),
+        (0.5, 16),
+        (0.5, 17),
+        (0.5, 1),
+        (2.0, torch.zeros(8, dtype=torch.bfloat16)),
+        (0.5, torch.zeros(9, dtype=torch.bfloat16)[1:]),
+        (1, 0.5),
+        (16, 0.5),
+    ]
     for a in values:
         for b in values:
-            if native_specialize_impl(CUDABackend, a, False, True, True) != \
-                    native_specialize_impl(CUDABackend, b, False, True, True):
+            if native_specialize_impl(CUDABackend, a, False, True, True) != native_specialize_impl(
+                CUDABackend, b, False, True, True
+            ):
                 assert launch._arg_key(a) != launch._arg_key(b), (a, b)
 
 

@@ -27,20 +27,22 @@ DATA = Path(__file__).resolve().parent / "data" / "model_your_kernel"
 BLOCK = 64
 
 TINY = fs.Policy(
-    name="tiny_kernel", note="the test's Triton kernel: fp16, 64 x 64 tiles, 4 warps",
-    scores=fs.Dot(FP16, h100.WGMMA_FP16),                        # s = tl.dot(q, k): wgmma, fp32 accumulator
-    scale=fs.Scale("max", FP32),                                 # m = max(m, tl.max(s, 1) * c)
+    name="tiny_kernel",
+    note="the test's Triton kernel: fp16, 64 x 64 tiles, 4 warps",
+    scores=fs.Dot(FP16, h100.WGMMA_FP16),  # s = tl.dot(q, k): wgmma, fp32 accumulator
+    scale=fs.Scale("max", FP32),  # m = max(m, tl.max(s, 1) * c)
     mask=fs.Mask(),
     max=fs.Op(FP32),
-    subtract=fs.Op(FP32, fused=True),                            # s * c - m: one FMA
-    exp=fs.Func("h100_ex2", FP32),                               # tl.math.exp2: ex2.approx.ftz
+    subtract=fs.Op(FP32, fused=True),  # s * c - m: one FMA
+    exp=fs.Func("h100_ex2", FP32),  # tl.math.exp2: ex2.approx.ftz
     row_sum=fs.RowSum("h100_tl_sum", FP32, fused=True, num_warps=4),  # l = l * alpha + tl.sum(p, 1): FMA
-    p_cast=fs.Op(FP16),                                          # p.to(tl.float16)
-    pv=fs.Dot(FP16, h100.WGMMA_FP16, into_acc=True),             # tl.dot(p, v, acc * alpha)
-    rescale=fs.Op(FP32), o_accum=fs.Op(FP32),
-    normalize=fs.Norm("divide", "div_full", FP32),               # acc / l: div.full.f32
+    p_cast=fs.Op(FP16),  # p.to(tl.float16)
+    pv=fs.Dot(FP16, h100.WGMMA_FP16, into_acc=True),  # tl.dot(p, v, acc * alpha)
+    rescale=fs.Op(FP32),
+    o_accum=fs.Op(FP32),
+    normalize=fs.Norm("divide", "div_full", FP32),  # acc / l: div.full.f32
     output=fs.Op(FP16),
-    lse=fs.Func("libdevice_log2f", FP32),                        # m + tl.math.log2(l): libdevice's log2f
+    lse=fs.Func("libdevice_log2f", FP32),  # m + tl.math.log2(l): libdevice's log2f
     tiling=fs.Tiling(BLOCK, BLOCK, "forward"),
 )
 if "tiny_kernel" not in fs.policy_names():
@@ -57,6 +59,7 @@ except ImportError:
     triton = None
 
 if triton is not None:
+
     @triton.jit
     def tiny_attention(Q, K, V, O, L, sm_scale, N, D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
         rows = tl.program_id(0) * BM + tl.arange(0, BM)
@@ -90,9 +93,14 @@ def run_tiny(q, k, v, sm_scale):
     return o, lse
 
 
-CASES = [(kind, n, d, 5200 + i) for i, (kind, n, d) in enumerate(
-    (kind, n, d) for kind in ("random", "repeated", "near_repeated", "sink", "large", "tiny", "negative_v")
-    for n, d in ((128, 64), (192, 128)))]
+CASES = [
+    (kind, n, d, 5200 + i)
+    for i, (kind, n, d) in enumerate(
+        (kind, n, d)
+        for kind in ("random", "repeated", "near_repeated", "sink", "large", "tiny", "negative_v")
+        for n, d in ((128, 64), (192, 128))
+    )
+]
 
 
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch, Triton)")
@@ -105,8 +113,15 @@ def test_live_kernel_is_the_policy_bit_for_bit(kind, n, d, seed):
         return o[None, None], lse[None, None]
 
     x = make_inputs(kind, n, n, d, "fp16", seed)
-    run = kernel_run(kernel, x["q"], x["k"], x["v"], policy="tiny_kernel", dtype="fp16",
-                     note=f"tiny_kernel {kind} n={n} d={d} seed={seed}")
+    run = kernel_run(
+        kernel,
+        x["q"],
+        x["k"],
+        x["v"],
+        policy="tiny_kernel",
+        dtype="fp16",
+        note=f"tiny_kernel {kind} n={n} d={d} seed={seed}",
+    )
     if os.environ.get("RECORD_DIR"):
         save_run(Path(os.environ["RECORD_DIR"]) / f"tiny_{kind}_{n}_{d}_{seed}.npz", run)
     report = crosscheck(run)
@@ -134,6 +149,7 @@ def test_a_changed_step_is_seen():
     if not runs:
         pytest.skip("no recorded runs of the tiny kernel")
     import dataclasses
+
     other = dataclasses.replace(TINY, name="tiny_kernel_log2", lse=fs.Func("log2", FP32))
     changed = 0
     for run in runs:

@@ -56,8 +56,9 @@ def oracle(fmt, mode: str, pair, rnd, r: int) -> np.ndarray:
     """RTO64 + gfloat result for ``fmt``/``mode``, with emufloat's random integers for SR."""
     n = pair[0].size
     srbits = ef.stochastic_bits(rnd, n) if r else None
-    return op_oracle(gfloat_info(fmt), "sr" if r else mode, pair, sat=fmt.overflow == "saturate",
-                     srbits=srbits, srnumbits=r)
+    return op_oracle(
+        gfloat_info(fmt), "sr" if r else mode, pair, sat=fmt.overflow == "saturate", srbits=srbits, srnumbits=r
+    )
 
 
 def as_f64(x) -> np.ndarray:
@@ -70,6 +71,7 @@ def named(cols) -> dict[str, np.ndarray]:
 
 
 # ---- (a) exhaustive FP8 pairs ----------------------------------------------------------------------------
+
 
 @functools.cache
 def fp8_values(name: str) -> np.ndarray:
@@ -106,8 +108,14 @@ def check_pairs(a_vals, b_vals, op, mode, targets, pair, seed0, ctx, infer=None)
             got = EF_OP[op](x, y, fmt_arg, rnd, trace=ef.Trace() if traced else None)
             assert got.dtype == fmt.carrier
             try:
-                assert_same(as_f64(got), want, nan_sign=False,
-                            ctx=f"{ctx} {op} -> {fmt.name} {mode}{' traced' if traced else ''}", a=a[keep], b=b[keep])
+                assert_same(
+                    as_f64(got),
+                    want,
+                    nan_sign=False,
+                    ctx=f"{ctx} {op} -> {fmt.name} {mode}{' traced' if traced else ''}",
+                    a=a[keep],
+                    b=b[keep],
+                )
             except AssertionError as e:
                 errors.append(str(e))
     assert not errors, "\n".join(errors)
@@ -126,8 +134,13 @@ def test_fp8_exhaustive_pairs(name, op, mode):
     check_pairs(v, v, op, mode, FP8_TARGETS[name], fp8_rto(name, op), 100, name, infer=name)
 
 
-CUSTOM_TARGETS = (ef.Format(3, 4), ef.Format(5, 2, overflow="saturate"), ef.Format(4, 3, specials="fnuz", bias=9),
-                  ef.E3M2, ef.E2M1)
+CUSTOM_TARGETS = (
+    ef.Format(3, 4),
+    ef.Format(5, 2, overflow="saturate"),
+    ef.Format(4, 3, specials="fnuz", bias=9),
+    ef.E3M2,
+    ef.E2M1,
+)
 
 
 @pytest.mark.parametrize("mode", ALL_MODES)
@@ -158,14 +171,21 @@ def test_fp8_exhaustive_minmax(name, which, propagate_nan):
         rnd, _ = rounding_of(mode, seed=5)
         got = fn(v[:, None], v[None, :], rounding=rnd, propagate_nan=propagate_nan)
         assert got.dtype == np.dtype(FP8[name])
-        assert_same(as_f64(got), want, nan_sign=False, ctx=f"{name} {which} nan={propagate_nan} {mode}",
-                    a=as_f64(a), b=as_f64(b))
+        assert_same(
+            as_f64(got),
+            want,
+            nan_sign=False,
+            ctx=f"{name} {which} nan={propagate_nan} {mode}",
+            a=as_f64(a),
+            b=as_f64(b),
+        )
     # -0 < +0 and NaN handling really occur in this sample
     assert ((a.astype(np.float64) == 0) & (b.astype(np.float64) == 0)).sum() == 4
     assert np.isnan(want).sum() > 0 if propagate_nan else True
 
 
 # ---- (b) every BF16 value: sqrt, neg, abs ------------------------------------------------------------------
+
 
 @functools.cache
 def bf16_all():
@@ -298,6 +318,7 @@ def test_fp32_ops_hard_cases(op, mode):
 
 # ---- (e) FP32 RNE against numpy float32 ----------------------------------------------------------------------
 
+
 def fp32_random_pairs(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Half uniform bit patterns (all classes), half values with exponents within 2**+-40 of each other."""
     rng = np.random.default_rng(seed)
@@ -324,6 +345,7 @@ def test_fp32_rne_matches_numpy():
 
 # ---- (f) mixed precision fma ---------------------------------------------------------------------------------
 
+
 @functools.cache
 def mixed_fma_case(n: int = 12_000, seed: int = 51):
     d = hard_operands("fma", "bf16", n, seed)
@@ -331,7 +353,7 @@ def mixed_fma_case(n: int = 12_000, seed: int = 51):
     rng = np.random.default_rng(seed)
     c_hard = hard_operands("fma", "fp32", n, seed + 1)["c"]
     with np.errstate(all="ignore"):
-        prod = (a.astype(np.float32) * b.astype(np.float32))
+        prod = a.astype(np.float32) * b.astype(np.float32)
         ulp = np.spacing(np.abs(prod)).astype(np.float32)
         c_cancel = -(prod + rng.integers(-3, 4, n).astype(np.float32) * ulp)
     c = np.where(rng.random(n) < 0.5, c_hard, c_cancel).astype(np.float32)
@@ -354,6 +376,7 @@ def test_mixed_fma_bf16_bf16_fp32(mode):
 
 
 # ---- oracle self-checks -----------------------------------------------------------------------------------
+
 
 def test_rto_oracles_agree():
     """Round-to-odd two ways: gfloat-built RTO of the binary64 RTO, and SoftFloat f32 jamming."""
@@ -425,12 +448,15 @@ def replicated_sr(op: str, operands: tuple[float, ...], r: int = 32, n: int = 1 
     return got, want, R
 
 
-@pytest.mark.parametrize("op, operands", [
-    ("div", (1.0, 3.0)),
-    ("div", (2.0, 7.0)),
-    ("fma", (1.1, 1.3, 2.0**-30)),
-    ("add", (1.0, 2.0**-50 * 1.1)),
-])
+@pytest.mark.parametrize(
+    "op, operands",
+    [
+        ("div", (1.0, 3.0)),
+        ("div", (2.0, 7.0)),
+        ("fma", (1.1, 1.3, 2.0**-30)),
+        ("add", (1.0, 2.0**-50 * 1.1)),
+    ],
+)
 def test_fp32_sr32_replicated(op, operands):
     got, want, R = replicated_sr(op, operands)
     assert_same(got, want, nan_sign=False, ctx=f"fp32 {op}{operands} sr32", R=R)

@@ -39,9 +39,14 @@ SF_INVALID = int(sf.ExceptionFlag.INVALID)
 # (exp_bits, man_bits) of the IEEE-style formats (specials in the all-ones exponent)
 IEEE_LAYOUT = {"fp64": (11, 52), "fp32": (8, 23), "fp16": (5, 10), "bf16": (8, 7), "e5m2": (5, 2)}
 DTYPE = {
-    "fp64": np.float64, "fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16,
-    "e5m2": ml_dtypes.float8_e5m2, "e4m3fn": ml_dtypes.float8_e4m3fn,
-    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz, "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
+    "fp64": np.float64,
+    "fp32": np.float32,
+    "fp16": np.float16,
+    "bf16": ml_dtypes.bfloat16,
+    "e5m2": ml_dtypes.float8_e5m2,
+    "e4m3fn": ml_dtypes.float8_e4m3fn,
+    "e4m3fnuz": ml_dtypes.float8_e4m3fnuz,
+    "e5m2fnuz": ml_dtypes.float8_e5m2fnuz,
 }
 UINT = {64: np.uint64, 32: np.uint32, 16: np.uint16, 8: np.uint8}
 WIDTH = {"fp64": 64, "fp32": 32, "fp16": 16, "bf16": 16, "e5m2": 8, "e4m3fn": 8, "e4m3fnuz": 8, "e5m2fnuz": 8}
@@ -115,10 +120,22 @@ def bits_of(arr: np.ndarray) -> list[int]:
 
 SF_TYPE = {"fp16": sf.Float16, "fp32": sf.Float32, "fp64": sf.Float64, "bf16": sf.BFloat16}
 SF_OPS = {
-    "fp16": {"add": sf.f16_add, "sub": sf.f16_sub, "mul": sf.f16_mul, "div": sf.f16_div,
-             "fma": sf.f16_mul_add, "sqrt": sf.f16_sqrt},
-    "fp32": {"add": sf.f32_add, "sub": sf.f32_sub, "mul": sf.f32_mul, "div": sf.f32_div,
-             "fma": sf.f32_mul_add, "sqrt": sf.f32_sqrt},
+    "fp16": {
+        "add": sf.f16_add,
+        "sub": sf.f16_sub,
+        "mul": sf.f16_mul,
+        "div": sf.f16_div,
+        "fma": sf.f16_mul_add,
+        "sqrt": sf.f16_sqrt,
+    },
+    "fp32": {
+        "add": sf.f32_add,
+        "sub": sf.f32_sub,
+        "mul": sf.f32_mul,
+        "div": sf.f32_div,
+        "fma": sf.f32_mul_add,
+        "sqrt": sf.f32_sqrt,
+    },
 }
 
 
@@ -175,8 +192,9 @@ def test_arith_snan_signals_invalid(op, fmt):
         got = getattr(ef, op)(*cols, fmt, mode, trace=tr)
         untraced = getattr(ef, op)(*cols, fmt, mode)
         flags = [int(f) for f in tr.flags]
-        for k, (c, (wbits, wfl), gbits, ubits, gfl) in enumerate(zip(cs, want, bits_of(got), bits_of(untraced),
-                                                                      flags, strict=True)):
+        for k, (c, (wbits, wfl), gbits, ubits, gfl) in enumerate(
+            zip(cs, want, bits_of(got), bits_of(untraced), flags, strict=True)
+        ):
             where = f"{op}{tuple(hex(v) for v in c)} {fmt} {mode} #{k}"
             assert bool(gfl & INVALID) == bool(wfl & SF_INVALID), where
             assert is_nan(gbits, fmt) == is_nan(wbits, fmt), where
@@ -202,8 +220,12 @@ def test_fma_zero_times_inf_plus_qnan_signals():
         tr = ef.Trace()
         r = ef.fma(a, b, q, "fp32", trace=tr)
         assert np.isnan(r[0]) and tr.flags[0] == INVALID
-        _r, fl = sf_call(sf.f32_mul_add, sf_value(bits_of(a)[0], "fp32"), sf_value(bits_of(b)[0], "fp32"),
-                         sf_value(0x7FC00000, "fp32"))
+        _r, fl = sf_call(
+            sf.f32_mul_add,
+            sf_value(bits_of(a)[0], "fp32"),
+            sf_value(bits_of(b)[0], "fp32"),
+            sf_value(0x7FC00000, "fp32"),
+        )
         assert fl & SF_INVALID
 
 
@@ -239,8 +261,9 @@ def test_mixed_precision_fma_snan():
     tr = ef.Trace()
     got = bits_of(ef.fma(a, b, c32, fmt="fp32", trace=tr))
     for c, gbits, gfl in zip(cs, got, tr.flags, strict=True):
-        r, fl = sf_call(sf.f32_mul_add, sf_value(c[0] << 16, "fp32"), sf_value(c[1] << 16, "fp32"),
-                        sf_value(c[2], "fp32"))
+        r, fl = sf_call(
+            sf.f32_mul_add, sf_value(c[0] << 16, "fp32"), sf_value(c[1] << 16, "fp32"), sf_value(c[2], "fp32")
+        )
         where = f"fma{tuple(hex(v) for v in c)}"
         assert bool(int(gfl) & INVALID) == bool(fl & SF_INVALID), where
         assert is_nan(gbits, "fp32") == is_nan(sf_code(r), "fp32"), where
@@ -301,8 +324,14 @@ def test_sum_snan_signals():
     """sum: a signalling NaN term signals INVALID; quiet NaN terms alone do not (inf - inf still does
     when no term is NaN)."""
     s, q, one, inf = 0x7FA00000, 0x7FC00000, 0x3F800000, 0x7F800000  # s: an sNaN in FP32 and in BF16 (>> 16)
-    rows = [[one, s, one], [one, q, one], [q, s | 1 << 31, inf], [inf, inf | 1 << 31, one],
-            [inf, inf | 1 << 31, q], [one, one, one]]
+    rows = [
+        [one, s, one],
+        [one, q, one],
+        [q, s | 1 << 31, inf],
+        [inf, inf | 1 << 31, one],
+        [inf, inf | 1 << 31, q],
+        [one, one, one],
+    ]
     want_invalid = [True, False, True, True, False, False]
     for fmt, shift in (("fp32", 0), ("bf16", 16)):
         x = as_array([[v >> shift for v in r] for r in rows], fmt)
@@ -329,7 +358,7 @@ def test_tree_sum_snan_signals_like_add():
     flags = tr.flags.reshape(3, n - 1)
     for r in range(3):
         for k, (i, j) in enumerate(prog):
-            leaf_snan = any(p < n and is_snan(bits_of(x[r, p:p + 1])[0], "fp32") for p in (i, j))
+            leaf_snan = any(p < n and is_snan(bits_of(x[r, p : p + 1])[0], "fp32") for p in (i, j))
             assert bool(int(flags[r, k]) & INVALID) == leaf_snan, (r, k)
 
 
@@ -345,6 +374,7 @@ def test_exp2_snan_signals():
 
 # ---- casts ---------------------------------------------------------------------------------------------
 
+
 def _via(*fns):
     def run(x):
         flags = 0
@@ -352,6 +382,7 @@ def _via(*fns):
             x, fl = sf_call(fn, x)
             flags |= fl
         return x, flags
+
     return run
 
 

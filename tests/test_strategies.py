@@ -26,8 +26,20 @@ from emufloat import testing as efst
 from emufloat.testing import draws
 
 FTZ = ef.Format(4, 3, subnormals=False)  # a custom format: no dtype, no subnormals
-FORMATS = [ef.BF16, ef.FP16, ef.E4M3FN, ef.E5M2, ef.E4M3FNUZ, ef.E5M2FNUZ, ef.E3M2, ef.E2M3, ef.E2M1,
-           ef.TF32, ef.FP32, FTZ]
+FORMATS = [
+    ef.BF16,
+    ef.FP16,
+    ef.E4M3FN,
+    ef.E5M2,
+    ef.E4M3FNUZ,
+    ef.E5M2FNUZ,
+    ef.E3M2,
+    ef.E2M3,
+    ef.E2M1,
+    ef.TF32,
+    ef.FP32,
+    FTZ,
+]
 ids = [f.name for f in FORMATS]
 # no deadline (first calls compile or load Numba kernels) and no slow-generation check (shared machine)
 FAST = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
@@ -125,8 +137,9 @@ def special_targets(fmt):
         if mb >= 3:
             t["inner subnormal"] = lambda e: 1 < (e & lay.frac_all) < lay.frac_all - 1 and (e >> mb) & lay.exp_all == 0
     if mb >= 3:
-        t["generic normal"] = lambda e: (classify(dec(fmt, e), fmt) == "normal"
-                                         and 1 < (e & lay.frac_all) < lay.frac_all - 1)
+        t["generic normal"] = lambda e: (
+            classify(dec(fmt, e), fmt) == "normal" and 1 < (e & lay.frac_all) < lay.frac_all - 1
+        )
     return t
 
 
@@ -183,11 +196,25 @@ def test_arrays_accept_a_shape_strategy():
 
 
 # ---- midpoints ----------------------------------------------------------------------
-MID_CASES = [(ef.BF16, ef.FP32), (ef.FP16, ef.FP32), (ef.E4M3FN, ef.FP32), (ef.E5M2, ef.FP32),
-             (ef.E4M3FNUZ, ef.FP32), (ef.E5M2FNUZ, ef.FP32), (ef.E2M1, ef.FP32), (ef.E3M2, ef.FP32),
-             (ef.E2M3, ef.FP32), (ef.TF32, ef.FP32), (ef.FP32, ef.FP64), (ef.E4M3FN, ef.BF16),
-             (ef.E5M2, ef.FP16), (FTZ, ef.FP32), (ef.BF16, ef.FP64),
-             (ef.E2M1, ef.E3M2), (ef.E4M3FN, ef.Format(5, 4))]  # one bit wider: no room for nudges
+MID_CASES = [
+    (ef.BF16, ef.FP32),
+    (ef.FP16, ef.FP32),
+    (ef.E4M3FN, ef.FP32),
+    (ef.E5M2, ef.FP32),
+    (ef.E4M3FNUZ, ef.FP32),
+    (ef.E5M2FNUZ, ef.FP32),
+    (ef.E2M1, ef.FP32),
+    (ef.E3M2, ef.FP32),
+    (ef.E2M3, ef.FP32),
+    (ef.TF32, ef.FP32),
+    (ef.FP32, ef.FP64),
+    (ef.E4M3FN, ef.BF16),
+    (ef.E5M2, ef.FP16),
+    (FTZ, ef.FP32),
+    (ef.BF16, ef.FP64),
+    (ef.E2M1, ef.E3M2),
+    (ef.E4M3FN, ef.Format(5, 4)),
+]  # one bit wider: no room for nudges
 
 
 def check_rne_against_oracle(x, fmt, want: float):
@@ -261,17 +288,30 @@ def test_midpoints_subnormal_false_stays_normal(data):
     assert min(abs(v) for v in neighbours(x, fmt)) >= fmt.min_normal
 
 
-@pytest.mark.parametrize(("fmt", "wider"), [("bf16", "bf16"), ("fp32", "fp32"), ("fp16", "bf16"), ("bf16", "fp16"),
-                                            ("fp32", "fp64x")])
+@pytest.mark.parametrize(
+    ("fmt", "wider"), [("bf16", "bf16"), ("fp32", "fp32"), ("fp16", "bf16"), ("bf16", "fp16"), ("fp32", "fp64x")]
+)
 def test_midpoints_reject_a_wider_format_that_cannot_hold_them(fmt, wider):
     with pytest.raises(ValueError, match="wider"):
         efst.midpoints(fmt, wider)
 
 
 # ---- operand pairs -------------------------------------------------------------------
-PAIR_CASES = [(ef.BF16, ef.BF16), (ef.FP16, ef.FP16), (ef.E4M3FN, ef.E4M3FN), (ef.E5M2, ef.E5M2),
-              (ef.E4M3FNUZ, ef.E4M3FNUZ), (ef.E2M1, ef.E2M1), (ef.E3M2, ef.E3M2), (ef.TF32, ef.TF32),
-              (ef.FP32, ef.FP32), (ef.BF16, ef.FP32), (ef.FP32, ef.BF16), (ef.FP16, ef.E4M3FN), (FTZ, FTZ)]
+PAIR_CASES = [
+    (ef.BF16, ef.BF16),
+    (ef.FP16, ef.FP16),
+    (ef.E4M3FN, ef.E4M3FN),
+    (ef.E5M2, ef.E5M2),
+    (ef.E4M3FNUZ, ef.E4M3FNUZ),
+    (ef.E2M1, ef.E2M1),
+    (ef.E3M2, ef.E3M2),
+    (ef.TF32, ef.TF32),
+    (ef.FP32, ef.FP32),
+    (ef.BF16, ef.FP32),
+    (ef.FP32, ef.BF16),
+    (ef.FP16, ef.E4M3FN),
+    (FTZ, FTZ),
+]
 pair_ids = [f"{a.name}-{b.name}" for a, b in PAIR_CASES]
 
 
@@ -399,8 +439,17 @@ def test_subnormal_pairs_have_a_subnormal_operand(case):
 
 
 def special_values(fmt) -> set[float]:
-    v = {0.0, math.inf, fmt.max, fmt.min_normal, fmt.min_subnormal, fmt.min_normal - fmt.min_subnormal,
-         1.0, 1.0 + fmt.eps, dec(fmt, enc_of(1.0, fmt) - 1)}
+    v = {
+        0.0,
+        math.inf,
+        fmt.max,
+        fmt.min_normal,
+        fmt.min_subnormal,
+        fmt.min_normal - fmt.min_subnormal,
+        1.0,
+        1.0 + fmt.eps,
+        dec(fmt, enc_of(1.0, fmt) - 1),
+    }
     return v | {-x for x in v}
 
 
@@ -426,8 +475,15 @@ def test_default_pairs_cover_every_kind(fmt, res):
     def finite(p):
         return all(math.isfinite(float(x)) for x in p)
 
-    find_one(s, lambda p: finite(p) and p[0] != 0 and np.signbit(p[0]) == np.signbit(p[1])
-             and math.frexp(float(p[0]))[1] == math.frexp(float(p[1]))[1])
+    find_one(
+        s,
+        lambda p: (
+            finite(p)
+            and p[0] != 0
+            and np.signbit(p[0]) == np.signbit(p[1])
+            and math.frexp(float(p[0]))[1] == math.frexp(float(p[1]))[1]
+        ),
+    )
     find_one(s, lambda p: finite(p) and is_tie(*p, res))
     find_one(s, lambda p: finite(p) and p[0] != 0 and p[0] == -p[1])
     if fmt.subnormals:
@@ -449,21 +505,24 @@ def test_infeasible_kinds_are_dropped_or_refused():
 
 
 # ---- argument checking and packaging ---------------------------------------------------
-@pytest.mark.parametrize(("call", "exc", "word"), [
-    (lambda: efst.encodings("nope"), ValueError, "fmt"),
-    (lambda: efst.encodings(3), TypeError, "fmt"),
-    (lambda: efst.encodings("bf16", nan=1), TypeError, "nan"),
-    (lambda: efst.values("bf16", negative_zero="no"), TypeError, "negative_zero"),
-    (lambda: efst.arrays("bf16", -1), ValueError, "shape"),
-    (lambda: efst.arrays("bf16", (2, "x")), TypeError, "shape"),
-    (lambda: efst.arrays("bf16", 2.5), TypeError, "shape"),
-    (lambda: efst.midpoints("bf16", nudge=None), TypeError, "nudge"),
-    (lambda: efst.midpoints("bf16", wider="nope"), ValueError, "wider"),
-    (lambda: efst.operand_pairs("bf16", "nope"), ValueError, "result"),
-    (lambda: efst.operand_pairs("bf16", kinds=["carry", "bogus"]), ValueError, "kinds"),
-    (lambda: efst.operand_pairs("bf16", kinds="carry"), TypeError, "kinds"),
-    (lambda: efst.operand_pairs("bf16", kinds=[]), TypeError, "kinds"),
-])
+@pytest.mark.parametrize(
+    ("call", "exc", "word"),
+    [
+        (lambda: efst.encodings("nope"), ValueError, "fmt"),
+        (lambda: efst.encodings(3), TypeError, "fmt"),
+        (lambda: efst.encodings("bf16", nan=1), TypeError, "nan"),
+        (lambda: efst.values("bf16", negative_zero="no"), TypeError, "negative_zero"),
+        (lambda: efst.arrays("bf16", -1), ValueError, "shape"),
+        (lambda: efst.arrays("bf16", (2, "x")), TypeError, "shape"),
+        (lambda: efst.arrays("bf16", 2.5), TypeError, "shape"),
+        (lambda: efst.midpoints("bf16", nudge=None), TypeError, "nudge"),
+        (lambda: efst.midpoints("bf16", wider="nope"), ValueError, "wider"),
+        (lambda: efst.operand_pairs("bf16", "nope"), ValueError, "result"),
+        (lambda: efst.operand_pairs("bf16", kinds=["carry", "bogus"]), ValueError, "kinds"),
+        (lambda: efst.operand_pairs("bf16", kinds="carry"), TypeError, "kinds"),
+        (lambda: efst.operand_pairs("bf16", kinds=[]), TypeError, "kinds"),
+    ],
+)
 def test_bad_arguments_name_the_argument(call, exc, word):
     with pytest.raises(exc, match=word):
         call()

@@ -90,4 +90,5 @@ def test_sum_of_two_matches_add(fmt):
     b = (rng.standard_normal(5000) * 3).astype(np.float32)
     for mode in MODES:
         np.testing.assert_array_equal(
-            ef.sum(np.stack([a, b], -1), fmt, mode).view(np.uint8), ef.add(a, b, fmt, mode).view(np.uint8))
+            ef.sum(np.stack([a, b], -1), fmt, mode).view(np.uint8), ef.add(a, b, fmt, mode).view(np.uint8)
+        )

@@ -69,8 +69,9 @@ def test_errors_are_exact_for_add_mul_fma(mode):
         out = op(*args, "bf16", mode, trace=tr)
         for i in range(n):
             terms = exact(i)
-            want = Fraction(float(out[i])) - sum(Fraction(t) if isinstance(t, Fraction) else Fraction(float(t))
-                                                 for t in terms)
+            want = Fraction(float(out[i])) - sum(
+                Fraction(t) if isinstance(t, Fraction) else Fraction(float(t)) for t in terms
+            )
             got = Fraction(float(tr.error[i])) + Fraction(float(tr.error_lo[i]))
             assert got == want, (op.__name__, i)
             assert bool(tr.has("inexact")[i]) == (want != 0)
@@ -171,8 +172,9 @@ def test_tracing_does_not_change_results():
         plain = ef.add(a, b, "bf16", mode)
         traced = ef.add(a, b, "bf16", mode, trace=ef.Trace())
         np.testing.assert_array_equal(plain.view(np.uint16), traced.view(np.uint16))
-        np.testing.assert_array_equal(ef.quantize(a, "e5m2", mode).view(np.uint8),
-                                      ef.quantize(a, "e5m2", mode, trace=ef.Trace()).view(np.uint8))
+        np.testing.assert_array_equal(
+            ef.quantize(a, "e5m2", mode).view(np.uint8), ef.quantize(a, "e5m2", mode, trace=ef.Trace()).view(np.uint8)
+        )
 
 
 def test_flags_come_from_one_table():

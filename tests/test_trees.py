@@ -114,6 +114,7 @@ def test_h100_signed_zeros_and_nan(key, cfg):
 
 # ---- (2) FPRev: probing the model re-infers its own tree, and gives the GPU's probe sums ---------------
 
+
 def _canonical(tree):
     """A nested tree with every node's children ordered by their smallest leaf (addition commutes)."""
     if isinstance(tree, int):
@@ -128,6 +129,7 @@ def test_layout_rules_reproduce_every_recorded_tree(key):
     cfg = json.loads(PACKAGE_DATA.read_text())["configs"][key]
     derived = h100.derived_tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
     assert _canonical(derived.to_nested()) == _canonical(cfg["tree"])
+
 
 @pytest.mark.parametrize("key", ["BM64_BN64_w4_dot", "BM128_BN128_w4_load", "BM64_BN128_w8_dot"])
 def test_fprev_reinfers_the_recorded_tree(key):
@@ -174,7 +176,7 @@ def test_pairwise_is_numpy_level_by_level_and_accum_pairwise(n):
     level = [x[:, j] for j in range(n)]
     while len(level) > 1:
         nxt = [(level[2 * q] + level[2 * q + 1]).astype(np.float32) for q in range(len(level) // 2)]
-        level = nxt + level[len(level) // 2 * 2:]
+        level = nxt + level[len(level) // 2 * 2 :]
     got = tree_sum(x, ReductionTree.pairwise(n))
     assert np.array_equal(got.view(np.uint32), level[0].view(np.uint32))
     acc = ef.matmul(x, np.ones((n, 1), np.float32), ef.Pairwise(ef.FP32))[:, 0]
@@ -189,8 +191,9 @@ def test_narrow_sequential_is_step_by_step(fmt, dtype):
     got = tree_sum(x, ReductionTree.sequential(48), fmt=fmt)
     assert got.dtype == np.dtype(dtype)
     want = _seq(x, dtype)
-    same = (got.view(np.uint16) == want.view(np.uint16)) | (np.isnan(got.astype(np.float32)) & np.isnan(
-        want.astype(np.float32)))
+    same = (got.view(np.uint16) == want.view(np.uint16)) | (
+        np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))
+    )
     assert same.all()
 
 
@@ -204,8 +207,7 @@ def _random_tree(rng, leaves):
 def test_random_trees_with_specials_match_numpy_float32():
     """IEEE specials along arbitrary trees: numpy float32 adds are the oracle (zero signs, inf - inf)."""
     rng = np.random.default_rng(3)
-    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 3.4e38, -3.4e38, 1e-45, 2.0**-24],
-                    dtype=np.float32)
+    pool = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1.0, -1.0, 3.4e38, -3.4e38, 1e-45, 2.0**-24], dtype=np.float32)
     for n in (2, 5, 16, 33):
         nested = _random_tree(rng, rng.permutation(n).tolist())
         tree = ReductionTree.from_nested(nested)
@@ -360,4 +362,3 @@ def test_errors():
         ReductionTree(3, ((0, 1),))
     with pytest.raises(ValueError, match="positive"):
         ReductionTree.pairwise(0)
-

@@ -46,8 +46,11 @@ def build_rcp(src: Path) -> dict | None:
     if not f.exists():
         return None
     z = np.load(f)
-    return {"delta": z["rcp_table_delta"].astype(np.int8), "sha256": np.array(str(z["rcp_table_sha256"])),
-            "source": np.array("tests/data/h100/rcp.npz (gpu/scripts/verify_models.py on an H100)")}
+    return {
+        "delta": z["rcp_table_delta"].astype(np.int8),
+        "sha256": np.array(str(z["rcp_table_sha256"])),
+        "source": np.array("tests/data/h100/rcp.npz (gpu/scripts/verify_models.py on an H100)"),
+    }
 
 
 def build_trees(src: Path) -> dict:
@@ -72,7 +75,10 @@ def build_trees(src: Path) -> dict:
             facts[fam] = {"sum": s, "max": m}
         rr = c["random_rows"]
         configs[key] = {
-            "block_m": int(bm), "block_n": int(bn), "num_warps": int(w), "layout": layout,
+            "block_m": int(bm),
+            "block_n": int(bn),
+            "num_warps": int(w),
+            "layout": layout,
             "depth": T.depth(t["tree"]),
             "thread_chains": len(T.chains(t["tree"])),
             "random_rows_matched": f"{rr['tree_model_match']}/{rr['n']}",
@@ -87,24 +93,24 @@ def build_trees(src: Path) -> dict:
         ),
         "format": {
             "tree": "nested lists: a leaf is a column position 0..BLOCK_N-1, a node [left, right] is one "
-                    "add.f32 (round to nearest even) of its children; children are listed by their smallest "
-                    "leaf (the probe cannot see operand order, addition being commutative)",
+            "add.f32 (round to nearest even) of its children; children are listed by their smallest "
+            "leaf (the probe cannot see operand order, addition being commutative)",
             "layout": "dot: the tile is tl.dot(q, k, x) (wgmma accumulator layout); load: the tile is tl.load(x)",
             "tree_sha256": "SHA-256 of the tree as compact JSON (separators ',' ':'), checked on load",
             "thread_chains": "number of maximal left-deep runs (a thread folding its own registers in order)",
             "signed_zero_nan": "GPU result bits of tl.sum/tl.max for rows of: all_neg0 = -0.0 everywhere; "
-                               "neg0_with_pos0 = -0.0 with one +0.0; pos0_with_neg0 = +0.0 with one -0.0; "
-                               "nan = 1.0 with one NaN (0x7fc00000); every position tried, one result each",
+            "neg0_with_pos0 = -0.0 with one +0.0; pos0_with_neg0 = +0.0 with one -0.0; "
+            "nan = 1.0 with one NaN (0x7fc00000); every position tried, one result each",
             "signed_zero_nan_reading": "tl.sum is IEEE addition (-0 + -0 = -0, -0 + +0 = +0, NaN propagates; "
-                                       "the H100 writes NaN as 0x7fffffff); tl.max is maximumNumber with "
-                                       "-0 < +0. In the dot layout all_neg0 gives +0 for tl.max as well: the "
-                                       "tl.dot already turned -0 into +0 (accumulator -0 plus zero products "
-                                       "is +0), so the tile held +0 before the reduction",
+            "the H100 writes NaN as 0x7fffffff); tl.max is maximumNumber with "
+            "-0 < +0. In the dot layout all_neg0 gives +0 for tl.max as well: the "
+            "tl.dot already turned -0 into +0 (accumulator -0 plus zero products "
+            "is +0), so the tile held +0 before the reduction",
         },
         "provenance": {
             "probe": "gpu/probes/reduction.py (FPRev tree inference: gpu/probes/trees.py)",
             "source": "tests/data/h100/results.json: probes.reduction.result.configs; random rows and GPU "
-                      "outputs in tests/data/h100/reduction.npz",
+            "outputs in tests/data/h100/reduction.npz",
             "recording_command": "OUT=$OUT bash gpu/scripts/run_probes.sh",
             "recorded": res["started"],
             "seed": red["result"]["seed"],
@@ -135,8 +141,12 @@ def dump_trees(data: dict) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("src", type=Path, metavar="FOLDER",
-                    help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/scripts/run_verify.sh)")
+    ap.add_argument(
+        "src",
+        type=Path,
+        metavar="FOLDER",
+        help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/scripts/run_verify.sh)",
+    )
     args = ap.parse_args()
     missing = [f for f in ("results.json", "exp2.npz") if not (args.src / f).is_file()]
     if missing:

@@ -54,10 +54,12 @@ def _commit() -> str:
 
     root = Path(__file__).resolve().parents[1]
     try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "emufloat"], cwd=root, capture_output=True,
-                               text=True, check=True).stdout.strip()
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "emufloat"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown commit"
     return rev + (" (emufloat/ modified)" if dirty else "")
@@ -112,20 +114,30 @@ def check_chunk(x: np.ndarray, name: str, tally: Tally) -> None:
     xs = x[diff]
     gv = got[diff].view(dt).astype(np.float32)
     wv = want[diff].view(dt).astype(np.float32)
-    nan_only = np.isnan(xs) & np.isnan(gv) & np.isnan(wv) & (np.signbit(gv) == np.signbit(wv)) & (
-        np.signbit(gv) == np.signbit(xs))
+    nan_only = (
+        np.isnan(xs)
+        & np.isnan(gv)
+        & np.isnan(wv)
+        & (np.signbit(gv) == np.signbit(wv))
+        & (np.signbit(gv) == np.signbit(xs))
+    )
     tally.nan_only += int(nan_only.sum())
     other = diff[~nan_only]
     tally.other += other.size
     for i in other[: max(0, 10 - len(tally.examples))]:
-        tally.examples.append(f"x=0x{x[i:i + 1].view(np.uint32)[0]:08x} ({x[i]!r}) emufloat=0x{int(got[i]):x} "
-                              f"reference=0x{int(want[i]):x}")
+        tally.examples.append(
+            f"x=0x{x[i : i + 1].view(np.uint32)[0]:08x} ({x[i]!r}) emufloat=0x{int(got[i]):x} "
+            f"reference=0x{int(want[i]):x}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--formats", default="bf16,fp16,e4m3fn,e5m2",
-                    help=f"comma-separated, from {','.join(REFERENCE)} (default: %(default)s)")
+    ap.add_argument(
+        "--formats",
+        default="bf16,fp16,e4m3fn,e5m2",
+        help=f"comma-separated, from {','.join(REFERENCE)} (default: %(default)s)",
+    )
     ap.add_argument("--chunk", type=int, default=1 << 24, help="patterns per chunk (default: %(default)s)")
     ap.add_argument("--limit", type=int, default=1 << 32, help="check patterns [0, limit) only (default: all)")
     args = ap.parse_args(argv)
@@ -151,17 +163,20 @@ def main(argv: list[str] | None = None) -> int:
         if k % 16 == 15:
             print(f"  {start + args.chunk:#011x} done, {time.perf_counter() - t_start:.0f} s", flush=True)
     print()
-    print("| format | reference | patterns | bit-identical | NaN-payload-only | other mismatches "
-          "| emufloat s | reference s |")
+    print(
+        "| format | reference | patterns | bit-identical | NaN-payload-only | other mismatches "
+        "| emufloat s | reference s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, t in tallies.items():
         ref = "numpy float16" if name == "fp16" else f"ml_dtypes {np.dtype(REFERENCE[name]).name}"
-        print(f"| {name} | {ref} | {t.checked} | {t.identical} | {t.nan_only} | {t.other} | {t.t_emu:.1f} "
-              f"| {t.t_ref:.1f} |")
+        print(
+            f"| {name} | {ref} | {t.checked} | {t.identical} | {t.nan_only} | {t.other} | {t.t_emu:.1f} "
+            f"| {t.t_ref:.1f} |"
+        )
     for name, t in tallies.items():
         if t.nan_only:
-            print(f"{name}: {t.nan_only} NaN inputs differ only in payload; all are NaN in both, with the "
-                  "input's sign")
+            print(f"{name}: {t.nan_only} NaN inputs differ only in payload; all are NaN in both, with the input's sign")
         for e in t.examples:
             print(f"{name} MISMATCH {e}")
     print(f"total time {time.perf_counter() - t_start:.0f} s")

@@ -55,8 +55,10 @@ def main() -> int:
             if f"{checksum(got, start):016x}" != want:
                 differing.append(hex(start))
         n = len(rec["checksums"]) * chunk
-        print(f"{name}: {n} inputs, {len(differing)} of {len(rec['checksums'])} chunk checksums differ "
-              f"{differing[:8]} ({time.monotonic() - t0:.0f} s)")
+        print(
+            f"{name}: {n} inputs, {len(differing)} of {len(rec['checksums'])} chunk checksums differ "
+            f"{differing[:8]} ({time.monotonic() - t0:.0f} s)"
+        )
         bad += len(differing) + (n != 1 << 32)
     return 1 if bad else 0
 

@@ -65,16 +65,23 @@ def run_task(task: tuple) -> tuple:
     if fmt == "fp32" and mode == "rne" and op != "fma":
         a = cols[0]
         with np.errstate(all="ignore"):
-            ref = {"add": lambda: a + cols[1], "sub": lambda: a - cols[1], "mul": lambda: a * cols[1],
-                   "div": lambda: a / cols[1], "sqrt": lambda: np.sqrt(a)}[op]().astype(np.float64)
+            ref = {
+                "add": lambda: a + cols[1],
+                "sub": lambda: a - cols[1],
+                "mul": lambda: a * cols[1],
+                "div": lambda: a / cols[1],
+                "sqrt": lambda: np.sqrt(a),
+            }[op]().astype(np.float64)
         bad_np = mismatch(got, ref, nan_sign=False)
         n_np = int(bad_np.sum())
         bad |= bad_np
     rows = []
     for i in np.flatnonzero(bad)[:3]:
         ops_txt = ", ".join(f"{float(c[i]).hex()}" for c in cols)
-        rows.append(f"{fmt} {op} {mode} [{CATEGORIES[d['cat'][i]]}] ({ops_txt}) -> emufloat "
-                    f"{float(got[i]).hex()}, oracle {float(want[i]).hex()}")
+        rows.append(
+            f"{fmt} {op} {mode} [{CATEGORIES[d['cat'][i]]}] ({ops_txt}) -> emufloat "
+            f"{float(got[i]).hex()}, oracle {float(want[i]).hex()}"
+        )
     nan_results = int(np.isnan(want).sum())
     return fmt, op, mode, n, int(bad.sum()), n_np, nan_results, rows
 
@@ -88,8 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--modes", default=",".join(MODES))
     ap.add_argument("--seed", type=int, default=2024)
-    ap.add_argument("--self-test", action="store_true",
-                    help="run emufloat in the next mode of the list (rne->rna, ..., rto->rne): must report mismatches")
+    ap.add_argument(
+        "--self-test",
+        action="store_true",
+        help="run emufloat in the next mode of the list (rne->rna, ..., rto->rne): must report mismatches",
+    )
     args = ap.parse_args(argv)
     formats = args.formats.split(",")
     ops = args.ops.split(",")
@@ -104,16 +114,23 @@ def main(argv: list[str] | None = None) -> int:
                 k = 0
                 while done < args.per_combo:
                     n = min(args.chunk, args.per_combo - done)
-                    seed = args.seed + 1_000_000 * FORMATS.index(fmt) + 10_000 * OPS.index(op) \
-                        + 1000 * MODES.index(mode) + k
+                    seed = (
+                        args.seed
+                        + 1_000_000 * FORMATS.index(fmt)
+                        + 10_000 * OPS.index(op)
+                        + 1000 * MODES.index(mode)
+                        + k
+                    )
                     tasks.append((fmt, op, mode, n, seed, args.self_test))
                     done += n
                     k += 1
     from check_casts_exhaustive import header
 
     print(header())
-    print(f"{len(tasks)} tasks on {args.workers} processes; {args.per_combo} operand sets per (format, op, mode)",
-          flush=True)
+    print(
+        f"{len(tasks)} tasks on {args.workers} processes; {args.per_combo} operand sets per (format, op, mode)",
+        flush=True,
+    )
     t0 = time.perf_counter()
     results: dict[tuple[str, str, str], list[int]] = {}
     examples: list[str] = []
@@ -137,8 +154,11 @@ def main(argv: list[str] | None = None) -> int:
         for op in ops:
             for mode in modes:
                 n, nbad, nnp, nnan = results[(fmt, op, mode)]
-                oracle = "SoftFloat f32" + (" (jam: RTO)" if mode == "rto" else "") if fmt == "fp32" \
+                oracle = (
+                    "SoftFloat f32" + (" (jam: RTO)" if mode == "rto" else "")
+                    if fmt == "fp32"
                     else "SoftFloat f64 RTO + gfloat"
+                )
                 if nnp or (fmt == "fp32" and mode == "rne" and op != "fma"):
                     oracle += " + numpy"
                 print(f"| {op} | {mode} | {fmt} | {oracle} | {n} | {nnan} | {nbad} |")

@@ -59,10 +59,11 @@ def main() -> int:
         kept = {k: a for k, a in arrays.items() if k.startswith("f8/") and _area(k.split("/")[1]) <= 333 * 333}
         changed += _replace(DATA / "fp8.npz", kept)
         n = len(kept) // 2
-        res["fp8"] = run["fp8"] | {"command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8",
-                                   "env": run["env"],
-                                   "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with "
-                                           "n_q * n_k <= 333^2"}
+        res["fp8"] = run["fp8"] | {
+            "command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8",
+            "env": run["env"],
+            "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with n_q * n_k <= 333^2",
+        }
         print(f"kept {len(kept)} FP8 arrays ({n} cases)")
     (DATA / "recorded.json").write_text(json.dumps(res, indent=1))
     print(f"{len(changed)} arrays differ from the previous files")

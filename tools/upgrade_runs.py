@@ -57,8 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         done = upgrade(p)
         same = crosscheck(load_run(p)).identical
         bad += not same
-        print(f"{p}: {'converted' if done else 'already current'}; "
-              f"{'bit-identical to the emulator' if same else 'DIFFERS from the emulator'}")
+        print(
+            f"{p}: {'converted' if done else 'already current'}; "
+            f"{'bit-identical to the emulator' if same else 'DIFFERS from the emulator'}"
+        )
     return 1 if bad else 0
 
 

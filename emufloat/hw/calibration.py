@@ -53,5 +53,7 @@ def check_digest(bits: np.ndarray, arrays: dict[str, np.ndarray], key: str, name
     want = str(arrays[key])
     got = digest(bits)
     if got != want:
-        raise ValueError(f"calibration table {name!r}: rebuilt table has SHA-256 {got}, recorded {want}; "
-                         "the data file is damaged or was built for another reference")
+        raise ValueError(
+            f"calibration table {name!r}: rebuilt table has SHA-256 {got}, recorded {want}; "
+            "the data file is damaged or was built for another reference"
+        )

@@ -20,9 +20,21 @@ from ..trace import Trace
 from .h100.common import CANONICAL_NAN, fp32_bits
 
 #: log2f's polynomial in f = m - 1 (m in [0.707, 1.414)), highest degree first: libdevice's float32 constants
-LOG2F_COEFFS = tuple(float.fromhex(h) for h in (
-    "0x1.8d64fep-4", "-0x1.58fe6p-3", "0x1.5f9e54p-3", "-0x1.6e9c86p-3", "0x1.a417e8p-3", "-0x1.ec7916p-3",
-    "0x1.277f32p-2", "-0x1.715492p-2", "0x1.ec7094p-2", "-0x1.715476p-1"))
+LOG2F_COEFFS = tuple(
+    float.fromhex(h)
+    for h in (
+        "0x1.8d64fep-4",
+        "-0x1.58fe6p-3",
+        "0x1.5f9e54p-3",
+        "-0x1.6e9c86p-3",
+        "0x1.a417e8p-3",
+        "-0x1.ec7916p-3",
+        "0x1.277f32p-2",
+        "-0x1.715492p-2",
+        "0x1.ec7094p-2",
+        "-0x1.715476p-1",
+    )
+)
 #: the linear term's coefficient (float32 log2 e)
 LOG2F_LINEAR = float.fromhex("0x1.715476p+0")
 _SQRT_HALF_BITS = 0x3F3504F3  # float32 bits of ~sqrt(1/2): mantissas are reduced into [sqrt(1/2), sqrt(2))
@@ -46,8 +58,9 @@ def log2f(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "")
     e_bits = ((b2 - _SQRT_HALF_BITS) & 0xFF800000).astype(np.uint32).view(np.int32)
     m = (b2 - e_bits).astype(np.uint32).view(np.float32)
     e = e_bits.astype(np.float32)  # sitofp: exact, a multiple of 2**23 below 2**31
-    ebias = fma(e, np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0.0)), FP32, trace=trace,
-                label=label)
+    ebias = fma(
+        e, np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0.0)), FP32, trace=trace, label=label
+    )
     f = sub(m, np.float32(1.0), FP32, trace=trace, label=label)
     c = [np.float32(v) for v in LOG2F_COEFFS]
     p = fma(np.full_like(f, c[0]), f, c[1], FP32, trace=trace, label=label)

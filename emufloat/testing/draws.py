@@ -35,8 +35,7 @@ def _flag(value: object, argname: str) -> bool:
 
 def check_options(nan, inf, subnormal, negative_zero) -> tuple[bool, bool, bool, bool]:
     """The four class switches of the strategies, checked to be booleans."""
-    return (_flag(nan, "nan"), _flag(inf, "inf"), _flag(subnormal, "subnormal"),
-            _flag(negative_zero, "negative_zero"))
+    return (_flag(nan, "nan"), _flag(inf, "inf"), _flag(subnormal, "subnormal"), _flag(negative_zero, "negative_zero"))
 
 
 def uniform(lo: int, hi: int) -> st.SearchStrategy[int]:
@@ -248,9 +247,7 @@ def _check_shape(shape: object) -> object:
         isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
         return tuple(int(d) for d in shape)
-    raise TypeError(
-        f"shape: expected an int, a tuple of non-negative ints, or a strategy of shapes; got {shape!r}"
-    )
+    raise TypeError(f"shape: expected an int, a tuple of non-negative ints, or a strategy of shapes; got {shape!r}")
 
 
 def arrays(
@@ -356,8 +353,9 @@ def midpoints(
         raise ValueError(f"fmt: {fmt.name} has no two adjacent finite values to take a midpoint of")
     parts = []
     edge_exps = range(lo_min >> lay.mb, (lo_max >> lay.mb) + 1)
-    edges = sorted({e for ef in edge_exps for e in (ef << lay.mb, (ef << lay.mb) | lay.frac_all)
-                    if lo_min <= e <= lo_max})
+    edges = sorted(
+        {e for ef in edge_exps for e in (ef << lay.mb, (ef << lay.mb) | lay.frac_all) if lo_min <= e <= lo_max}
+    )
     parts.append(st.sampled_from(edges))
     if lo_min == 0 and lay.mb:
         parts.append(uniform(0, min(lay.frac_all, lo_max)))

@@ -37,7 +37,28 @@ from .errors import (
 from .maxima import Maxima, find_maxima, round_to_one_band, row_maxima
 from .row import BlockRow, RowAnalysis, analyse_row, analyse_run
 
-__all__ = ["Bias", "BlockRow", "ErrorBudget", "Maxima", "NonFinite", "POneRounding", "RowAnalysis", "StepError",
-           "analyse_row", "analyse_run", "bias", "count_nonfinite", "error_budget", "event_rows", "event_ulps",
-           "find_maxima", "input_nonfinite", "output_nonfinite", "p_one_rounding", "reference_run",
-           "round_to_one_band", "row_maxima", "step_errors"]
+__all__ = [
+    "Bias",
+    "BlockRow",
+    "ErrorBudget",
+    "Maxima",
+    "NonFinite",
+    "POneRounding",
+    "RowAnalysis",
+    "StepError",
+    "analyse_row",
+    "analyse_run",
+    "bias",
+    "count_nonfinite",
+    "error_budget",
+    "event_rows",
+    "event_ulps",
+    "find_maxima",
+    "input_nonfinite",
+    "output_nonfinite",
+    "p_one_rounding",
+    "reference_run",
+    "round_to_one_band",
+    "row_maxima",
+    "step_errors",
+]

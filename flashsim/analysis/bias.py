@@ -60,8 +60,18 @@ def bias(errors: np.ndarray, ulps: np.ndarray | float | None = None) -> Bias:
     pos, neg = int(np.count_nonzero(e > 0)), int(np.count_nonzero(e < 0))
     with np.errstate(invalid="ignore", divide="ignore"):
         in_ulps = float(np.mean(e / u)) if np.all(u > 0) else math.nan
-    return Bias(int(e.size), math.fsum(e) / e.size, float(np.mean(np.abs(e))), float(np.max(np.abs(e))), in_ulps,
-                pos, neg, sign_test(pos, neg), mean_test(e) if e.size >= 2 else math.nan, excluded)
+    return Bias(
+        int(e.size),
+        math.fsum(e) / e.size,
+        float(np.mean(np.abs(e))),
+        float(np.max(np.abs(e))),
+        in_ulps,
+        pos,
+        neg,
+        sign_test(pos, neg),
+        mean_test(e) if e.size >= 2 else math.nan,
+        excluded,
+    )
 
 
 @dataclass(frozen=True)
@@ -82,8 +92,7 @@ class ErrorBudget:
     errors: dict[str, np.ndarray] = field(repr=False, default_factory=dict)  # the per-element errors
 
     def parts(self) -> dict[str, Bias]:
-        return {"total": self.total, "weights": self.weights, "normaliser": self.normaliser,
-                "products": self.products}
+        return {"total": self.total, "weights": self.weights, "normaliser": self.normaliser, "products": self.products}
 
     def to_dict(self) -> dict:
         return {k: b.to_dict() for k, b in self.parts().items()}
@@ -93,8 +102,20 @@ def reference_run(run: RowStepper, policy: Policy = FP64_GOLDEN) -> RowStepper:
     """The same rows, inputs, softmax variant and tiling (K/V blocks, order, skipping) under ``policy``."""
     pol = dataclasses.replace(policy, tiling=run.policy.tiling)
     q, k, v = run.inputs
-    return step_rows(q, k, v, pol, rows=run.rows, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale,
-                     block_m=run.block_m, block_n=run.block_n, kv_order=run.kv_order, trace=False).run()
+    return step_rows(
+        q,
+        k,
+        v,
+        pol,
+        rows=run.rows,
+        softmax=run.softmax,
+        causal=run.causal,
+        sm_scale=run.sm_scale,
+        block_m=run.block_m,
+        block_n=run.block_n,
+        kv_order=run.kv_order,
+        trace=False,
+    ).run()
 
 
 def _ulps(run: RowStepper, ref: np.ndarray) -> np.ndarray | None:
@@ -116,7 +137,7 @@ def error_budget(run: RowStepper, ref: RowStepper, row: int | None = None) -> Er
     for st in reversed(run.steps):  # w = P * (product of the later blocks' alphas)
         w = arith.f64(st.p[i]) * later
         w = np.where(np.isfinite(w), w, 0.0)
-        num += w @ vc[st.keys.start:st.keys.stop]
+        num += w @ vc[st.keys.start : st.keys.stop]
         wsum += math.fsum(w)
         later *= float(arith.f64(st.alpha[i]))
     l_run = float(np.sum(arith.f64(run.final.l[i])))
@@ -176,8 +197,9 @@ class POneRounding:
         return jsonable(d)
 
 
-def p_one_rounding(run: RowStepper, row: int | None = None, min_ones: int = 2,
-                   ulps: np.ndarray | None = None) -> POneRounding:
+def p_one_rounding(
+    run: RowStepper, row: int | None = None, min_ones: int = 2, ulps: np.ndarray | None = None
+) -> POneRounding:
     """Rounding of the P V results where the P row of a block has >= ``min_ones`` exact ones, and of the rest."""
     run = finished(run)
     _row, i = row_position(run, row)

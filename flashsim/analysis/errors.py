@@ -51,10 +51,22 @@ def step_error(trace: Trace, idx: np.ndarray, label: str, ulps: np.ndarray) -> S
     u = ulps[idx]
     u = u[np.isfinite(u)]
     nan = math.nan
-    return StepError(label, s.events, s.inexact, s.mean_error if fin.size else nan, s.sum_error if fin.size else nan,
-                     float(np.abs(fin).max()) if fin.size else nan, s.frac_away, s.positive, s.negative,
-                     s.sign_p if fin.size else nan, s.mean_p if fin.size >= 2 else nan, ts,
-                     float(np.mean(u)) if u.size else nan, int(err.size - fin.size))
+    return StepError(
+        label,
+        s.events,
+        s.inexact,
+        s.mean_error if fin.size else nan,
+        s.sum_error if fin.size else nan,
+        float(np.abs(fin).max()) if fin.size else nan,
+        s.frac_away,
+        s.positive,
+        s.negative,
+        s.sign_p if fin.size else nan,
+        s.mean_p if fin.size >= 2 else nan,
+        ts,
+        float(np.mean(u)) if u.size else nan,
+        int(err.size - fin.size),
+    )
 
 
 def event_rows(run: RowStepper) -> tuple[np.ndarray, np.ndarray]:
@@ -86,7 +98,7 @@ def step_of_events(run: RowStepper) -> np.ndarray:
     tr = run.trace
     step_of_call = np.full(tr.n_calls, -1, np.int64)
     for st in run.steps:
-        step_of_call[st.calls.start:st.calls.stop] = st.index
+        step_of_call[st.calls.start : st.calls.stop] = st.index
     return step_of_call[tr.call]
 
 
@@ -97,8 +109,9 @@ def _by_label(labels: np.ndarray, idx: np.ndarray, trace: Trace, ulps: np.ndarra
     return [step_error(trace, idx[labels[idx] == lab], lab, ulps) for lab in order]
 
 
-def step_errors(run: RowStepper, row: int | None = None, calls: range | None = None,
-                ulps: np.ndarray | None = None) -> list[StepError]:
+def step_errors(
+    run: RowStepper, row: int | None = None, calls: range | None = None, ulps: np.ndarray | None = None
+) -> list[StepError]:
     """The row's rounding events per step label (in pipeline order), optionally only those of ``calls``.
 
     ``ulps``: :func:`event_ulps` of the run's trace, if already computed.
@@ -128,7 +141,7 @@ def event_ulps(trace: Trace) -> np.ndarray:
         except (ValueError, KeyError, TypeError):
             fmt = None
         if fmt is not None:
-            ulp[start:start + n] = fmt.ulp(exact[start:start + n])
+            ulp[start : start + n] = fmt.ulp(exact[start : start + n])
         start += n
     if start != len(trace):  # shapes do not cover the events: fall back to the call column
         for c, (_op, fmt_name, *_rest) in enumerate(calls):
@@ -159,8 +172,11 @@ class NonFinite:
         """'O: 64 of 64 values NaN (first at [0]): l = 0 ...'."""
         kinds = [f"{c} {w}" for c, w in ((self.nan, "NaN"), (self.posinf, "+inf"), (self.neginf, "-inf")) if c]
         where = f"first at {list(self.first)}" if self.first else ""
-        return (f"{self.name}: {', '.join(kinds)} of {self.size} value(s)" + (f" ({where})" if where else "")
-                + (f": {self.cause}" if self.cause else ""))
+        return (
+            f"{self.name}: {', '.join(kinds)} of {self.size} value(s)"
+            + (f" ({where})" if where else "")
+            + (f": {self.cause}" if self.cause else "")
+        )
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -174,8 +190,15 @@ def count_nonfinite(values: np.ndarray, name: str, cause: str = "") -> NonFinite
     nan, inf = np.isnan(x), np.isinf(x)
     bad = np.flatnonzero(nan | inf)
     first = tuple(int(i) for i in np.unravel_index(bad[0], x.shape)) if bad.size else ()
-    return NonFinite(name, int(x.size), int(np.count_nonzero(nan)), int(np.count_nonzero(inf & (x > 0))),
-                     int(np.count_nonzero(inf & (x < 0))), first, cause if bad.size else "")
+    return NonFinite(
+        name,
+        int(x.size),
+        int(np.count_nonzero(nan)),
+        int(np.count_nonzero(inf & (x > 0))),
+        int(np.count_nonzero(inf & (x < 0))),
+        first,
+        cause if bad.size else "",
+    )
 
 
 def input_nonfinite(run: RowStepper, row: int | None = None) -> list[NonFinite]:
@@ -215,18 +238,36 @@ def output_nonfinite(run: RowStepper, row: int | None = None, name: str = "O") -
     _row, i = row_position(run, row)
     inputs_bad = bool(input_nonfinite(run, _row))
     cause = _output_cause(run, i, inputs_bad)
-    lse_cause = cause if inputs_bad or "NaN" in cause else (
-        "l = 0 makes log(l) = -inf" if float(np.sum(arith.f64(run.final.l[i]))) == 0 else cause)
-    found = [count_nonfinite(run.final.o[i], name, cause),
-             count_nonfinite(run.final.lse[i], f"LSE of {name}" if name != "O" else "LSE", lse_cause)]
+    lse_cause = (
+        cause
+        if inputs_bad or "NaN" in cause
+        else ("l = 0 makes log(l) = -inf" if float(np.sum(arith.f64(run.final.l[i]))) == 0 else cause)
+    )
+    found = [
+        count_nonfinite(run.final.o[i], name, cause),
+        count_nonfinite(run.final.lse[i], f"LSE of {name}" if name != "O" else "LSE", lse_cause),
+    ]
     return [f for f in found if f.count]
 
 
 def refuse_nonfinite(bad: list[NonFinite]) -> None:
     if bad:
-        raise ValueError(f"{bad[0].describe()}; the analysis refuses non-finite inputs (allow_nonfinite=True "
-                         "traces them: statistics then exclude non-finite errors and say how many)")
+        raise ValueError(
+            f"{bad[0].describe()}; the analysis refuses non-finite inputs (allow_nonfinite=True "
+            "traces them: statistics then exclude non-finite errors and say how many)"
+        )
 
 
-__all__ = ["NonFinite", "StepError", "count_nonfinite", "event_rows", "event_ulps", "input_nonfinite",
-           "output_nonfinite", "refuse_nonfinite", "step_error", "step_errors", "step_of_events"]
+__all__ = [
+    "NonFinite",
+    "StepError",
+    "count_nonfinite",
+    "event_rows",
+    "event_ulps",
+    "input_nonfinite",
+    "output_nonfinite",
+    "refuse_nonfinite",
+    "step_error",
+    "step_errors",
+    "step_of_events",
+]

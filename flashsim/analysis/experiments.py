@@ -61,10 +61,17 @@ def _check_range(value, name: str, lo: float = -np.inf) -> tuple[float, float]:
     return a, b
 
 
-def repeated_maxima_rows(n_rows: int, ties: int | Sequence[int] = (2, 3, 4, 5, 6, 7, 8), *, n_keys: int = 128,
-                         d: int = 64, gap: tuple[float, float] = (10.0, 20.0),
-                         r_range: tuple[float, float] = (-4.0, 4.0), v: str = "uniform",
-                         seed: int = 0) -> BiasRows:
+def repeated_maxima_rows(
+    n_rows: int,
+    ties: int | Sequence[int] = (2, 3, 4, 5, 6, 7, 8),
+    *,
+    n_keys: int = 128,
+    d: int = 64,
+    gap: tuple[float, float] = (10.0, 20.0),
+    r_range: tuple[float, float] = (-4.0, 4.0),
+    v: str = "uniform",
+    seed: int = 0,
+) -> BiasRows:
     """Rows whose scores have ``ties`` entries exactly at the row max (1 = a single max).
 
     Scores are q . k with q = e_0 and k[:, 0] the BF16 scores, so the policy computes them exactly: the
@@ -104,8 +111,10 @@ def repeated_maxima_rows(n_rows: int, ties: int | Sequence[int] = (2, 3, 4, 5, 6
     shape = (n_rows, n_keys, d)
     vv = -rng.uniform(1.0, 2.0, shape) if v == "uniform" else rng.normal(-1.5, 0.5, shape)
     do = _bf16(rng.normal(-1.0, 0.5, (n_rows, 1, d)))
-    desc = (f"{n_rows} rows x {n_keys} keys, d={d}; maxima per row {sorted(set(counts.tolist()))}; others "
-            f"{gap[0]:g}..{gap[1]:g} below; r in [{r_range[0]:g}, {r_range[1]:g}]; V {v}; seed {seed}")
+    desc = (
+        f"{n_rows} rows x {n_keys} keys, d={d}; maxima per row {sorted(set(counts.tolist()))}; others "
+        f"{gap[0]:g}..{gap[1]:g} below; r in [{r_range[0]:g}, {r_range[1]:g}]; V {v}; seed {seed}"
+    )
     return BiasRows(q, k, _bf16(vv), do, k_per_row, desc)
 
 
@@ -129,10 +138,14 @@ def _rows_slice(rows: BiasRows, sl: slice) -> BiasRows:
     return BiasRows(rows.q[sl], rows.k[sl], rows.v[sl], rows.do[sl], rows.ties[sl], rows.description)
 
 
-def bias_rows(rows: BiasRows, policy: Policy | str = "qiu_yao",
-              softmaxes: Sequence[str | SoftmaxVariant] = ("standard", "stabilised", "robust"), *,
-              chunk: int | None = None, progress: Callable[[Iterable, int, str], Iterable] | None = None
-              ) -> list[BiasResult]:
+def bias_rows(
+    rows: BiasRows,
+    policy: Policy | str = "qiu_yao",
+    softmaxes: Sequence[str | SoftmaxVariant] = ("standard", "stabilised", "robust"),
+    *,
+    chunk: int | None = None,
+    progress: Callable[[Iterable, int, str], Iterable] | None = None,
+) -> list[BiasResult]:
     """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs.
 
     Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once;
@@ -156,8 +169,9 @@ def bias_rows(rows: BiasRows, policy: Policy | str = "qiu_yao",
             with np.errstate(invalid="ignore"):
                 err_o[variant.name].append((arith.f64(o) - gold).mean(axis=-1).ravel())
                 err_d[variant.name].append(arith.f64(delta).ravel() - delta_gold.ravel())
-    return [BiasResult(v.name, bias(np.concatenate(err_o[v.name])), bias(np.concatenate(err_d[v.name])))
-            for v in variants]
+    return [
+        BiasResult(v.name, bias(np.concatenate(err_o[v.name])), bias(np.concatenate(err_d[v.name]))) for v in variants
+    ]
 
 
 def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
@@ -167,19 +181,32 @@ def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
     for res in results:
         for what, b in (("O", res.o), ("delta", res.delta)):
             if b.excluded:
-                lines.append(f"NON-FINITE: {res.softmax}: {b.excluded} of {b.n + b.excluded} rows have a NaN or "
-                             f"infinite {what} error (excluded below)")
-    lines.append(f"{'softmax':11s} {'O mean err':>11s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}   "
-                 f"{'delta mean err':>14s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}")
+                lines.append(
+                    f"NON-FINITE: {res.softmax}: {b.excluded} of {b.n + b.excluded} rows have a NaN or "
+                    f"infinite {what} error (excluded below)"
+                )
+    lines.append(
+        f"{'softmax':11s} {'O mean err':>11s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}   "
+        f"{'delta mean err':>14s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}"
+    )
     first = results[0] if results else None
     for res in results:
         ro = first.o.mean_error / res.o.mean_error if res.o.mean_error else np.inf
         rd = first.delta.mean_error / res.delta.mean_error if res.delta.mean_error else np.inf
-        lines.append(f"{res.softmax:11s} {res.o.mean_error:+11.3e} {ro:7.1f} {res.o.mean_p:8.1e} "
-                     f"{res.o.sign_p:8.1e}   {res.delta.mean_error:+14.3e} {rd:7.1f} {res.delta.mean_p:8.1e} "
-                     f"{res.delta.sign_p:8.1e}")
+        lines.append(
+            f"{res.softmax:11s} {res.o.mean_error:+11.3e} {ro:7.1f} {res.o.mean_p:8.1e} "
+            f"{res.o.sign_p:8.1e}   {res.delta.mean_error:+14.3e} {rd:7.1f} {res.delta.mean_p:8.1e} "
+            f"{res.delta.sign_p:8.1e}"
+        )
     return "\n".join(lines)
 
 
-__all__ = ["BiasRows", "BiasResult", "V_DISTRIBUTIONS", "repeated_maxima_rows", "rows_in_format", "bias_rows",
-           "format_bias_table"]
+__all__ = [
+    "BiasRows",
+    "BiasResult",
+    "V_DISTRIBUTIONS",
+    "repeated_maxima_rows",
+    "rows_in_format",
+    "bias_rows",
+    "format_bias_table",
+]

@@ -64,22 +64,28 @@ class Maxima:
     def describe(self) -> str:
         if math.isnan(self.row_max):
             return "no finite score: no key is attended, or every attended score is NaN or infinite"
+
         def keys(ks, show: int = 16):
             listed = ", ".join(f"{k} (block {self.block_of[k]})" if k in self.block_of else str(k) for k in ks[:show])
             return listed + (f", ... ({len(ks) - show} more)" if len(ks) > show else "")
-        lines = [f"row max {self.row_max:.9g} (scaled score, natural-log units; 1 ulp in {self.fmt} = "
-                 f"{self.ulp:.3g})"]
-        lines.append(f"exact ties at the max: {len(self.exact)} key(s): {keys(self.exact)}"
-                     + ("  -> REPEATED MAXIMUM" if self.repeated else ""))
+
+        lines = [f"row max {self.row_max:.9g} (scaled score, natural-log units; 1 ulp in {self.fmt} = {self.ulp:.3g})"]
+        lines.append(
+            f"exact ties at the max: {len(self.exact)} key(s): {keys(self.exact)}"
+            + ("  -> REPEATED MAXIMUM" if self.repeated else "")
+        )
         near = ", ".join(f"{k} ({u:.3g} ulp below)" for k, u in zip(self.near, self.near_ulps, strict=True))
         lines.append(f"near ties within {self.tol_ulps:g} ulp: {len(self.near)}" + (f": {near}" if near else ""))
         if not math.isnan(self.band):
             lines.append(f"within the round-to-1 band ({self.band:.3g} below the max): {len(self.in_band)} key(s)")
-        lines.append(f"P stored as exactly 1 in this run: {len(self.p_one)} key(s)"
-                     + (f": {keys(self.p_one)}" if self.p_one else ""))
+        lines.append(
+            f"P stored as exactly 1 in this run: {len(self.p_one)} key(s)"
+            + (f": {keys(self.p_one)}" if self.p_one else "")
+        )
         if self.split:
-            lines.append(f"ties split across K/V blocks {list(self.blocks)}: a per-block fix does not see them "
-                         "together")
+            lines.append(
+                f"ties split across K/V blocks {list(self.blocks)}: a per-block fix does not see them together"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -89,8 +95,13 @@ class Maxima:
         return jsonable(d)
 
 
-def find_maxima(scores: np.ndarray, fmt: Format | str, tol_ulps: float = 1.0, valid: np.ndarray | None = None,
-                units: float | np.ndarray = 1.0) -> Maxima:
+def find_maxima(
+    scores: np.ndarray,
+    fmt: Format | str,
+    tol_ulps: float = 1.0,
+    valid: np.ndarray | None = None,
+    units: float | np.ndarray = 1.0,
+) -> Maxima:
     """Exact and near ties of the max of a 1-D array of scores held in ``fmt`` (the max step's format).
 
     ``units``: scores per natural-log unit (a scalar, or one per entry); the result is in natural-log
@@ -114,8 +125,15 @@ def find_maxima(scores: np.ndarray, fmt: Format | str, tol_ulps: float = 1.0, va
     dist = (r - nat) / ulp_nat
     near = np.flatnonzero(ok & (nat < r) & (dist <= tol_ulps))
     near = near[np.argsort(dist[near], kind="stable")]
-    return Maxima(r, ulp_nat, fmt.name, float(tol_ulps), tuple(exact.tolist()), tuple(near.tolist()),
-                  tuple(float(x) for x in dist[near]))
+    return Maxima(
+        r,
+        ulp_nat,
+        fmt.name,
+        float(tol_ulps),
+        tuple(exact.tolist()),
+        tuple(near.tolist()),
+        tuple(float(x) for x in dist[near]),
+    )
 
 
 def row_maxima(run: RowStepper, row: int | None = None, tol_ulps: float = 1.0) -> Maxima:
@@ -143,8 +161,9 @@ def row_maxima(run: RowStepper, row: int | None = None, tol_ulps: float = 1.0) -
         in_band = tuple(np.flatnonzero(valid & (nat >= mx.row_max - band)).tolist())
     ones = tuple(np.flatnonzero(p_one & valid).tolist())
     listed = {*mx.exact, *mx.near, *ones}
-    return dataclasses.replace(mx, band=band, in_band=in_band, p_one=ones,
-                               block_of={k: int(block_of[k]) for k in sorted(listed)})
+    return dataclasses.replace(
+        mx, band=band, in_band=in_band, p_one=ones, block_of={k: int(block_of[k]) for k in sorted(listed)}
+    )
 
 
 __all__ = ["Maxima", "find_maxima", "round_to_one_band", "row_maxima"]

@@ -48,10 +48,19 @@ def _pct(a: int, b: int) -> str:
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows, strict=True)]
-    line = [indent + "  ".join(str(h).ljust(w) if i == 0 else str(h).rjust(w)
-                               for i, (h, w) in enumerate(zip(header, widths, strict=True)))]
-    return line + [indent + "  ".join(str(c).ljust(w) if i == 0 else str(c).rjust(w)
-                                      for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in rows]
+    line = [
+        indent
+        + "  ".join(
+            str(h).ljust(w) if i == 0 else str(h).rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))
+        )
+    ]
+    return line + [
+        indent
+        + "  ".join(
+            str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
+        )
+        for r in rows
+    ]
 
 
 def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
@@ -67,8 +76,10 @@ def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
     if by_sign and by_mean:
         if most == mean:
             return f"leans {mean} ({tests})"
-        return (f"leans both ways: most errors are {most} (sign test p = {fmt_p(b.sign_p)}) but the mean is "
-                f"{mean} (z-test p = {fmt_p(b.mean_p)})")
+        return (
+            f"leans both ways: most errors are {most} (sign test p = {fmt_p(b.sign_p)}) but the mean is "
+            f"{mean} (z-test p = {fmt_p(b.mean_p)})"
+        )
     if by_mean:
         return f"leans {mean} by the z-test, not by the sign test ({tests})"
     if by_sign:
@@ -106,17 +117,23 @@ def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
     for a in analyses:
         t, b = a.budget.total, a.budget.products
         if t.n == 0:
-            out.append(f"{a.softmax}: no finite error to measure: O - O_fp64 is NaN or infinite in all {t.excluded} "
-                       "element(s) (see NON-FINITE VALUES above).")
+            out.append(
+                f"{a.softmax}: no finite error to measure: O - O_fp64 is NaN or infinite in all {t.excluded} "
+                "element(s) (see NON-FINITE VALUES above)."
+            )
             continue
-        line = (f"{a.softmax}: O - O_fp64 averages {size(t)} per element{excluded(t)}: {lean(t)}. Its products "
-                f"part (P V .. output, independent roundings) averages {size(b)}: {lean(b)}.")
+        line = (
+            f"{a.softmax}: O - O_fp64 averages {size(t)} per element{excluded(t)}: {lean(t)}. Its products "
+            f"part (P V .. output, independent roundings) averages {size(b)}: {lean(b)}."
+        )
         f = a.p_one
         if f.events:
             ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
-            line += (f" Where: K/V block(s) {list(f.blocks)} have P = 1 at >= 2 keys; {f.half_ulp} of their "
-                     f"{f.events} P V results are would-be ties ({f.half_ulp / f.events:.0%}; other blocks {ctl}), "
-                     f"mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)}).")
+            line += (
+                f" Where: K/V block(s) {list(f.blocks)} have P = 1 at >= 2 keys; {f.half_ulp} of their "
+                f"{f.events} P V results are would-be ties ({f.half_ulp / f.events:.0%}; other blocks {ctl}), "
+                f"mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)})."
+            )
         out.append(line)
     std = next((a for a in analyses if a.softmax == "standard"), None)
     if std is not None and std.budget.products.n and std.budget.products.mean_p < SIGNIFICANCE:
@@ -124,13 +141,20 @@ def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
             if a is std or not a.budget.products.n:
                 continue
             ratio = abs(a.budget.products.mean_error) / abs(std.budget.products.mean_error)
-            out.append(f"{a.softmax} vs standard: |mean error of the products part| x {ratio:.2g}"
-                       + (f" ({1 / ratio:.2g}x smaller)" if 0 < ratio < 1 else ""))
+            out.append(
+                f"{a.softmax} vs standard: |mean error of the products part| x {ratio:.2g}"
+                + (f" ({1 / ratio:.2g}x smaller)" if 0 < ratio < 1 else "")
+            )
     return out
 
 
-def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Sequence[str] = (),
-                  plots: Sequence[Path] | str | None = None) -> str:
+def format_report(
+    analyses: Sequence[RowAnalysis],
+    *,
+    title: str = "",
+    notes: Sequence[str] = (),
+    plots: Sequence[Path] | str | None = None,
+) -> str:
     """The text report: setup, summary (the verdict), repeated maxima, bias of O, the P = 1 fingerprint, per-step
     and per-block tables.  ``analyses``: one row under one policy, one per softmax variant."""
     if not analyses:
@@ -148,12 +172,19 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
         L.append("")
     if title:
         L += textwrap.wrap(title, WIDTH, subsequent_indent="  ") + [""]
-    L += textwrap.wrap(f"policy    {run.policy.name}" + (f": {run.policy.note}" if run.policy.note else ""),
-                       WIDTH, subsequent_indent=" " * 10)
-    L.append(f"row       {a0.row} of {q.shape[0]} | keys N={k.shape[0]}, d={q.shape[1]}, dv={v.shape[1]} | "
-             f"sm_scale {run.sm_scale:.6g} | {f'causal, {run.causal}-aligned' if run.causal else 'not causal'}")
-    L.append(f"tiling    BLOCK_M={run.block_m}, BLOCK_N={run.block_n} ({len(run.steps)} K/V block(s) processed, "
-             f"{run.kv_order} order)")
+    L += textwrap.wrap(
+        f"policy    {run.policy.name}" + (f": {run.policy.note}" if run.policy.note else ""),
+        WIDTH,
+        subsequent_indent=" " * 10,
+    )
+    L.append(
+        f"row       {a0.row} of {q.shape[0]} | keys N={k.shape[0]}, d={q.shape[1]}, dv={v.shape[1]} | "
+        f"sm_scale {run.sm_scale:.6g} | {f'causal, {run.causal}-aligned' if run.causal else 'not causal'}"
+    )
+    L.append(
+        f"tiling    BLOCK_M={run.block_m}, BLOCK_N={run.block_n} ({len(run.steps)} K/V block(s) processed, "
+        f"{run.kv_order} order)"
+    )
     L.append(f"softmax   {'; '.join(describe_variant(a.run.softmax) for a in analyses)}")
     L.append("reference the same inputs, variant and tiling in FP64 (policy fp64)")
     L += [f"note      {n}" for n in notes]
@@ -167,19 +198,32 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
         L.append("  (P is relative to the running max at its block, so each block's own max has P = 1 too)")
 
     n_el = a0.o.size
-    L += ["", f"2. Bias of O against FP64 ({n_el} elements of row {a0.row}"
-          + ("; non-finite errors excluded: " + ", ".join(f"{a.softmax} {a.budget.total.excluded}"
-                                                          for a in analyses) if any(
-              a.budget.total.excluded for a in analyses) else "") + ")"]
+    L += [
+        "",
+        f"2. Bias of O against FP64 ({n_el} elements of row {a0.row}"
+        + (
+            "; non-finite errors excluded: " + ", ".join(f"{a.softmax} {a.budget.total.excluded}" for a in analyses)
+            if any(a.budget.total.excluded for a in analyses)
+            else ""
+        )
+        + ")",
+    ]
     rows = []
     out_fmt = run.policy.output.fmt.name
-    for part, label in (("total", "O - O_fp64"), ("weights", "  from the weights (scores .. P cast)"),
-                        ("normaliser", "  from the normaliser l (row_sum)"),
-                        ("products", "  from the products (P V .. output)")):
+    for part, label in (
+        ("total", "O - O_fp64"),
+        ("weights", "  from the weights (scores .. P cast)"),
+        ("normaliser", "  from the normaliser l (row_sum)"),
+        ("products", "  from the products (P V .. output)"),
+    ):
         bs = [a.budget.parts()[part] for a in analyses]
         rows.append([f"{label}: mean signed error", *[_e(b.mean_error) for b in bs]])
-        rows.append(["    in ulps of the " + out_fmt + " output", *[f"{b.mean_ulps:+.3f}" if not math.isnan(
-            b.mean_ulps) else "-" for b in bs]])
+        rows.append(
+            [
+                "    in ulps of the " + out_fmt + " output",
+                *[f"{b.mean_ulps:+.3f}" if not math.isnan(b.mean_ulps) else "-" for b in bs],
+            ]
+        )
         rows.append(["    errors < 0 / > 0", *[f"{b.negative} / {b.positive}" for b in bs]])
         if any(b.excluded for b in bs):
             rows.append(["    non-finite, excluded", *[str(b.excluded) for b in bs]])
@@ -188,27 +232,53 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
     L += textwrap.wrap(
         "total = weights + normaliser + products, exactly.  Only the products part is a sum of independent "
         "per-element roundings; the other two come from roundings of P or l shared by every element of the "
-        "row, so their p-values over one row's elements do not measure a lean across rows.", WIDTH,
-        initial_indent="  ", subsequent_indent="  ")
+        "row, so their p-values over one row's elements do not measure a lean across rows.",
+        WIDTH,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
 
     L += ["", "3. Fingerprint: P V results of K/V blocks where P = 1 exactly at >= 2 keys (vs the other blocks)"]
     if not any(a.p_one.events or a.p_one.control_events for a in analyses):
-        why = ("FP64 steps record no events" if is_native(run.policy.pv.fmt) else
-               f"no P V rounding events (emufloat traces {getattr(run.policy.pv.model, 'name', 'this')} "
-               "accumulation inside matmul only through a cast to a narrower format)")
+        why = (
+            "FP64 steps record no events"
+            if is_native(run.policy.pv.fmt)
+            else f"no P V rounding events (emufloat traces {getattr(run.policy.pv.model, 'name', 'this')} "
+            "accumulation inside matmul only through a cast to a narrower format)"
+        )
         L.append(f"  not available: {why}")
     else:
         rows = []
         for a in analyses:
             f = a.p_one
-            rows.append([a.softmax, str(list(f.blocks)) if f.blocks else "none", str(f.events),
-                         _pct(f.away, f.inexact), _pct(f.half_ulp, f.events), _ulp(f.mean_ulps),
-                         f"{_pct(f.control_away, f.control_inexact)}, {_pct(f.control_half_ulp, f.control_events)}, "
-                         f"{_ulp(f.control_mean_ulps)}"])
-        L += _table(["variant", "blocks", "results", "away from 0", "would-be ties", "mean ulp",
-                     "other blocks: away, ties, mean ulp"], rows)
-        L.append(f"  ({a0.p_one.op} events, {a0.p_one.rounding}; would-be tie: exact result within 1/32 ulp of a "
-                 "midpoint, ~6% of random roundings)")
+            rows.append(
+                [
+                    a.softmax,
+                    str(list(f.blocks)) if f.blocks else "none",
+                    str(f.events),
+                    _pct(f.away, f.inexact),
+                    _pct(f.half_ulp, f.events),
+                    _ulp(f.mean_ulps),
+                    f"{_pct(f.control_away, f.control_inexact)}, {_pct(f.control_half_ulp, f.control_events)}, "
+                    f"{_ulp(f.control_mean_ulps)}",
+                ]
+            )
+        L += _table(
+            [
+                "variant",
+                "blocks",
+                "results",
+                "away from 0",
+                "would-be ties",
+                "mean ulp",
+                "other blocks: away, ties, mean ulp",
+            ],
+            rows,
+        )
+        L.append(
+            f"  ({a0.p_one.op} events, {a0.p_one.rounding}; would-be tie: exact result within 1/32 ulp of a "
+            "midpoint, ~6% of random roundings)"
+        )
 
     for a in analyses:
         L += ["", f"4. Rounding error per step, row {a.row}, {a.softmax} (trace events of this row)"]
@@ -221,8 +291,12 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
         for a in analyses:
             b = a.blocks[i]
             pv = "-" if b.pv is None else f"{_e(b.pv.mean_error)} {b.pv.frac_away:.0%}"
-            cells += [str(b.p_one), f"{b.m:.6g}", pv,
-                      _e(b.out_error) + (f" [{b.out_nonfinite} NaN/inf]" if b.out_nonfinite else "")]
+            cells += [
+                str(b.p_one),
+                f"{b.m:.6g}",
+                pv,
+                _e(b.out_error) + (f" [{b.out_nonfinite} NaN/inf]" if b.out_nonfinite else ""),
+            ]
         rows.append(cells)
     head = ["step", "block [keys)"]
     for n in names:
@@ -239,12 +313,40 @@ def format_report(analyses: Sequence[RowAnalysis], *, title: str = "", notes: Se
 
 def _step_table(steps: Sequence[StepError]) -> list[str]:
     nonfinite = any(s.nonfinite for s in steps)
-    rows = [[s.label, str(s.events), str(s.inexact), *([str(s.nonfinite)] if nonfinite else []), _e(s.mean_error),
-             "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}", _e(s.sum_error), _e(s.max_abs, False),
-             f"{s.frac_away:.0%}" if s.inexact else "-", str(s.tie_sticky), fmt_p(s.sign_p), fmt_p(s.mean_p)]
-            for s in steps]
-    return _table(["step", "events", "inexact", *(["non-finite"] if nonfinite else []), "mean error", "mean ulp",
-                   "sum error", "max |error|", "away", "tie+sticky", "sign p", "z p"], rows)
+    rows = [
+        [
+            s.label,
+            str(s.events),
+            str(s.inexact),
+            *([str(s.nonfinite)] if nonfinite else []),
+            _e(s.mean_error),
+            "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}",
+            _e(s.sum_error),
+            _e(s.max_abs, False),
+            f"{s.frac_away:.0%}" if s.inexact else "-",
+            str(s.tie_sticky),
+            fmt_p(s.sign_p),
+            fmt_p(s.mean_p),
+        ]
+        for s in steps
+    ]
+    return _table(
+        [
+            "step",
+            "events",
+            "inexact",
+            *(["non-finite"] if nonfinite else []),
+            "mean error",
+            "mean ulp",
+            "sum error",
+            "max |error|",
+            "away",
+            "tie+sticky",
+            "sign p",
+            "z p",
+        ],
+        rows,
+    )
 
 
 def describe_variant(variant) -> str:
@@ -259,8 +361,14 @@ def describe_variant(variant) -> str:
 
 def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> dict:
     """Everything in the report, as plain JSON-ready values."""
-    return {"tool": "flashsim trace-row", "nonfinite": nonfinite_lines(analyses), **(meta or {}),
-            "significance": SIGNIFICANCE, "verdict": verdict(analyses), "analyses": [a.to_dict() for a in analyses]}
+    return {
+        "tool": "flashsim trace-row",
+        "nonfinite": nonfinite_lines(analyses),
+        **(meta or {}),
+        "significance": SIGNIFICANCE,
+        "verdict": verdict(analyses),
+        "analyses": [a.to_dict() for a in analyses],
+    }
 
 
 # ---- plots -------------------------------------------------------------------------------------------
@@ -304,15 +412,28 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
         total = a.budget.errors["total"]
         (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a.softmax}: O - O_fp64")
         products = a.budget.errors["products"]
-        ax.plot(np.cumsum(np.where(np.isfinite(products), products, 0.0)), ls="--", color=line.get_color(),
-                label=f"{a.softmax}: products part")
+        ax.plot(
+            np.cumsum(np.where(np.isfinite(products), products, 0.0)),
+            ls="--",
+            color=line.get_color(),
+            label=f"{a.softmax}: products part",
+        )
         gone = np.flatnonzero(~np.isfinite(total))
         if gone.size:
-            ax.plot(gone, np.zeros(gone.size), "x", color=line.get_color(), ms=6,
-                    label=f"{a.softmax}: {gone.size} non-finite element(s), excluded")
+            ax.plot(
+                gone,
+                np.zeros(gone.size),
+                "x",
+                color=line.get_color(),
+                ms=6,
+                label=f"{a.softmax}: {gone.size} non-finite element(s), excluded",
+            )
     ax.axhline(0, color="k", lw=0.5)
-    ax.set(xlabel="element of the output row", ylabel="cumulative signed error (finite errors)",
-           title=f"Cumulative error of O along the row ({where})")
+    ax.set(
+        xlabel="element of the output row",
+        ylabel="cumulative signed error (finite errors)",
+        title=f"Cumulative error of O along the row ({where})",
+    )
     ax.legend(fontsize=8)
     save(fig, PLOT_FILES[0])
 
@@ -322,15 +443,24 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
         (line,) = ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
         gone = [b.index for b in a.blocks if math.isnan(b.out_error)]
         if gone:
-            ax.plot(gone, np.zeros(len(gone)), "x", color=line.get_color(), ms=8,
-                    label=f"{a.softmax}: no finite error at these blocks")
+            ax.plot(
+                gone,
+                np.zeros(len(gone)),
+                "x",
+                color=line.get_color(),
+                ms=8,
+                label=f"{a.softmax}: no finite error at these blocks",
+            )
     for b in a0.blocks:
         if b.p_one >= 2:
             ax.axvspan(b.index - 0.4, b.index + 0.4, color="orange", alpha=0.15)
     ax.axhline(0, color="k", lw=0.5)
     ax.set_xticks(x, [f"{b.block}\n[{b.keys[0]},{b.keys[1]})" for b in a0.blocks], fontsize=8)
-    ax.set(xlabel="K/V block, in processing order (shaded: P = 1 at >= 2 keys, standard)",
-           ylabel="mean error of acc/l so far vs FP64", title=f"Error of O after each K/V block ({where})")
+    ax.set(
+        xlabel="K/V block, in processing order (shaded: P = 1 at >= 2 keys, standard)",
+        ylabel="mean error of acc/l so far vs FP64",
+        title=f"Error of O after each K/V block ({where})",
+    )
     ax.legend(fontsize=8)
     save(fig, PLOT_FILES[1])
 
@@ -344,17 +474,43 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
         xs = pos + j * width
         mean = [by[lab].mean_ulps if lab in by and not math.isnan(by[lab].mean_ulps) else 0.0 for lab in labels]
         bars = ax1.bar(xs, mean, width, label=a.softmax)
-        ax2.bar(xs, [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels], width,
-                color=bars.patches[0].get_facecolor() if bars.patches else None, label=a.softmax)
+        ax2.bar(
+            xs,
+            [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels],
+            width,
+            color=bars.patches[0].get_facecolor() if bars.patches else None,
+            label=a.softmax,
+        )
         for x_, lab in zip(xs, labels, strict=True):  # the event count says whether a 0 bar is "no events"
             st = by.get(lab)
-            text = "no events" if st is None or not st.events else (
-                f"n={st.events}" + (f"\n{st.nonfinite} non-finite" if st.nonfinite else ""))
-            ax1.annotate(text, (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center", va="bottom",
-                         rotation=90, fontsize=6, color="grey" if st is None or not st.events else "black")
+            text = (
+                "no events"
+                if st is None or not st.events
+                else (f"n={st.events}" + (f"\n{st.nonfinite} non-finite" if st.nonfinite else ""))
+            )
+            ax1.annotate(
+                text,
+                (x_, 0),
+                xytext=(0, 2),
+                textcoords="offset points",
+                ha="center",
+                va="bottom",
+                rotation=90,
+                fontsize=6,
+                color="grey" if st is None or not st.events else "black",
+            )
             if st is not None and st.events and not st.inexact:
-                ax2.annotate("exact", (x_, 0), xytext=(0, 2), textcoords="offset points", ha="center",
-                             va="bottom", rotation=90, fontsize=6, color="grey")
+                ax2.annotate(
+                    "exact",
+                    (x_, 0),
+                    xytext=(0, 2),
+                    textcoords="offset points",
+                    ha="center",
+                    va="bottom",
+                    rotation=90,
+                    fontsize=6,
+                    color="grey",
+                )
     ax1.axhline(0, color="k", lw=0.5)
     ax1.set(ylabel="mean signed error (ulps)", title=f"Rounding error per step, this row's events ({where})")
     ax2.axhline(0.5, color="k", lw=0.5, ls="--")
@@ -365,5 +521,14 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     return paths
 
 
-__all__ = ["PLOT_FILES", "SIGNIFICANCE", "format_report", "have_matplotlib", "lean", "nonfinite_lines",
-           "report_dict", "verdict", "write_plots"]
+__all__ = [
+    "PLOT_FILES",
+    "SIGNIFICANCE",
+    "format_report",
+    "have_matplotlib",
+    "lean",
+    "nonfinite_lines",
+    "report_dict",
+    "verdict",
+    "write_plots",
+]

@@ -76,18 +76,32 @@ class RowAnalysis:
     def to_dict(self) -> dict:
         return {
             "nonfinite": [f.to_dict() for f in self.nonfinite],
-            "policy": self.policy, "softmax": self.softmax, "row": self.row,
-            "block_m": self.run.block_m, "block_n": self.run.block_n, "kv_order": self.run.kv_order,
-            "causal": self.run.causal, "sm_scale": self.run.sm_scale,
-            "o": jsonable(self.o), "o_fp64": jsonable(self.o_ref),
-            "maxima": self.maxima.to_dict(), "o_bias": self.budget.to_dict(),
-            "steps": [s.to_dict() for s in self.steps], "p_one": self.p_one.to_dict(),
+            "policy": self.policy,
+            "softmax": self.softmax,
+            "row": self.row,
+            "block_m": self.run.block_m,
+            "block_n": self.run.block_n,
+            "kv_order": self.run.kv_order,
+            "causal": self.run.causal,
+            "sm_scale": self.run.sm_scale,
+            "o": jsonable(self.o),
+            "o_fp64": jsonable(self.o_ref),
+            "maxima": self.maxima.to_dict(),
+            "o_bias": self.budget.to_dict(),
+            "steps": [s.to_dict() for s in self.steps],
+            "p_one": self.p_one.to_dict(),
             "blocks": [b.to_dict() for b in self.blocks],
         }
 
 
-def analyse_run(run: RowStepper, row: int | None = None, *, tol_ulps: float = 1.0,
-                ref: RowStepper | None = None, allow_nonfinite: bool = False) -> RowAnalysis:
+def analyse_run(
+    run: RowStepper,
+    row: int | None = None,
+    *,
+    tol_ulps: float = 1.0,
+    ref: RowStepper | None = None,
+    allow_nonfinite: bool = False,
+) -> RowAnalysis:
     """Analyse one row of a stepper run (run to its end if needed) against an FP64 run of the same inputs.
 
     NaN or infinite values in what the row reads (its query, K, V) are refused unless ``allow_nonfinite``;
@@ -121,23 +135,68 @@ def analyse_run(run: RowStepper, row: int | None = None, *, tol_ulps: float = 1.
         with np.errstate(invalid="ignore"):
             d = st.out[i] - st_ref.out[j]
         fin = d[np.isfinite(d)]
-        blocks.append(BlockRow(st.index, st.block, (st.keys.start, st.keys.stop),
-                               int(np.count_nonzero(arith.f64(st.p[i]) == 1.0)), float(arith.f64(st.m[i])),
-                               float(st.l_total[i]), pv, float(np.mean(fin)) if fin.size else math.nan,
-                               math.fsum(fin) if fin.size else math.nan, int(d.size - fin.size)))
+        blocks.append(
+            BlockRow(
+                st.index,
+                st.block,
+                (st.keys.start, st.keys.stop),
+                int(np.count_nonzero(arith.f64(st.p[i]) == 1.0)),
+                float(arith.f64(st.m[i])),
+                float(st.l_total[i]),
+                pv,
+                float(np.mean(fin)) if fin.size else math.nan,
+                math.fsum(fin) if fin.size else math.nan,
+                int(d.size - fin.size),
+            )
+        )
     nonfinite = (*bad_inputs, *output_nonfinite(run, row), *output_nonfinite(ref, row, "O_fp64"))
-    return RowAnalysis(run.policy.name, run.softmax.name, row, run, ref, arith.f64(run.final.o[i]),
-                       arith.f64(ref.final.o[j]), row_maxima(run, row, tol_ulps), error_budget(run, ref, row),
-                       step_errors(run, row, ulps=ulps), p_one_rounding(run, row, ulps=ulps), blocks, nonfinite)
+    return RowAnalysis(
+        run.policy.name,
+        run.softmax.name,
+        row,
+        run,
+        ref,
+        arith.f64(run.final.o[i]),
+        arith.f64(ref.final.o[j]),
+        row_maxima(run, row, tol_ulps),
+        error_budget(run, ref, row),
+        step_errors(run, row, ulps=ulps),
+        p_one_rounding(run, row, ulps=ulps),
+        blocks,
+        nonfinite,
+    )
 
 
-def analyse_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "qiu_yao", *, row: int = 0,
-                softmax="standard", causal: bool | str = False, sm_scale: float | None = None,
-                block_m: int | None = None, block_n: int | None = None, kv_order: str | None = None,
-                tol_ulps: float = 1.0, allow_nonfinite: bool = False) -> RowAnalysis:
+def analyse_row(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    policy: Policy | str = "qiu_yao",
+    *,
+    row: int = 0,
+    softmax="standard",
+    causal: bool | str = False,
+    sm_scale: float | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+    kv_order: str | None = None,
+    tol_ulps: float = 1.0,
+    allow_nonfinite: bool = False,
+) -> RowAnalysis:
     """Step ``row`` under ``policy`` with tracing, run it in FP64 too, and analyse it (:func:`analyse_run`)."""
-    run = step_rows(q, k, v, policy, rows=row, softmax=softmax, causal=causal, sm_scale=sm_scale,
-                    block_m=block_m, block_n=block_n, kv_order=kv_order)
+    run = step_rows(
+        q,
+        k,
+        v,
+        policy,
+        rows=row,
+        softmax=softmax,
+        causal=causal,
+        sm_scale=sm_scale,
+        block_m=block_m,
+        block_n=block_n,
+        kv_order=kv_order,
+    )
     if not allow_nonfinite:
         refuse_nonfinite(input_nonfinite(run))  # before any block is computed
     return analyse_run(run.run(), tol_ulps=tol_ulps, allow_nonfinite=allow_nonfinite)

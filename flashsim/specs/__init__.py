@@ -28,6 +28,28 @@ from .forward import (
     Tiling,
 )
 
-__all__ = ["DELTA_ORDERS", "DELTA_SOURCES", "DIVISIONS", "MODEL_PRESETS", "NUMPY",
-           "ROW_SUM_ORDERS", "SCALE_AT", "SCALE_PLACES", "BwdTiling", "Delta", "Dot", "Func", "Grad", "Mask", "Model",
-           "Norm", "Op", "Recompute", "RowSum", "Scale", "SoftmaxGrad", "Tiling", "is_native"]
+__all__ = [
+    "DELTA_ORDERS",
+    "DELTA_SOURCES",
+    "DIVISIONS",
+    "MODEL_PRESETS",
+    "NUMPY",
+    "ROW_SUM_ORDERS",
+    "SCALE_AT",
+    "SCALE_PLACES",
+    "BwdTiling",
+    "Delta",
+    "Dot",
+    "Func",
+    "Grad",
+    "Mask",
+    "Model",
+    "Norm",
+    "Op",
+    "Recompute",
+    "RowSum",
+    "Scale",
+    "SoftmaxGrad",
+    "Tiling",
+    "is_native",
+]

@@ -17,9 +17,9 @@ DELTA_ORDERS = {
     "sequential": "left to right, each add rounded (an FMA per term when fused)",
     "pairwise": "balanced tree, each add rounded",
     "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
-                    "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
+    "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
     "h100_tl_sum": "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous "
-                   "values a lane left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)",
+    "values a lane left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)",
 }
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
@@ -65,14 +65,19 @@ class Delta(Spec):
             object.__setattr__(self, "prod", spec_format(self.prod, "Delta.prod"))
         native = is_native(self.fmt)
         if (self.order == NUMPY) != native:
-            raise ValueError(f"Delta.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
-                             f"fmt {format_name(self.fmt)}")
+            raise ValueError(
+                f"Delta.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
+                f"fmt {format_name(self.fmt)}"
+            )
         if self.prod is not None and (native != is_native(self.prod) or (not native and self.prod.precision > 24)):
-            raise ValueError(f"Delta.prod: FP64 with an FP64 delta, else at most 24 significand bits; got "
-                             f"{format_name(self.prod)}")
+            raise ValueError(
+                f"Delta.prod: FP64 with an FP64 delta, else at most 24 significand bits; got {format_name(self.prod)}"
+            )
         if self.fused and (native or self.order not in ("sequential", "fa2_dot_do_o") or self.prod is not None):
-            raise ValueError("Delta.fused: FMA accumulation needs order 'sequential' or 'fa2_dot_do_o', a non-FP64 "
-                             "format and no separate product format (prod=None)")
+            raise ValueError(
+                "Delta.fused: FMA accumulation needs order 'sequential' or 'fa2_dot_do_o', a non-FP64 "
+                "format and no separate product format (prod=None)"
+            )
         for arg in ("threads", "chunk"):
             val = getattr(self, arg)
             if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
@@ -92,8 +97,9 @@ class Delta(Spec):
             terms = "products fused (FMA)"
         else:
             terms = f"products -> {format_name(self.prod_fmt)}"
-        order = self.order + (f" ({self.threads} threads, chunks of {self.chunk})" if self.order == "fa2_dot_do_o"
-                              else "")
+        order = self.order + (
+            f" ({self.threads} threads, chunks of {self.chunk})" if self.order == "fa2_dot_do_o" else ""
+        )
         nan = f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""
         return f"{src}: {terms}; {order} -> {self._store()}{nan}"
 
@@ -155,8 +161,11 @@ class SoftmaxGrad(Spec):
         self._normalise()
 
     def __str__(self) -> str:
-        how = {"p": "(P*c) * (dP - delta)", "ds": "P * (dP - delta), then * c",
-               "end": "P * (dP - delta); c applied to dQ, dK at the end"}[self.scale_at]
+        how = {
+            "p": "(P*c) * (dP - delta)",
+            "ds": "P * (dP - delta), then * c",
+            "end": "P * (dP - delta); c applied to dQ, dK at the end",
+        }[self.scale_at]
         return f"{how} -> {self._store()}"
 
 
@@ -181,8 +190,10 @@ class Grad:
             if not isinstance(val, typ):
                 raise TypeError(f"Grad.{arg}: expected a {typ.__name__} spec, got {type(val).__name__}")
         if self.dot.into_acc and self.accum.fmt != self.dot.fmt:
-            raise ValueError(f"Grad.accum: with dot.into_acc the accumulator is the product's format "
-                             f"{format_name(self.dot.fmt)}; got {format_name(self.accum.fmt)}")
+            raise ValueError(
+                f"Grad.accum: with dot.into_acc the accumulator is the product's format "
+                f"{format_name(self.dot.fmt)}; got {format_name(self.accum.fmt)}"
+            )
         if self.accum.fused or self.out.fused:
             raise ValueError("Grad.accum, Grad.out: have no fused form")
         if self.out.compute is not None and self.out.compute != self.out.fmt:
@@ -218,8 +229,10 @@ class BwdTiling:
         check_tiles(self, "BwdTiling", ("q_order", "kv_order"))
 
     def __str__(self) -> str:
-        return (f"{self.block_m} x {self.block_n}, K/V blocks outer ({self.kv_order}), Q blocks inner "
-                f"({self.q_order}), fully masked blocks " + ("skipped" if self.skip_masked else "processed"))
+        return (
+            f"{self.block_m} x {self.block_n}, K/V blocks outer ({self.kv_order}), Q blocks inner "
+            f"({self.q_order}), fully masked blocks " + ("skipped" if self.skip_masked else "processed")
+        )
 
 
 __all__ = ["DELTA_ORDERS", "DELTA_SOURCES", "SCALE_AT", "BwdTiling", "Delta", "Grad", "Recompute", "SoftmaxGrad"]

@@ -38,11 +38,16 @@ def check_nan_bits(spec) -> None:
     bits = spec.nan_bits
     if bits is None:
         return
-    ok = (isinstance(bits, int) and not is_native(spec.fmt) and 0 <= bits < 1 << spec.fmt.width
-          and math.isnan(float(ef.decode(np.array([bits], np.uint64), spec.fmt)[0])))
+    ok = (
+        isinstance(bits, int)
+        and not is_native(spec.fmt)
+        and 0 <= bits < 1 << spec.fmt.width
+        and math.isnan(float(ef.decode(np.array([bits], np.uint64), spec.fmt)[0]))
+    )
     if not ok:
-        raise ValueError(f"{type(spec).__name__}.nan_bits: expected an encoding of a NaN of {spec.fmt.name}, "
-                         f"got {bits!r}")
+        raise ValueError(
+            f"{type(spec).__name__}.nan_bits: expected an encoding of a NaN of {spec.fmt.name}, got {bits!r}"
+        )
 
 
 def check_choice(value: str, accepted: dict | tuple, argname: str) -> None:
@@ -66,14 +71,18 @@ class Spec:
         compute = getattr(self, "compute", None)
         if fmt is not None and is_native(fmt):
             if self.rounding != Rounding("rne"):  # type: ignore[attr-defined]
-                raise ValueError(f"{name}.rounding: FP64 steps run in numpy, which rounds to nearest even; "
-                                 f"got {self.rounding}")  # type: ignore[attr-defined]
+                raise ValueError(
+                    f"{name}.rounding: FP64 steps run in numpy, which rounds to nearest even; got {self.rounding}"
+                )  # type: ignore[attr-defined]
             if compute is not None and compute != fmt:
-                raise ValueError(f"{name}.compute: an FP64 step has no separate compute format, got "
-                                 f"{format_name(compute)}")
+                raise ValueError(
+                    f"{name}.compute: an FP64 step has no separate compute format, got {format_name(compute)}"
+                )
         elif fmt is not None and fmt.precision > 24:
-            raise ValueError(f"{name}.fmt: steps run in FP64 (numpy) or in formats of at most 24 significand "
-                             f"bits (emufloat); {format_name(fmt)} has {fmt.precision}")
+            raise ValueError(
+                f"{name}.fmt: steps run in FP64 (numpy) or in formats of at most 24 significand "
+                f"bits (emufloat); {format_name(fmt)} has {fmt.precision}"
+            )
         if compute is not None and not is_native(fmt) and compute.precision > 24:
             raise ValueError(f"{name}.compute: at most 24 significand bits, got {format_name(compute)}")
 
@@ -95,5 +104,14 @@ def check_tiles(tiling, name: str, orders: tuple[str, ...]) -> None:
         check_choice(getattr(tiling, arg), ("forward", "reverse"), f"{name}.{arg}")
 
 
-__all__ = ["Model", "NUMPY", "Spec", "check_choice", "check_nan_bits", "check_tiles", "format_name", "is_native",
-           "spec_format"]
+__all__ = [
+    "Model",
+    "NUMPY",
+    "Spec",
+    "check_choice",
+    "check_nan_bits",
+    "check_tiles",
+    "format_name",
+    "is_native",
+    "spec_format",
+]

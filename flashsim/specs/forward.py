@@ -64,8 +64,11 @@ class Op(Spec):
         check_nan_bits(self)
 
     def __str__(self) -> str:
-        return (self._store() + (", fused (FMA)" if self.fused else "")
-                + (f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else ""))
+        return (
+            self._store()
+            + (", fused (FMA)" if self.fused else "")
+            + (f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else "")
+        )
 
 
 @dataclass(frozen=True)
@@ -134,19 +137,25 @@ class Dot(Spec):
             elif self.model in MODEL_PRESETS:
                 object.__setattr__(self, "model", MODEL_PRESETS[self.model])
             else:
-                raise ValueError(f"Dot.model: expected an emufloat model, {NUMPY!r} or one of "
-                                 f"{sorted(MODEL_PRESETS)}, got {self.model!r}")
+                raise ValueError(
+                    f"Dot.model: expected an emufloat model, {NUMPY!r} or one of "
+                    f"{sorted(MODEL_PRESETS)}, got {self.model!r}"
+                )
         elif not isinstance(self.model, (Sequential, Pairwise, Exact, FusedBlock)):
-            raise ValueError(f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock or {NUMPY!r}, "
-                             f"got {type(self.model).__name__}")
+            raise ValueError(
+                f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock or {NUMPY!r}, "
+                f"got {type(self.model).__name__}"
+            )
         if self.fmt is None:
             object.__setattr__(self, "fmt", ef.FP64 if self.model == NUMPY else ef.as_format(self.model.fmt))
         self._normalise()
         native = self.model == NUMPY
         if native != is_native(self.fmt) or native != is_native(self.inputs):
-            raise ValueError("Dot.model: the 'numpy' model goes with FP64 inputs and result, and FP64 with it; "
-                             f"got model {self.model_name}, inputs {format_name(self.inputs)}, fmt "
-                             f"{format_name(self.fmt)}")
+            raise ValueError(
+                "Dot.model: the 'numpy' model goes with FP64 inputs and result, and FP64 with it; "
+                f"got model {self.model_name}, inputs {format_name(self.inputs)}, fmt "
+                f"{format_name(self.fmt)}"
+            )
 
     @property
     def model_name(self) -> str:
@@ -159,10 +168,12 @@ class Dot(Spec):
         elif isinstance(m, FusedBlock):
             how = f"{m.name} (width {m.width}, {m.align_bits} bits, {m.final_rounding})"
         else:
-            how = f"{m.name} {format_name(m.fmt)} {m.rounding}" + (", unfused" if getattr(m, "fused", True) is False
-                                                                 else "")
-        return (f"{format_name(self.inputs)} in; {how} -> {self._store()}"
-                + ("; accumulator fed in as C" if self.into_acc else ""))
+            how = f"{m.name} {format_name(m.fmt)} {m.rounding}" + (
+                ", unfused" if getattr(m, "fused", True) is False else ""
+            )
+        return f"{format_name(self.inputs)} in; {how} -> {self._store()}" + (
+            "; accumulator fed in as C" if self.into_acc else ""
+        )
 
 
 @dataclass(frozen=True)
@@ -210,11 +221,15 @@ class RowSum(Spec):
         check_choice(self.order, ROW_SUM_ORDERS, "RowSum.order")
         self._normalise()
         if (self.order == NUMPY) != is_native(self.fmt):
-            raise ValueError(f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
-                             f"fmt {format_name(self.fmt)}")
+            raise ValueError(
+                f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
+                f"fmt {format_name(self.fmt)}"
+            )
         if self.fused and (is_native(self.fmt) or self.order == "fa2_threads"):
-            raise ValueError("RowSum.fused: no FMA update for FP64 (numpy has none) or 'fa2_threads' (FA2 "
-                             "multiplies its partial sums, then adds)")
+            raise ValueError(
+                "RowSum.fused: no FMA update for FP64 (numpy has none) or 'fa2_threads' (FA2 "
+                "multiplies its partial sums, then adds)"
+            )
 
     def __str__(self) -> str:
         return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")
@@ -261,9 +276,22 @@ class Tiling:
         check_tiles(self, "Tiling", ("kv_order",))
 
     def __str__(self) -> str:
-        return (f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks "
-                + ("skipped" if self.skip_masked else "processed"))
+        return f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks " + (
+            "skipped" if self.skip_masked else "processed"
+        )
 
 
-__all__ = ["DIVISIONS", "MODEL_PRESETS", "ROW_SUM_ORDERS", "SCALE_PLACES", "Dot",
-           "Func", "Mask", "Norm", "Op", "RowSum", "Scale", "Tiling"]
+__all__ = [
+    "DIVISIONS",
+    "MODEL_PRESETS",
+    "ROW_SUM_ORDERS",
+    "SCALE_PLACES",
+    "Dot",
+    "Func",
+    "Mask",
+    "Norm",
+    "Op",
+    "RowSum",
+    "Scale",
+    "Tiling",
+]

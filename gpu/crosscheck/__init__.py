@@ -27,6 +27,25 @@ from .kernels import SDPA_BACKENDS, kernel_run, sdpa
 from .live import bits_of, live_cases, live_run, same_bits
 from .recorded import DATA, RECORDED_FILES, case_run, compare, load_device_folder, load_recorded, recorded_runs
 
-__all__ = ["Case", "DATA", "RECORDED_FILES", "SDPA_BACKENDS", "backward_cases", "bits_of", "case_run", "compare",
-           "forward_cases", "fp8_cases", "inputs", "kernel_run", "live_cases", "live_run", "load_device_folder",
-           "load_recorded", "main", "recorded_runs", "same_bits", "sdpa"]
+__all__ = [
+    "Case",
+    "DATA",
+    "RECORDED_FILES",
+    "SDPA_BACKENDS",
+    "backward_cases",
+    "bits_of",
+    "case_run",
+    "compare",
+    "forward_cases",
+    "fp8_cases",
+    "inputs",
+    "kernel_run",
+    "live_cases",
+    "live_run",
+    "load_device_folder",
+    "load_recorded",
+    "main",
+    "recorded_runs",
+    "same_bits",
+    "sdpa",
+]

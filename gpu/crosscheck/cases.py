@@ -34,23 +34,30 @@ class Case:
 
     @property
     def key(self) -> str:
-        return (f"{self.dtype}_d{self.d}_q{self.n_q}_k{self.n_k}_{'causal' if self.causal else 'full'}_"
-                f"{self.softmax}_{self.kind}_s{self.seed}")
+        return (
+            f"{self.dtype}_d{self.d}_q{self.n_q}_k{self.n_k}_{'causal' if self.causal else 'full'}_"
+            f"{self.softmax}_{self.kind}_s{self.seed}"
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def batch(kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
-          ) -> dict[str, np.ndarray]:
+def batch(
+    kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
+) -> dict[str, np.ndarray]:
     """q, k, v, dO of shape (B, H, N, d) (k, v with ``n_k`` rows if given): every head drawn as
     :func:`inputs` draws one, from one generator seeded with ``seed``; float32 arrays of dtype values."""
     b, h, nq, d = shape
     rng = np.random.default_rng(seed)
     heads = [draw_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
     fmt = kernel_format(dtype)
-    return {name: ef.quantize(np.stack([hd[name] for hd in heads]), fmt).astype(np.float32).reshape(
-        b, h, *heads[0][name].shape) for name in ("q", "k", "v", "do")}
+    return {
+        name: ef.quantize(np.stack([hd[name] for hd in heads]), fmt)
+        .astype(np.float32)
+        .reshape(b, h, *heads[0][name].shape)
+        for name in ("q", "k", "v", "do")
+    }
 
 
 def inputs(case: Case) -> dict[str, np.ndarray]:
@@ -63,8 +70,22 @@ def forward_cases() -> list[Case]:
     the three variants, every kind."""
     out = []
     seed = 1000
-    lengths = [(16, 16), (40, 40), (64, 64), (100, 100), (128, 128), (200, 200), (256, 256), (333, 333),
-               (512, 512), (77, 130), (130, 77), (1000, 1000), (2048, 2048), (4096, 4096)]
+    lengths = [
+        (16, 16),
+        (40, 40),
+        (64, 64),
+        (100, 100),
+        (128, 128),
+        (200, 200),
+        (256, 256),
+        (333, 333),
+        (512, 512),
+        (77, 130),
+        (130, 77),
+        (1000, 1000),
+        (2048, 2048),
+        (4096, 4096),
+    ]
     for i, (nq, nk) in enumerate(lengths):
         for rep in range(2 if nq * nk <= 512 * 512 else 1):
             for d in (64, 128):
@@ -98,12 +119,22 @@ def backward_cases() -> list[Case]:
     """The recorded backward cases (the variant changes only the forward's O and LSE that feed it)."""
     out = []
     seed = 5000
-    lengths = [(16, 16), (64, 64), (100, 100), (128, 128), (200, 200), (77, 130), (130, 77), (256, 256),
-               (333, 333), (512, 512)]
+    lengths = [
+        (16, 16),
+        (64, 64),
+        (100, 100),
+        (128, 128),
+        (200, 200),
+        (77, 130),
+        (130, 77),
+        (256, 256),
+        (333, 333),
+        (512, 512),
+    ]
     for i, (nq, nk) in enumerate(lengths):
         for d in (64, 128):
             for causal in (False, True):
-                for sm in (("standard", "robust") if i % 2 else ("stabilised",)):
+                for sm in ("standard", "robust") if i % 2 else ("stabilised",):
                     seed += 1
                     dtype = "bf16" if (i + d // 64 + int(causal)) % 3 else "fp16"
                     out.append(Case(nq, nk, d, dtype, causal, sm, KINDS[(i + int(causal)) % len(KINDS)], seed))

@@ -59,31 +59,47 @@ def _main(args: argparse.Namespace) -> int:
         def runs():
             for kind, item in items:
                 if kind == "data":
-                    yield live_run(**item, dtype=args.dtype, causal=args.causal, softmax=args.softmax,
-                                   note=Path(args.data).stem)
+                    yield live_run(
+                        **item, dtype=args.dtype, causal=args.causal, softmax=args.softmax, note=Path(args.data).stem
+                    )
                 else:
                     c, back = item
                     x = inputs(c)
-                    yield live_run(x["q"][0], x["k"][0], x["v"][0], x["do"][0] if back else None, dtype=c.dtype,
-                                   causal=c.causal, softmax=c.softmax, debug=not back, note=c.key)
+                    yield live_run(
+                        x["q"][0],
+                        x["k"][0],
+                        x["v"][0],
+                        x["do"][0] if back else None,
+                        dtype=c.dtype,
+                        causal=c.causal,
+                        softmax=c.softmax,
+                        debug=not back,
+                        note=c.key,
+                    )
+
         total = len(items)
     else:
         folder = None
         if args.folder:
             folder = Path(args.folder)
             if not (folder / "attention.json").is_file():
-                raise UsageError(f"--folder: {folder} holds no attention.json (expected the output folder of "
-                                 "gpu/scripts/run_attention.sh --sections record[,fp8])")
+                raise UsageError(
+                    f"--folder: {folder} holds no attention.json (expected the output folder of "
+                    "gpu/scripts/run_attention.sh --sections record[,fp8])"
+                )
         else:
             missing = [n for n in RECORDED_FILES if not (DATA / n).is_file()]
             if missing:
-                raise UsageError(f"recorded cases: {', '.join(missing)} missing from {DATA} (a partial install? "
-                                 "reinstall lowprec-attention, or pass --folder DIR of a device recording)")
+                raise UsageError(
+                    f"recorded cases: {', '.join(missing)} missing from {DATA} (a partial install? "
+                    "reinstall lowprec-attention, or pass --folder DIR of a device recording)"
+                )
         recorded = recorded_runs(folder=folder)
         total = len(recorded)
 
         def runs():
             yield from recorded
+
     exact = 0
     for n, run in enumerate(progress(runs(), total, "runs", unit="run"), 1):
         rep = crosscheck(run)
@@ -102,12 +118,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
     ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust"))
-    ap.add_argument("--causal", action="store_true", help="causal masking (top-left: key j hidden from query i when "
-                    "j > i, as the kernels mask)")
+    ap.add_argument(
+        "--causal",
+        action="store_true",
+        help="causal masking (top-left: key j hidden from query i when j > i, as the kernels mask)",
+    )
     ap.add_argument("--max-len", type=int, default=512, help="live grid: longest sequence (default 512)")
     ap.add_argument("--save", metavar="DIR", help="write every run as DIR/<case>.npz (python -m flashsim crosscheck)")
-    ap.add_argument("--folder", metavar="DIR", help="recorded: the output folder of gpu/scripts/run_attention.sh "
-                    "--sections record[,fp8] (every case) instead of the copy installed with the package")
+    ap.add_argument(
+        "--folder",
+        metavar="DIR",
+        help="recorded: the output folder of gpu/scripts/run_attention.sh "
+        "--sections record[,fp8] (every case) instead of the copy installed with the package",
+    )
     ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
     return ap
 

@@ -48,8 +48,7 @@ def sdpa(backend: str) -> Kernel:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             with sdpa_kernel(SDPBackend.MATH):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                        scale=sm_scale), None
+                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale), None
         o, lse = out[0], out[1].reshape(q.shape[0], q.shape[1], -1)  # cuDNN: (B, H, N, 1)
         return o, lse[..., : q.shape[2]].float().contiguous()  # efficient pads the LSE to a multiple of 32
 
@@ -66,10 +65,20 @@ def _heads(name: str, a: np.ndarray) -> np.ndarray:
     return a
 
 
-def kernel_run(kernel: Kernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
-               policy: Policy | PolicyRef | str, dtype: str = "bf16", causal: bool = False,
-               sm_scale: float | None = None, softmax: SoftmaxVariant | str = "standard", device: str = "cuda",
-               note: str = "") -> KernelRun:
+def kernel_run(
+    kernel: Kernel,
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    *,
+    policy: Policy | PolicyRef | str,
+    dtype: str = "bf16",
+    causal: bool = False,
+    sm_scale: float | None = None,
+    softmax: SoftmaxVariant | str = "standard",
+    device: str = "cuda",
+    note: str = "",
+) -> KernelRun:
     """Run ``kernel`` on heads q, k, v (N, d) or (H, N, d), rounded RNE to ``dtype`` first, and package its O
     (and LSE, where it gives one) as a run to be checked against ``policy`` (a Policy, a PolicyRef or a
     registered name; the policy's ``lse`` step must give the LSE in the kernel's units)."""
@@ -87,18 +96,29 @@ def kernel_run(kernel: Kernel, q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     with torch.no_grad():
         o, lse = kernel(x["q"], x["k"], x["v"], causal, scale)
     if o.dtype != tdt or tuple(o.shape) != tuple(x["q"].shape[:-1]) + (x["v"].shape[-1],):
-        raise ValueError(f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + "
-                         f"(d_v,) in {tdt}")
+        raise ValueError(
+            f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"
+        )
     outputs = {"o": bits_of(o[0])}
     if lse is not None:
         if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(x["q"].shape[:-1]):
-            raise ValueError(f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected "
-                             f"{tuple(x['q'].shape[:-1])} float32")
+            raise ValueError(
+                f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected {tuple(x['q'].shape[:-1])} float32"
+            )
         outputs["lse"] = bits_of(lse[0])
     rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
-    return KernelRun(q=rounded["q"], k=rounded["k"], v=rounded["v"], dtype=dtype, causal=causal, sm_scale=scale,
-                     softmax=get_softmax(softmax), policy=pol, outputs=outputs,
-                     note=note or getattr(kernel, "__name__", "kernel"))
+    return KernelRun(
+        q=rounded["q"],
+        k=rounded["k"],
+        v=rounded["v"],
+        dtype=dtype,
+        causal=causal,
+        sm_scale=scale,
+        softmax=get_softmax(softmax),
+        policy=pol,
+        outputs=outputs,
+        note=note or getattr(kernel, "__name__", "kernel"),
+    )
 
 
 __all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "sdpa"]

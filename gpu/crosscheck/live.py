@@ -17,6 +17,7 @@ from .cases import Case, backward_cases, forward_cases
 def bits_of(t) -> np.ndarray:
     """The bits of a 16- or 32-bit torch tensor as a uint16/uint32 numpy array (NaN payloads kept)."""
     import torch
+
     width = {2: (torch.int16, np.uint16), 4: (torch.int32, np.uint32)}[t.element_size()]
     return t.contiguous().view(width[0]).cpu().numpy().view(width[1])
 
@@ -27,9 +28,21 @@ def same_bits(got, ref) -> bool:
     return all(np.array_equal(bits_of(x), bits_of(y)) for x, y in zip(got, ref, strict=True))
 
 
-def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None = None, *, dtype: str = "bf16",
-             causal: bool = False, softmax: str = "standard", sm_scale: float | None = None, debug: bool = True,
-             fwd: Config | None = None, bwd: Config | None = None, note: str = "") -> KernelRun:
+def live_run(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    do: np.ndarray | None = None,
+    *,
+    dtype: str = "bf16",
+    causal: bool = False,
+    softmax: str = "standard",
+    sm_scale: float | None = None,
+    debug: bool = True,
+    fwd: Config | None = None,
+    bwd: Config | None = None,
+    note: str = "",
+) -> KernelRun:
     """Run our kernels on the GPU on one head's q, k, v (N, d) or heads (H, N, d) and package the result.
 
     The inputs are rounded to ``dtype`` (RNE) first; ``do`` adds the backward; ``debug`` records the
@@ -54,18 +67,30 @@ def live_run(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray | None 
     x = {n: torch.from_numpy(a).cuda().to(dt[dtype])[None] for n, a in heads.items()}
     d = heads["q"].shape[-1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    o, lse, dbg = flash.forward(x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax,
-                                config=fwd, debug=debug)
+    o, lse, dbg = flash.forward(
+        x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax, config=fwd, debug=debug
+    )
     outputs = {"o": bits_of(o[0]), "lse": bits_of(lse[0])}
     if do is not None:
-        dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, sm_scale=scale,
-                                           config=bwd)
+        dq, dk, dv, delta = flash.backward(
+            x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, sm_scale=scale, config=bwd
+        )
         outputs.update(dq=bits_of(dq[0]), dk=bits_of(dk[0]), dv=bits_of(dv[0]), delta=bits_of(delta[0]))
     rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
-    return KernelRun(q=rounded["q"], k=rounded["k"], v=rounded["v"], do=rounded.get("do"), dtype=dtype,
-                     causal=causal, sm_scale=scale, softmax=kernel_variant(softmax, dtype),
-                     policy=kernel_policy_ref(dtype, d, causal, fwd, bwd), outputs=outputs,
-                     debug={n: bits_of(t) for n, t in (dbg or {}).items()}, note=note)
+    return KernelRun(
+        q=rounded["q"],
+        k=rounded["k"],
+        v=rounded["v"],
+        do=rounded.get("do"),
+        dtype=dtype,
+        causal=causal,
+        sm_scale=scale,
+        softmax=kernel_variant(softmax, dtype),
+        policy=kernel_policy_ref(dtype, d, causal, fwd, bwd),
+        outputs=outputs,
+        debug={n: bits_of(t) for n, t in (dbg or {}).items()},
+        note=note,
+    )
 
 
 def live_cases(max_len: int = 512) -> list[Case]:

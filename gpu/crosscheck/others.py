@@ -51,8 +51,7 @@ class KernelCase:
         return asdict(self)
 
 
-def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None
-         ) -> list[KernelCase]:
+def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None) -> list[KernelCase]:
     """Every kind x head dim (64, 128) x causal x length x dtype x ``seeds_per_cell`` seeds of ``kernel``: 112
     cases by default.
 
@@ -81,9 +80,14 @@ def policy_of(kernel: str, config: dict | None = None) -> PolicyRef:
     arithmetic (``fa2``, not yet a bit-exact model) for SDPA's backends."""
     if kernel == "tutorial":
         cfg = config or {}
-        return PolicyRef("gpu.policies:tutorial_policy", {"block_m": int(cfg.get("BLOCK_M", 128)),
-                                                          "block_n": int(cfg.get("BLOCK_N", 64)),
-                                                          "num_warps": int(cfg.get("num_warps", 4))})
+        return PolicyRef(
+            "gpu.policies:tutorial_policy",
+            {
+                "block_m": int(cfg.get("BLOCK_M", 128)),
+                "block_n": int(cfg.get("BLOCK_N", 64)),
+                "num_warps": int(cfg.get("num_warps", 4)),
+            },
+        )
     return PolicyRef("fa2")
 
 
@@ -108,9 +112,20 @@ def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
             continue
         x = case.inputs()
         outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
-        out.append(KernelRun(q=x["q"][None], k=x["k"][None], v=x["v"][None], dtype=case.dtype, causal=case.causal,
-                             sm_scale=float(rec["sm_scale"]), softmax=get_softmax("standard"),
-                             policy=policy_of(case.kernel, rec.get("config")), outputs=outputs, note=case.key))
+        out.append(
+            KernelRun(
+                q=x["q"][None],
+                k=x["k"][None],
+                v=x["v"][None],
+                dtype=case.dtype,
+                causal=case.causal,
+                sm_scale=float(rec["sm_scale"]),
+                softmax=get_softmax("standard"),
+                policy=policy_of(case.kernel, rec.get("config")),
+                outputs=outputs,
+                note=case.key,
+            )
+        )
     return out
 
 

@@ -19,19 +19,28 @@ DATA = Path(__file__).resolve().parents[1] / "data"  # package data (gpu/data): 
 RECORDED_FILES = ("recorded.json", "recorded.npz", "fp8.npz")  # the case grid, its outputs, FP8's outputs
 
 
-def case_run(case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None,
-             bwd: Config | None = None) -> KernelRun:
+def case_run(
+    case: Case, recorded: dict[str, np.ndarray], fwd: Config | None = None, bwd: Config | None = None
+) -> KernelRun:
     """A recorded case as a KernelRun: inputs from the seed; ``recorded`` holds 'o' and 'lse', for a backward
     case also 'dq', 'dk', 'dv' and 'delta', and optionally the per-block 'dbg_m', 'dbg_l', 'dbg_p', 'dbg_acc',
     all as bits, outputs of shape (1, 1, N, ...) as recorded."""
     x = inputs(case)
     backward = "dq" in recorded
     return KernelRun(
-        q=x["q"][0], k=x["k"][0], v=x["v"][0], do=x["do"][0] if backward else None, dtype=case.dtype,
-        causal=case.causal, sm_scale=1.0 / math.sqrt(case.d), softmax=kernel_variant(case.softmax, case.dtype),
+        q=x["q"][0],
+        k=x["k"][0],
+        v=x["v"][0],
+        do=x["do"][0] if backward else None,
+        dtype=case.dtype,
+        causal=case.causal,
+        sm_scale=1.0 / math.sqrt(case.d),
+        softmax=kernel_variant(case.softmax, case.dtype),
         policy=kernel_policy_ref(case.dtype, case.d, case.causal, fwd, bwd),
         outputs={k: v[0] for k, v in recorded.items() if not k.startswith("dbg_")},  # drop the batch axis
-        debug={k[4:]: v for k, v in recorded.items() if k.startswith("dbg_")}, note=case.key)
+        debug={k[4:]: v for k, v in recorded.items() if k.startswith("dbg_")},
+        note=case.key,
+    )
 
 
 def compare(case: Case, recorded: dict[str, np.ndarray]) -> list[OutputCheck]:
@@ -67,13 +76,16 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
         with np.load(path / "fp8.npz") as z:
             arrays.update({k: z[k] for k in z.files})
     runs = []
-    sources = (("f", meta.get("record", {}).get("forward", [])), ("b", meta.get("record", {}).get("backward", [])),
-               ("f8", meta.get("fp8", {}).get("cases", [])))
+    sources = (
+        ("f", meta.get("record", {}).get("forward", [])),
+        ("b", meta.get("record", {}).get("backward", [])),
+        ("f8", meta.get("fp8", {}).get("cases", [])),
+    )
     for kind, cases in sources:
         for c in cases:
             case = Case(**c)
             prefix = f"{kind}/{case.key}/"
-            rec = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+            rec = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
             if rec:
                 runs.append(case_run(case, rec))
     if folder is None:

@@ -71,8 +71,28 @@ def _key_rows(K, V, off_hz, offs_n, offs_d, N_K, HEAD_DIM: tl.constexpr, MASKED:
 
 
 @triton.jit
-def _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, start, stop, diag_end, qk_scale, N_Q,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+def _dkdv_loop(
+    dk,
+    dv,
+    k,
+    v,
+    Q,
+    DO,
+    LSE,
+    DELTA,
+    off_hz,
+    offs_n,
+    offs_d,
+    start,
+    stop,
+    diag_end,
+    qk_scale,
+    N_Q,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """dK, dV accumulated over the query blocks [start, stop).  MASKED: rows past N_Q and, with causal
     masking, keys after the query masked out of P.  Otherwise every row is valid and, with causal masking,
     the blocks before ``diag_end`` (those crossing the diagonal) mask P by a branch inside the loop: a
@@ -98,8 +118,24 @@ def _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, start, s
 
 
 @triton.jit
-def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, N_Q, N_K,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DK,
+    DV,
+    qk_scale,
+    sm_scale,
+    N_Q,
+    N_K,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     start_n = tl.program_id(0) * BLOCK_N
     off_hz = tl.program_id(1).to(tl.int64)
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -115,18 +151,76 @@ def attn_bwd_dkdv(Q, K, V, DO, LSE, DELTA, DK, DV, qk_scale, sm_scale, N_Q, N_K,
         lo = 0
         diag_end = 0
     full = tl.maximum(lo, (N_Q // BLOCK_M) * BLOCK_M)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, lo, full, diag_end, qk_scale, N_Q,
-                        HEAD_DIM, BLOCK_M, CAUSAL, False)
-    dk, dv = _dkdv_loop(dk, dv, k, v, Q, DO, LSE, DELTA, off_hz, offs_n, offs_d, full, N_Q, diag_end, qk_scale, N_Q,
-                        HEAD_DIM, BLOCK_M, CAUSAL, True)
+    dk, dv = _dkdv_loop(
+        dk,
+        dv,
+        k,
+        v,
+        Q,
+        DO,
+        LSE,
+        DELTA,
+        off_hz,
+        offs_n,
+        offs_d,
+        lo,
+        full,
+        diag_end,
+        qk_scale,
+        N_Q,
+        HEAD_DIM,
+        BLOCK_M,
+        CAUSAL,
+        False,
+    )
+    dk, dv = _dkdv_loop(
+        dk,
+        dv,
+        k,
+        v,
+        Q,
+        DO,
+        LSE,
+        DELTA,
+        off_hz,
+        offs_n,
+        offs_d,
+        full,
+        N_Q,
+        diag_end,
+        qk_scale,
+        N_Q,
+        HEAD_DIM,
+        BLOCK_M,
+        CAUSAL,
+        True,
+    )
     dk = dk * sm_scale
     tl.store(DK + kv_ptr, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + kv_ptr, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
 @triton.jit
-def _dq_loop(dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, start, stop, qk_scale, N_K,
-             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr):
+def _dq_loop(
+    dq,
+    q,
+    do,
+    lse,
+    delta,
+    K,
+    V,
+    off_hz,
+    offs_m,
+    offs_d,
+    start,
+    stop,
+    qk_scale,
+    N_K,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+):
     """dQ accumulated over the key blocks [start, stop); MASKED: keys past N_K and, with causal masking,
     keys after the query masked out of P."""
     for start_n in tl.range(start, stop, BLOCK_N, num_stages=1 if MASKED else None):
@@ -146,17 +240,34 @@ def _dq_loop(dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, start, stop, q
 
 
 @triton.jit
-def attn_bwd_dq(Q, K, V, DO, LSE, DELTA, DQ, qk_scale, sm_scale, N_Q, N_K,
-                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
+def attn_bwd_dq(
+    Q,
+    K,
+    V,
+    DO,
+    LSE,
+    DELTA,
+    DQ,
+    qk_scale,
+    sm_scale,
+    N_Q,
+    N_K,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):
     start_m, hz, lo, hi = program_blocks(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
     offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     q, do, lse, delta, row_ok, q_ptr = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM, True)
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    dq = _dq_loop(dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, 0, lo, qk_scale, N_K, HEAD_DIM, BLOCK_N,
-                  CAUSAL, False)
-    dq = _dq_loop(dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, lo, hi, qk_scale, N_K, HEAD_DIM, BLOCK_N,
-                  CAUSAL, True)
+    dq = _dq_loop(
+        dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, 0, lo, qk_scale, N_K, HEAD_DIM, BLOCK_N, CAUSAL, False
+    )
+    dq = _dq_loop(
+        dq, q, do, lse, delta, K, V, off_hz, offs_m, offs_d, lo, hi, qk_scale, N_K, HEAD_DIM, BLOCK_N, CAUSAL, True
+    )
     dq = dq * sm_scale
     tl.store(DQ + q_ptr, dq.to(DQ.dtype.element_ty), mask=row_ok[:, None])

@@ -32,10 +32,37 @@ class DebugOutputs(NamedTuple):
 
 
 @triton.jit
-def _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, first_row, start, stop, DBG, off_hz,
-             N_Q, N_K, N_BLK, N_VT, consts,
-             HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, MASKED: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr, V_T: tl.constexpr):
+def _kv_loop(
+    acc,
+    l_i,
+    m_i,
+    q,
+    K,
+    V,
+    k_base,
+    v_base,
+    offs_m,
+    offs_n,
+    offs_d,
+    first_row,
+    start,
+    stop,
+    DBG,
+    off_hz,
+    N_Q,
+    N_K,
+    N_BLK,
+    N_VT,
+    consts,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    MASKED: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    DEBUG: tl.constexpr,
+    STAGES: tl.constexpr,
+    V_T: tl.constexpr,
+):
     """acc, l, m after the K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the
     pipelined loop), MASKED=True for the last few (ragged columns, causal diagonal), not pipelined.  K, V:
     the head's keys and values (V transposed with V_T)."""
@@ -48,8 +75,9 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, fir
         if MASKED:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
             qk = tl.dot(q, tl.trans(k))
-            m_new, x = masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N, CAUSAL,
-                                    SOFTMAX, FOLD)
+            m_new, x = masked_block(
+                qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N, CAUSAL, SOFTMAX, FOLD
+            )
         else:
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k))
@@ -84,9 +112,27 @@ def _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, fir
 # Such crashes come and go with the code's shape, so the guard stays (docs/gpu.md;
 # tests/test_gpu_kernels.py::test_forward_compiles_for_one_query compiles that case on the CPU).
 @triton.jit(do_not_specialize=["N_Q"])
-def attn_fwd(Q, K, V, O, LSE, DBG, consts, N_Q, N_K, N_BLK, N_VT,
-             HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr,
-             SOFTMAX: tl.constexpr, DEBUG: tl.constexpr, STAGES: tl.constexpr, V_T: tl.constexpr):
+def attn_fwd(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    DBG,
+    consts,
+    N_Q,
+    N_K,
+    N_BLK,
+    N_VT,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    DEBUG: tl.constexpr,
+    STAGES: tl.constexpr,
+    V_T: tl.constexpr,
+):
     """O and LSE (base 2) of one BLOCK_M slice of queries of one (batch, head).
 
     Q, K, O contiguous (B*H, N, HEAD_DIM); V the same, or with V_T its transpose (B*H, HEAD_DIM, N_VT), keys
@@ -109,18 +155,73 @@ def attn_fwd(Q, K, V, O, LSE, DBG, consts, N_Q, N_K, N_BLK, N_VT,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)  # running P V
     first_row = start_m * BLOCK_M
     # the full blocks [0, lo), pipelined, then the masked ones [lo, hi)
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, first_row, 0, lo, DBG,
-                             off_hz, N_Q, N_K, N_BLK, N_VT, consts,
-                             HEAD_DIM, BLOCK_N, CAUSAL, False, SOFTMAX, DEBUG, STAGES, V_T)
-    acc, l_i, m_i = _kv_loop(acc, l_i, m_i, q, K, V, k_base, v_base, offs_m, offs_n, offs_d, first_row, lo, hi, DBG,
-                             off_hz, N_Q, N_K, N_BLK, N_VT, consts,
-                             HEAD_DIM, BLOCK_N, CAUSAL, True, SOFTMAX, DEBUG, 1, V_T)
+    acc, l_i, m_i = _kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        k_base,
+        v_base,
+        offs_m,
+        offs_n,
+        offs_d,
+        first_row,
+        0,
+        lo,
+        DBG,
+        off_hz,
+        N_Q,
+        N_K,
+        N_BLK,
+        N_VT,
+        consts,
+        HEAD_DIM,
+        BLOCK_N,
+        CAUSAL,
+        False,
+        SOFTMAX,
+        DEBUG,
+        STAGES,
+        V_T,
+    )
+    acc, l_i, m_i = _kv_loop(
+        acc,
+        l_i,
+        m_i,
+        q,
+        K,
+        V,
+        k_base,
+        v_base,
+        offs_m,
+        offs_n,
+        offs_d,
+        first_row,
+        lo,
+        hi,
+        DBG,
+        off_hz,
+        N_Q,
+        N_K,
+        N_BLK,
+        N_VT,
+        consts,
+        HEAD_DIM,
+        BLOCK_N,
+        CAUSAL,
+        True,
+        SOFTMAX,
+        DEBUG,
+        1,
+        V_T,
+    )
     # LSE = m + log2(l), O = acc / l
     lse = m_i + log2_fma(l_i)
     o = acc / l_i[:, None]
     tl.store(LSE + off_hz * N_Q + offs_m, lse, mask=row_ok)
-    tl.store(O + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty),
-             mask=row_ok[:, None])
+    tl.store(O + q_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], o.to(O.dtype.element_ty), mask=row_ok[:, None])
 
 
 @triton.jit
@@ -132,7 +233,9 @@ def transpose_keys(V, VT, N_K, N_VT, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constex
     off_h = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    v = tl.load(V + off_h * N_K * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=(cols < N_K)[:, None],
-                other=0.0)
-    tl.store(VT + off_h * HEAD_DIM * N_VT + offs_d[:, None] * N_VT + cols[None, :], tl.trans(v),
-             mask=(cols < N_VT)[None, :])
+    v = tl.load(
+        V + off_h * N_K * HEAD_DIM + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=(cols < N_K)[:, None], other=0.0
+    )
+    tl.store(
+        VT + off_h * HEAD_DIM * N_VT + offs_d[:, None] * N_VT + cols[None, :], tl.trans(v), mask=(cols < N_VT)[None, :]
+    )

@@ -50,8 +50,18 @@ class Shared(NamedTuple):
 
 
 @gluon.jit
-def _load(q_desc, k_desc, v_desc, smem, off_hz, q_row, n_blocks, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-          V_T: gl.constexpr):
+def _load(
+    q_desc,
+    k_desc,
+    v_desc,
+    smem,
+    off_hz,
+    q_row,
+    n_blocks,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    V_T: gl.constexpr,
+):
     """The load partition: Q once, then K and V of every block into the rings of ``smem`` (:class:`Shared`;
     V_T: V's tiles are (HEAD_DIM, BLOCK_N) blocks of V transposed)."""
     mbarrier.expect(smem.q_bar, q_desc.block_type.nbytes)
@@ -81,13 +91,27 @@ def _v_tile(v_smem, s, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, V_T: gl.co
 
 
 @gluon.jit
-def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts,
-             BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr, SOFTMAX: gl.constexpr):
+def _softmax(
+    qk,
+    start_n,
+    lo,
+    m_i,
+    l_i,
+    offs_m,
+    offs_n,
+    first_row,
+    N_K,
+    consts,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    SOFTMAX: gl.constexpr,
+):
     """One block's shift, P, alpha and l, by the steps the tl kernel takes (gpu.kernels.steps)."""
     # the fixes' row reductions folded (steps.row_max): plain ones were no faster here (docs/tried.md)
     if start_n >= lo:  # masked block: ragged columns or the causal diagonal
-        m_new, x = masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N, CAUSAL, SOFTMAX,
-                                True)
+        m_new, x = masked_block(
+            qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N, CAUSAL, SOFTMAX, True
+        )
     else:
         m_new, x = plain_block(qk, m_i, consts, SOFTMAX, True)
     p, alpha, l_i = weights(x, m_i, m_new, l_i)
@@ -95,15 +119,32 @@ def _softmax(qk, start_n, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts,
 
 
 @gluon.jit
-def _compute(smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts,
-             HALF: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-             SOFTMAX: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
+def _compute(
+    smem,
+    O,
+    LSE,
+    off_hz,
+    first_row,
+    lo,
+    n_blocks,
+    N_Q,
+    N_K,
+    consts,
+    HALF: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    SOFTMAX: gl.constexpr,
+    STAGES: gl.constexpr,
+    V_T: gl.constexpr,
+):
     """A compute warpgroup: O and LSE of the query rows first_row + HALF*64 ... + 63 of the program, from
     every K/V block of the rings in ``smem`` (:class:`Shared`)."""
     dtype: gl.constexpr = smem.q.dtype
     bits: gl.constexpr = dtype.primitive_bitwidth  # wgmma takes 32 bytes of K a step: k=16 (16-bit), 32 (e4m3)
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 256 // bits])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BLOCK_N, 256 // bits]
+    )
     p_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=32 // bits)
     rows: gl.constexpr = gl.SliceLayout(1, mma)
     offs_m = first_row + HALF * ROWS + gl.arange(0, ROWS, layout=rows)
@@ -120,22 +161,24 @@ def _compute(smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts,
     mbarrier.wait(smem.k_full.index(0), 0)
     qk = warpgroup_mma(q, smem.k.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False)
     mbarrier.arrive(smem.k_empty.index(0), count=1)
-    p, alpha, l_i, m_i = _softmax(qk, 0, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, BLOCK_N, CAUSAL,
-                                  SOFTMAX)
+    p, alpha, l_i, m_i = _softmax(qk, 0, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, BLOCK_N, CAUSAL, SOFTMAX)
     for j in range(n_blocks - 1):
         s = j % STAGES
         s1 = (j + 1) % STAGES
         mbarrier.wait(smem.k_full.index(s1), ((j + 1) // STAGES) & 1)
-        qk = warpgroup_mma(q, smem.k.index(s1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False,
-                           is_async=True)
+        qk = warpgroup_mma(
+            q, smem.k.index(s1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False, is_async=True
+        )
         acc = acc * alpha[:, None]
         mbarrier.wait(smem.v_full.index(s), (j // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc,
-                            is_async=True)
+        acc = warpgroup_mma(
+            gl.convert_layout(p.to(dtype), p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, is_async=True
+        )
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
         mbarrier.arrive(smem.k_empty.index(s1), count=1)
-        p, alpha, l_i, m_i = _softmax(qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts,
-                                      BLOCK_N, CAUSAL, SOFTMAX)
+        p, alpha, l_i, m_i = _softmax(
+            qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, BLOCK_N, CAUSAL, SOFTMAX
+        )
         acc = warpgroup_mma_wait(0, deps=(acc,))  # P_j V_j is done: V buffer j may be refilled
         mbarrier.arrive(smem.v_empty.index(s), count=1)
     s = (n_blocks - 1) % STAGES
@@ -154,9 +197,23 @@ def _compute(smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts,
 
 
 @gluon.jit
-def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE, consts, N_Q, N_K,
-                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, CAUSAL: gl.constexpr,
-                     SOFTMAX: gl.constexpr, STAGES: gl.constexpr, V_T: gl.constexpr):
+def attn_fwd_overlap(
+    q_desc,
+    k_desc,
+    v_desc,
+    O,
+    LSE,
+    consts,
+    N_Q,
+    N_K,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_M: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    CAUSAL: gl.constexpr,
+    SOFTMAX: gl.constexpr,
+    STAGES: gl.constexpr,
+    V_T: gl.constexpr,
+):
     """One BLOCK_M slice of queries of one (batch, head).  q_desc: 2-D over (B*H*N_Q, d) (rows past N_Q
     read the next head's queries or zeros; their outputs are not stored); k_desc: 3-D (B*H, N_K, d); v_desc
     the same, or with V_T over V transposed, (B*H, d, N_K) (FP8: e4m3 wgmma reads P V's B operand only with
@@ -190,16 +247,90 @@ def attn_fwd_overlap(q_desc, k_desc, v_desc, O, LSE, consts, N_Q, N_K,
 
     smem = Shared(q_smem, k_smem, v_smem, q_bar, k_full, v_full, k_empty, v_empty)
     if BLOCK_M == 2 * ROWS:  # two compute warpgroups (rows 0-63 and 64-127) and the loads
-        gl.warp_specialize([
-            (_compute, (smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts, 0, HEAD_DIM, BLOCK_N, CAUSAL,
-                        SOFTMAX, STAGES, V_T)),
-            (_compute, (smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts, 1, HEAD_DIM, BLOCK_N, CAUSAL,
-                        SOFTMAX, STAGES, V_T)),
-            (_load, (q_desc, k_desc, v_desc, smem, off_hz, off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T))],
-            [4, 4], [240, 24])
+        gl.warp_specialize(
+            [
+                (
+                    _compute,
+                    (
+                        smem,
+                        O,
+                        LSE,
+                        off_hz,
+                        first_row,
+                        lo,
+                        n_blocks,
+                        N_Q,
+                        N_K,
+                        consts,
+                        0,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        CAUSAL,
+                        SOFTMAX,
+                        STAGES,
+                        V_T,
+                    ),
+                ),
+                (
+                    _compute,
+                    (
+                        smem,
+                        O,
+                        LSE,
+                        off_hz,
+                        first_row,
+                        lo,
+                        n_blocks,
+                        N_Q,
+                        N_K,
+                        consts,
+                        1,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        CAUSAL,
+                        SOFTMAX,
+                        STAGES,
+                        V_T,
+                    ),
+                ),
+                (
+                    _load,
+                    (q_desc, k_desc, v_desc, smem, off_hz, off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T),
+                ),
+            ],
+            [4, 4],
+            [240, 24],
+        )
     else:
-        gl.warp_specialize([
-            (_compute, (smem, O, LSE, off_hz, first_row, lo, n_blocks, N_Q, N_K, consts, 0, HEAD_DIM, BLOCK_N, CAUSAL,
-                        SOFTMAX, STAGES, V_T)),
-            (_load, (q_desc, k_desc, v_desc, smem, off_hz, off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T))],
-            [4], [24])
+        gl.warp_specialize(
+            [
+                (
+                    _compute,
+                    (
+                        smem,
+                        O,
+                        LSE,
+                        off_hz,
+                        first_row,
+                        lo,
+                        n_blocks,
+                        N_Q,
+                        N_K,
+                        consts,
+                        0,
+                        HEAD_DIM,
+                        BLOCK_N,
+                        CAUSAL,
+                        SOFTMAX,
+                        STAGES,
+                        V_T,
+                    ),
+                ),
+                (
+                    _load,
+                    (q_desc, k_desc, v_desc, smem, off_hz, off_hz * N_Q + first_row, n_blocks, BLOCK_N, STAGES, V_T),
+                ),
+            ],
+            [4],
+            [24],
+        )

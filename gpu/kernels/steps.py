@@ -80,6 +80,7 @@ def program_blocks(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSA
 
 # ---- row reductions of the fixes ----------------------------------------------------------------------
 
+
 @triton.jit
 def _max(a, b):
     return tl.maximum(a, b)
@@ -159,8 +160,9 @@ def count_at_least(s, thr, FOLD: tl.constexpr):
     FOLD as in :func:`row_max`."""
     if PTX:
         t = tl.broadcast_to(thr[:, None], s.shape)
-        ind = tl.inline_asm_elementwise("set.ge.f32.f32 $0, $1, $2;", "=r,r,r", [s, t], dtype=tl.float32,
-                                        is_pure=True, pack=1)
+        ind = tl.inline_asm_elementwise(
+            "set.ge.f32.f32 $0, $1, $2;", "=r,r,r", [s, t], dtype=tl.float32, is_pure=True, pack=1
+        )
     else:
         ind = tl.where(s >= thr[:, None], 1.0, 0.0)
     if FOLD:
@@ -171,6 +173,7 @@ def count_at_least(s, thr, FOLD: tl.constexpr):
 
 
 # ---- one K/V block's update -------------------------------------------------------------------------------
+
 
 @triton.jit
 def _shift(s, r, m_i, r_m, consts, RAW: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
@@ -229,8 +232,20 @@ def plain_block(qk, m_i, consts, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
 
 
 @triton.jit
-def masked_block(qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N: tl.constexpr,
-                 CAUSAL: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
+def masked_block(
+    qk,
+    start_n,
+    offs_m,
+    offs_n,
+    first_row,
+    N_K,
+    m_i,
+    consts,
+    BLOCK_N: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    SOFTMAX: tl.constexpr,
+    FOLD: tl.constexpr,
+):
     """(m_new, x) of a block with masked columns (ragged end, causal diagonal): a block on the causal
     diagonal by the bias and select above, the others as :func:`plain_block` with the columns past N_K at
     -inf.  Without causal masking the diagonal path is not compiled, so its code cannot shape the rest of
@@ -258,6 +273,7 @@ def weights(x, m_i, m_new, l_i):
 
 
 # ---- the end: LSE -----------------------------------------------------------------------------------------
+
 
 @triton.jit
 def log2_fma(x):

@@ -16,8 +16,10 @@ def gpu_stack_missing() -> str | None:
     """Why GPU work cannot run here (torch or Triton missing, no CUDA GPU), or None when it can."""
     missing = [m for m in ("torch", "triton") if importlib.util.find_spec(m) is None]
     if missing:
-        return (f"needs torch and Triton with a CUDA GPU; {' and '.join(missing)} not installed (pip install "
-                "'lowprec-attention[gpu]')")
+        return (
+            f"needs torch and Triton with a CUDA GPU; {' and '.join(missing)} not installed (pip install "
+            "'lowprec-attention[gpu]')"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -53,8 +55,9 @@ def json_params(value: str, flag: str = "--params") -> dict:
     try:
         obj = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise UsageError(f"{flag}: not valid JSON ({exc.msg} at character {exc.pos}); expected an object such as "
-                         "'{\"name\": 1}'") from None
+        raise UsageError(
+            f"{flag}: not valid JSON ({exc.msg} at character {exc.pos}); expected an object such as '{{\"name\": 1}}'"
+        ) from None
     if not isinstance(obj, dict):
         raise UsageError(f"{flag}: expected a JSON object ({{...}}), got {type(obj).__name__}")
     return obj

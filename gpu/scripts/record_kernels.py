@@ -50,14 +50,18 @@ def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
     lse = ctx.saved_tensors[4]
     tuner = mod._attn_fwd_tma if mod.supports_tma() else mod._attn_fwd  # the path its forward takes
     best = tuner.best_config
-    config = dict(best.kwargs) | {"num_warps": best.num_warps, "num_stages": best.num_stages,
-                                  "kernel": tuner.fn.__name__}
+    config = dict(best.kwargs) | {
+        "num_warps": best.num_warps,
+        "num_stages": best.num_stages,
+        "kernel": tuner.fn.__name__,
+    }
     dq, dk, dv = mod._attention.backward(ctx, x["do"].contiguous())[:3]
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, config
 
 
 def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
     from ..crosscheck.kernels import sdpa
+
     o, lse = sdpa(backend)(x["q"], x["k"], x["v"], causal, scale)
     return {"o": o, "lse": lse}
 
@@ -67,6 +71,7 @@ def _check(args) -> tuple[str, dict]:
     from flashsim.crosscheck import crosscheck
 
     from ..crosscheck import others
+
     key, folder = args
     run = next(r for r in others.runs(Path(folder)) if r.note == key)
     rep = crosscheck(run)
@@ -86,14 +91,20 @@ def run(args: argparse.Namespace) -> int:
     from ..probes import env
 
     mod = load_tutorial(args.tutorial) if "tutorial" in kernels else None
-    meta: dict = {"env": env.run(None), "device": torch.cuda.get_device_name(), "cases": [],
-                  "tutorial_file": str(args.tutorial) if mod else None}
+    meta: dict = {
+        "env": env.run(None),
+        "device": torch.cuda.get_device_name(),
+        "cases": [],
+        "tutorial_file": str(args.tutorial) if mod else None,
+    }
     fwd, bwd = {}, {}
     t0 = time.monotonic()
     for kernel in kernels:
         for case in grid(kernel)[: args.limit]:
-            x = {n: torch.from_numpy(a).cuda().to(torch.float16 if case.dtype == "fp16" else torch.bfloat16)[None, None]
-                 for n, a in case.inputs().items()}
+            x = {
+                n: torch.from_numpy(a).cuda().to(torch.float16 if case.dtype == "fp16" else torch.bfloat16)[None, None]
+                for n, a in case.inputs().items()
+            }
             scale = 1.0 / math.sqrt(case.d)
             rec = {"case": case.to_dict(), "sm_scale": scale}
             try:
@@ -115,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
         (out / "others.json").write_text(json.dumps(meta, indent=1))
     keys = [r["case"] for r in meta["cases"] if "error" not in r]
     from ..crosscheck.others import KernelCase
+
     jobs = [(KernelCase(**c).key, str(out)) for c in keys]
     with ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 2)) as pool:
         checks = dict(pool.map(_check, jobs))
@@ -138,11 +150,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog="python -m gpu.scripts.record_kernels",
-                        description="record other people's attention kernels and hold them to the emulator")
+    ap = ArgumentParser(
+        prog="python -m gpu.scripts.record_kernels",
+        description="record other people's attention kernels and hold them to the emulator",
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for others.json, others.npz, others_bwd.npz")
-    ap.add_argument("--kernels", default="sdpa_flash,sdpa_efficient,sdpa_cudnn,tutorial",
-                    help="comma list of tutorial, sdpa_flash, sdpa_efficient, sdpa_cudnn")
+    ap.add_argument(
+        "--kernels",
+        default="sdpa_flash,sdpa_efficient,sdpa_cudnn,tutorial",
+        help="comma list of tutorial, sdpa_flash, sdpa_efficient, sdpa_cudnn",
+    )
     ap.add_argument("--tutorial", type=Path, help="the Triton tutorial's 06-fused-attention.py (for 'tutorial')")
     ap.add_argument("--limit", type=int, default=None, help="at most this many cases a kernel (default: all)")
     return ap

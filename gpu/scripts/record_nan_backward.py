@@ -30,8 +30,9 @@ NAN_ROWS = (3, 77, 120)  # in both of the backward's 64-row query blocks
 Q_ROW_VALUE = 1024.0  # scores of those rows: 1024 * sm_scale * log2 e = 184.7 exp2 units; the fix subtracts 369
 
 
-def nan_rows_inputs(dtype: str = "bf16", n: int = N, d: int = D, seed: int = SEED,
-                    rows: tuple[int, ...] = NAN_ROWS) -> dict[str, np.ndarray]:
+def nan_rows_inputs(
+    dtype: str = "bf16", n: int = N, d: int = D, seed: int = SEED, rows: tuple[int, ...] = NAN_ROWS
+) -> dict[str, np.ndarray]:
     """q, k, v, do of one head, shapes (n, d), as float32 arrays of ``dtype`` values (rounded RNE): the rows
     ``rows`` of q are ``Q_ROW_VALUE`` e_0 and column 0 of k is 1, every other value an N(0, 1) draw."""
     rng = np.random.default_rng(seed)
@@ -47,6 +48,7 @@ def record(dtype: str, note: str):
     """Our kernels' forward and backward on :func:`nan_rows_inputs` (softmax 'stabilised', not causal), as a
     :class:`flashsim.crosscheck.KernelRun` (needs torch, Triton and a GPU)."""
     from ..crosscheck.live import live_run
+
     x = nan_rows_inputs(dtype)
     return live_run(x["q"], x["k"], x["v"], x["do"], dtype=dtype, softmax="stabilised", debug=False, note=note)
 
@@ -72,8 +74,11 @@ def run(args: argparse.Namespace) -> int:
     import triton
 
     from flashsim.crosscheck import save_run
-    where = (f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, Triton {triton.__version__}; "
-             f"PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT")
+
+    where = (
+        f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}, Triton {triton.__version__}; "
+        f"PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT"
+    )
     for dtype in dtypes:
         run_ = record(dtype, f"nan_backward_{dtype}: {where}")
         path = save_run(out / f"nan_backward_{dtype}.npz", run_)

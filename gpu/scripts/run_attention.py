@@ -25,8 +25,9 @@ try:
     import triton.language as tl
     from triton.testing import do_bench
 except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(f"gpu.scripts.run_attention: needs torch and Triton ({exc}); "
-                     "pip install 'lowprec-attention[gpu]'") from None
+    raise SystemExit(
+        f"gpu.scripts.run_attention: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
+    ) from None
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
@@ -41,9 +42,15 @@ DT = flash.TORCH_DTYPES
 
 def env() -> dict:
     props = torch.cuda.get_device_properties(0)
-    return {"gpu": props.name, "torch": torch.__version__, "cuda": torch.version.cuda, "triton": triton.__version__,
-            "cudnn": torch.backends.cudnn.version(), "python": platform.python_version(),
-            "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    return {
+        "gpu": props.name,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": triton.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "recorded": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
 
 
 def env_line(e: dict) -> str:
@@ -103,17 +110,28 @@ def smoke(res: dict, deadline: float) -> None:
                     o, lse, _ = flash.forward(q, k, v, causal=causal, softmax=sm)
                     dq, dk, dv, _ = flash.backward(q, k, v, o, lse, do, causal=causal)
                     o64, lse64, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
-                    errs = {"o": (o.double() - o64).abs().max().item(),
-                            "lse": (lse.double() * math.log(2) - lse64).abs().max().item(),
-                            **{f"d{n}": (a.double() - b).abs().max().item()
-                               for n, a, b in zip("qkv", (dq, dk, dv), g64, strict=True)}}
+                    errs = {
+                        "o": (o.double() - o64).abs().max().item(),
+                        "lse": (lse.double() * math.log(2) - lse64).abs().max().item(),
+                        **{
+                            f"d{n}": (a.double() - b).abs().max().item()
+                            for n, a, b in zip("qkv", (dq, dk, dv), g64, strict=True)
+                        },
+                    }
                     out.append({"dtype": dtype, "d": d, "causal": causal, "softmax": sm, "max_abs_err": errs})
     asm = attn_asm()
-    res["smoke"] = {"cases": out, "fwd_ptx_has_wgmma": "wgmma" in asm.get("ptx", ""),
-                    "fwd_ptx_fma_count": asm.get("ptx", "").count("fma.rn.f32"), "fwd_sass_lines": asm.get("n_sass")}
+    res["smoke"] = {
+        "cases": out,
+        "fwd_ptx_has_wgmma": "wgmma" in asm.get("ptx", ""),
+        "fwd_ptx_fma_count": asm.get("ptx", "").count("fma.rn.f32"),
+        "fwd_sass_lines": asm.get("n_sass"),
+    }
     worst = max(max(c["max_abs_err"].values()) for c in out)
-    print(f"smoke: {len(out)} configs, worst abs error vs fp64 {worst:.3g}, wgmma in PTX: "
-          f"{res['smoke']['fwd_ptx_has_wgmma']}", flush=True)
+    print(
+        f"smoke: {len(out)} configs, worst abs error vs fp64 {worst:.3g}, wgmma in PTX: "
+        f"{res['smoke']['fwd_ptx_has_wgmma']}",
+        flush=True,
+    )
 
 
 def attn_asm() -> dict:
@@ -140,11 +158,24 @@ def bench_one(fn, *args, **kwargs) -> float:
 def configs(res: dict, deadline: float) -> None:
     """Forward and backward tiles at N=4096 (B=4, H=32), bf16, non-causal and causal."""
     rows = []
-    fwd = [flash.Config(128, 64, 4, 3), flash.Config(128, 128, 8, 3), flash.Config(128, 64, 8, 3),
-           flash.Config(128, 128, 4, 3), flash.Config(64, 64, 4, 3), flash.Config(128, 64, 4, 4),
-           flash.Config(128, 128, 8, 4), flash.Config(64, 128, 4, 3)]
-    bwd = [flash.Config(64, 64, 4, 3), flash.Config(64, 128, 8, 3), flash.Config(128, 128, 8, 2),
-           flash.Config(64, 64, 4, 2), flash.Config(128, 64, 8, 2), flash.Config(64, 128, 4, 2)]
+    fwd = [
+        flash.Config(128, 64, 4, 3),
+        flash.Config(128, 128, 8, 3),
+        flash.Config(128, 64, 8, 3),
+        flash.Config(128, 128, 4, 3),
+        flash.Config(64, 64, 4, 3),
+        flash.Config(128, 64, 4, 4),
+        flash.Config(128, 128, 8, 4),
+        flash.Config(64, 128, 4, 3),
+    ]
+    bwd = [
+        flash.Config(64, 64, 4, 3),
+        flash.Config(64, 128, 8, 3),
+        flash.Config(128, 128, 8, 2),
+        flash.Config(64, 64, 4, 2),
+        flash.Config(128, 64, 8, 2),
+        flash.Config(64, 128, 4, 2),
+    ]
     for d in (64, 128):
         q, k, v = rand((4, 32, 4096, d), torch.bfloat16)
         do = torch.randn_like(q)
@@ -183,11 +214,15 @@ def _log2_kernel(X, Y, N, BLOCK: tl.constexpr):
 
 def log2(res: dict, out: Path) -> None:
     rng = np.random.default_rng(7)
-    bits = np.concatenate([rng.integers(0, 0x7F800000, 1 << 18, dtype=np.uint32),  # all positive finite
-                           rng.integers(0x3F000000, 0x40000000, 1 << 17, dtype=np.uint32),  # [0.5, 2)
-                           np.arange(0x3F7FF000, 0x3F801000, dtype=np.uint32),  # around 1
-                           np.arange(0, 4096, dtype=np.uint32),  # zero and subnormals
-                           np.array([0x7F800000, 0x7FC00000, 0x80000000, 0xBF800000, 0x7F7FFFFF], np.uint32)])
+    bits = np.concatenate(
+        [
+            rng.integers(0, 0x7F800000, 1 << 18, dtype=np.uint32),  # all positive finite
+            rng.integers(0x3F000000, 0x40000000, 1 << 17, dtype=np.uint32),  # [0.5, 2)
+            np.arange(0x3F7FF000, 0x3F801000, dtype=np.uint32),  # around 1
+            np.arange(0, 4096, dtype=np.uint32),  # zero and subnormals
+            np.array([0x7F800000, 0x7FC00000, 0x80000000, 0xBF800000, 0x7F7FFFFF], np.uint32),
+        ]
+    )
     x = torch.from_numpy(bits.view(np.int32)).cuda().view(torch.float32)
     y = torch.empty_like(x)
     _log2_kernel[(triton.cdiv(x.numel(), 1024),)](x, y, x.numel(), BLOCK=1024)
@@ -228,9 +263,13 @@ def record(res: dict, out: Path, deadline: float) -> None:
         done_b.append(case.to_dict())
     res["record_files"] = save_parts(arrays, out, "attention_cases")
     fwd_cfg = {f"{d}_{'causal' if c else 'full'}": cfg.__dict__ for (d, c), cfg in flash.FWD_CONFIGS.items()}
-    res["record"] = {"forward": done_f, "backward": done_b, "fwd_config": fwd_cfg,
-                     "bwd_config": {d: c.__dict__ for d, c in flash.BWD_CONFIGS.items()},
-                     "delta_block": flash.DELTA_BLOCK}
+    res["record"] = {
+        "forward": done_f,
+        "backward": done_b,
+        "fwd_config": fwd_cfg,
+        "bwd_config": {d: c.__dict__ for d, c in flash.BWD_CONFIGS.items()},
+        "delta_block": flash.DELTA_BLOCK,
+    }
     print(f"record: {len(done_f)} forward, {len(done_b)} backward cases", flush=True)
 
 
@@ -251,12 +290,17 @@ def save_parts(arrays: dict[str, np.ndarray], out: Path, stem: str, part_bytes: 
 
 def sdpa_backends():
     from torch.nn.attention import SDPBackend
-    return {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
-            "efficient": SDPBackend.EFFICIENT_ATTENTION}
+
+    return {
+        "cudnn": SDPBackend.CUDNN_ATTENTION,
+        "flash": SDPBackend.FLASH_ATTENTION,
+        "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    }
 
 
 def run_sdpa(q, k, v, *, backend, causal):
     from torch.nn.attention import sdpa_kernel
+
     with sdpa_kernel(backend):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
@@ -293,8 +337,11 @@ def accuracy(res: dict, deadline: float) -> None:
 
 
 def _errs(o, grads, o64, g64) -> dict:
-    out = {"o_max": (o.double() - o64).abs().max().item(), "o_mean": (o.double() - o64).abs().mean().item(),
-           "o_bias": (o.double() - o64).mean().item()}
+    out = {
+        "o_max": (o.double() - o64).abs().max().item(),
+        "o_mean": (o.double() - o64).abs().mean().item(),
+        "o_bias": (o.double() - o64).mean().item(),
+    }
     for n, a, b in zip("qkv", grads, g64, strict=True):
         out[f"d{n}_max"] = (a.double() - b).abs().max().item()
         out[f"d{n}_mean"] = (a.double() - b).abs().mean().item()
@@ -318,10 +365,15 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
         qb, kb, vb = (t.to(torch.bfloat16) for t in (q8, k8, v8))
         ob, _, _ = flash.forward(qb, kb, vb, causal=case.causal, softmax=case.softmax)
         o64, _, _ = reference(qb, kb, vb, case.causal, 1 / math.sqrt(case.d))
-        errs.append({"case": case.key, "fp8_max": (o.double() - o64).abs().max().item(),
-                     "bf16_max": (ob.double() - o64).abs().max().item(),
-                     "fp8_mean": (o.double() - o64).abs().mean().item(),
-                     "bf16_mean": (ob.double() - o64).abs().mean().item()})
+        errs.append(
+            {
+                "case": case.key,
+                "fp8_max": (o.double() - o64).abs().max().item(),
+                "bf16_max": (ob.double() - o64).abs().max().item(),
+                "fp8_mean": (o.double() - o64).abs().mean().item(),
+                "bf16_mean": (ob.double() - o64).abs().mean().item(),
+            }
+        )
         done.append(case.to_dict())
     res["fp8_files"] = save_parts(arrays, out, "fp8_cases")
     res["fp8"] = {"cases": done, "errors": errs}
@@ -380,6 +432,7 @@ def replay(res: dict, deadline: float, first: int = 0) -> None:
     against the emulator). `first` skips the recorded runs before it, to finish a replay that ran out of
     time (a cold machine compiles every kernel first)."""
     from ..crosscheck.recorded import recorded_runs
+
     same, differ = 0, []
     runs = recorded_runs()
     if not 0 <= first <= len(runs):
@@ -392,29 +445,42 @@ def replay(res: dict, deadline: float, first: int = 0) -> None:
         done += 1
         x = [torch.from_numpy(a[None]).cuda().to(DT[run.dtype]) for a in (run.q, run.k, run.v)]
         for kern in ("triton", "overlap") if run.dtype != "e4m3" else ("triton",):
-            o, lse, _ = flash.forward(*x, causal=run.causal, sm_scale=run.sm_scale, softmax=run.softmax,
-                                      kernel=kern)  # the default tiles, as recorded
+            o, lse, _ = flash.forward(
+                *x, causal=run.causal, sm_scale=run.sm_scale, softmax=run.softmax, kernel=kern
+            )  # the default tiles, as recorded
             got = {"o": o, "lse": lse}
             if run.do is not None:
                 do = torch.from_numpy(run.do[None]).cuda().to(DT[run.dtype])
-                got.update(zip(("dq", "dk", "dv", "delta"), flash.backward(*x, o, lse, do, causal=run.causal,
-                                                                            sm_scale=run.sm_scale), strict=True))
+                got.update(
+                    zip(
+                        ("dq", "dk", "dv", "delta"),
+                        flash.backward(*x, o, lse, do, causal=run.causal, sm_scale=run.sm_scale),
+                        strict=True,
+                    )
+                )
             bad = [n for n, t in got.items() if not np.array_equal(bits_of(t)[0], run.outputs[n])]
             if bad:
                 differ.append([run.note, kern, bad])
             else:
                 same += 1
     res["replay"] = {"identical": same, "differ": differ, "runs": [first, done], "of": len(runs)}
-    print(f"replay of recorded runs {first}-{done - 1} of {len(runs)}: {same} identical, {len(differ)} differ "
-          f"{differ[:5]}", flush=True)
+    print(
+        f"replay of recorded runs {first}-{done - 1} of {len(runs)}: {same} identical, {len(differ)} differ "
+        f"{differ[:5]}",
+        flush=True,
+    )
 
 
 def train(res: dict, deadline: float, steps: int = 300) -> None:
     """A small causal transformer on a fixed synthetic token stream: ours vs SDPA, same init and data."""
     from .train_check import run_training
+
     res["train"] = run_training(steps=steps, deadline=deadline)
-    print("train:", {k: v[-1] if isinstance(v, list) and v else v for k, v in res["train"].items()
-                     if k.startswith("loss")}, flush=True)
+    print(
+        "train:",
+        {k: v[-1] if isinstance(v, list) and v else v for k, v in res["train"].items() if k.startswith("loss")},
+        flush=True,
+    )
 
 
 SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train")
@@ -425,8 +491,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", required=True, help="folder for attention.json and the recorded cases")
     ap.add_argument("--sections", default="smoke", help=f"comma list of {', '.join(SECTIONS)}; default smoke")
     ap.add_argument("--seconds", type=float, default=540, help="overall time budget (default 540)")
-    ap.add_argument("--replay-from", type=int, default=0,
-                    help="section replay: start at this recorded run (0-based; to finish a replay cut short)")
+    ap.add_argument(
+        "--replay-from",
+        type=int,
+        default=0,
+        help="section replay: start at this recorded run (0-based; to finish a replay cut short)",
+    )
     return ap
 
 
@@ -456,6 +526,7 @@ def run(args: argparse.Namespace) -> int:
                 globals()[name](res, deadline)
         except Exception as exc:  # noqa: BLE001 - keep what the other sections measured
             import traceback
+
             res[f"{name}_error"] = traceback.format_exc()[-3000:]
             print(f"{name} failed: {exc!r}", flush=True)
         res[f"{name}_seconds"] = round(time.time() - t, 1)

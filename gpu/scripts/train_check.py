@@ -18,8 +18,9 @@ try:
     import torch.nn.functional as F
     from torch import nn
 except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(f"gpu.scripts.train_check: needs torch and Triton ({exc}); "
-                     "pip install 'lowprec-attention[gpu]'") from None
+    raise SystemExit(
+        f"gpu.scripts.train_check: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
+    ) from None
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
@@ -70,11 +71,23 @@ def token_stream(n: int, vocab: int, seed: int = 0) -> torch.Tensor:
     return out
 
 
-def run_training(steps: int = 300, deadline: float | None = None, vocab: int = 64, dim: int = 256, heads: int = 4,
-                 layers: int = 4, ctx: int = 256, batch: int = 16) -> dict:
+def run_training(
+    steps: int = 300,
+    deadline: float | None = None,
+    vocab: int = 64,
+    dim: int = 256,
+    heads: int = 4,
+    layers: int = 4,
+    ctx: int = 256,
+    batch: int = 16,
+) -> dict:
     data = token_stream(200_000, vocab).cuda()
-    runs = {"sdpa": ("sdpa", "standard"), "ours_standard": ("ours", "standard"), "ours_robust": ("ours", "robust"),
-            "sdpa_seed2": ("sdpa", "standard")}
+    runs = {
+        "sdpa": ("sdpa", "standard"),
+        "ours_standard": ("ours", "standard"),
+        "ours_robust": ("ours", "robust"),
+        "sdpa_seed2": ("sdpa", "standard"),
+    }
     out: dict = {"steps": steps, "config": dict(vocab=vocab, dim=dim, heads=heads, layers=layers, ctx=ctx, batch=batch)}
     for name, (attn, softmax) in runs.items():
         torch.manual_seed(0 if name != "sdpa_seed2" else 1)  # seed2: the noise floor between two SDPA runs
@@ -88,7 +101,7 @@ def run_training(steps: int = 300, deadline: float | None = None, vocab: int = 6
                 out[f"{name}_stopped"] = "time"
                 break
             starts = torch.randint(0, data.numel() - ctx - 1, (batch,), device="cuda", generator=g)
-            idx = torch.stack([data[s:s + ctx + 1] for s in starts.tolist()])
+            idx = torch.stack([data[s : s + ctx + 1] for s in starts.tolist()])
             with torch.autocast("cuda", dtype=torch.bfloat16):
                 logits = model(idx[:, :-1])
             loss = F.cross_entropy(logits.float().reshape(-1, vocab), idx[:, 1:].reshape(-1))
@@ -111,8 +124,11 @@ def run(args: argparse.Namespace) -> int:
     require_gpu("python -m gpu.scripts.train_check")
     res = run_training(steps=args.steps, deadline=time.time() + args.seconds)
     (out / "train.json").write_text(json.dumps(res, indent=1))
-    print("train:", {k: v[-1] if isinstance(v, list) and v else v for k, v in res.items() if k.startswith("loss")},
-          flush=True)
+    print(
+        "train:",
+        {k: v[-1] if isinstance(v, list) and v else v for k, v in res.items() if k.startswith("loss")},
+        flush=True,
+    )
     return 0
 
 

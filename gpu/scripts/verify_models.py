@@ -40,8 +40,9 @@ try:
     import triton
     import triton.language as tl
 except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(f"gpu.scripts.verify_models: needs torch and Triton ({exc}); "
-                     "pip install 'lowprec-attention[gpu]'") from None
+    raise SystemExit(
+        f"gpu.scripts.verify_models: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
+    ) from None
 
 import emufloat as ef
 from emufloat.hw import calibration, h100, libdevice
@@ -71,8 +72,7 @@ def _unary_kernel(x_ptr, y_ptr, n, FN: tl.constexpr, BLOCK: tl.constexpr):
     elif FN == 2:
         y = tl.inline_asm_elementwise("ex2.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     else:
-        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
-                                      pack=1)
+        y = tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
     tl.store(y_ptr + offs, y, mask=m)
 
 
@@ -147,13 +147,19 @@ class Tally:
         self.mismatch += int(np.count_nonzero(diff))
         if diff.any() and len(self.first) < self.keep:
             for i in np.flatnonzero(diff)[: self.keep - len(self.first)]:
-                self.first.append([f"0x{int(np.asarray(x).reshape(-1).view(np.uint32)[i]):08x}" for x in inputs]
-                                  + [f"gpu=0x{int(g[i]):08x}", f"model=0x{int(m[i]):08x}"])
+                self.first.append(
+                    [f"0x{int(np.asarray(x).reshape(-1).view(np.uint32)[i]):08x}" for x in inputs]
+                    + [f"gpu=0x{int(g[i]):08x}", f"model=0x{int(m[i]):08x}"]
+                )
         return diff
 
     def json(self) -> dict:
-        return {"compared": self.compared, "mismatch": self.mismatch, "nan_payload_only": self.nan_payload_only,
-                "first": self.first}
+        return {
+            "compared": self.compared,
+            "mismatch": self.mismatch,
+            "nan_payload_only": self.nan_payload_only,
+            "first": self.first,
+        }
 
 
 def weighted_checksum(bits_i32: torch.Tensor, start: int) -> int:
@@ -182,8 +188,11 @@ def section_rcp(ctx) -> dict:
     sha = calibration.digest(r)
     np.savez_compressed(ctx.out / "rcp.npz", rcp_table_delta=delta.astype(np.int8), rcp_table_sha256=np.array(sha))
     # into this tree's package data, so the models below use it (tools/build_package_data.py does it at home)
-    arrays = {"delta": delta.astype(np.int8), "sha256": np.array(sha),
-              "source": np.array("gpu/scripts/verify_models.py")}
+    arrays = {
+        "delta": delta.astype(np.int8),
+        "sha256": np.array(sha),
+        "source": np.array("gpu/scripts/verify_models.py"),
+    }
     np.savez_compressed(h100.DATA.path_of("rcp"), **arrays)
     h100.rcp_table.cache_clear()
     h100.rcp_table()
@@ -219,10 +228,12 @@ def section_cases(ctx) -> dict:
     # division: random bits, random moderate exponents, and the probe's special pairs
     from ..probes.division import special_pairs
 
-    a = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32),
-                        special_pairs()[0].view(np.uint32)])
-    b = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32),
-                        special_pairs()[1].view(np.uint32)])
+    a = np.concatenate(
+        [rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), special_pairs()[0].view(np.uint32)]
+    )
+    b = np.concatenate(
+        [rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), special_pairs()[1].view(np.uint32)]
+    )
     q = to_np_bits(gpu_div(*(torch.from_numpy(v.view(np.int32)).to(ctx.device).view(torch.float32) for v in (a, b))))
     out.update(div_a=a, div_b=b, div_out=q)
     t = Tally()
@@ -373,8 +384,15 @@ def section_dot(ctx) -> dict:
                         for idx in np.flatnonzero(diff)[:4]:
                             if len(lst) < 400:
                                 i, j = divmod(int(idx), 64)
-                                lst.append((k, av[t, i].view(uview), bv[t, j].view(uview),
-                                            np.float32(cv[t, i, j] if hc else np.nan), d[t, i, j]))
+                                lst.append(
+                                    (
+                                        k,
+                                        av[t, i].view(uview),
+                                        bv[t, j].view(uview),
+                                        np.float32(cv[t, i, j] if hc else np.nan),
+                                        d[t, i, j],
+                                    )
+                                )
                 done += nt
             st["per_combo"][f"K{k}_{'c' if hc else 'noc'}"] = {"tiles": done, "mismatch": tal.mismatch - before}
         st |= tal.json()
@@ -413,8 +431,10 @@ def dot_fp8_promoted(ctx, be, rng) -> dict:
                     break
                 nt = 24
                 tiles = mc.gen_stress_tiles(rng, fmt, k, nt, hc)
-                a, bt = (torch.from_numpy(tiles[key].view(np.int8)).to(ctx.device).view(getattr(torch, fmt.torch_dtype))
-                         for key in ("a", "bt"))
+                a, bt = (
+                    torch.from_numpy(tiles[key].view(np.int8)).to(ctx.device).view(getattr(torch, fmt.torch_dtype))
+                    for key in ("a", "bt")
+                )
                 c = torch.from_numpy(tiles["c"].view(np.int32)).to(ctx.device).view(torch.float32) if hc else None
                 d = to_np_bits(be.run_tiles(fmt, k, hc, 32, a, bt, c)).reshape(nt, 64, 64)
                 av, bv = tiles["a"].view(npdt), tiles["bt"].view(npdt)
@@ -423,7 +443,7 @@ def dot_fp8_promoted(ctx, be, rng) -> dict:
                     tal_preset.add(d[t], ef.matmul(av[t], bv[t].T, h100.WGMMA_FP8_PROMOTED, cc))
                     acc = cc.copy() if hc else np.zeros((64, 64), np.float32)
                     for s in range(0, k, 32):
-                        acc = acc + ef.matmul(av[t][:, s:s + 32], bv[t][:, s:s + 32].T, h100.WGMMA_FP8)
+                        acc = acc + ef.matmul(av[t][:, s : s + 32], bv[t][:, s : s + 32].T, h100.WGMMA_FP8)
                     tal_spelled.add(d[t], acc)
         out[fname] = {"preset": tal_preset.json(), "c_in_fp32_accumulator": tal_spelled.json()}
     return out
@@ -449,7 +469,8 @@ def section_tf32(ctx) -> dict:
             a32 = vals[0].astype(np.float32)
             bt32 = vals[1].astype(np.float32)
             c32 = (rng.standard_normal((nt, 64, 64)) * 2.0 ** rng.integers(-10, 11, size=(nt, 64, 64))).astype(
-                np.float32)
+                np.float32
+            )
             a = torch.from_numpy(a32).to(ctx.device)
             b = torch.from_numpy(np.ascontiguousarray(bt32.transpose(0, 2, 1))).to(ctx.device)
             c = torch.from_numpy(c32).to(ctx.device)
@@ -517,8 +538,16 @@ def section_libdevice(ctx) -> dict:
     return res | section_sweep(ctx, tuple(LIBDEVICE))
 
 
-SECTIONS = {"rcp": section_rcp, "cases": section_cases, "sweep": section_sweep, "div": section_div,
-            "dot": section_dot, "tf32": section_tf32, "reduction": section_reduction, "libdevice": section_libdevice}
+SECTIONS = {
+    "rcp": section_rcp,
+    "cases": section_cases,
+    "sweep": section_sweep,
+    "div": section_div,
+    "dot": section_dot,
+    "tf32": section_tf32,
+    "reduction": section_reduction,
+    "libdevice": section_libdevice,
+}
 
 
 class Ctx:
@@ -537,8 +566,9 @@ class Ctx:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = ArgumentParser(prog="python -m gpu.scripts.verify_models",
-                                 description="verify emufloat's hardware models on the GPU")
+    ap = ArgumentParser(
+        prog="python -m gpu.scripts.verify_models", description="verify emufloat's hardware models on the GPU"
+    )
     ap.add_argument("--out", type=Path, required=True, help="folder for verify.json and the recorded cases")
     ap.add_argument("--sections", default=",".join(SECTIONS), help=f"comma list of {', '.join(SECTIONS)}")
     ap.add_argument("--seconds", type=float, default=540.0, help="overall budget")

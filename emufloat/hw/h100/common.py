@@ -45,6 +45,17 @@ def record_vs_exact(trace: Trace, op: str, operands: tuple, out: np.ndarray, exa
     err = flat.astype(np.float64) - exact.exact_hi - exact.exact_lo
     away = np.abs(flat) > np.abs(exact.exact_hi + exact.exact_lo)
     flags = (err != 0) * Flag.INEXACT | away * Flag.AWAY
-    trace.record(Chunk(op=op, fmt=FP32, rounding=Rounding("rne"), operands=operands, rounded=flat.copy(),
-                       exact_hi=exact.exact_hi, exact_lo=exact.exact_lo, flags=flags.astype(np.uint16),
-                       shape=out.shape, label=label))
+    trace.record(
+        Chunk(
+            op=op,
+            fmt=FP32,
+            rounding=Rounding("rne"),
+            operands=operands,
+            rounded=flat.copy(),
+            exact_hi=exact.exact_hi,
+            exact_lo=exact.exact_lo,
+            flags=flags.astype(np.uint16),
+            shape=out.shape,
+            label=label,
+        )
+    )

@@ -98,8 +98,9 @@ def rcp_approx(x: np.ndarray | float) -> np.ndarray:
     return out.view(np.float32).reshape(arr.shape)
 
 
-def div_full(a: np.ndarray | float, b: np.ndarray | float, *, trace: Trace | None = None,
-             label: str = "") -> np.ndarray:
+def div_full(
+    a: np.ndarray | float, b: np.ndarray | float, *, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
     """The H100's ``div.full.f32`` (what Triton's fp32 ``a / b`` runs): about 2 ulp, not correctly rounded.
 
     With a trace, records op ``div`` against the exact quotient.

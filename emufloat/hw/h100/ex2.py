@@ -90,8 +90,7 @@ def _ex2_kernel(zbits, out, ftz, tneg, tpos):
         out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
 
 
-def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None,
-               label: str = "") -> np.ndarray:
+def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
     """The H100's ``ex2.approx.ftz.f32`` (``ftz=True``) or ``ex2.approx.f32`` on float32 values.
 
     Bit-identical to the GPU on all 2**32 inputs (docs/hardware-models.md).

@@ -13,8 +13,13 @@ from .division import div_full
 #: Coefficients of Q(z) ~ (2 / ln 2) atanh(sqrt z) / sqrt z on z = s**2 in [0, ((sqrt 2 - 1)/(sqrt 2 + 1))**2],
 #: least squares in relative error (degree 4), rounded to float32 (max relative error of the polynomial
 #: 1.3e-8, the rounding of 2/ln 2 itself).  gpu/kernels uses the same values.
-LOG2_FMA_COEFFS = (float.fromhex("0x1.715476p+1"), float.fromhex("0x1.ec709ep-1"), float.fromhex("0x1.27778p-1"),
-                   float.fromhex("0x1.a58dbcp-2"), float.fromhex("0x1.5ce4e6p-2"))
+LOG2_FMA_COEFFS = (
+    float.fromhex("0x1.715476p+1"),
+    float.fromhex("0x1.ec709ep-1"),
+    float.fromhex("0x1.27778p-1"),
+    float.fromhex("0x1.a58dbcp-2"),
+    float.fromhex("0x1.5ce4e6p-2"),
+)
 _SQRT2_BITS = 0x3FB504F3  # float32 sqrt(2) rounded down: mantissas above it are halved
 
 
@@ -30,8 +35,13 @@ def log2_fma(x: np.ndarray | float, *, trace: Trace | None = None, label: str = 
     bits = bits.astype(np.int64)
     mag = bits & 0x7FFFFFFF
     sub = (mag > 0) & (mag < 0x00800000)
-    scaled = np.where(sub, (np.where(sub, mag, 0).astype(np.uint32).view(np.float32).astype(np.float64)
-                            * 2.0**23).astype(np.float32).view(np.uint32), mag).astype(np.int64)
+    scaled = np.where(
+        sub,
+        (np.where(sub, mag, 0).astype(np.uint32).view(np.float32).astype(np.float64) * 2.0**23)
+        .astype(np.float32)
+        .view(np.uint32),
+        mag,
+    ).astype(np.int64)
     e = (scaled >> 23) - 127 - np.where(sub, 23, 0)
     mbits = (scaled & 0x7FFFFF) | 0x3F800000
     big = mbits > _SQRT2_BITS

@@ -113,19 +113,29 @@ def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "do
         splits = max(1, num_warps * 16 // block_m)
         width = block_n // splits
         if splits > 2 or width % 8:
-            raise ValueError(f"block_n, num_warps: {num_warps} warps on {block_m} rows split {block_n} columns "
-                             f"{splits} ways; the rules cover at most 2 splits of a multiple of 8 columns")
-        halves = [_butterfly([_chain([s * width + 8 * j + 2 * t + e for j in range(width // 8) for e in (0, 1)])
-                              for t in range(4)]) for s in range(splits)]
+            raise ValueError(
+                f"block_n, num_warps: {num_warps} warps on {block_m} rows split {block_n} columns "
+                f"{splits} ways; the rules cover at most 2 splits of a multiple of 8 columns"
+            )
+        halves = [
+            _butterfly(
+                [_chain([s * width + 8 * j + 2 * t + e for j in range(width // 8) for e in (0, 1)]) for t in range(4)]
+            )
+            for s in range(splits)
+        ]
         tree = halves[0] if splits == 1 else halves
     elif layout == "load":
         per, lanes = 4, min(32, block_n // 4)
         if lanes < 1 or block_m * lanes < 32 * num_warps:
-            raise ValueError(f"block_m, block_n: a {block_m} x {block_n} fp32 tile on {num_warps} warps puts warps "
-                             "side by side along the row, which the rules do not cover")
+            raise ValueError(
+                f"block_m, block_n: a {block_m} x {block_n} fp32 tile on {num_warps} warps puts warps "
+                "side by side along the row, which the rules do not cover"
+            )
         if block_n > per * 32:
-            raise ValueError(f"block_n: a lane holding more than {per} columns ({block_n} fp32 columns) sums in an "
-                             "order the rules do not derive (probed on the GPU: not left to right)")
+            raise ValueError(
+                f"block_n: a lane holding more than {per} columns ({block_n} fp32 columns) sums in an "
+                "order the rules do not derive (probed on the GPU: not left to right)"
+            )
         tree = _butterfly([_chain([per * i + j for j in range(per)]) for i in range(lanes)])
     else:
         raise ValueError(f"layout: expected one of ['dot', 'load'], got {layout!r}")

@@ -28,7 +28,9 @@ PRESETS: dict[str, FusedBlock] = {
 }
 #: preset name -> the input formats the instruction takes
 INPUT_FORMATS = {
-    "h100_wgmma_bf16": (BF16,), "h100_wgmma_fp16": (FP16,), "h100_wgmma_fp8": (E4M3FN, E5M2),
+    "h100_wgmma_bf16": (BF16,),
+    "h100_wgmma_fp16": (FP16,),
+    "h100_wgmma_fp8": (E4M3FN, E5M2),
     "h100_wgmma_fp8_promoted": (E4M3FN, E5M2),
     "h100_wgmma_tf32": (TF32,),
 }

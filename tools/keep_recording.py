@@ -19,6 +19,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from emufloat.console import ArgumentParser  # noqa: E402
 from gpu.crosscheck import DATA, load_device_folder  # noqa: E402
 
 
@@ -38,10 +39,13 @@ def _replace(path: Path, kept: dict[str, np.ndarray]) -> list[str]:
     return changed
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        raise SystemExit(__doc__)
-    run, arrays = load_device_folder(Path(sys.argv[1]))
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python tools/keep_recording.py", description=__doc__.split("\n")[0])
+    ap.add_argument("folder", type=Path, help="what gpu/scripts/run_attention.sh wrote (attention.json, *.npz)")
+    args = ap.parse_args(argv)
+    if not (args.folder / "attention.json").is_file():
+        ap.error(f"folder: {args.folder} holds no attention.json (a run_attention.sh output folder is expected)")
+    run, arrays = load_device_folder(args.folder)
     res = json.loads((DATA / "recorded.json").read_text())
     changed = []
     if "record" in run:

@@ -183,11 +183,11 @@ def block_size(value: int | None, default: int, name: str) -> int:
     return int(val)
 
 
-def block_order(value: str | None, default: str, name: str) -> str:
-    """A block order argument ('forward' or 'reverse'), or ``default`` when it is None."""
+def block_order(value: str | None, default: str, name: str, accepted: tuple[str, ...] = ("forward", "reverse")) -> str:
+    """A block order argument (one of ``accepted``), or ``default`` when it is None."""
     val = default if value is None else value
-    if val not in ("forward", "reverse"):
-        raise ValueError(f"{name}: expected 'forward' or 'reverse', got {val!r}")
+    if val not in accepted:
+        raise ValueError(f"{name}: expected one of {accepted}, got {val!r}")
     return val
 
 

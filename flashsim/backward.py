@@ -44,6 +44,7 @@ from .attention import check_inputs as check_forward_inputs
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, Op, is_native
+from .specs.backward import KV_ORDERS
 
 RNE = Rounding("rne")
 
@@ -173,7 +174,12 @@ class _Head:
         self.pol, self.trace, self.sm_scale = pol, trace, sm_scale
         self.offset = causal_offset(causal, q.shape[0], k.shape[0])
         tr = trace
+        rec = pol.recompute
+        units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
         self.q = _to(q, pol.scores.inputs, tr, "inputs")
+        if rec.prescale_k:  # K * c in FP32 (torch's opmath), then into the scores' input format
+            k32 = _to(k, ef.FP32, tr, "inputs")
+            k = arith.binary("mul", k32, arith.constant(sm_scale * units, Op(ef.FP32)), Op(ef.FP32), tr, "recompute")
         self.k = _to(k, pol.scores.inputs, tr, "inputs")
         v = _to(v, pol.pv.inputs, tr, "inputs")
         self.do = _to(do, pol.dp.inputs, tr, "inputs")
@@ -182,10 +188,8 @@ class _Head:
         self.do_dv = _to(self.do, pol.dv.dot.inputs, tr, "inputs")
         self.q_dk = _to(self.q, pol.dk.dot.inputs, tr, "inputs")
         self.k_dq = _to(self.k, pol.dq.dot.inputs, tr, "inputs")
-        rec = pol.recompute
         self.x_op = arith.compute_only(rec)
         self.exp = rec.func()
-        units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
         self.c = arith.constant(sm_scale * units, pol.scale)
         lse = _to(lse, pol.lse.fmt, tr, "inputs")
         if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
@@ -196,6 +200,8 @@ class _Head:
         self.l = lse
         self.ds_tmp = arith.compute_only(pol.ds)
         self.cs = arith.constant(sm_scale, pol.ds)
+        # the factor dQ takes at the end: c, or 1/units when the K it accumulated from was prescaled by c*units
+        self.dq_scale = (LN2 if rec.base == "2" else 1.0) if rec.prescale_k else sm_scale
 
     # P = exp(S*c - L) for one block
     def p_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
@@ -204,7 +210,12 @@ class _Head:
             self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
         )
         vis = causal_visible(rows, cols, self.offset)
-        if pol.scale.where == "scores":
+        if pol.recompute.prescale_k:  # S already carries c: x = S - L
+            if vis is not None:
+                s = s.copy()
+                s[~vis] = -np.inf
+            x = arith.binary("sub", s, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
+        elif pol.scale.where == "scores":
             s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
             if vis is not None:
                 s = s.copy()
@@ -245,9 +256,9 @@ class _Head:
         prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
         return arith.binary("add", acc, prod, grad.accum, self.trace, label)
 
-    def finish(self, grad: Grad, acc: np.ndarray, label: str, scaled: bool) -> np.ndarray:
-        if scaled and self.pol.ds.scale_at == "end":
-            acc = arith.binary("mul", acc, arith.constant(self.sm_scale, grad.accum), grad.accum, self.trace, label)
+    def finish(self, grad: Grad, acc: np.ndarray, label: str, scale: float | None) -> np.ndarray:
+        if scale is not None and self.pol.ds.scale_at == "end":
+            acc = arith.binary("mul", acc, arith.constant(scale, grad.accum), grad.accum, self.trace, label)
         return arith.nan_encoded(_to(acc, grad.out.fmt, self.trace, label, grad.out.rounding), grad.out.nan_bits)
 
     def ds_block(self, p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.ndarray:
@@ -271,6 +282,7 @@ class _Head:
             q_blocks.reverse()
         if kv_order == "reverse":
             kv_blocks.reverse()
+        deferred: dict[int, dict[int, np.ndarray]] = {}  # diagonal_first: each Q block's dS, added to dQ after
         dv_cols, dq_cols = self.do.shape[1], self.k.shape[1]
         dq_acc = {r.start: arith.cast(np.zeros((len(r), dq_cols)), pol.dq.acc_fmt) for r in q_blocks}
         dk_parts, dv_parts = {}, {}
@@ -287,10 +299,17 @@ class _Head:
                 ds_k = _to(ds, pol.dk.dot.inputs, tr, "ds")
                 ds_q = ds_k if pol.dq.dot.inputs == pol.dk.dot.inputs else _to(ds, pol.dq.dot.inputs, tr, "ds")
                 dk_acc = self.accumulate(pol.dk, ds_k.T, self.q_dk[r0:r1], dk_acc, "dk")
-                dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq")
-            dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", True)
-            dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", False)
-        dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", True) for i0 in sorted(dq_acc)])
+                if kv_order == "diagonal_first":
+                    deferred.setdefault(r0, {})[c0] = ds_q
+                else:
+                    dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq")
+            dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", self.sm_scale)
+            dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", None)
+        for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on
+            for c0 in sorted(by_kv, key=lambda c: (c != r0, c)):
+                ds_q = by_kv[c0]
+                dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq")
+        dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", self.dq_scale) for i0 in sorted(dq_acc)])
         dk = np.concatenate([dk_parts[j0] for j0 in sorted(dk_parts)])
         dv = np.concatenate([dv_parts[j0] for j0 in sorted(dv_parts)])
         return BackwardResult(dq, dk, dv, delta)
@@ -345,7 +364,9 @@ def flash_backward(
     bm = block_size(block_m, t.block_m, "block_m")
     bn = block_size(block_n, t.block_n, "block_n")
     qo = block_order(q_order, t.q_order, "q_order")
-    ko = block_order(kv_order, t.kv_order, "kv_order")
+    ko = block_order(kv_order, t.kv_order, "kv_order", KV_ORDERS)
+    if ko == "diagonal_first" and bm != bn:
+        raise ValueError(f"kv_order: 'diagonal_first' needs block_m == block_n, got {bm} x {bn}")
 
     def one(q2, k2, v2, o2, lse2, do2):
         return _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace).run(bm, bn, qo, ko, t.skip_masked)

@@ -176,7 +176,8 @@ class KernelRun:
 
     @property
     def backward(self) -> bool:
-        return all(n in self.outputs for n in BACKWARD_OUTPUTS)
+        """Whether the run recorded the gradients (dQ, dK, dV; delta where the kernel gives it)."""
+        return all(n in self.outputs for n in ("dq", "dk", "dv"))
 
     def resolve_policy(self) -> Policy:
         """The flashsim policy that repeats the kernel's launch (a reference resolved: a ValueError if it fails)."""

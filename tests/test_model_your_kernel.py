@@ -153,8 +153,7 @@ def test_a_changed_step_is_seen():
     other = dataclasses.replace(TINY, name="tiny_kernel_log2", lse=fs.Func("log2", FP32))
     changed = 0
     for run in runs:
-        run.policy = other
-        rep = crosscheck(run)
+        rep = crosscheck(dataclasses.replace(run, policy=other))
         changed += sum(c.n - c.identical for c in rep.checks if c.name == "lse")
         assert all(c.identical == c.n for c in rep.checks if c.name == "o")
     assert changed > 0

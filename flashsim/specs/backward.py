@@ -11,6 +11,7 @@ from ..functions import get_function
 from .base import NUMPY, Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
 from .forward import Dot, Func, Op
 
+KV_ORDERS = ("forward", "reverse", "diagonal_first")
 DELTA_ORDERS = {
     NUMPY: "numpy float64 sum (FP64 only)",
     "exact": "exact sum of the (rounded) products, rounded once (emufloat.sum)",
@@ -113,6 +114,11 @@ class Recompute(Spec):
     ``function`` (times log2 e or ln 2, rounded here).  x = S*c - L is rounded into the compute format
     (or ``fmt``), as one FMA when ``fused`` (placements 'max'/'exp': FA2's ``exp2f(s*scale - lse*log2e)``);
     P = function(x) is stored in ``fmt``.  Masked scores become -inf first, so masked P are +0.
+
+    ``prescale_k`` (Triton's fused-attention tutorial): K is multiplied by c in the exp's units in FP32 and
+    rounded into the scores' input format before the scores are recomputed (``k * (sm_scale / ln 2)`` in
+    torch), so x = S - L takes no scale, dQ (accumulated from that K) is multiplied by ln 2 (base 2) at the
+    end instead of by c, and dK by c as usual.
     """
 
     function: str
@@ -120,6 +126,7 @@ class Recompute(Spec):
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     fused: bool = False
+    prescale_k: bool = False
 
     def __post_init__(self) -> None:
         model = get_function(self.function, "exp", argname="Recompute.function")
@@ -128,6 +135,8 @@ class Recompute(Spec):
             raise ValueError(f"Recompute.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
         if self.fused and is_native(self.fmt):
             raise ValueError("Recompute.fused: numpy has no FMA, so an FP64 step cannot be fused")
+        if self.prescale_k and (self.fused or is_native(self.fmt)):
+            raise ValueError("Recompute.prescale_k: x = S - L is one subtraction (not fused, not FP64)")
 
     @property
     def base(self) -> str:
@@ -138,7 +147,7 @@ class Recompute(Spec):
         return Func(self.function, self.fmt, self.rounding, self.compute)
 
     def __str__(self) -> str:
-        x = "fma(S, c, -L)" if self.fused else "S*c - L"
+        x = "fma(S, c, -L)" if self.fused else "S - L, K prescaled by c" if self.prescale_k else "S*c - L"
         return f"P = {self.function}({x}) -> {self._store()}"
 
 
@@ -214,7 +223,9 @@ class BwdTiling:
     """Default tiles and block orders of the tiled backward (FA2 layout: K/V blocks outer, Q blocks inner).
 
     ``q_order``: order of Q blocks in the inner loop, the order dK and dV accumulate in (FA2 walks them
-    last to first); ``kv_order``: order of K/V blocks, the order dQ accumulates in.  ``skip_masked``:
+    last to first); ``kv_order``: order of K/V blocks, the order dQ accumulates in: 'forward', 'reverse',
+    or 'diagonal_first' (Triton's tutorial: a Q block's dQ adds the K/V block on its diagonal first, then
+    the blocks from the first on; needs ``block_m == block_n``).  ``skip_masked``:
     (Q block, K/V block) pairs masked for every entry are skipped (FA2, Triton); the Qiu & Yao code
     processes them (their P is 0, so they add only zeros).
     """
@@ -226,7 +237,12 @@ class BwdTiling:
     skip_masked: bool = True
 
     def __post_init__(self) -> None:
-        check_tiles(self, "BwdTiling", ("q_order", "kv_order"))
+        check_tiles(self, "BwdTiling", ("q_order",))
+        check_choice(self.kv_order, KV_ORDERS, "BwdTiling.kv_order")
+        if self.kv_order == "diagonal_first" and self.block_m != self.block_n:
+            raise ValueError(
+                f"BwdTiling.kv_order: 'diagonal_first' needs block_m == block_n, got {self.block_m} x {self.block_n}"
+            )
 
     def __str__(self) -> str:
         return (
@@ -235,4 +251,14 @@ class BwdTiling:
         )
 
 
-__all__ = ["DELTA_ORDERS", "DELTA_SOURCES", "SCALE_AT", "BwdTiling", "Delta", "Grad", "Recompute", "SoftmaxGrad"]
+__all__ = [
+    "DELTA_ORDERS",
+    "DELTA_SOURCES",
+    "KV_ORDERS",
+    "SCALE_AT",
+    "BwdTiling",
+    "Delta",
+    "Grad",
+    "Recompute",
+    "SoftmaxGrad",
+]

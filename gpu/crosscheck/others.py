@@ -5,8 +5,8 @@ Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 
 ``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends.  Inputs come from
 :func:`flashsim.testing.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
 magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
-them (O, LSE, and dQ, dK, dV); a recording folder holds ``others.json`` and ``others.npz`` (the kept copy
-the tests check: tests/data/others).  numpy only.
+them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
+``others_bwd.npz`` (the kept copy the tests check: tests/data/others).  numpy only.
 """
 
 from __future__ import annotations
@@ -92,18 +92,22 @@ def policy_of(kernel: str, config: dict | None = None) -> PolicyRef:
 
 
 def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(others.json, the arrays of others.npz) of a recording folder."""
+    """(others.json, the arrays of others.npz and, where present, others_bwd.npz) of a recording folder."""
     meta_path, arr_path = Path(folder) / "others.json", Path(folder) / "others.npz"
     for p in (meta_path, arr_path):
         if not p.is_file():
             raise FileNotFoundError(f"others: {p} is missing (record with gpu/scripts/record_kernels.py)")
-    with np.load(arr_path) as z:
-        arrays = {k: z[k] for k in z.files}
+    arrays = {}
+    for path in (arr_path, Path(folder) / "others_bwd.npz"):
+        if path.is_file():
+            with np.load(path) as z:
+                arrays.update({k: z[k] for k in z.files})
     return json.loads(meta_path.read_text()), arrays
 
 
 def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
-    """The recorded forward runs (O, LSE) of a folder as kernel runs, each with the policy of its launch."""
+    """The recorded runs of a folder as kernel runs, each with the policy of its launch: O and LSE, and dQ,
+    dK, dV where they were recorded (the tutorial's causal cases: its backward always masks causally)."""
     meta, arrays = load(folder)
     out = []
     for rec in meta["cases"]:
@@ -112,11 +116,14 @@ def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
             continue
         x = case.inputs()
         outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
+        grads = case.causal and all(f"{case.key}/{g}" in arrays for g in ("dq", "dk", "dv"))
+        outputs.update({g: arrays[f"{case.key}/{g}"][None] for g in ("dq", "dk", "dv")} if grads else {})
         out.append(
             KernelRun(
                 q=x["q"][None],
                 k=x["k"][None],
                 v=x["v"][None],
+                do=x["do"][None] if grads else None,
                 dtype=case.dtype,
                 causal=case.causal,
                 sm_scale=float(rec["sm_scale"]),

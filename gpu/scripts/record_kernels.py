@@ -16,6 +16,7 @@ import argparse
 import importlib.util
 import json
 import math
+import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -128,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     from ..crosscheck.others import KernelCase
 
     jobs = [(KernelCase(**c).key, str(out)) for c in keys]
-    with ProcessPoolExecutor(max_workers=max(1, (os.cpu_count() or 2) - 2)) as pool:
+    workers = max(1, (os.cpu_count() or 2) - 2)  # spawned: a fork after torch and Numba's OpenMP is unsafe
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         checks = dict(pool.map(_check, jobs))
     for rec in meta["cases"]:
         key = KernelCase(**rec["case"]).key

@@ -93,6 +93,17 @@ def run_tiny(q, k, v, sm_scale):
     return o, lse
 
 
+def tiny_kernel(q, k, v, causal, sm_scale):
+    """The kernel as gpu.crosscheck calls one: (1, 1, N, d) tensors in, (O, LSE) out (no causal masking).
+
+    ``python -m gpu.crosscheck --live --kernel tests.test_model_your_kernel:tiny_kernel --policy tiny_kernel``
+    """
+    if causal:
+        raise ValueError("causal: the test's kernel does not mask")
+    o, lse = run_tiny(q[0, 0].contiguous(), k[0, 0].contiguous(), v[0, 0].contiguous(), sm_scale)
+    return o[None, None], lse[None, None]
+
+
 CASES = [
     (kind, n, d, 5200 + i)
     for i, (kind, n, d) in enumerate(
@@ -108,13 +119,9 @@ CASES = [
 def test_live_kernel_is_the_policy_bit_for_bit(kind, n, d, seed):
     from gpu.crosscheck.kernels import kernel_run
 
-    def kernel(q, k, v, causal, sm_scale):
-        o, lse = run_tiny(q[0, 0].contiguous(), k[0, 0].contiguous(), v[0, 0].contiguous(), sm_scale)
-        return o[None, None], lse[None, None]
-
     x = make_inputs(kind, n, n, d, "fp16", seed)
     run = kernel_run(
-        kernel,
+        tiny_kernel,
         x["q"],
         x["k"],
         x["v"],

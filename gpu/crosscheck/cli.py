@@ -5,6 +5,7 @@ or live on this machine's GPU.
     python -m gpu.crosscheck --folder DIR        # every case of a device recording (run_attention.sh)
     python -m gpu.crosscheck --live --save DIR   # run the kernels on this GPU (debug intermediates on)
     python -m gpu.crosscheck --live --data qkv.npz --softmax robust --causal
+    python -m gpu.crosscheck --live --kernel sdpa:flash --policy fa2   # another kernel against a policy
 
 Each run is checked by :func:`flashsim.crosscheck.crosscheck`; exit status 1 when some run is not
 bit-identical, 2 for a bad argument.  Only ``--live`` needs torch, Triton and a GPU.
@@ -13,6 +14,7 @@ bit-identical, 2 for a bad argument.  Only ``--live`` needs torch, Triton and a 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 import time
 from pathlib import Path
@@ -21,11 +23,14 @@ import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, progress, run_command, writable_dir
 from flashsim.crosscheck import crosscheck, save_run
+from flashsim.policy import PolicyRef
 from flashsim.userdata import InputError, check_attention_shapes, load_named
 
-from ..scripts.device_cli import require_gpu
+from ..scripts.device_cli import json_params, require_gpu
 from .cases import backward_cases, inputs
+from .kernels import SDPA_BACKENDS, kernel_run, sdpa
 from .live import live_cases, live_run
+from .others import grid
 from .recorded import DATA, RECORDED_FILES, recorded_runs
 
 
@@ -38,16 +43,81 @@ def _live_data(path: str) -> dict[str, np.ndarray]:
     return arrs
 
 
+def _kernel(spec: str):
+    """The callable a --kernel names: 'sdpa:BACKEND' or 'module:function'."""
+    mod, _, attr = spec.partition(":")
+    if not mod or not attr:
+        raise UsageError(f"--kernel: expected 'sdpa:BACKEND' or 'module:function', got {spec!r}")
+    if mod == "sdpa":
+        if attr not in SDPA_BACKENDS:
+            raise UsageError(f"--kernel: SDPA backends are {', '.join(SDPA_BACKENDS)}, got {attr!r}")
+        return sdpa(attr)
+    try:
+        fn = getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--kernel: cannot load {spec!r} ({type(exc).__name__}: {exc})") from None
+    if not callable(fn):
+        raise UsageError(f"--kernel: {spec!r} is not callable")
+    return fn
+
+
+def _policy(target: str, kwargs: str) -> PolicyRef:
+    args = json_params(kwargs, "--policy-args")
+    try:
+        ref = PolicyRef(target, args)
+        ref.resolve()
+    except ValueError as exc:
+        raise UsageError(f"--policy: {str(exc).removeprefix('policy: ')}") from None
+    return ref
+
+
+def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef) -> tuple[list, int]:
+    """--kernel: the user's kernel on --data, or on the fresh-input grid, against --policy."""
+    if args.data:
+        arrs = _live_data(args.data)
+        items = [(arrs, args.dtype, args.causal, Path(args.data).stem)]
+    else:
+        items = [
+            ((c.inputs()), c.dtype, c.causal, c.key.replace("sdpa_flash", "kernel"))
+            for c in grid("sdpa_flash")
+            if c.n <= args.max_len
+        ]
+
+    def runs():
+        for x, dtype, causal, note in items:
+            try:
+                run = kernel_run(kernel, x["q"], x["k"], x["v"], policy=ref, dtype=dtype, causal=causal, note=note)
+            except Exception as exc:  # noqa: BLE001 - the user's kernel failing on an input is reported, not a bug
+                raise UsageError(f"--kernel: {args.kernel} failed on {note} ({type(exc).__name__}: {exc})") from None
+            yield run
+
+    return runs(), len(items)
+
+
 def _main(args: argparse.Namespace) -> int:
     t0 = time.time()
     if args.data and not args.live:
         raise UsageError("--data: only with --live (the recorded cases bring their own inputs)")
+    if args.kernel and not args.live:
+        raise UsageError("--kernel: only with --live (a kernel runs on this machine's GPU)")
+    if args.kernel and not args.policy:
+        raise UsageError("--kernel: give the --policy it is checked against (a registered name or module:function)")
+    if args.policy and not args.kernel:
+        raise UsageError("--policy: only with --kernel (our kernels' policies follow from their launches)")
     if args.max_len < 1:
         raise UsageError(f"--max-len: expected a positive integer, got {args.max_len}")
     if args.folder and args.live:
         raise UsageError("--folder: a device recording is read without --live; give one or the other")
     save = writable_dir(args.save, "--save") if args.save else None  # before any work
-    if args.live:
+    if args.live and args.kernel:
+        kernel, ref = _kernel(args.kernel), _policy(args.policy, args.policy_args)  # before any work
+        require_gpu("--live")
+        generated, total = _kernel_runs(args, kernel, ref)
+
+        def runs():
+            yield from generated
+
+    elif args.live:
         require_gpu("--live")
         if args.data:
             arrs = _live_data(args.data)
@@ -131,6 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="recorded: the output folder of gpu/scripts/run_attention.sh "
         "--sections record[,fp8] (every case) instead of the copy installed with the package",
     )
+    ap.add_argument(
+        "--kernel",
+        metavar="SPEC",
+        help="live: another kernel instead of ours: 'sdpa:flash|efficient|cudnn|math' or 'module:function' "
+        "(kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d)); inputs from --data "
+        "or the fresh-input grid up to --max-len",
+    )
+    ap.add_argument(
+        "--policy", help="with --kernel: the policy to check it against (a registered name or module:function)"
+    )
+    ap.add_argument("--policy-args", default="{}", help="with --policy module:function: its keyword arguments as JSON")
     ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
     return ap
 

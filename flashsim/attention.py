@@ -23,13 +23,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from emufloat import Trace
+import emufloat as ef
+from emufloat import FP32, Trace
 from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
 from . import arith
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax
+from .specs import Func, Op
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -404,20 +406,72 @@ def flash_forward(
     q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, trace, causal)
     bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
 
+    splits = pol.tiling.kv_splits
+    # with splits, each range's O stays in FP32 for the combine step
+    run_pol = dataclasses.replace(pol, output=Op(FP32)) if splits > 1 else pol
+
     def one(q2, k2, v2):
-        pipe = Pipeline(pol, scale, variant, trace)
+        pipe = Pipeline(run_pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
         offset = causal_offset(causal, q2.shape[0], k2.shape[0])
-        parts = [
-            drain(
-                kv_steps(
-                    pipe, qc[i0 : i0 + bm], kt, vc, range(i0, min(i0 + bm, q2.shape[0])), None, (bm, bn), order, offset
+        results = []
+        for keys in split_ranges(k2.shape[0], bn, splits):
+            off = None if offset is None else offset - keys.start  # the range's keys, counted from its start
+            parts = [
+                drain(
+                    kv_steps(
+                        pipe,
+                        qc[i0 : i0 + bm],
+                        kt[:, keys.start : keys.stop],
+                        vc[keys.start : keys.stop],
+                        range(i0, min(i0 + bm, q2.shape[0])),
+                        None,
+                        (bm, bn),
+                        order,
+                        off,
+                    )
                 )
-            )
-            for i0 in range(0, q2.shape[0], bm)
-        ]
-        return ForwardResult(np.concatenate([p.o for p in parts]), np.concatenate([p.lse for p in parts]))
+                for i0 in range(0, q2.shape[0], bm)
+            ]
+            results.append(RowsResult(*(np.concatenate([getattr(p, f) for p in parts]) for f in RowsResult._fields)))
+        if splits == 1:
+            return ForwardResult(results[0].o, results[0].lse)
+        return combine_splits(results, pol, trace)
 
     return _per_head(one, q, k, v)
+
+
+def split_ranges(n: int, bn: int, splits: int) -> list[range]:
+    """The keys of each split: ceil(blocks / splits) whole K/V blocks each, as FA2's split-KV kernel deals
+    them (a split past the last block is empty)."""
+    blocks = math.ceil(n / bn)
+    per = math.ceil(blocks / splits) * bn
+    return [range(min(s * per, n), min((s + 1) * per, n)) for s in range(splits)]
+
+
+def combine_splits(results: list[RowsResult], pol: Policy, trace: Trace | None) -> ForwardResult:
+    """O and LSE of the splits merged as :class:`~flashsim.specs.Combine` says (FA2's combine kernel)."""
+    spec, f32 = pol.combine, Op(FP32)
+    seen = [np.asarray(r.l, np.float64) > 0 for r in results]  # a split that saw no key of a row: O 0, LSE -inf
+    lse = [arith.cast(np.where(ok, r.lse, -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]
+    o = [arith.cast(np.where(ok[:, None], r.o, 0.0), FP32) for r, ok in zip(results, seen, strict=True)]
+    top = np.max(np.stack(lse), axis=0)
+    top = np.where(np.isneginf(top), np.float32(0), top).astype(np.float32)
+    exp_f = Func(spec.exp, FP32)
+    lanes = 1 << max(1, (len(lse) - 1).bit_length())  # the butterfly's lanes: a power of two, at least 2
+    terms = [arith.function(arith.binary("sub", x, top, f32, trace, "combine"), exp_f, trace, "combine") for x in lse]
+    terms += [np.zeros_like(top)] * (lanes - len(terms))
+    total = ef.tree_sum(
+        np.stack(terms, axis=-1), ef.ReductionTree.thread_butterfly(lanes, 1), FP32, trace=trace, label="combine"
+    )
+    log_total = arith.function(total, Func(spec.log, FP32), trace, "combine")
+    out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
+    bad = (total == 0) | np.isnan(total)
+    out_lse = np.where(bad, np.float32(np.inf), out_lse).astype(np.float32)
+    acc = np.zeros_like(o[0])
+    for x, oi in zip(lse, o, strict=True):
+        w = arith.function(arith.binary("sub", x, out_lse, f32, trace, "combine"), exp_f, trace, "combine")
+        acc = arith.fma(np.broadcast_to(w[:, None], oi.shape), oi, acc, f32, trace, "combine")
+    return ForwardResult(arith.output_cast(acc, pol.output, trace, "output"), out_lse)

@@ -24,6 +24,7 @@ from .functions import get_function
 from .specs import (
     NUMPY,
     BwdTiling,
+    Combine,
     Delta,
     Dot,
     Func,
@@ -138,6 +139,7 @@ class Policy:
     lse: Func
     tiling: Tiling = field(default_factory=Tiling)
     note: str = field(default="", compare=False)
+    combine: Combine = field(default_factory=Combine)  # used when tiling.kv_splits > 1
     # backward steps; None (the default) derives them from the forward steps (see default_backward)
     delta: Delta | None = None
     recompute: Recompute | None = None

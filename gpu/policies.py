@@ -17,7 +17,7 @@ import math
 import emufloat as ef
 from emufloat import BF16, E4M3FN, FP16, FP32
 from emufloat.hw import h100
-from flashsim.policy import Policy, PolicyRef
+from flashsim.policy import Policy, PolicyRef, get_policy
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
 from flashsim.specs import (
     BwdTiling,
@@ -137,6 +137,71 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
         lse=Func("libdevice_log2f", FP32),
         recompute=Recompute("h100_ex2", FP32, prescale_k=True),
         bwd_tiling=BwdTiling(128, 128, kv_order="diagonal_first"),
+    )
+
+
+#: FlashAttention-2's forward tiles on the H100 and H200 (PyTorch's flash_fwd_launch_template.h, not sm8x): head dim
+#: -> (BLOCK_M, BLOCK_N) of the standard kernel; the split-KV kernel uses 64-row blocks and SPLIT_BLOCK_N keys
+FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64)}
+
+
+def fa2_split_block_n(head_dim: int) -> int:
+    """The key block of FA2's split-KV kernel (flash_api.cpp's set_params_splitkv)."""
+    return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
+
+
+def fa2_num_splits(batch_heads: int, n_q: int, n_k: int, head_dim: int, num_sms: int = 132) -> int:
+    """How many K/V splits FA2's forward uses (flash_api.cpp's num_splits_heuristic): one when the launch
+    fills most of the GPU, else the fewest splits within 85% of the best wave efficiency."""
+    n_blocks = math.ceil(n_k / fa2_split_block_n(head_dim))
+    work = batch_heads * math.ceil(n_q / 64)
+    if work >= 0.8 * num_sms:
+        return 1
+    most = min(128, num_sms, n_blocks)
+
+    def eligible(s: int) -> bool:
+        return s == 1 or math.ceil(n_blocks / s) != math.ceil(n_blocks / (s - 1))
+
+    eff = {s: (work * s / num_sms) / math.ceil(work * s / num_sms) for s in range(1, most + 1) if eligible(s)}
+    best = max(eff.values())
+    return next(s for s, e in eff.items() if e >= 0.85 * best)
+
+
+def sdpa_flash_policy(
+    dtype: str = "bf16",
+    head_dim: int = 64,
+    n_q: int = 128,
+    n_k: int = 128,
+    batch_heads: int = 1,
+    num_sms: int = 132,
+) -> Policy:
+    """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward.
+
+    flashsim's ``fa2`` arithmetic in ``dtype`` (bf16 or fp16) with FA2's own tiles for ``head_dim``, and, when
+    its heuristic splits the keys (few heads and query blocks for the GPU's ``num_sms``), the split-KV kernel's
+    64-row tiles and ``kv_splits`` with FA2's combine.  The LSE's ``__logf`` (``lg2.approx``) is not modelled:
+    the correctly rounded log stands in, so the LSE, and O where several splits merge, can differ in the last
+    bit.
+    """
+    if head_dim not in FA2_TILES:
+        raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_TILES)}, got {head_dim!r}")
+    fmt = kernel_format(dtype) if dtype in ("bf16", "fp16") else None
+    if fmt is None:
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    model = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16}[fmt]
+    splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, num_sms)
+    bm, bn = (64, fa2_split_block_n(head_dim)) if splits > 1 else FA2_TILES[head_dim]
+    base = get_policy("fa2")
+    return dataclasses.replace(
+        base,
+        name=f"sdpa_flash_{dtype}_d{head_dim}_{bm}x{bn}_s{splits}",
+        note=f"PyTorch SDPA flash (FA2) on the H100/H200, {dtype}, head dim {head_dim}, {bm}x{bn} tiles, "
+        f"{splits} split(s)",
+        scores=Dot(fmt, model),
+        p_cast=Op(fmt),
+        pv=Dot(fmt, model, into_acc=True),
+        output=Op(fmt),
+        tiling=Tiling(bm, bn, "reverse", kv_splits=splits),
     )
 
 

@@ -18,6 +18,7 @@ from .forward import (
     MODEL_PRESETS,
     ROW_SUM_ORDERS,
     SCALE_PLACES,
+    Combine,
     Dot,
     Func,
     Mask,
@@ -29,6 +30,7 @@ from .forward import (
 )
 
 __all__ = [
+    "Combine",
     "DELTA_ORDERS",
     "DELTA_SOURCES",
     "DIVISIONS",

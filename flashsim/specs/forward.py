@@ -264,24 +264,55 @@ class Tiling:
     """Default tiles and K/V order of the tiled forward (the call may override them).
 
     ``skip_masked``: K/V blocks masked for every row of the Q block are skipped, as Triton and FA2 do;
-    the Qiu & Yao code processes them (which matters only to its stabilised softmax).
+    the Qiu & Yao code processes them (which matters only to its stabilised softmax).  ``kv_splits``: the
+    K/V blocks are dealt in that many contiguous ranges (ceil(blocks / splits) blocks each, as FA2's
+    split-KV kernel deals them); each range runs the loop on its own to a normalised O and an LSE, which
+    the policy's ``combine`` step merges.
     """
 
     block_m: int = 64
     block_n: int = 64
     kv_order: str = "forward"
     skip_masked: bool = True
+    kv_splits: int = 1
 
     def __post_init__(self) -> None:
         check_tiles(self, "Tiling", ("kv_order",))
+        if isinstance(self.kv_splits, bool) or not isinstance(self.kv_splits, int) or self.kv_splits < 1:
+            raise ValueError(f"Tiling.kv_splits: expected a positive integer, got {self.kv_splits!r}")
 
     def __str__(self) -> str:
-        return f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order, fully masked blocks " + (
+        splits = f", K/V in {self.kv_splits} splits" if self.kv_splits > 1 else ""
+        return f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order{splits}, fully masked blocks " + (
             "skipped" if self.skip_masked else "processed"
         )
 
 
+@dataclass(frozen=True)
+class Combine:
+    """How the splits of ``Tiling.kv_splits`` merge, as FA2's combine kernel does it in FP32.
+
+    Per row: M = max of the splits' LSEs (0 if none is finite); S = the sum of exp(lse_i - M) over the
+    splits (lanes of a shuffle butterfly over the next power of two, empty lanes 0); L = log(S) + M (the
+    row's LSE); O = sum_i exp(lse_i - L) O_i, one FMA per split in order from 0.  ``exp`` and ``log`` name
+    function models (:mod:`flashsim.functions`; FA2 under fast math: ``cuda_fast_expf``, and ``__logf``,
+    whose ``lg2.approx`` is not modelled, so ``log`` stands in).  A split that sees no key of a row gives it
+    O = 0 and LSE = -inf.
+    """
+
+    exp: str = "cuda_fast_expf"
+    log: str = "log"
+
+    def __post_init__(self) -> None:
+        get_function(self.exp, "exp", argname="Combine.exp")
+        get_function(self.log, "log", argname="Combine.log")
+
+    def __str__(self) -> str:
+        return f"FP32: {self.exp}, {self.log}, an FMA per split"
+
+
 __all__ = [
+    "Combine",
     "DIVISIONS",
     "MODEL_PRESETS",
     "ROW_SUM_ORDERS",

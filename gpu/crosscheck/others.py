@@ -75,10 +75,11 @@ def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: in
     return cases
 
 
-def policy_of(kernel: str, config: dict | None = None) -> PolicyRef:
-    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; FA2-style
-    arithmetic (``fa2``, not yet a bit-exact model) for SDPA's backends."""
-    if kernel == "tutorial":
+def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
+    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; FA2's model
+    (:func:`gpu.policies.sdpa_flash_policy`) for SDPA's flash backend; FlashAttention-2-style arithmetic
+    (``fa2``, not a model of them) for the memory-efficient and cuDNN backends."""
+    if case.kernel == "tutorial":
         cfg = config or {}
         return PolicyRef(
             "gpu.policies:tutorial_policy",
@@ -87,6 +88,10 @@ def policy_of(kernel: str, config: dict | None = None) -> PolicyRef:
                 "block_n": int(cfg.get("BLOCK_N", 64)),
                 "num_warps": int(cfg.get("num_warps", 4)),
             },
+        )
+    if case.kernel == "sdpa_flash":
+        return PolicyRef(
+            "gpu.policies:sdpa_flash_policy", {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n}
         )
     return PolicyRef("fa2")
 
@@ -128,7 +133,7 @@ def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
                 causal=case.causal,
                 sm_scale=float(rec["sm_scale"]),
                 softmax=get_softmax("standard"),
-                policy=policy_of(case.kernel, rec.get("config")),
+                policy=policy_of(case, rec.get("config")),
                 outputs=outputs,
                 note=case.key,
             )

@@ -6,7 +6,8 @@ On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significand
 normal input x = 2**e (1 + k 2**-23) against the hypothesis lg2.approx(x) = fl(e + T[k]) (one fp32 addition,
 round to nearest), counted per exponent; the special inputs (zeros, subnormals, negatives, inf, NaN) with
 and without ``.ftz``; and the PTX nvcc emits for ``__logf`` under ``-use_fast_math``.  Writes ``lg2.json``
-and ``lg2.npz`` (T as int16 corrections to the correctly rounded log2, with the table's SHA-256).
+and ``lg2.npz`` (T as int32 corrections, in float32 ulps, to the correctly rounded log2, with the table's
+SHA-256).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     corr = t_bits.astype(np.int64) - ref.astype(np.int64)
     res["table_correction_range"] = [int(corr.min()), int(corr.max())]
     np.savez_compressed(
-        out / "lg2.npz", correction=corr.astype(np.int16), sha256=np.array(hashlib.sha256(t_bits.tobytes()).hexdigest())
+        out / "lg2.npz", correction=corr.astype(np.int32), sha256=np.array(hashlib.sha256(t_bits.tobytes()).hexdigest())
     )
     # every positive normal input against fl(e + T[k]), per exponent
     mism = {}

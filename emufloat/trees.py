@@ -33,7 +33,21 @@ from .ops import MAX, MAXNUM, minmax
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import Chunk, Trace, check_trace
 
-__all__ = ["ReductionTree", "tree_max", "tree_sum"]
+__all__ = ["ReductionTree", "butterfly", "tree_max", "tree_sum"]
+
+
+def butterfly(lanes: list) -> object:
+    """Nested lists (for :meth:`ReductionTree.from_nested`) of the partial sums of 2**k lanes combined by
+    shuffle-xor with offsets 2**(k-1), ..., 1, as a warp reduces: a lane is a leaf, or a list of the leaves it
+    adds left to right."""
+    parts = [lane[0] if isinstance(lane, list) and len(lane) == 1 else lane for lane in lanes]
+    if not parts or len(parts) & (len(parts) - 1):
+        raise ValueError(f"lanes: expected a power-of-two number of lanes, got {len(parts)}")
+    off = len(parts) // 2
+    while off >= 1:
+        parts = [[parts[i], parts[i + off]] for i in range(off)]
+        off //= 2
+    return parts[0]
 
 
 @dataclass(frozen=True)
@@ -78,17 +92,8 @@ class ReductionTree:
         loaded bf16/fp16 (64, head dim) tile with 4 warps: per_thread = 8 (one 16-byte load a lane)."""
         if per_thread < 1 or n % per_thread or (n // per_thread) & (n // per_thread - 1):
             raise ValueError(f"per_thread: must divide n={n} into a power-of-two number of lanes, got {per_thread}")
-        lanes = []
-        for t in range(n // per_thread):
-            node = t * per_thread
-            for j in range(1, per_thread):
-                node = [node, t * per_thread + j]
-            lanes.append(node)
-        off = len(lanes) // 2
-        while off >= 1:
-            lanes = [[lanes[i], lanes[i + off]] for i in range(off)]
-            off //= 2
-        return cls.from_nested(lanes[0], name or f"thread_butterfly({n}, {per_thread})")
+        lanes = [list(range(t * per_thread, (t + 1) * per_thread)) for t in range(n // per_thread)]
+        return cls.from_nested(butterfly(lanes), name or f"thread_butterfly({n}, {per_thread})")
 
     @classmethod
     def from_nested(cls, tree, name: str = "") -> ReductionTree:

@@ -435,9 +435,9 @@ def flash_forward(
                 )
                 for i0 in range(0, q2.shape[0], bm)
             ]
-            results.append(RowsResult(*(np.concatenate([getattr(p, f) for p in parts]) for f in RowsResult._fields)))
+            results.append(tuple(np.concatenate([getattr(p, f) for p in parts]) for f in ("o", "lse", "l")))
         if splits == 1:
-            return ForwardResult(results[0].o, results[0].lse)
+            return ForwardResult(*results[0][:2])
         return combine_splits(results, pol, trace)
 
     return _per_head(one, q, k, v)
@@ -451,12 +451,12 @@ def split_ranges(n: int, bn: int, splits: int) -> list[range]:
     return [range(min(s * per, n), min((s + 1) * per, n)) for s in range(splits)]
 
 
-def combine_splits(results: list[RowsResult], pol: Policy, trace: Trace | None) -> ForwardResult:
-    """O and LSE of the splits merged as :class:`~flashsim.specs.Combine` says (FA2's combine kernel)."""
+def combine_splits(results: list[tuple[np.ndarray, ...]], pol: Policy, trace: Trace | None) -> ForwardResult:
+    """The splits' (O, LSE, l) merged as :class:`~flashsim.specs.Combine` says (FA2's combine kernel)."""
     spec, f32 = pol.combine, Op(FP32)
-    seen = [np.asarray(r.l, np.float64) > 0 for r in results]  # a split that saw no key of a row: O 0, LSE -inf
-    lse = [arith.cast(np.where(ok, r.lse, -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]
-    o = [arith.cast(np.where(ok[:, None], r.o, 0.0), FP32) for r, ok in zip(results, seen, strict=True)]
+    seen = [np.asarray(l, np.float64) > 0 for _o, _lse, l in results]  # a split that saw no key of a row: O 0, LSE -inf
+    lse = [arith.cast(np.where(ok, r[1], -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]
+    o = [arith.cast(np.where(ok[:, None], r[0], 0.0), FP32) for r, ok in zip(results, seen, strict=True)]
     top = np.max(np.stack(lse), axis=0)
     top = np.where(np.isneginf(top), np.float32(0), top).astype(np.float32)
     exp_f = Func(spec.exp, FP32)

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-import emufloat as ef
-from emufloat import FP32, Trace
+from emufloat import Trace
 from emufloat.hw import h100, libdevice
 
 #: a hardware model: float32 values in, float32 results out; records its roundings in ``trace`` under ``label``
@@ -104,13 +103,6 @@ def _h100_ex2_noftz(x, trace=None, label=""):
     return h100.ex2_approx(x, ftz=False, trace=trace, label=label)
 
 
-def _cuda_fast_expf(x, trace=None, label=""):
-    """CUDA's ``expf`` under ``-use_fast_math``: ``mul.ftz.f32`` by log2 e, then ``ex2.approx.ftz.f32`` (a
-    product that flushes is below 2**-126 in magnitude, where ex2 gives 1 either way)."""
-    z = ef.mul(np.asarray(x, np.float32), np.float32(h100.LOG2E_F32), FP32, trace=trace, label=label)
-    return h100.ex2_approx(z, ftz=True, trace=trace, label=label)
-
-
 for _model in (
     FunctionModel(
         "exp", "exp", "e", "e**x, float64 libm then one rounding (correctly rounded but for ~2**-29 of inputs)"
@@ -130,7 +122,7 @@ for _model in (
         "exp",
         "e",
         "CUDA expf under -use_fast_math on the H100: mul.ftz by log2(e), then ex2.approx.ftz (FA2's combine)",
-        _cuda_fast_expf,
+        h100.cuda_fast_expf,
     ),
     FunctionModel(
         "log2_fma",

@@ -4,14 +4,18 @@ One implementation serves the GPU recordings (``gpu.crosscheck.cases``: inputs r
 the Hypothesis strategies (:mod:`flashsim.testing`).  Kinds: ``random`` (N(0, 1)); ``repeated`` (keys
 in groups of ``ties`` identical keys, q doubled: exact repeated maxima; V of mean -1.5); ``sink`` (key 0
 aligned with every query, large scores; V of mean -1); ``negative_v`` (V of mean -1.5); ``large`` (q, k of
-magnitude ~30 / d**0.25: sharp rows); ``tiny`` (q, k, v ~ 1e-3).
+magnitude ~30 / d**0.25: sharp rows); ``tiny`` (q, k, v ~ 1e-3).  :func:`make_inputs` adds
+``near_repeated`` and rounds into a format.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+import emufloat as ef
+
 KINDS = ("random", "repeated", "sink", "negative_v", "large", "tiny")
+ALL_KINDS = (*KINDS, "near_repeated")  # the kinds of make_inputs
 
 
 def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, ties: int = 2) -> dict[str, np.ndarray]:
@@ -45,4 +49,27 @@ def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, t
     return {"q": q, "k": k, "v": v, "do": rng.standard_normal((n_q, d))}
 
 
-__all__ = ["KINDS", "draw_head"]
+def make_inputs(
+    kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2, scale_exp: int = 0
+) -> dict[str, np.ndarray]:
+    """q, k, v, dO of one ``kind`` (:func:`flashsim.inputs.draw_head`, reproducible from ``seed``), q and k
+    scaled by 2**scale_exp, rounded RNE into ``dtype`` (a format name: bf16, fp16, e4m3, ...).
+    'near_repeated' is 'repeated' with the first key of each group of ``ties`` moved by one ulp of ``dtype``
+    in one component."""
+    if kind not in ALL_KINDS:
+        raise ValueError(f"kind: expected one of {ALL_KINDS}, got {kind!r}")
+    try:
+        fmt = ef.as_format(dtype)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(str(exc).replace("fmt:", "dtype:", 1)) from None
+    x = draw_head(np.random.default_rng(seed), "repeated" if kind == "near_repeated" else kind, n_q, n_k, d, ties)
+    x["q"], x["k"] = x["q"] * 2.0**scale_exp, x["k"] * 2.0**scale_exp
+    out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in x.items()}
+    if kind == "near_repeated":
+        kk = out["k"]
+        step = np.float32(2.0) ** (np.floor(np.log2(np.maximum(np.abs(kk[::ties, 0]), 1e-30))) - fmt.precision + 1)
+        kk[::ties, 0] = ef.quantize(kk[::ties, 0] + step.astype(np.float32), fmt).astype(np.float32)
+    return out
+
+
+__all__ = ["ALL_KINDS", "KINDS", "draw_head", "make_inputs"]

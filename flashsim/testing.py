@@ -23,15 +23,12 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import strategies as st
 
-import emufloat as ef
-
 from .crosscheck import CrosscheckReport, KernelRun, crosscheck, to_bits
-from .inputs import KINDS as INPUT_KINDS
-from .inputs import draw_head
-from .policy import Policy, PolicyRef, get_policy
+from .inputs import ALL_KINDS as KINDS
+from .inputs import make_inputs
+from .policy import Policy, PolicyRef
 from .softmax import SoftmaxVariant, get_softmax
 
-KINDS = (*INPUT_KINDS, "near_repeated")
 BLOCK_EDGES = (16, 63, 64, 65, 127, 128, 129)
 
 
@@ -61,29 +58,6 @@ class AttentionInputs:
 def _lengths(max_len: int) -> st.SearchStrategy[int]:
     edges = [n for n in BLOCK_EDGES if n <= max_len]
     return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
-
-
-def make_inputs(
-    kind: str, n_q: int, n_k: int, d: int, dtype: str, seed: int, ties: int = 2, scale_exp: int = 0
-) -> dict[str, np.ndarray]:
-    """q, k, v, dO of one ``kind`` (:func:`flashsim.inputs.draw_head`, reproducible from ``seed``), q and k
-    scaled by 2**scale_exp, rounded RNE into ``dtype`` (a format name: bf16, fp16, e4m3, ...).
-    'near_repeated' is 'repeated' with the first key of each group of ``ties`` moved by one ulp of ``dtype``
-    in one component."""
-    if kind not in KINDS:
-        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
-    try:
-        fmt = ef.as_format(dtype)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(str(exc).replace("fmt:", "dtype:", 1)) from None
-    x = draw_head(np.random.default_rng(seed), "repeated" if kind == "near_repeated" else kind, n_q, n_k, d, ties)
-    x["q"], x["k"] = x["q"] * 2.0**scale_exp, x["k"] * 2.0**scale_exp
-    out = {n: ef.quantize(a, fmt).astype(np.float32) for n, a in x.items()}
-    if kind == "near_repeated":
-        kk = out["k"]
-        step = np.float32(2.0) ** (np.floor(np.log2(np.maximum(np.abs(kk[::ties, 0]), 1e-30))) - fmt.precision + 1)
-        kk[::ties, 0] = ef.quantize(kk[::ties, 0] + step.astype(np.float32), fmt).astype(np.float32)
-    return out
 
 
 @st.composite
@@ -131,7 +105,7 @@ def assert_matches_policy(
     ``max_ulps`` ulps of the emulator's (0: bit for bit) and NaN where the emulator has NaN; otherwise an
     AssertionError with the report: identical fraction and ulp histogram per output, the first differing row.
     """
-    pol = get_policy(policy) if isinstance(policy, str) else policy
+    pol = PolicyRef(policy) if isinstance(policy, str) else policy  # a name or "module:function", as KernelRun
     resolved = pol if isinstance(pol, Policy) else pol.resolve()
     scale = 1.0 / np.sqrt(case.q.shape[1]) if sm_scale is None else float(sm_scale)
     outputs = {"o": to_bits(np.asarray(o).reshape(1, *case.q.shape[:1], -1), resolved.output.fmt)}

@@ -39,6 +39,8 @@ from .configs import BWD_CONFIGS, Config, fwd_config
 
 #: input dtype name -> the format of q, k, v and P
 KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
+#: input format -> the H100 tensor-core model of its tl.dot / mma
+WGMMA_OF = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16, E4M3FN: h100.WGMMA_FP8}
 
 
 def kernel_format(dtype: str) -> ef.Format:
@@ -76,9 +78,8 @@ def triton_policy(
     steps stay BF16, as the kernels have no FP8 backward).
     """
     fmt, out = kernel_format(dtype), kernel_output_format(dtype)
-    models = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16, E4M3FN: h100.WGMMA_FP8}
-    model, gfmt = models[fmt], out  # the backward's products are in O's format (no FP8 backward)
-    gmodel = models[gfmt]
+    model, gfmt = WGMMA_OF[fmt], out  # the backward's products are in O's format (no FP8 backward)
+    gmodel = WGMMA_OF[gfmt]
     # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a
     # 16-bit format keeps its payload bits (0x7FFF: O, dQ, dK, dV), where emufloat writes a canonical quiet NaN
     grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt, nan_bits=0x7FFF))
@@ -185,10 +186,10 @@ def sdpa_flash_policy(
     """
     if head_dim not in FA2_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_TILES)}, got {head_dim!r}")
-    fmt = kernel_format(dtype) if dtype in ("bf16", "fp16") else None
-    if fmt is None:
+    if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    model = {BF16: h100.WGMMA_BF16, FP16: h100.WGMMA_FP16}[fmt]
+    fmt = kernel_format(dtype)
+    model = WGMMA_OF[fmt]
     splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, num_sms)
     bm, bn = (64, fa2_split_block_n(head_dim)) if splits > 1 else FA2_TILES[head_dim]
     base = get_policy("fa2")

@@ -77,11 +77,7 @@ def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef) -> tuple[list
         arrs = _live_data(args.data)
         items = [(arrs, args.dtype, args.causal, Path(args.data).stem)]
     else:
-        items = [
-            ((c.inputs()), c.dtype, c.causal, c.key.replace("sdpa_flash", "kernel"))
-            for c in grid("sdpa_flash")
-            if c.n <= args.max_len
-        ]
+        items = [(c.inputs(), c.dtype, c.causal, c.key) for c in grid("kernel") if c.n <= args.max_len]
 
     def runs():
         for x, dtype, causal, note in items:

@@ -16,10 +16,10 @@ from collections.abc import Callable
 import numpy as np
 
 from flashsim.crosscheck import KernelRun
-from flashsim.policy import Policy, PolicyRef, get_policy
+from flashsim.policy import Policy, PolicyRef
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
-from .live import bits_of
+from .live import bits_of, on_device
 
 #: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d) and (1, H, N)
 Kernel = Callable[..., tuple]
@@ -56,15 +56,6 @@ def sdpa(backend: str) -> Kernel:
     return kernel
 
 
-def _heads(name: str, a: np.ndarray) -> np.ndarray:
-    a = np.asarray(a, np.float32)
-    if a.ndim == 2:
-        a = a[None]
-    if a.ndim != 3:
-        raise ValueError(f"{name}: expected shape (N, d) or (H, N, d), got {a.shape}")
-    return a
-
-
 def kernel_run(
     kernel: Kernel,
     q: np.ndarray,
@@ -88,11 +79,9 @@ def kernel_run(
         raise ValueError(f"dtype: expected one of {TORCH_DTYPES}, got {dtype!r}")
     if not callable(kernel):
         raise ValueError(f"kernel: expected a callable kernel(q, k, v, causal, sm_scale), got {type(kernel).__name__}")
-    pol = get_policy(policy) if isinstance(policy, str) else policy
-    heads = {n: _heads(n, a) for n, a in (("q", q), ("k", k), ("v", v))}
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    x = {n: torch.from_numpy(a).to(device).to(tdt)[None] for n, a in heads.items()}
-    scale = 1.0 / math.sqrt(heads["q"].shape[-1]) if sm_scale is None else float(sm_scale)
+    x, rounded = on_device({"q": q, "k": k, "v": v}, tdt, device)
+    scale = 1.0 / math.sqrt(rounded["q"].shape[-1]) if sm_scale is None else float(sm_scale)
     with torch.no_grad():
         o, lse = kernel(x["q"], x["k"], x["v"], causal, scale)
     if o.dtype != tdt or tuple(o.shape) != tuple(x["q"].shape[:-1]) + (x["v"].shape[-1],):
@@ -106,7 +95,6 @@ def kernel_run(
                 f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected {tuple(x['q'].shape[:-1])} float32"
             )
         outputs["lse"] = bits_of(lse[0])
-    rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
     return KernelRun(
         q=rounded["q"],
         k=rounded["k"],
@@ -115,7 +103,7 @@ def kernel_run(
         causal=causal,
         sm_scale=scale,
         softmax=get_softmax(softmax),
-        policy=pol,
+        policy=policy,
         outputs=outputs,
         note=note or getattr(kernel, "__name__", "kernel"),
     )

@@ -28,6 +28,21 @@ def same_bits(got, ref) -> bool:
     return all(np.array_equal(bits_of(x), bits_of(y)) for x, y in zip(got, ref, strict=True))
 
 
+def on_device(arrays: dict[str, np.ndarray], dtype, device: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """Heads (N, d) or (H, N, d) as torch tensors (1, H, N, d) of ``dtype`` on ``device`` (rounded RNE, as
+    ``Tensor.to`` rounds), and the rounded values back as float32 arrays (H, N, d) for the run's inputs."""
+    import torch
+
+    x = {}
+    for name, a in arrays.items():
+        a = np.asarray(a, np.float32)
+        a = a[None] if a.ndim == 2 else a
+        if a.ndim != 3:
+            raise ValueError(f"{name}: expected shape (N, d) or (H, N, d), got {a.shape}")
+        x[name] = torch.from_numpy(a).to(device).to(dtype)[None]
+    return x, {n: t[0].float().cpu().numpy() for n, t in x.items()}
+
+
 def live_run(
     q: np.ndarray,
     k: np.ndarray,
@@ -48,24 +63,14 @@ def live_run(
     The inputs are rounded to ``dtype`` (RNE) first; ``do`` adds the backward; ``debug`` records the
     per-block intermediates for the first-divergence report.
     """
-    import torch
 
     from .. import flash
 
     dt = {n: t for n, t in flash.TORCH_DTYPES.items() if n != "e4m3" or do is None}
     if dtype not in dt:
         raise ValueError(f"dtype: expected one of {sorted(dt)} (e4m3: forward only), got {dtype!r}")
-    arrs = {"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {})
-    heads = {}
-    for name, a in arrs.items():
-        a = np.asarray(a, np.float32)
-        if a.ndim == 2:
-            a = a[None]
-        if a.ndim != 3:
-            raise ValueError(f"{name}: expected shape (N, d) or (H, N, d), got {a.shape}")
-        heads[name] = a
-    x = {n: torch.from_numpy(a).cuda().to(dt[dtype])[None] for n, a in heads.items()}
-    d = heads["q"].shape[-1]
+    x, rounded = on_device({"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {}), dt[dtype], "cuda")
+    d = rounded["q"].shape[-1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     o, lse, dbg = flash.forward(
         x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax, config=fwd, debug=debug
@@ -76,7 +81,6 @@ def live_run(
             x["q"], x["k"], x["v"], o, lse, x["do"], causal=causal, sm_scale=scale, config=bwd
         )
         outputs.update(dq=bits_of(dq[0]), dk=bits_of(dk[0]), dv=bits_of(dv[0]), delta=bits_of(delta[0]))
-    rounded = {n: t[0].float().cpu().numpy() for n, t in x.items()}
     return KernelRun(
         q=rounded["q"],
         k=rounded["k"],
@@ -98,4 +102,4 @@ def live_cases(max_len: int = 512) -> list[Case]:
     return [c for c in forward_cases() + backward_cases() if max(c.n_q, c.n_k) <= max_len]
 
 
-__all__ = ["bits_of", "live_cases", "live_run", "same_bits"]
+__all__ = ["bits_of", "live_cases", "live_run", "on_device", "same_bits"]

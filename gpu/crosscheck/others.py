@@ -3,7 +3,7 @@ recorded outputs as kernel runs checked against a policy.
 
 Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128) and PyTorch SDPA's
 ``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends.  Inputs come from
-:func:`flashsim.testing.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
+:func:`flashsim.inputs.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
 magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
 them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
 ``others_bwd.npz`` (the kept copy the tests check: tests/data/others).  numpy only.
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.crosscheck import KernelRun
+from flashsim.inputs import ALL_KINDS, make_inputs
 from flashsim.policy import PolicyRef
 from flashsim.softmax import get_softmax
-from flashsim.testing import KINDS, make_inputs
 
 KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
 SEED0 = 910_000  # no other recording draws seeds from here on
@@ -56,19 +56,18 @@ def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: in
     cases by default.
 
     The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; SDPA's
-    backends bf16 and fp16 with one ragged length, one seed a cell."""
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
+    backends, and any other kernel name (a user's kernel, ``python -m gpu.crosscheck --kernel``), bf16 and
+    fp16 with one ragged length, one seed a cell.  Each name of :data:`KERNELS` draws seeds of its own."""
     tutorial = kernel == "tutorial"
     lengths = lengths or ((128, 256) if tutorial else (128, 200))
     dtypes = ("fp16",) if tutorial else ("bf16", "fp16")
     seeds_per_cell = seeds_per_cell or (2 if tutorial else 1)
-    cases, seed = [], SEED0 + 100_000 * KERNELS.index(kernel)
+    cases, seed = [], SEED0 + 100_000 * (KERNELS.index(kernel) if kernel in KERNELS else len(KERNELS))
     for dtype in dtypes:
         for d in (64, 128):
             for causal in (False, True):
                 for n in lengths:
-                    for kind in KINDS:
+                    for kind in ALL_KINDS:
                         for _ in range(seeds_per_cell):
                             cases.append(KernelCase(kernel, n, d, dtype, causal, kind, seed))
                             seed += 1
@@ -110,35 +109,37 @@ def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return json.loads(meta_path.read_text()), arrays
 
 
+def run_of(rec: dict, arrays: dict[str, np.ndarray]) -> KernelRun | None:
+    """One recorded case (an entry of others.json) as a kernel run with the policy of its launch: O and LSE,
+    and dQ, dK, dV where they were recorded (the tutorial's causal cases: its backward always masks
+    causally); None when its outputs are not in ``arrays``."""
+    case = KernelCase(**rec["case"])
+    if f"{case.key}/o" not in arrays:
+        return None
+    x = case.inputs()
+    outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
+    grads = case.causal and all(f"{case.key}/{g}" in arrays for g in ("dq", "dk", "dv"))
+    outputs.update({g: arrays[f"{case.key}/{g}"][None] for g in ("dq", "dk", "dv")} if grads else {})
+    return KernelRun(
+        q=x["q"][None],
+        k=x["k"][None],
+        v=x["v"][None],
+        do=x["do"][None] if grads else None,
+        dtype=case.dtype,
+        causal=case.causal,
+        sm_scale=float(rec["sm_scale"]),
+        softmax=get_softmax("standard"),
+        policy=policy_of(case, rec.get("config")),
+        outputs=outputs,
+        note=case.key,
+    )
+
+
 def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
-    """The recorded runs of a folder as kernel runs, each with the policy of its launch: O and LSE, and dQ,
-    dK, dV where they were recorded (the tutorial's causal cases: its backward always masks causally)."""
+    """The recorded runs of a folder (of one kernel, when given) as kernel runs (:func:`run_of`)."""
     meta, arrays = load(folder)
-    out = []
-    for rec in meta["cases"]:
-        case = KernelCase(**rec["case"])
-        if kernel is not None and case.kernel != kernel or f"{case.key}/o" not in arrays:
-            continue
-        x = case.inputs()
-        outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
-        grads = case.causal and all(f"{case.key}/{g}" in arrays for g in ("dq", "dk", "dv"))
-        outputs.update({g: arrays[f"{case.key}/{g}"][None] for g in ("dq", "dk", "dv")} if grads else {})
-        out.append(
-            KernelRun(
-                q=x["q"][None],
-                k=x["k"][None],
-                v=x["v"][None],
-                do=x["do"][None] if grads else None,
-                dtype=case.dtype,
-                causal=case.causal,
-                sm_scale=float(rec["sm_scale"]),
-                softmax=get_softmax("standard"),
-                policy=policy_of(case, rec.get("config")),
-                outputs=outputs,
-                note=case.key,
-            )
-        )
-    return out
+    recs = [rec for rec in meta["cases"] if kernel is None or rec["case"]["kernel"] == kernel]
+    return [run for run in (run_of(rec, arrays) for rec in recs) if run is not None]
 
 
-__all__ = ["KERNELS", "KernelCase", "grid", "load", "policy_of", "runs"]
+__all__ = ["KERNELS", "KernelCase", "grid", "load", "policy_of", "run_of", "runs"]

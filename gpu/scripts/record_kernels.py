@@ -67,16 +67,23 @@ def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
     return {"o": o, "lse": lse}
 
 
-def _check(args) -> tuple[str, dict]:
-    """One recorded forward against the emulator (runs in a worker process)."""
+_RECORDING: dict = {}  # a check worker's copy of the recording (others.json, arrays), loaded once
+
+
+def _load_recording(folder: str) -> None:
+    from ..crosscheck import others
+
+    _RECORDING["meta"], _RECORDING["arrays"] = others.load(Path(folder))
+
+
+def _check(index: int) -> tuple[int, dict]:
+    """Case ``index`` of the recording against the emulator (runs in a worker process)."""
     from flashsim.crosscheck import crosscheck
 
     from ..crosscheck import others
 
-    key, folder = args
-    run = next(r for r in others.runs(Path(folder)) if r.note == key)
-    rep = crosscheck(run)
-    return key, {c.name: {"identical": c.identical, "n": c.n, "ulp_hist": c.ulp_hist} for c in rep.checks}
+    rep = crosscheck(others.run_of(_RECORDING["meta"]["cases"][index], _RECORDING["arrays"]))
+    return index, {c.name: {"identical": c.identical, "n": c.n, "ulp_hist": c.ulp_hist} for c in rep.checks}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,17 +132,12 @@ def run(args: argparse.Namespace) -> int:
         if bwd:
             np.savez_compressed(out / "others_bwd.npz", **bwd)
         (out / "others.json").write_text(json.dumps(meta, indent=1))
-    keys = [r["case"] for r in meta["cases"] if "error" not in r]
-    from ..crosscheck.others import KernelCase
-
-    jobs = [(KernelCase(**c).key, str(out)) for c in keys]
+    jobs = [i for i, rec in enumerate(meta["cases"]) if "error" not in rec]
     workers = max(1, (os.cpu_count() or 2) - 2)  # spawned: a fork after torch and Numba's OpenMP is unsafe
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        checks = dict(pool.map(_check, jobs))
-    for rec in meta["cases"]:
-        key = KernelCase(**rec["case"]).key
-        if key in checks:
-            rec["emulator"] = checks[key]
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, spawn, initializer=_load_recording, initargs=(str(out),)) as pool:
+        for i, check in pool.map(_check, jobs):
+            meta["cases"][i]["emulator"] = check
     meta["check_seconds"] = round(time.monotonic() - t0, 1)
     (out / "others.json").write_text(json.dumps(meta, indent=1))
     for kernel in kernels:

@@ -212,19 +212,25 @@ def edge_bits() -> np.ndarray:
     return np.unique(np.concatenate([v, v | 0x80000000]).astype(np.uint32))
 
 
-def section_cases(ctx) -> dict:
-    rng = np.random.default_rng(ctx.seed)
-    n = 1 << 17
+def unary_cases(ctx, names, rng, n: int = 1 << 17) -> tuple[dict, dict]:
+    """``n`` random bit patterns from ``rng`` and the edge values through each unary function of ``names`` on
+    the GPU and against its model: (arrays to keep: x and <name>_out, tallies by name)."""
     x = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])
     xt = torch.from_numpy(x.view(np.int32)).to(ctx.device).view(torch.float32)
-    out = {"x": x}
-    res = {}
-    for name in UNARY:
+    out, res = {"x": x}, {}
+    for name in names:
         g = to_np_bits(gpu_unary(name, xt))
         out[f"{name}_out"] = g
         t = Tally()
         t.add(g, np.asarray(MODELS[name](x.view(np.float32))), x)
         res[name] = t.json()
+    return out, res
+
+
+def section_cases(ctx) -> dict:
+    rng = np.random.default_rng(ctx.seed)
+    n = 1 << 17
+    out, res = unary_cases(ctx, UNARY, rng, n)
     # division: random bits, random moderate exponents, and the probe's special pairs
     from ..probes.division import special_pairs
 
@@ -523,16 +529,8 @@ def section_reduction(ctx) -> dict:
 def section_libdevice(ctx) -> dict:
     """libdevice functions: seeded random and edge inputs kept for the CPU tests (``libdevice.npz``), then
     all 2**32 inputs against emufloat.hw.libdevice with a checksum per chunk."""
-    rng = np.random.default_rng(ctx.seed)
-    x = np.concatenate([rng.integers(0, 2**32, 1 << 17, dtype=np.uint64).astype(np.uint32), edge_bits()])
-    xt = torch.from_numpy(x.view(np.int32)).to(ctx.device).view(torch.float32)
-    out, res = {"x": x}, {}
-    for name in LIBDEVICE:
-        g = to_np_bits(gpu_unary(name, xt))
-        out[f"{name}_out"] = g
-        t = Tally()
-        t.add(g, np.asarray(MODELS[name](x.view(np.float32))), x)
-        res[f"cases_{name}"] = t.json()
+    out, res = unary_cases(ctx, LIBDEVICE, np.random.default_rng(ctx.seed))
+    res = {f"cases_{name}": tally for name, tally in res.items()}
     np.savez_compressed(ctx.out / "libdevice.npz", seed=np.array(ctx.seed), **out)
     res["file"] = "libdevice.npz"
     return res | section_sweep(ctx, tuple(LIBDEVICE))

@@ -6,7 +6,7 @@
   ``WGMMA_FP8_PROMOTED``, ``WGMMA_TF32`` (:class:`emufloat.FusedBlock` objects, also reachable by their
   names, ``emufloat.matmul(a, b, "h100_wgmma_bf16")``);
 * exp2 (:mod:`.ex2`): ``ex2_approx`` (``ex2.approx[.ftz].f32``), ``triton_exp2`` (``tl.math.exp2``),
-  ``triton_exp`` (``tl.exp``), and their tables ``ex2_tables``;
+  ``triton_exp`` (``tl.exp``), ``cuda_fast_expf`` (CUDA's fast-math ``expf``), and their tables ``ex2_tables``;
 * division (:mod:`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
   (``div.full.f32``, Triton's fp32 ``/``), and the table ``rcp_table``;
 * the kernels' log2 (:mod:`.log2`): ``log2_fma``;
@@ -18,7 +18,7 @@ SHA-256 on load.  docs/hardware-models.md says how each model was verified again
 
 from .common import CANONICAL_NAN, DATA
 from .division import div_full, grid_rcp, rcp_approx, rcp_table, triton_div
-from .ex2 import LOG2E_F32, ex2_approx, ex2_tables, triton_exp, triton_exp2
+from .ex2 import LOG2E_F32, cuda_fast_expf, ex2_approx, ex2_tables, triton_exp, triton_exp2
 from .log2 import LOG2_FMA_COEFFS, log2_fma
 from .trees import derived_tl_sum, tl_sum
 from .wgmma import (
@@ -43,6 +43,7 @@ __all__ = [
     "ex2_tables",
     "triton_exp2",
     "triton_exp",
+    "cuda_fast_expf",
     "LOG2E_F32",
     "rcp_approx",
     "rcp_table",

@@ -117,12 +117,24 @@ def triton_exp2(x: np.ndarray | float, *, trace: Trace | None = None, label: str
     return ex2_approx(x, ftz=True, trace=trace, label=label)
 
 
+def _exp_by_ex2(x, ftz: bool, trace: Trace | None, label: str) -> np.ndarray:
+    """z = x * log2(e) in float32, then ex2.approx (a trace gets the mul and the exp2 of z per element)."""
+    arr = _arrays.as_float_array(x, "x")
+    _arrays.check_fp32_values(arr, "x")
+    z = mul(np.asarray(arr, dtype=np.float32), LOG2E_F32, FP32, trace=trace, label=label)
+    return ex2_approx(z, ftz=ftz, trace=trace, label=label)
+
+
 def triton_exp(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
     """``tl.exp`` on an H100 (Triton 3.6): z = x * log2(e) in float32 (``mul.f32``), then ``ex2.approx.f32``.
 
     A trace gets two events per element: the ``mul`` and the ``exp2`` of z.
     """
-    arr = _arrays.as_float_array(x, "x")
-    _arrays.check_fp32_values(arr, "x")
-    z = mul(np.asarray(arr, dtype=np.float32), LOG2E_F32, FP32, trace=trace, label=label)
-    return ex2_approx(z, ftz=False, trace=trace, label=label)
+    return _exp_by_ex2(x, False, trace, label)
+
+
+def cuda_fast_expf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """CUDA's ``expf`` under ``-use_fast_math`` on an H100: ``mul.ftz.f32`` by log2(e), then
+    ``ex2.approx.ftz.f32``.  The multiply's flush changes nothing: a product below 2**-126 in magnitude gives
+    ex2 = 1 either way."""
+    return _exp_by_ex2(x, True, trace, label)

@@ -31,7 +31,7 @@ import json
 
 import numpy as np
 
-from ...trees import ReductionTree
+from ...trees import ReductionTree, butterfly
 from .common import DATA
 
 DATA_FILE = "reduction_trees.json"
@@ -76,22 +76,6 @@ def tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> R
     return derived_tl_sum(block_m, block_n, num_warps, layout)
 
 
-def _butterfly(parts: list) -> list:
-    """Partial sums held by 2**k lanes combined by shuffle-xor with offsets 2**(k-1), ..., 1."""
-    off = len(parts) // 2
-    while off >= 1:
-        parts = [[parts[i], parts[i + off]] for i in range(off)]
-        off //= 2
-    return parts[0]
-
-
-def _chain(cols: list[int]):
-    node = cols[0]
-    for c in cols[1:]:
-        node = [node, c]
-    return node
-
-
 def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:
     """The order of ``tl.sum(x, 1)`` derived from Triton's layout rules, for tiles no probe recorded.
 
@@ -118,9 +102,7 @@ def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "do
                 f"{splits} ways; the rules cover at most 2 splits of a multiple of 8 columns"
             )
         halves = [
-            _butterfly(
-                [_chain([s * width + 8 * j + 2 * t + e for j in range(width // 8) for e in (0, 1)]) for t in range(4)]
-            )
+            butterfly([[s * width + 8 * j + 2 * t + e for j in range(width // 8) for e in (0, 1)] for t in range(4)])
             for s in range(splits)
         ]
         tree = halves[0] if splits == 1 else halves
@@ -136,7 +118,7 @@ def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "do
                 f"block_n: a lane holding more than {per} columns ({block_n} fp32 columns) sums in an "
                 "order the rules do not derive (probed on the GPU: not left to right)"
             )
-        tree = _butterfly([_chain([per * i + j for j in range(per)]) for i in range(lanes)])
+        tree = butterfly([list(range(per * i, per * (i + 1))) for i in range(lanes)])
     else:
         raise ValueError(f"layout: expected one of ['dot', 'load'], got {layout!r}")
     return ReductionTree.from_nested(tree, name=f"h100_tl_sum derived BM{block_m}_BN{block_n}_w{num_warps}_{layout}")

@@ -1,0 +1,58 @@
+"""gpu.crosscheck.kernel_run on the CPU: any callable kernel packaged as a run and held to a policy."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flashsim as fs
+from flashsim.crosscheck import crosscheck
+from flashsim.inputs import make_inputs
+
+torch = pytest.importorskip("torch")
+from gpu.crosscheck import kernel_run  # noqa: E402
+
+
+def emulated_kernel(policy, bump: bool = False):
+    """A 'kernel' that is the emulator itself (torch tensors in and out); ``bump`` changes one bit of O."""
+
+    def kernel(q, k, v, causal, sm_scale):
+        f = fs.flash_forward(*(t[0].float().numpy() for t in (q, k, v)), policy, causal=causal, sm_scale=sm_scale)
+        o = torch.from_numpy(np.asarray(f.o, np.float32)).to(q.dtype)[None]
+        if bump:
+            o.view(torch.int16)[0, 0, 3, 5] ^= 1
+        return o, torch.from_numpy(np.asarray(f.lse, np.float32))[None]
+
+    return kernel
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_emulator_as_a_kernel_is_bit_identical(causal):
+    x = make_inputs("repeated", 70, 70, 64, "bf16", seed=4)
+    run = kernel_run(emulated_kernel("fa2"), x["q"], x["k"], x["v"], policy="fa2", causal=causal, device="cpu")
+    assert run.note == "kernel" and crosscheck(run).identical
+
+
+def test_a_changed_bit_is_reported_where_it_is():
+    x = make_inputs("random", 40, 40, 64, "bf16", seed=5)
+    rep = crosscheck(kernel_run(emulated_kernel("fa2", bump=True), x["q"], x["k"], x["v"], policy="fa2", device="cpu"))
+    assert not rep.identical and rep.first_row == (0, 3)
+    assert "1 ulp: 1" in str(rep.checks[0])
+
+
+def test_bad_kernels_are_named():
+    x = make_inputs("random", 8, 8, 16, "bf16", seed=6)
+    with pytest.raises(ValueError, match="kernel: expected a callable"):
+        kernel_run(None, x["q"], x["k"], x["v"], policy="fa2", device="cpu")
+    with pytest.raises(ValueError, match="kernel: returned O"):
+        kernel_run(lambda q, k, v, c, s: (q.float(), None), x["q"], x["k"], x["v"], policy="fa2", device="cpu")
+    with pytest.raises(ValueError, match="dtype"):
+        kernel_run(emulated_kernel("fa2"), x["q"], x["k"], x["v"], policy="fa2", dtype="fp64", device="cpu")
+
+
+def test_the_cross_check_needs_no_test_dependencies():
+    """gpu.crosscheck (what `python -m gpu.crosscheck` imports) loads neither Hypothesis nor torch."""
+    code = "import sys, gpu.crosscheck; print(sorted({'hypothesis', 'torch'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

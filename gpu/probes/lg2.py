@@ -2,12 +2,13 @@
 
     PYTHONPATH=. python -m gpu.probes.lg2 --out $OUT
 
-On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significands, then every positive
-normal input x = 2**e (1 + k 2**-23) against the hypothesis lg2.approx(x) = fl(e + T[k]) (one fp32 addition,
-round to nearest), counted per exponent; the special inputs (zeros, subnormals, negatives, inf, NaN) with
-and without ``.ftz``; and the PTX nvcc emits for ``__logf`` under ``-use_fast_math``.  Writes ``lg2.json``
-and ``lg2.npz`` (T as int32 corrections, in float32 ulps, to the correctly rounded log2, with the table's
-SHA-256).
+On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significands; the flag of the
+significands whose hardware value lies below T[k] (read off the inputs in [1/2, 1)); then every positive
+normal input against the model (:func:`model`: truncation toward zero of e + T[k], one ulp nearer zero
+for e < 0 where the flag says so), counted per exponent, with and without ``.ftz``; subnormal inputs
+without ``.ftz`` against the model of x 2**24; the special inputs; and the PTX nvcc emits for ``__logf``
+under ``-use_fast_math``.  Writes ``lg2.json`` and ``lg2.npz`` (the table's bits and the packed flags,
+with their SHA-256).
 """
 
 from __future__ import annotations
@@ -78,6 +79,32 @@ def fast_logf_ptx() -> str:
     return "\n".join(line for line in text.splitlines() if any(op in line for op in ("lg2", "mul", "fma", "add")))
 
 
+def rz32(s):
+    """float64 tensor -> float32 rounded toward zero (s exact in float64)."""
+    import torch
+
+    r = s.float()
+    over = r.double().abs() > s.abs()
+    return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+def model(e: int, table, flag):
+    """The model of lg2.approx(2**e (1 + k 2**-23)) for every k, as float32 (on the table's device).
+
+    e >= 0: RZ(e + T[k]).  e < 0: -RZ(|e| - T[k]), one ulp nearer zero where |e| - T[k] is on the float32
+    grid and ``flag[k]`` (the hardware's fixed-point value lies below T[k]).  ``|e| +- T`` is exact in float64.
+    """
+    import torch
+
+    if e >= 0:
+        return rz32(e + table)
+    mag = -e - table
+    r = rz32(mag)
+    step = (r.double() == mag) & flag & (table != 0)
+    r = torch.where(step, torch.nextafter(r, torch.zeros_like(r)), r)
+    return -r
+
+
 def run(args: argparse.Namespace) -> int:
     out = writable_dir(args.out, "--out")
     require_gpu("python -m gpu.probes.lg2")
@@ -91,45 +118,74 @@ def run(args: argparse.Namespace) -> int:
     sig = (k + 0x3F800000).to(torch.int32).view(torch.float32)
     table = {ftz: lg2(kern, sig, ftz) for ftz in (True, False)}
     res["table_ftz_equals_noftz"] = bool(torch.equal(table[True].view(torch.int32), table[False].view(torch.int32)))
-    t_bits = table[True].view(torch.int32).cpu().numpy().view(np.uint32)
-    ref = np.log2(1.0 + np.arange(NGRID, dtype=np.float64) * 2.0**-23).astype(np.float32).view(np.uint32)
-    corr = t_bits.astype(np.int64) - ref.astype(np.int64)
-    res["table_correction_range"] = [int(corr.min()), int(corr.max())]
+    t32 = table[True]
+    t64 = t32.double()
+    # the flag: where lg2.approx(2**-1 (1 + k 2**-23)) lies one ulp nearer zero than -RZ(1 - T[k])
+    y = lg2(kern, ((126 << 23) + k).to(torch.int32).view(torch.float32), True)
+    plain = model(-1, t64, torch.zeros_like(k, dtype=torch.bool))
+    on_grid = rz32(1.0 - t64).double() == 1.0 - t64
+    flag = (y.view(torch.int32) != plain.view(torch.int32)) & on_grid
+    res["flag_count"] = int(flag.sum())
+    res["e_minus_1_off_grid_mismatch"] = int(((y.view(torch.int32) != plain.view(torch.int32)) & ~on_grid).sum())
+    t_bits = t32.view(torch.int32).cpu().numpy().view(np.uint32)
+    f_bits = np.packbits(flag.cpu().numpy())
     np.savez_compressed(
-        out / "lg2.npz", correction=corr.astype(np.int32), sha256=np.array(hashlib.sha256(t_bits.tobytes()).hexdigest())
+        out / "lg2.npz",
+        table_bits=t_bits,
+        flag_packed=f_bits,
+        table_sha256=np.array(hashlib.sha256(t_bits.tobytes()).hexdigest()),
+        flag_sha256=np.array(hashlib.sha256(f_bits.tobytes()).hexdigest()),
     )
-    # every positive normal input against fl(e + T[k]), per exponent
+    # every positive normal input against the model, per exponent, ftz and not
     mism = {}
     first = []
     for ftz in (True, False):
-        bad_by_e = np.zeros(256, np.int64)
-        for start in range(0x00800000, 0x7F800000, CHUNK):
-            stop = min(start + CHUNK, 0x7F800000)
-            bits = torch.arange(start, stop, device=dev, dtype=torch.int64)
-            x = bits.to(torch.int32).view(torch.float32)
-            y = lg2(kern, x, ftz)
-            e = ((bits >> 23) - 127).to(torch.float32)
-            pred = e + table[ftz][(bits & 0x7FFFFF)]
-            bad = y.view(torch.int32) != pred.view(torch.int32)
-            if bad.any():
-                be = (bits[bad] >> 23).cpu().numpy()
-                bad_by_e += np.bincount(be, minlength=256)
-                if len(first) < 16:
-                    idx = torch.nonzero(bad)[:4, 0]
-                    first += [
-                        [
-                            f"{int(bits[i]):#010x}",
-                            f"{int(y.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
-                            f"{int(pred.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
-                        ]
-                        for i in idx
-                    ]
-        mism["ftz" if ftz else "noftz"] = {
-            "total": int(bad_by_e.sum()),
-            "by_biased_exponent": {int(i): int(v) for i, v in enumerate(bad_by_e) if v},
-        }
-    res["hypothesis_e_plus_table"] = mism
+        by_e = {}
+        for eb in range(1, 255):
+            x = ((eb << 23) + k).to(torch.int32).view(torch.float32)
+            got = lg2(kern, x, ftz).view(torch.int32)
+            want = model(eb - 127, t64, flag).view(torch.int32)
+            bad = got != want
+            nb = int(bad.sum())
+            if nb:
+                by_e[eb - 127] = nb
+                if len(first) < 12:
+                    for i in torch.nonzero(bad)[:3, 0].tolist():
+                        first.append(
+                            [
+                                ftz,
+                                f"{(eb << 23) + i:#010x}",
+                                f"{int(got[i]) & 0xFFFFFFFF:#010x}",
+                                f"{int(want[i]) & 0xFFFFFFFF:#010x}",
+                            ]
+                        )
+        mism["ftz" if ftz else "noftz"] = {"inputs": 254 * NGRID, "mismatches": sum(by_e.values()), "by_e": by_e}
+    res["model_normal_inputs"] = mism
     res["first_mismatches"] = first
+    # subnormal inputs without .ftz: against the normal model of x * 2**24, minus 24
+    got = lg2(kern, k[1:].to(torch.int32).view(torch.float32), False)
+    xs = k[1:].double() * 2.0**-149
+    scaled = (xs * 2.0**24).float()
+    sb = scaled.view(torch.int32).long()
+    e_s = (sb >> 23) - 127 - 24
+    pred = torch.empty_like(got)
+    for e in torch.unique(e_s).tolist():
+        sel = e_s == e
+        pred[sel] = model(e, t64[sb[sel] & 0x7FFFFF], flag[sb[sel] & 0x7FFFFF])
+    bad = got.view(torch.int32) != pred.view(torch.int32)
+    res["subnormal_noftz_vs_scaled_model"] = {
+        "inputs": NGRID - 1,
+        "mismatches": int(bad.sum()),
+        "first": [
+            [
+                f"{i + 1:#010x}",
+                f"{int(got.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
+                f"{int(pred.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
+            ]
+            for i in torch.nonzero(bad)[:8, 0].tolist()
+        ],
+    }
+    np.savez_compressed(out / "lg2_subnormal_noftz.npz", bits=got.view(torch.int32).cpu().numpy().view(np.uint32))
     special = np.array(
         [
             0x00000000,

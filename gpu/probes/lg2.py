@@ -2,13 +2,13 @@
 
     PYTHONPATH=. python -m gpu.probes.lg2 --out $OUT
 
-On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significands; the flag of the
-significands whose hardware value lies below T[k] (read off the inputs in [1/2, 1)); then every positive
-normal input against the model (:func:`model`: truncation toward zero of e + T[k], one ulp nearer zero
-for e < 0 where the flag says so), counted per exponent, with and without ``.ftz``; subnormal inputs
-without ``.ftz`` against the model of x 2**24; the special inputs; and the PTX nvcc emits for ``__logf``
-under ``-use_fast_math``.  Writes ``lg2.json`` and ``lg2.npz`` (the table's bits and the packed flags,
-with their SHA-256).
+On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significands, the outputs on
+[1/2, 1) (where the hardware's finer value shows through) and on the subnormals without ``.ftz``; then
+every positive normal input, with and without ``.ftz``, against the model (:func:`model`: truncation
+toward zero of e + T[k]; below 1/2, one ulp nearer zero where the outputs on [1/2, 1) show the
+hardware's value above T[k]), counted per exponent; the special inputs; and the PTX nvcc emits for
+``__logf`` under ``-use_fast_math``.  Writes ``lg2.json`` and ``lg2.npz`` (the three recorded arrays'
+bits with their SHA-256).
 """
 
 from __future__ import annotations
@@ -88,21 +88,29 @@ def rz32(s):
     return torch.where(over, torch.nextafter(r, torch.zeros_like(r)), r)
 
 
-def model(e: int, table, flag):
+def model(e: int, table, m1, flag):
     """The model of lg2.approx(2**e (1 + k 2**-23)) for every k, as float32 (on the table's device).
 
-    e >= 0: RZ(e + T[k]).  e < 0: -RZ(|e| - T[k]), one ulp nearer zero where |e| - T[k] is on the float32
-    grid and ``flag[k]`` (the hardware's fixed-point value lies below T[k]).  ``|e| +- T`` is exact in float64.
+    e >= 0: RZ(e + T[k]).  e = -1: the recorded outputs ``m1``.  e <= -2: -RZ(|e| - T[k]), one ulp nearer
+    zero where |e| - T[k] is on the float32 grid and ``flag[k]`` (the hardware's value lies above T[k]).
+    ``|e| +- T`` is exact in float64.
     """
     import torch
 
     if e >= 0:
         return rz32(e + table)
+    if e == -1:
+        return m1
     mag = -e - table
     r = rz32(mag)
-    step = (r.double() == mag) & flag & (table != 0)
-    r = torch.where(step, torch.nextafter(r, torch.zeros_like(r)), r)
-    return -r
+    step = (r.double() == mag) & flag
+    return -torch.where(step, torch.nextafter(r, torch.zeros_like(r)), r)
+
+
+def below_t_flag(table, m1):
+    """Where the outputs at e = -1 lie nearer zero than -RZ(1 - T[k]) although 1 - T[k] is on the grid."""
+    plain = -rz32(1.0 - table)
+    return (m1.view(plain.dtype) != plain) & (plain.double() == table - 1.0)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -115,77 +123,49 @@ def run(args: argparse.Namespace) -> int:
     dev = "cuda"
     res: dict = {"device": torch.cuda.get_device_name()}
     k = torch.arange(NGRID, device=dev, dtype=torch.int64)
-    sig = (k + 0x3F800000).to(torch.int32).view(torch.float32)
-    table = {ftz: lg2(kern, sig, ftz) for ftz in (True, False)}
-    res["table_ftz_equals_noftz"] = bool(torch.equal(table[True].view(torch.int32), table[False].view(torch.int32)))
-    t32 = table[True]
-    t64 = t32.double()
-    # the flag: where lg2.approx(2**-1 (1 + k 2**-23)) lies one ulp nearer zero than -RZ(1 - T[k])
-    y = lg2(kern, ((126 << 23) + k).to(torch.int32).view(torch.float32), True)
-    plain = model(-1, t64, torch.zeros_like(k, dtype=torch.bool))
-    on_grid = rz32(1.0 - t64).double() == 1.0 - t64
-    flag = (y.view(torch.int32) != plain.view(torch.int32)) & on_grid
-    res["flag_count"] = int(flag.sum())
-    res["e_minus_1_off_grid_mismatch"] = int(((y.view(torch.int32) != plain.view(torch.int32)) & ~on_grid).sum())
-    t_bits = t32.view(torch.int32).cpu().numpy().view(np.uint32)
-    f_bits = np.packbits(flag.cpu().numpy())
-    np.savez_compressed(
-        out / "lg2.npz",
-        table_bits=t_bits,
-        flag_packed=f_bits,
-        table_sha256=np.array(hashlib.sha256(t_bits.tobytes()).hexdigest()),
-        flag_sha256=np.array(hashlib.sha256(f_bits.tobytes()).hexdigest()),
+
+    def at(eb: int, ftz: bool):
+        return lg2(kern, ((eb << 23) + k).to(torch.int32).view(torch.float32), ftz)
+
+    table = at(127, True)
+    m1 = at(126, True)
+    sub = lg2(kern, k.to(torch.int32).view(torch.float32), False)
+    res["ftz_equals_noftz_at_e_0_and_-1"] = bool(
+        torch.equal(table.view(torch.int32), at(127, False).view(torch.int32))
+        and torch.equal(m1.view(torch.int32), at(126, False).view(torch.int32))
     )
+    t64 = table.double()
+    flag = below_t_flag(t64, m1)
+    res["flag_count"] = int(flag.sum())
+    arrays = {"table_bits": table, "m1_bits": m1, "subnormal_noftz_bits": sub}
+    host = {name: a.view(torch.int32).cpu().numpy().view(np.uint32) for name, a in arrays.items()}
+    for name in list(host):
+        host[name.replace("_bits", "_sha256")] = np.array(hashlib.sha256(host[name].tobytes()).hexdigest())
+    np.savez_compressed(out / "lg2.npz", **host)
     # every positive normal input against the model, per exponent, ftz and not
     mism = {}
     first = []
     for ftz in (True, False):
         by_e = {}
         for eb in range(1, 255):
-            x = ((eb << 23) + k).to(torch.int32).view(torch.float32)
-            got = lg2(kern, x, ftz).view(torch.int32)
-            want = model(eb - 127, t64, flag).view(torch.int32)
+            got = at(eb, ftz).view(torch.int32)
+            want = model(eb - 127, t64, m1, flag).view(torch.int32)
             bad = got != want
             nb = int(bad.sum())
             if nb:
                 by_e[eb - 127] = nb
-                if len(first) < 12:
-                    for i in torch.nonzero(bad)[:3, 0].tolist():
-                        first.append(
-                            [
-                                ftz,
-                                f"{(eb << 23) + i:#010x}",
-                                f"{int(got[i]) & 0xFFFFFFFF:#010x}",
-                                f"{int(want[i]) & 0xFFFFFFFF:#010x}",
-                            ]
-                        )
+                for i in torch.nonzero(bad)[: max(0, 12 - len(first)), 0].tolist():
+                    first.append(
+                        [
+                            ftz,
+                            f"{(eb << 23) + i:#010x}",
+                            f"{int(got[i]) & 0xFFFFFFFF:#010x}",
+                            f"{int(want[i]) & 0xFFFFFFFF:#010x}",
+                        ]
+                    )
         mism["ftz" if ftz else "noftz"] = {"inputs": 254 * NGRID, "mismatches": sum(by_e.values()), "by_e": by_e}
     res["model_normal_inputs"] = mism
     res["first_mismatches"] = first
-    # subnormal inputs without .ftz: against the normal model of x * 2**24, minus 24
-    got = lg2(kern, k[1:].to(torch.int32).view(torch.float32), False)
-    xs = k[1:].double() * 2.0**-149
-    scaled = (xs * 2.0**24).float()
-    sb = scaled.view(torch.int32).long()
-    e_s = (sb >> 23) - 127 - 24
-    pred = torch.empty_like(got)
-    for e in torch.unique(e_s).tolist():
-        sel = e_s == e
-        pred[sel] = model(e, t64[sb[sel] & 0x7FFFFF], flag[sb[sel] & 0x7FFFFF])
-    bad = got.view(torch.int32) != pred.view(torch.int32)
-    res["subnormal_noftz_vs_scaled_model"] = {
-        "inputs": NGRID - 1,
-        "mismatches": int(bad.sum()),
-        "first": [
-            [
-                f"{i + 1:#010x}",
-                f"{int(got.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
-                f"{int(pred.view(torch.int32)[i]) & 0xFFFFFFFF:#010x}",
-            ]
-            for i in torch.nonzero(bad)[:8, 0].tolist()
-        ],
-    }
-    np.savez_compressed(out / "lg2_subnormal_noftz.npz", bits=got.view(torch.int32).cpu().numpy().view(np.uint32))
     special = np.array(
         [
             0x00000000,

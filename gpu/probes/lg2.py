@@ -7,18 +7,21 @@ On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significand
 every positive normal input, with and without ``.ftz``, against the model (:func:`model`: truncation
 toward zero of e + T[k]; below 1/2, one ulp nearer zero where the outputs on [1/2, 1) show the
 hardware's value above T[k]), counted per exponent; the special inputs; and the PTX nvcc emits for
-``__logf`` under ``-use_fast_math``.  Writes ``lg2.json`` and ``lg2.npz`` (the three recorded arrays'
-bits with their SHA-256).
+``__logf`` under ``-use_fast_math``.  Writes ``lg2.json``, ``lg2.npz`` (the three recorded arrays,
+delta-encoded, with the SHA-256 of their bits) and ``lg2_sample.npz`` (random inputs through ``.ftz``,
+plain and ``__logf``, for the CPU tests).
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import io
 import json
 import subprocess
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +31,7 @@ from flashsim.console import ArgumentParser, run_command, writable_dir
 from ..scripts.device_cli import require_gpu
 
 NGRID = 1 << 23
-CHUNK = 1 << 26
+SAMPLE_SEED = 20261127
 
 
 def _kernel():
@@ -40,7 +43,16 @@ def _kernel():
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         x = tl.load(x_ptr + offs, mask=m, other=1.0)
-        if FTZ:
+        if FTZ == 2:  # __logf under -use_fast_math (the PTX nvcc emits, below)
+            y = tl.inline_asm_elementwise(
+                "{ .reg .f32 t; lg2.approx.ftz.f32 t, $1; mul.ftz.f32 $0, t, 0f3F317218; }",
+                "=f,f",
+                [x],
+                dtype=tl.float32,
+                is_pure=True,
+                pack=1,
+            )
+        elif FTZ:
             y = tl.inline_asm_elementwise(
                 "lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
             )
@@ -60,10 +72,12 @@ def lg2(kernel, x, ftz: bool):
 
 
 def fast_logf_ptx() -> str:
-    """The PTX nvcc writes for ``__logf(x)`` and for ``a * b + __logf(x)`` under ``-use_fast_math``."""
+    """The PTX nvcc writes for ``__logf(x)``, ``a * b + __logf(x)`` (FA2's LSE) and ``logf(x) + a`` (its
+    combine) under ``-use_fast_math``."""
     src = (
         'extern "C" __global__ void f(const float* x, float* y, float a, float b) {\n'
-        "  int i = threadIdx.x; y[i] = __logf(x[i]); y[i + 32] = a * b + __logf(x[i]); }\n"
+        "  int i = threadIdx.x; y[i] = __logf(x[i]); y[i + 32] = a * b + __logf(x[i]);\n"
+        "  y[i + 64] = logf(x[i]) + a; }\n"
     )
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / "f.cu").write_text(src)
@@ -113,6 +127,21 @@ def below_t_flag(table, m1):
     return (m1.view(plain.dtype) != plain) & (plain.double() == table - 1.0)
 
 
+def delta_encode(bits: np.ndarray) -> np.ndarray:
+    """First differences of uint32 bits, wrapping (``np.cumsum(d, dtype=np.uint32)`` rebuilds them): smooth
+    tables such as lg2's compress about fifty times better so."""
+    return np.diff(bits, prepend=np.uint32(0)).astype(np.uint32)
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` at zlib's highest level (np.load reads it)."""
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
+        for name, a in arrays.items():
+            buf = io.BytesIO()
+            np.lib.format.write_array(buf, np.asarray(a), allow_pickle=False)
+            zf.writestr(f"{name}.npy", buf.getvalue())
+
+
 def run(args: argparse.Namespace) -> int:
     out = writable_dir(args.out, "--out")
     require_gpu("python -m gpu.probes.lg2")
@@ -138,10 +167,12 @@ def run(args: argparse.Namespace) -> int:
     flag = below_t_flag(t64, m1)
     res["flag_count"] = int(flag.sum())
     arrays = {"table_bits": table, "m1_bits": m1, "subnormal_noftz_bits": sub}
-    host = {name: a.view(torch.int32).cpu().numpy().view(np.uint32) for name, a in arrays.items()}
-    for name in list(host):
-        host[name.replace("_bits", "_sha256")] = np.array(hashlib.sha256(host[name].tobytes()).hexdigest())
-    np.savez_compressed(out / "lg2.npz", **host)
+    host = {}
+    for name, a in arrays.items():
+        bits = a.view(torch.int32).cpu().numpy().view(np.uint32)
+        host[name.replace("_bits", "_diff")] = delta_encode(bits)
+        host[name.replace("_bits", "_sha256")] = np.array(hashlib.sha256(bits.tobytes()).hexdigest())
+    write_npz(out / "lg2.npz", host)
     # every positive normal input against the model, per exponent, ftz and not
     mism = {}
     first = []
@@ -166,6 +197,20 @@ def run(args: argparse.Namespace) -> int:
         mism["ftz" if ftz else "noftz"] = {"inputs": 254 * NGRID, "mismatches": sum(by_e.values()), "by_e": by_e}
     res["model_normal_inputs"] = mism
     res["first_mismatches"] = first
+    # a sample for the CPU tests: random bit patterns and values near 1, through .ftz, plain and __logf
+    rng = np.random.default_rng(SAMPLE_SEED)
+    xs = np.concatenate(
+        [
+            rng.integers(0, 2**32, 2**17, dtype=np.uint64).astype(np.uint32),
+            (rng.uniform(0.25, 4.0, 2**15).astype(np.float32)).view(np.uint32),
+            np.float32(1.0).view(np.uint32) + rng.integers(-(2**12), 2**12, 2**13).astype(np.uint32),
+        ]
+    )
+    xt = torch.from_numpy(xs.view(np.int32)).to(dev).view(torch.float32)
+    sample = {"x": xs}
+    for mode, key in ((1, "ftz"), (0, "noftz"), (2, "fast_logf")):
+        sample[key] = lg2(kern, xt, mode).view(torch.int32).cpu().numpy().view(np.uint32)
+    np.savez_compressed(out / "lg2_sample.npz", seed=np.array(SAMPLE_SEED), **sample)
     special = np.array(
         [
             0x00000000,

@@ -10,6 +10,8 @@
 * division (:mod:`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
   (``div.full.f32``, Triton's fp32 ``/``), and the table ``rcp_table``;
 * the kernels' log2 (:mod:`.log2`): ``log2_fma``;
+* log2 (:mod:`.lg2`): ``lg2_approx`` (``lg2.approx[.ftz].f32``), ``cuda_fast_logf`` (CUDA's ``__logf``,
+  FA2's LSE) and their tables ``lg2_tables``;
 * reductions (:mod:`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum``.
 
 The tables and trees are package data (``data/``), read off the GPU by ``gpu/probes`` and checked by
@@ -19,6 +21,7 @@ SHA-256 on load.  docs/hardware-models.md says how each model was verified again
 from .common import CANONICAL_NAN, DATA
 from .division import div_full, grid_rcp, rcp_approx, rcp_table, triton_div
 from .ex2 import LOG2E_F32, cuda_fast_expf, ex2_approx, ex2_tables, triton_exp, triton_exp2
+from .lg2 import LN2_F32, cuda_fast_logf, lg2_approx, lg2_tables
 from .log2 import LOG2_FMA_COEFFS, log2_fma
 from .trees import derived_tl_sum, tl_sum
 from .wgmma import (
@@ -51,6 +54,10 @@ __all__ = [
     "div_full",
     "triton_div",
     "log2_fma",
+    "lg2_approx",
+    "lg2_tables",
+    "cuda_fast_logf",
+    "LN2_F32",
     "LOG2_FMA_COEFFS",
     "tl_sum",
     "derived_tl_sum",

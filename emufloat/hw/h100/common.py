@@ -12,7 +12,7 @@ from ...rounding import Rounding
 from ...trace import Chunk, Flag, Trace
 from ..calibration import DataFolder
 
-#: the room's package data: ex2.npz, rcp.npz (tables), reduction_trees.json (recorded tl.sum trees)
+#: the room's package data: ex2.npz, rcp.npz, lg2.npz (tables), reduction_trees.json (recorded tl.sum trees)
 DATA = DataFolder(Path(__file__).resolve().parent / "data", "h100")
 
 #: float32 bits of the NaN the H100's FP32 units write (emufloat's own quiet NaN is 0x7fc00000)
@@ -39,11 +39,13 @@ def exact_events(fn, *args) -> Chunk:
     return t.chunks[0]
 
 
-def record_vs_exact(trace: Trace, op: str, operands: tuple, out: np.ndarray, exact: Chunk, label: str) -> None:
-    """Trace event per element: the model's float32 result against the exact value in ``exact``."""
+def record_vs_exact(
+    trace: Trace, op: str, operands: tuple, out: np.ndarray, exact_hi: np.ndarray, exact_lo: np.ndarray, label: str
+) -> None:
+    """Trace event per element: the model's float32 result against the exact value ``exact_hi + exact_lo``."""
     flat = out.reshape(-1)
-    err = flat.astype(np.float64) - exact.exact_hi - exact.exact_lo
-    away = np.abs(flat) > np.abs(exact.exact_hi + exact.exact_lo)
+    err = flat.astype(np.float64) - exact_hi - exact_lo
+    away = np.abs(flat) > np.abs(exact_hi + exact_lo)
     flags = (err != 0) * Flag.INEXACT | away * Flag.AWAY
     trace.record(
         Chunk(
@@ -52,8 +54,8 @@ def record_vs_exact(trace: Trace, op: str, operands: tuple, out: np.ndarray, exa
             rounding=Rounding("rne"),
             operands=operands,
             rounded=flat.copy(),
-            exact_hi=exact.exact_hi,
-            exact_lo=exact.exact_lo,
+            exact_hi=exact_hi,
+            exact_lo=exact_lo,
             flags=flags.astype(np.uint16),
             shape=out.shape,
             label=label,

@@ -118,7 +118,8 @@ def div_full(
     res = out.view(np.float32).reshape(shape)
     if trace is not None:
         af, bf = ab.view(np.float32), bb.view(np.float32)
-        record_vs_exact(trace, "div", (af.copy(), bf.copy()), res, exact_events(div, af, bf), label)
+        ex = exact_events(div, af, bf)
+        record_vs_exact(trace, "div", (af.copy(), bf.copy()), res, ex.exact_hi, ex.exact_lo, label)
     return res
 
 

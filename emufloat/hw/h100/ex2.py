@@ -105,7 +105,8 @@ def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     res = out.view(np.float32).reshape(arr.shape)
     if trace is not None:
         z = zb.view(np.float32)
-        record_vs_exact(trace, "exp2", (z.copy(),), res, exact_events(exp2, z), label)
+        ex = exact_events(exp2, z)
+        record_vs_exact(trace, "exp2", (z.copy(),), res, ex.exact_hi, ex.exact_lo, label)
     return res
 
 

@@ -29,6 +29,7 @@ from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
 from . import arith
+from .functions import get_function
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax
 from .specs import Func, Op
@@ -129,8 +130,13 @@ class Pipeline:
             k = None
         else:
             k = LN2 if spec.base == "e" else LOG2E
-        m_u = m if k is None else arith.binary("mul", m, arith.constant(k, spec), spec, tr, "lse")
-        return arith.binary("add", m_u, log_l, spec, tr, "lse")
+        if k is None:
+            return arith.binary("add", m, log_l, spec, tr, "lse")
+        if spec.fused:
+            return arith.fma(m, arith.constant(k, spec), log_l, spec, tr, "lse")
+        return arith.binary(
+            "add", arith.binary("mul", m, arith.constant(k, spec), spec, tr, "lse"), log_l, spec, tr, "lse"
+        )
 
 
 def _fmt_of(x: np.ndarray):
@@ -467,7 +473,16 @@ def combine_splits(results: list[tuple[np.ndarray, ...]], pol: Policy, trace: Tr
         np.stack(terms, axis=-1), ef.ReductionTree.thread_butterfly(lanes, 1), FP32, trace=trace, label="combine"
     )
     log_total = arith.function(total, Func(spec.log, FP32), trace, "combine")
-    out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
+    if get_function(spec.log).base == "2":
+        ln2 = arith.constant(LN2, f32)
+        if spec.fused:
+            out_lse = arith.fma(log_total, ln2, top, f32, trace, "combine")
+        else:
+            out_lse = arith.binary(
+                "add", arith.binary("mul", log_total, ln2, f32, trace, "combine"), top, f32, trace, "combine"
+            )
+    else:
+        out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
     bad = (total == 0) | np.isnan(total)
     out_lse = np.where(bad, np.float32(np.inf), out_lse).astype(np.float32)
     acc = np.zeros_like(o[0])

@@ -138,6 +138,16 @@ for _model in (
         "CUDA libdevice log2f (Triton tl.math.log2 on float32): FP32 FMA polynomial (emufloat.hw.libdevice.log2f)",
         libdevice.log2f,
     ),
+    FunctionModel(
+        "h100_lg2", "log", "2", "H100 lg2.approx.ftz.f32 (MUFU.LG2; emufloat.hw.h100.lg2_approx)", h100.lg2_approx
+    ),
+    FunctionModel(
+        "cuda_fast_logf",
+        "log",
+        "e",
+        "CUDA __logf (logf under -use_fast_math) on the H100: lg2.approx.ftz, then mul.ftz by ln 2 (FA2's LSE)",
+        h100.cuda_fast_logf,
+    ),
 ):
     register_function(_model)
 

@@ -180,9 +180,8 @@ def sdpa_flash_policy(
 
     flashsim's ``fa2`` arithmetic in ``dtype`` (bf16 or fp16) with FA2's own tiles for ``head_dim``, and, when
     its heuristic splits the keys (few heads and query blocks for the GPU's ``num_sms``), the split-KV kernel's
-    64-row tiles and ``kv_splits`` with FA2's combine.  The LSE's ``__logf`` (``lg2.approx``) is not modelled:
-    the correctly rounded log stands in, so the LSE, and O where several splits merge, can differ in the last
-    bit.
+    64-row tiles and ``kv_splits`` with FA2's combine.  The LSE is FA2's ``row_max * softmax_scale +
+    __logf(sum)``, one FMA after ``lg2.approx.ftz`` and the multiply by ln 2.
     """
     if head_dim not in FA2_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_TILES)}, got {head_dim!r}")
@@ -201,7 +200,9 @@ def sdpa_flash_policy(
         scores=Dot(fmt, model),
         p_cast=Op(fmt),
         pv=Dot(fmt, model, into_acc=True),
+        subtract=Op(FP32),  # PyTorch builds FA2 with UNFUSE_FMA: exp2f(__fmul_rn(s, c) - m * c)
         output=Op(fmt),
+        lse=Func("cuda_fast_logf", FP32, fused=True),
         tiling=Tiling(bm, bn, "reverse", kv_splits=splits),
     )
 

@@ -179,18 +179,25 @@ class Dot(Spec):
 @dataclass(frozen=True)
 class Func(Spec):
     """An elementary function step (exp, and the log of LSE) by the name of a function model
-    (:mod:`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``."""
+    (:mod:`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``.
+
+    ``fused`` (the LSE step only): LSE = m * c + log(l) as one FMA where m needs the multiply (FA2's
+    ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts).
+    """
 
     function: str
     fmt: Format
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
+    fused: bool = False
 
     def __post_init__(self) -> None:
         model = get_function(self.function, argname="Func.function")
         self._normalise()
         if model.hardware and is_native(self.fmt):
             raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
+        if self.fused and is_native(self.fmt):
+            raise ValueError("Func.fused: no FMA in FP64 (numpy has none)")
 
     @property
     def base(self) -> str:
@@ -198,7 +205,7 @@ class Func(Spec):
         return get_function(self.function).base
 
     def __str__(self) -> str:
-        return f"{self.function} -> {self._store()}"
+        return f"{self.function} -> {self._store()}" + ("; m*c + log l as one FMA" if self.fused else "")
 
 
 @dataclass(frozen=True)
@@ -295,20 +302,24 @@ class Combine:
     Per row: M = max of the splits' LSEs (0 if none is finite); S = the sum of exp(lse_i - M) over the
     splits (lanes of a shuffle butterfly over the next power of two, empty lanes 0); L = log(S) + M (the
     row's LSE); O = sum_i exp(lse_i - L) O_i, one FMA per split in order from 0.  ``exp`` and ``log`` name
-    function models (:mod:`flashsim.functions`; FA2 under fast math: ``cuda_fast_expf``, and ``__logf``,
-    whose ``lg2.approx`` is not modelled, so ``log`` stands in).  A split that sees no key of a row gives it
-    O = 0 and LSE = -inf.
+    function models (:mod:`flashsim.functions`).  With a base-2 ``log``, L = log2(S) * ln 2 + M, one FMA
+    when ``fused``: FA2 under fast math, whose ``logf(S) + M`` nvcc compiles to ``lg2.approx.ftz`` and
+    ``fma(., ln 2, M)``.  A split that sees no key of a row gives it O = 0 and LSE = -inf.
     """
 
     exp: str = "cuda_fast_expf"
-    log: str = "log"
+    log: str = "h100_lg2"
+    fused: bool = True
 
     def __post_init__(self) -> None:
         get_function(self.exp, "exp", argname="Combine.exp")
-        get_function(self.log, "log", argname="Combine.log")
+        model = get_function(self.log, "log", argname="Combine.log")
+        if self.fused and model.base != "2":
+            raise ValueError(f"Combine.fused: fuses the ln 2 multiply of a base-2 log; {self.log!r} is base e")
 
     def __str__(self) -> str:
-        return f"FP32: {self.exp}, {self.log}, an FMA per split"
+        log = f"{self.log} * ln 2 + M" + (" (one FMA)" if self.fused else "")
+        return f"FP32: {self.exp}, {log}, an FMA per split"
 
 
 __all__ = [

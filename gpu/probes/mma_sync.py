@@ -24,8 +24,8 @@ from flashsim.console import ArgumentParser, run_command, writable_dir
 from ..scripts.device_cli import require_gpu
 
 SEED = 20261127
-TILES = 4096
-CHAIN_TILES = 1024
+TILES = 1024
+CHAIN_TILES = 256
 
 CUDA_SRC = r"""
 #include <torch/extension.h>

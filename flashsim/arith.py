@@ -201,8 +201,13 @@ class RowSumState:
             width = -(-n // 8) * 8
             padded = np.zeros((p.shape[0], width), dtype=p.dtype)
             padded[:, :n] = p
-            scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
-            leaves = np.concatenate([f64(scaled)[:, :, None], f64(padded)[:, _fa2_columns(width)]], axis=-1)
+            cols = padded[:, _fa2_columns(width)]  # (rows, 4, width/4)
+            if spec.fused:  # nvcc contracts l *= scale; l += p0 into one FMA
+                scaled = fma(self.l, np.broadcast_to(alpha[:, None], self.l.shape), cols[:, :, 0], spec, tr, lab)
+                cols = cols[:, :, 1:]
+            else:
+                scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
+            leaves = np.concatenate([f64(scaled)[:, :, None], f64(cols)], axis=-1)
             first = compute_format(spec)
             s = ef.tree_sum(
                 leaves,

@@ -201,6 +201,8 @@ def sdpa_flash_policy(
         p_cast=Op(fmt),
         pv=Dot(fmt, model, into_acc=True),
         subtract=Op(FP32),  # PyTorch builds FA2 with UNFUSE_FMA: exp2f(__fmul_rn(s, c) - m * c)
+        row_sum=RowSum("fa2_threads", FP32, fused=True),
+        normalize=Norm("reciprocal", "ieee", FP32),
         output=Op(fmt),
         lse=Func("cuda_fast_logf", FP32, fused=True),
         tiling=Tiling(bm, bn, "reverse", kv_splits=splits),

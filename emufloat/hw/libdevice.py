@@ -1,9 +1,12 @@
-"""CUDA's libdevice: math functions built from IEEE FP32 operations, so the same bits on every NVIDIA GPU.
+"""CUDA's math library (libdevice): functions built from IEEE FP32 operations, and the H100's units where
+they call one.
 
 Triton links libdevice for ``tl.math`` functions without a hardware instruction of their own (``tl.math.log2``
-on float32 among them).  Each function here repeats libdevice's code (``libdevice.10.bc`` as Triton 3.6
-bundles it) operation by operation with emufloat's correctly rounded FP32 arithmetic, so it is bit-exact
-wherever the GPU's FP32 FMA, add and multiply are IEEE (every NVIDIA GPU since sm_20).
+on float32 among them); nvcc inlines the same code for ``expf`` and ``logf`` without ``-use_fast_math``
+(FlashAttention-2 as PyTorch builds it).  Each function here repeats that code operation by operation with
+emufloat's correctly rounded FP32 arithmetic: ``log2f`` and ``logf`` are bit-exact wherever the GPU's FP32
+FMA, add and multiply are IEEE (every NVIDIA GPU since sm_20); ``expf`` ends in ``ex2.approx.ftz``, the
+H100's model.
 
 libdevice picks flush-to-zero variants of its FMAs at compile time (``__nvvm_reflect("__CUDA_FTZ")``, set by
 Triton); in log2f no FMA sees a subnormal operand, and the scaling of subnormal inputs is an ordinary
@@ -18,6 +21,7 @@ from ..formats import FP32
 from ..ops import add, fma, mul, sub
 from ..trace import Trace
 from .h100.common import CANONICAL_NAN, fp32_bits
+from .h100.ex2 import ex2_approx
 
 #: log2f's polynomial in f = m - 1 (m in [0.707, 1.414)), highest degree first: libdevice's float32 constants
 LOG2F_COEFFS = tuple(
@@ -78,4 +82,91 @@ def log2f(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "")
     return rb.view(np.float32).reshape(np.shape(arr))
 
 
-__all__ = ["LOG2F_COEFFS", "LOG2F_LINEAR", "log2f"]
+#: logf's polynomial in f = m - 1 (m in [2/3, 4/3)), highest degree first, as nvcc inlines it
+LOGF_COEFFS = tuple(
+    np.uint32(b).view(np.float32)
+    for b in (
+        0xBE055027,
+        0x3E1039F6,
+        0xBDF8CDCC,
+        0x3E0F2955,
+        0xBE2AD8B9,
+        0x3E4CED0B,
+        0xBE7FFF22,
+        0x3EAAAA78,
+        0xBF000000,
+    )
+)
+_LN2_F32 = np.uint32(0x3F317218).view(np.float32)
+_TWO_THIRDS_BITS = 0x3F2AAAAB
+
+
+def logf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """CUDA's ``logf(x)`` without ``-use_fast_math`` (``__nv_logf``) for FP32-representable ``x``.
+
+    As log2f, but m in [2/3, 4/3): f = m - 1, a degree-8 polynomial p by FMAs, ``fma(f * p * f... )``:
+    r = fma(f * p, f, f), then ``fma(e, ln 2, r)``.  logf(0) = -inf, logf(+inf) = +inf, negative x and
+    NaN give the GPU's NaN.  Traced calls record every rounded operation.
+    """
+    arr, bits = fp32_bits(x, "x")
+    a = bits.view(np.float32)
+    small = a < _TINY
+    a2 = np.where(small, mul(a, np.float32(2.0**23), FP32, trace=trace, label=label), a).astype(np.float32)
+    b2 = a2.view(np.uint32).astype(np.int64)
+    e_bits = ((b2 - _TWO_THIRDS_BITS) & 0xFF800000).astype(np.uint32).view(np.int32)
+    m = (b2 - e_bits).astype(np.uint32).view(np.float32)
+    e = fma(
+        e_bits.astype(np.float32),
+        np.float32(2.0**-23),
+        np.where(small, np.float32(-23.0), np.float32(0.0)),
+        FP32,
+        trace=trace,
+        label=label,
+    )
+    f = add(m, np.float32(-1.0), FP32, trace=trace, label=label)
+    c = LOGF_COEFFS
+    p = fma(np.full_like(f, c[0]), f, c[1], FP32, trace=trace, label=label)
+    for ck in c[2:]:
+        p = fma(p, f, ck, FP32, trace=trace, label=label)
+    r = fma(mul(f, p, FP32, trace=trace, label=label), f, f, FP32, trace=trace, label=label)
+    r = fma(e, _LN2_F32, r, FP32, trace=trace, label=label)
+    special = b2 >= 0x7F800000  # +inf, NaN, and (sign bit set) negatives: fma(x, inf, inf)
+    with np.errstate(invalid="ignore"):
+        r = np.where(special, a2 * np.float32(np.inf) + np.float32(np.inf), r).astype(np.float32)
+    r = np.where(a2 == 0, np.float32(-np.inf), r)
+    rb = np.where(np.isnan(r), CANONICAL_NAN, r.view(np.uint32)).astype(np.uint32)
+    return rb.view(np.float32).reshape(np.shape(arr))
+
+
+#: expf's constants: log2(e) / 252, log2(e) split in two float32 parts, and the rounding magic numbers
+_EXPF_STEP = np.uint32(0x3BBB989D).view(np.float32)
+_LOG2E_HI = np.uint32(0x3FB8AA3B).view(np.float32)
+_LOG2E_LO = np.uint32(0x32A57060).view(np.float32)
+_EXPF_MAGIC = np.float32(12582913.0)  # 1.5 * 2**23 + 1
+_EXPF_UNBIAS = np.float32(-12583039.0)  # -(1.5 * 2**23 + 127)
+
+
+def expf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """CUDA's ``expf(x)`` without ``-use_fast_math`` (``__nv_expf``) on an H100, for FP32-representable ``x``.
+
+    t = sat(fma(x, log2(e)/252, 0.5)); j = fma(t, 252, 1.5 * 2**23 + 1) rounded toward -inf, so j holds
+    n + 127 in its low bits (n = round(x log2 e) within [-126, 126]); r = x log2 e - n by two FMAs (log2 e
+    in two parts); ``ex2.approx.ftz(r)`` times 2**n (the bits of j shifted into the exponent field).
+    Traced calls record every rounded operation.
+    """
+    arr, bits = fp32_bits(x, "x")
+    a = bits.view(np.float32)
+    t = fma(a, _EXPF_STEP, np.float32(0.5), FP32, trace=trace, label=label)
+    t = np.where(np.isnan(t), np.float32(0.0), np.clip(t, np.float32(0.0), np.float32(1.0))).astype(np.float32)
+    j = fma(t, np.float32(252.0), _EXPF_MAGIC, FP32, "rd", trace=trace, label=label)
+    k = add(j, _EXPF_UNBIAS, FP32, trace=trace, label=label)
+    r = fma(a, _LOG2E_HI, -k, FP32, trace=trace, label=label)
+    r = fma(a, _LOG2E_LO, r, FP32, trace=trace, label=label)
+    e = ex2_approx(r, ftz=True, trace=trace, label=label)
+    scale = (j.view(np.uint32) << np.uint32(23)).view(np.float32)
+    out = mul(e, scale, FP32, trace=trace, label=label)
+    rb = np.where(np.isnan(out), CANONICAL_NAN, out.view(np.uint32)).astype(np.uint32)
+    return rb.view(np.float32).reshape(np.shape(arr))
+
+
+__all__ = ["LOG2F_COEFFS", "LOG2F_LINEAR", "LOGF_COEFFS", "expf", "log2f", "logf"]

@@ -232,11 +232,8 @@ class RowSum(Spec):
                 f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
                 f"fmt {format_name(self.fmt)}"
             )
-        if self.fused and (is_native(self.fmt) or self.order == "fa2_threads"):
-            raise ValueError(
-                "RowSum.fused: no FMA update for FP64 (numpy has none) or 'fa2_threads' (FA2 "
-                "multiplies its partial sums, then adds)"
-            )
+        if self.fused and is_native(self.fmt):
+            raise ValueError("RowSum.fused: no FMA update for FP64 (numpy has none)")
 
     def __str__(self) -> str:
         return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")

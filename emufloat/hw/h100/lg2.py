@@ -121,13 +121,17 @@ def lg2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     return res
 
 
-def cuda_fast_logf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
-    """CUDA's ``__logf`` (and ``logf`` under ``-use_fast_math``) on an H100: ``lg2.approx.ftz.f32``, then
-    ``mul.ftz.f32`` by :data:`LN2_F32` (the PTX nvcc emits).  A trace gets the log2 and the multiply."""
+def cuda_fast_logf(
+    x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
+    """CUDA's ``__logf`` on an H100: ``lg2.approx.f32``, then ``mul.f32`` by :data:`LN2_F32` (the PTX nvcc
+    emits).  ``ftz=True``: the ``.ftz`` forms, as under ``-use_fast_math`` (where ``logf`` is ``__logf``
+    too); ``ftz=False``: as compiled without it (subnormal inputs kept).  A trace gets the log2 and the
+    multiply."""
     arr = _arrays.as_float_array(x, "x")
     _arrays.check_fp32_values(arr, "x")
-    y = lg2_approx(np.asarray(arr, dtype=np.float32), ftz=True, trace=trace, label=label)
-    r = mul(y, LN2_F32, FP32, trace=trace, label=label)
+    y = lg2_approx(np.asarray(arr, dtype=np.float32), ftz=ftz, trace=trace, label=label)
+    r = mul(y, LN2_F32, FP32, trace=trace, label=label)  # lg2's nonzero outputs lie far above the subnormals
     r.reshape(-1).view(np.uint32)[np.isnan(r.reshape(-1))] = CANONICAL_NAN  # the FP32 unit's NaN
     return r
 

@@ -99,6 +99,10 @@ def _h100_ex2(x, trace=None, label=""):
     return h100.ex2_approx(x, ftz=True, trace=trace, label=label)
 
 
+def _cuda_intrinsic_logf(x, trace=None, label=""):
+    return h100.cuda_fast_logf(x, ftz=False, trace=trace, label=label)
+
+
 def _h100_ex2_noftz(x, trace=None, label=""):
     return h100.ex2_approx(x, ftz=False, trace=trace, label=label)
 
@@ -139,14 +143,35 @@ for _model in (
         libdevice.log2f,
     ),
     FunctionModel(
+        "libdevice_expf",
+        "exp",
+        "e",
+        "CUDA expf without -use_fast_math: FMA range reduction, ex2.approx.ftz, times 2**n (libdevice.expf)",
+        libdevice.expf,
+    ),
+    FunctionModel(
+        "libdevice_logf",
+        "log",
+        "e",
+        "CUDA logf without -use_fast_math: FP32 FMA polynomial (emufloat.hw.libdevice.logf)",
+        libdevice.logf,
+    ),
+    FunctionModel(
         "h100_lg2", "log", "2", "H100 lg2.approx.ftz.f32 (MUFU.LG2; emufloat.hw.h100.lg2_approx)", h100.lg2_approx
     ),
     FunctionModel(
         "cuda_fast_logf",
         "log",
         "e",
-        "CUDA __logf (logf under -use_fast_math) on the H100: lg2.approx.ftz, then mul.ftz by ln 2 (FA2's LSE)",
+        "CUDA __logf under -use_fast_math on the H100: lg2.approx.ftz, then mul.ftz by ln 2",
         h100.cuda_fast_logf,
+    ),
+    FunctionModel(
+        "cuda_intrinsic_logf",
+        "log",
+        "e",
+        "CUDA __logf without -use_fast_math on the H100: lg2.approx, then mul by ln 2 (FA2's LSE in PyTorch)",
+        _cuda_intrinsic_logf,
     ),
 ):
     register_function(_model)

@@ -178,10 +178,15 @@ def sdpa_flash_policy(
 ) -> Policy:
     """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward.
 
-    flashsim's ``fa2`` arithmetic in ``dtype`` (bf16 or fp16) with FA2's own tiles for ``head_dim``, and, when
-    its heuristic splits the keys (few heads and query blocks for the GPU's ``num_sms``), the split-KV kernel's
-    64-row tiles and ``kv_splits`` with FA2's combine.  The LSE is FA2's ``row_max * softmax_scale +
-    __logf(sum)``, one FMA after ``lg2.approx.ftz`` and the multiply by ln 2.
+    FA2's arithmetic as PyTorch compiles it (``UNFUSE_FMA``, no ``-use_fast_math``) in ``dtype`` (bf16 or fp16)
+    with FA2's own tiles for ``head_dim``, and, when its heuristic splits the keys (few heads and query blocks
+    for the GPU's ``num_sms``), the split-KV kernel's 64-row tiles and ``kv_splits`` with FA2's combine:
+
+    * P = ``exp2f(__fmul_rn(s, c) - m * c)``: a multiply, a subtract, ``ex2.approx.f32``;
+    * each thread's row sum ``l *= alpha; l += p`` contracts to one FMA with its first P;
+    * O = acc * (1.f / l), the division correctly rounded (``rcp.rn.f32``);
+    * LSE = ``row_max * softmax_scale + __logf(sum)``: ``lg2.approx.f32``, the multiply by ln 2, one FMA;
+    * the combine with CUDA's ``expf`` and ``logf`` (:class:`flashsim.specs.Combine`).
     """
     if head_dim not in FA2_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_TILES)}, got {head_dim!r}")
@@ -200,11 +205,12 @@ def sdpa_flash_policy(
         scores=Dot(fmt, model),
         p_cast=Op(fmt),
         pv=Dot(fmt, model, into_acc=True),
-        subtract=Op(FP32),  # PyTorch builds FA2 with UNFUSE_FMA: exp2f(__fmul_rn(s, c) - m * c)
+        subtract=Op(FP32),
+        exp=Func("h100_ex2_noftz", FP32),
         row_sum=RowSum("fa2_threads", FP32, fused=True),
         normalize=Norm("reciprocal", "ieee", FP32),
         output=Op(fmt),
-        lse=Func("cuda_fast_logf", FP32, fused=True),
+        lse=Func("cuda_intrinsic_logf", FP32, fused=True),
         tiling=Tiling(bm, bn, "reverse", kv_splits=splits),
     )
 

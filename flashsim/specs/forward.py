@@ -299,14 +299,16 @@ class Combine:
     Per row: M = max of the splits' LSEs (0 if none is finite); S = the sum of exp(lse_i - M) over the
     splits (lanes of a shuffle butterfly over the next power of two, empty lanes 0); L = log(S) + M (the
     row's LSE); O = sum_i exp(lse_i - L) O_i, one FMA per split in order from 0.  ``exp`` and ``log`` name
-    function models (:mod:`flashsim.functions`).  With a base-2 ``log``, L = log2(S) * ln 2 + M, one FMA
-    when ``fused``: FA2 under fast math, whose ``logf(S) + M`` nvcc compiles to ``lg2.approx.ftz`` and
-    ``fma(., ln 2, M)``.  A split that sees no key of a row gives it O = 0 and LSE = -inf.
+    function models (:mod:`flashsim.functions`); the defaults are FA2 as PyTorch builds it (CUDA's
+    ``expf`` and ``logf`` without fast math).  With a base-2 ``log``, L = log2(S) * ln 2 + M, one FMA when
+    ``fused``: FA2 built with ``-use_fast_math`` (the flash-attn package), whose ``logf(S) + M`` nvcc
+    compiles to ``lg2.approx.ftz`` and ``fma(., ln 2, M)``, with ``exp`` ``cuda_fast_expf``.  A split that
+    sees no key of a row gives it O = 0 and LSE = -inf.
     """
 
-    exp: str = "cuda_fast_expf"
-    log: str = "h100_lg2"
-    fused: bool = True
+    exp: str = "libdevice_expf"
+    log: str = "libdevice_logf"
+    fused: bool = False
 
     def __post_init__(self) -> None:
         get_function(self.exp, "exp", argname="Combine.exp")

@@ -51,18 +51,24 @@ class KernelCase:
         return asdict(self)
 
 
-def grid(kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None) -> list[KernelCase]:
+def grid(
+    kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None, round_: int = 0
+) -> list[KernelCase]:
     """Every kind x head dim (64, 128) x causal x length x dtype x ``seeds_per_cell`` seeds of ``kernel``: 112
     cases by default.
 
     The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; SDPA's
     backends, and any other kernel name (a user's kernel, ``python -m gpu.crosscheck --kernel``), bf16 and
-    fp16 with one ragged length, one seed a cell.  Each name of :data:`KERNELS` draws seeds of its own."""
+    fp16 with one ragged length, one seed a cell.  Each name of :data:`KERNELS` draws seeds of its own, and
+    each recording ``round_`` fresh ones (10,000 apart)."""
+    if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 10:
+        raise ValueError(f"round_: expected an integer 0..9, got {round_!r}")
     tutorial = kernel == "tutorial"
     lengths = lengths or ((128, 256) if tutorial else (128, 200))
     dtypes = ("fp16",) if tutorial else ("bf16", "fp16")
     seeds_per_cell = seeds_per_cell or (2 if tutorial else 1)
-    cases, seed = [], SEED0 + 100_000 * (KERNELS.index(kernel) if kernel in KERNELS else len(KERNELS))
+    base = SEED0 + 100_000 * (KERNELS.index(kernel) if kernel in KERNELS else len(KERNELS)) + 10_000 * round_
+    cases, seed = [], base
     for dtype in dtypes:
         for d in (64, 128):
             for causal in (False, True):
@@ -112,13 +118,13 @@ def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def run_of(rec: dict, arrays: dict[str, np.ndarray]) -> KernelRun | None:
     """One recorded case (an entry of others.json) as a kernel run with the policy of its launch: O and LSE,
     and dQ, dK, dV where they were recorded (the tutorial's causal cases: its backward always masks
-    causally); None when its outputs are not in ``arrays``."""
+    causally; SDPA's backends in later recordings); None when its outputs are not in ``arrays``."""
     case = KernelCase(**rec["case"])
     if f"{case.key}/o" not in arrays:
         return None
     x = case.inputs()
     outputs = {"o": arrays[f"{case.key}/o"][None], "lse": arrays[f"{case.key}/lse"].reshape(1, -1)}
-    grads = case.causal and all(f"{case.key}/{g}" in arrays for g in ("dq", "dk", "dv"))
+    grads = all(f"{case.key}/{g}" in arrays for g in ("dq", "dk", "dv"))
     outputs.update({g: arrays[f"{case.key}/{g}"][None] for g in ("dq", "dk", "dv")} if grads else {})
     return KernelRun(
         q=x["q"][None],

@@ -4,10 +4,11 @@
 
 Kernels (``--kernels``): ``tutorial`` (Triton's fused-attention tutorial, loaded from ``--tutorial``, run
 as its ``_attention`` autograd function runs it, autotuner included; forward and backward), and PyTorch
-SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward).  Cases: :func:`gpu.crosscheck.others.grid`.
-Writes ``others.json`` (cases, autotuned configs, versions, the card, and per case the emulator's
-identical fraction under :func:`gpu.crosscheck.others.policy_of`), ``others.npz`` (O and LSE bits) and
-``others_bwd.npz`` (the tutorial's dQ, dK, dV bits).
+SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward, and backward through autograd).
+Cases: :func:`gpu.crosscheck.others.grid` (``--round``: a fresh set of seeds).  Writes ``others.json``
+(cases, autotuned configs, versions, the card, FA2's dQ atomics experiment, and per case the emulator's
+identical fraction under :func:`gpu.crosscheck.others.policy_of` unless ``--no-check``), ``others.npz``
+(O and LSE bits) and ``others_bwd.npz`` (dQ, dK, dV bits).
 """
 
 from __future__ import annotations
@@ -61,10 +62,43 @@ def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
 
 
 def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
+    """O, the LSE and, through autograd on the same backend, dQ, dK, dV for the upstream gradient ``do``."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
     from ..crosscheck.kernels import sdpa
 
-    o, lse = sdpa(backend)(x["q"], x["k"], x["v"], causal, scale)
-    return {"o": o, "lse": lse}
+    with torch.no_grad():
+        o, lse = sdpa(backend)(x["q"], x["k"], x["v"], causal, scale)
+    which = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION}
+    which["cudnn"] = SDPBackend.CUDNN_ATTENTION
+    q, k, v = (x[n].detach().clone().requires_grad_() for n in "qkv")
+    with sdpa_kernel(which[backend]):
+        o2 = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    o2.backward(x["do"])
+    return {"o": o, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad, "o_autograd_same": bool(torch.equal(o, o2))}
+
+
+def atomics(reps: int = 8) -> dict:
+    """FA2's backward adds each K/V block's dQ into an fp32 buffer with atomicAdd: with three or more K/V
+    blocks the order, hence the bits, can change from run to run.  Distinct dQ, dK, dV bit patterns over
+    ``reps`` identical launches per length (bf16, head dim 64, K/V blocks of 128)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    out = {}
+    for n in (128, 256, 384, 1024):
+        g = torch.Generator(device="cuda").manual_seed(n)
+        q, k, v, do = (torch.randn(1, 4, n, 64, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
+        seen: dict[str, set] = {"dq": set(), "dk": set(), "dv": set()}
+        for _ in range(reps):
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+                torch.nn.functional.scaled_dot_product_attention(qq, kk, vv).backward(do)
+            for name, t in (("dq", qq), ("dk", kk), ("dv", vv)):
+                seen[name].add(hash(t.grad.view(torch.int16).cpu().numpy().tobytes()))
+        out[f"n{n}_kv_blocks{-(-n // 128)}"] = {name: len(s) for name, s in seen.items()}
+    return out
 
 
 _RECORDING: dict = {}  # a check worker's copy of the recording (others.json, arrays), loaded once
@@ -108,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     fwd, bwd = {}, {}
     t0 = time.monotonic()
     for kernel in kernels:
-        for case in grid(kernel)[: args.limit]:
+        for case in grid(kernel, round_=args.round)[: args.limit]:
             x = {
                 n: torch.from_numpy(a).cuda().to(torch.float16 if case.dtype == "fp16" else torch.bfloat16)[None, None]
                 for n, a in case.inputs().items()
@@ -122,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
                         bwd[f"{case.key}/{g}"] = bits_of(res[g][0, 0])
                 else:
                     res = run_sdpa(kernel[5:], x, case.causal, scale)
+                    rec["o_autograd_same"] = res["o_autograd_same"]
+                    for g in ("dq", "dk", "dv"):
+                        bwd[f"{case.key}/{g}"] = bits_of(res[g][0, 0])
                 fwd[f"{case.key}/o"] = bits_of(res["o"][0, 0])
                 fwd[f"{case.key}/lse"] = bits_of(res["lse"][0, 0].float().contiguous())
             except Exception as exc:  # noqa: BLE001 - a backend refusing a shape is a result, not a crash
@@ -132,6 +169,12 @@ def run(args: argparse.Namespace) -> int:
         if bwd:
             np.savez_compressed(out / "others_bwd.npz", **bwd)
         (out / "others.json").write_text(json.dumps(meta, indent=1))
+    if "sdpa_flash" in kernels:
+        meta["fa2_dq_atomics"] = atomics()
+        print("FA2 backward, distinct bit patterns over 8 launches:", meta["fa2_dq_atomics"], flush=True)
+        (out / "others.json").write_text(json.dumps(meta, indent=1))
+    if args.no_check:
+        return 0
     jobs = [i for i, rec in enumerate(meta["cases"]) if "error" not in rec]
     workers = max(1, (os.cpu_count() or 2) - 2)  # spawned: a fork after torch and Numba's OpenMP is unsafe
     spawn = multiprocessing.get_context("spawn")
@@ -166,6 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--tutorial", type=Path, help="the Triton tutorial's 06-fused-attention.py (for 'tutorial')")
     ap.add_argument("--limit", type=int, default=None, help="at most this many cases a kernel (default: all)")
+    ap.add_argument("--round", type=int, default=0, choices=range(10), help="which round of fresh seeds (0-9)")
+    ap.add_argument("--no-check", action="store_true", help="record only; check later with tools/check_others.py")
     return ap
 
 

@@ -69,6 +69,14 @@ def nan_encoded(x: np.ndarray, nan_bits: int | None) -> np.ndarray:
     return out
 
 
+def flush_subnormals(x: np.ndarray) -> np.ndarray:
+    """FP32 values with subnormals replaced by zeros of their sign (the GPU's ``.ftz`` operand and result
+    handling)."""
+    x = np.asarray(x, np.float32)
+    tiny = (np.abs(x) < np.float32(2.0**-126)) & (x != 0)
+    return np.where(tiny, np.copysign(np.float32(0.0), x), x).astype(np.float32)
+
+
 def constant(value: float, spec: Spec) -> np.ndarray:
     """A scalar constant as a kernel holds it: rounded (RNE) into the step's compute format, or its fmt."""
     fmt = compute_format(spec)

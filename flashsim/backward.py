@@ -254,6 +254,12 @@ class _Head:
         if grad.dot.into_acc:
             return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label)
         prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
+        if grad.atomic:  # atom.add.f32: subnormal operands and results flushed to sign-preserving zero
+            return arith.flush_subnormals(
+                arith.binary(
+                    "add", arith.flush_subnormals(acc), arith.flush_subnormals(prod), grad.accum, self.trace, label
+                )
+            )
         return arith.binary("add", acc, prod, grad.accum, self.trace, label)
 
     def finish(self, grad: Grad, acc: np.ndarray, label: str, scale: float | None) -> np.ndarray:

@@ -144,6 +144,9 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
 #: FlashAttention-2's forward tiles on the H100 and H200 (PyTorch's flash_fwd_launch_template.h, not sm8x): head dim
 #: -> (BLOCK_M, BLOCK_N) of the standard kernel; the split-KV kernel uses 64-row blocks and SPLIT_BLOCK_N keys
 FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64)}
+#: FA2's backward tiles (block_m, block_n) per head dim on an H100 (flash_bwd_launch_template.h, >= 144 KB of
+#: shared memory a block)
+FA2_BWD_TILES = {64: (128, 128), 128: (64, 128)}
 
 
 def fa2_split_block_n(head_dim: int) -> int:
@@ -188,8 +191,8 @@ def sdpa_flash_policy(
     * LSE = ``row_max * softmax_scale + __logf(sum)``: ``lg2.approx.f32``, the multiply by ln 2, one FMA;
     * the combine with CUDA's ``expf`` and ``logf`` (:class:`flashsim.specs.Combine`).
     """
-    if head_dim not in FA2_TILES:
-        raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_TILES)}, got {head_dim!r}")
+    if head_dim not in FA2_BWD_TILES:
+        raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
     if dtype not in ("bf16", "fp16"):
         raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
     fmt = kernel_format(dtype)
@@ -212,6 +215,18 @@ def sdpa_flash_policy(
         output=Op(fmt),
         lse=Func("cuda_intrinsic_logf", FP32, fused=True),
         tiling=Tiling(bm, bn, "reverse", kv_splits=splits),
+        # backward (flash_bwd_kernel.h): delta by 8 threads a row, 8-column chunks, FMAs; P recomputed as
+        # exp2f(__fmul_rn(s, c) - lse * log2 e); dS = P (dP - delta) on the fp32 P; dK, dV in registers over
+        # the Q blocks last to first; dQ per K/V block atomically added into fp32 (deterministic for at most
+        # two K/V blocks); dQ and dK times softmax_scale at the end
+        delta=Delta("fa2_dot_do_o", FP32, fused=True),
+        recompute=Recompute("h100_ex2_noftz", FP32),
+        dv=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
+        dp=Dot(fmt, model),
+        ds=SoftmaxGrad(FP32, scale_at="end"),
+        dk=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
+        dq=Grad(Dot(fmt, model), Op(FP32), Op(fmt), atomic=True),
+        bwd_tiling=BwdTiling(*FA2_BWD_TILES[head_dim], q_order="reverse"),
     )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from emufloat import Format, Rounding
+from emufloat import FP32, Format, Rounding
 
 from ..functions import get_function
 from .base import NUMPY, Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
@@ -186,12 +186,16 @@ class Grad:
     the product's format; ``dot.into_acc``: the accumulator enters as the product's C (mma / ``tl.dot(a, b,
     acc)``), otherwise each block product is stored and added by ``accum`` (``dq.add_(chunk)``, FA2's
     fp32 atomicAdd into dQaccum).  ``accum`` also rounds the final multiply by sm_scale (``scale_at='end'``).
-    ``out``: the cast of the result into its stored format.
+    ``out``: the cast of the result into its stored format.  ``atomic``: the block products are added with
+    ``atomicAdd`` into an FP32 buffer (FA2's dQaccum), whose ``atom.add.f32`` flushes subnormal operands
+    and results to sign-preserving zero; with three or more K/V blocks the GPU's order varies from launch
+    to launch (the model adds in ``BwdTiling.kv_order``), with at most two it cannot matter.
     """
 
     dot: Dot
     accum: Op
     out: Op
+    atomic: bool = False
 
     def __post_init__(self) -> None:
         for arg, typ in (("dot", Dot), ("accum", Op), ("out", Op)):
@@ -203,6 +207,8 @@ class Grad:
                 f"Grad.accum: with dot.into_acc the accumulator is the product's format "
                 f"{format_name(self.dot.fmt)}; got {format_name(self.accum.fmt)}"
             )
+        if self.atomic and (self.dot.into_acc or self.accum.fmt != FP32):
+            raise ValueError("Grad.atomic: atomicAdd adds stored FP32 block products (dot.into_acc False, accum FP32)")
         if self.accum.fused or self.out.fused:
             raise ValueError("Grad.accum, Grad.out: have no fused form")
         if self.out.compute is not None and self.out.compute != self.out.fmt:

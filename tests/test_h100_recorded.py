@@ -83,3 +83,19 @@ def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
     for fmt in ("e4m3", "e5m2"):
         r = verify[fmt]["c_in_fp32_accumulator"]
         assert r["compared"] > 500_000 and r["mismatch"] == 0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("shape", ["k16", "k64"])
+def test_mma_sync_rounds_as_the_wgmma_model(dtype, shape):
+    """FlashAttention-2 (SDPA's flash backend) runs Ampere's mma.sync.m16n8k16 on the H100: recorded tiles (D = A B
+    + C, and chains over K = 64 from C = 0) match the wgmma presets bit for bit (gpu/probes/mma_sync.py)."""
+    with np.load(DATA.parent / "mma_sync.npz") as z:
+        a, bt, c, d = (z[f"{dtype}_{shape}_{p}"] for p in ("a", "bt", "c", "d"))
+    np_dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
+    model = h100.WGMMA_BF16 if dtype == "bf16" else h100.WGMMA_FP16
+    av, bv = a.view(np_dt).astype(np.float32), bt.view(np_dt).astype(np.float32)
+    cv = c.view(np.float32)
+    for t in range(a.shape[0]):
+        got = ef.matmul(av[t], bv[t].T, model, c=cv[t] if shape == "k16" else None)
+        assert np.array_equal(got.view(np.uint32), d[t]), f"tile {t}"

@@ -19,6 +19,7 @@ import json
 import math
 import multiprocessing
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
 
     mod = load_tutorial(args.tutorial) if "tutorial" in kernels else None
     meta: dict = {
+        "recorded_by": "python -m gpu.scripts.record_kernels " + " ".join(sys.argv[1:]),
         "env": env.run(None),
         "device": torch.cuda.get_device_name(),
         "cases": [],

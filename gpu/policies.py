@@ -141,6 +141,32 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     )
 
 
+#: what each model of another party's kernel was calibrated on: policy name prefix -> package -> version
+#: prefix (torch's and Triton's own ``__version__``); all on Hopper (H100, H200; sm_90)
+CALIBRATED_ON = {
+    "sdpa_flash": {"torch": "2.11."},
+    "triton_tutorial": {"triton": "3.6."},
+}
+
+
+def calibration_mismatch(policy_name: str, versions: dict[str, str]) -> str | None:
+    """Why a match claimed under ``policy_name`` may not hold with these package ``versions`` ({"torch":
+    torch.__version__, ...}), or None (also for policies not in :data:`CALIBRATED_ON`)."""
+    for prefix, want in CALIBRATED_ON.items():
+        if policy_name.startswith(prefix):
+            off = [
+                f"{pkg} {versions.get(pkg)} (calibrated on {v}x)"
+                for pkg, v in want.items()
+                if not str(versions.get(pkg, "")).startswith(v)
+            ]
+            if off:
+                return (
+                    f"policy {policy_name!r} models the kernel as built in {', '.join(off)}; another build "
+                    "can compute other bits (re-record and re-check: docs/model-your-kernel.md)"
+                )
+    return None
+
+
 #: FlashAttention-2's forward tiles on the H100 and H200 (PyTorch's flash_fwd_launch_template.h, not sm8x): head dim
 #: -> (BLOCK_M, BLOCK_N) of the standard kernel; the split-KV kernel uses 64-row blocks and SPLIT_BLOCK_N keys
 FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64)}
@@ -279,6 +305,8 @@ def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
 
 
 __all__ = [
+    "CALIBRATED_ON",
+    "calibration_mismatch",
     "KERNEL_FORMATS",
     "TRITON_H100",
     "kernel_format",

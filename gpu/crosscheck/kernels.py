@@ -88,6 +88,7 @@ def kernel_run(
         raise ValueError(
             f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"
         )
+    _warn_if_uncalibrated(policy)
     outputs = {"o": bits_of(o[0])}
     if lse is not None:
         if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(x["q"].shape[:-1]):
@@ -107,6 +108,25 @@ def kernel_run(
         outputs=outputs,
         note=note or getattr(kernel, "__name__", "kernel"),
     )
+
+
+def _warn_if_uncalibrated(policy: Policy | PolicyRef | str) -> None:
+    """A warning when the policy models a kernel of another build than the one installed here."""
+    import importlib.metadata
+    import warnings
+
+    from ..policies import calibration_mismatch
+
+    versions = {}
+    for pkg in ("torch", "triton"):
+        try:
+            versions[pkg] = importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            versions[pkg] = "not installed"
+    ref = PolicyRef(policy) if isinstance(policy, str) else policy
+    why = calibration_mismatch(ref.name if isinstance(ref, Policy) else ref.resolve().name, versions)
+    if why:
+        warnings.warn(why, stacklevel=3)
 
 
 __all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "sdpa"]

@@ -164,6 +164,28 @@ def _fa2_columns(n: int) -> np.ndarray:
     return cols.transpose(1, 0, 2).reshape(4, -1)
 
 
+def _cutlass_warps_update(l: np.ndarray, p: np.ndarray, alpha: np.ndarray, spec: RowSum, tr, lab) -> np.ndarray:
+    """PyTorch's memory-efficient kernel: l = l*alpha, then + each 32-key warp column's quad-reduced sum."""
+    n = p.shape[-1]
+    width = -(-n // 32) * 32
+    padded = np.zeros((p.shape[0], width), dtype=p.dtype)
+    padded[:, :n] = p
+    op = Op(compute_format(spec))
+    l = binary("mul", l, alpha, op, tr, lab)
+    for w0 in range(0, width, 32):
+        threads = []
+        for q in range(4):
+            cols = [w0 + 8 * j + 2 * q + i for j in range(4) for i in range(2)]
+            acc = padded[:, cols[0]]
+            for c in cols[1:]:
+                acc = binary("add", acc, padded[:, c], op, tr, lab)
+            threads.append(acc)
+        a = binary("add", threads[0], threads[1], op, tr, lab)
+        b = binary("add", threads[2], threads[3], op, tr, lab)
+        l = binary("add", l, binary("add", a, b, op, tr, lab), op, tr, lab)
+    return _store(l, spec, tr, lab)
+
+
 def block_sum(
     p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None = None, label: str = ""
 ) -> np.ndarray:
@@ -226,6 +248,9 @@ class RowSumState:
                 label=lab,
             )
             self.l = _store(s, spec, tr, lab)
+            return
+        if spec.order == "cutlass_warps":
+            self.l = _cutlass_warps_update(self.l, p, alpha, spec, tr, lab)
             return
         s = block_sum(p, spec, self.tile, tr, lab)
         if spec.fused:

@@ -75,7 +75,12 @@ class Pipeline:
         pol, tr, c = self.pol, self.trace, self.c
         where = pol.scale.where
         scaled = where == "scores"
-        if scaled:
+        if scaled and pol.scale.split:  # S * sm_scale, then * log2 e
+            s = arith.binary("mul", s, arith.constant(self.sm_scale, pol.scale), pol.scale, tr, "scale")
+            s = arith.binary("mul", s, arith.constant(LOG2E, pol.scale), pol.scale, tr, "scale")
+            if visible is not None:
+                s = self._fill(s, visible)
+        elif scaled:
             s = arith.binary("mul", s, c, pol.scale, tr, "scale")
             if visible is not None:
                 s = self._fill(s, visible)
@@ -132,6 +137,9 @@ class Pipeline:
             k = LN2 if spec.base == "e" else LOG2E
         if k is None:
             return arith.binary("add", m, log_l, spec, tr, "lse")
+        if spec.divide:
+            m_u = arith.binary("div", m, arith.constant(1.0 / k, spec), spec, tr, "lse")
+            return arith.binary("add", m_u, log_l, spec, tr, "lse")
         if spec.fused:
             return arith.fma(m, arith.constant(k, spec), log_l, spec, tr, "lse")
         return arith.binary(

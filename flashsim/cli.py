@@ -32,7 +32,7 @@ from .attention import CAUSAL_ALIGNMENTS, causal_offset
 from .console import ArgumentParser, UsageError, progress, run_command, writable_dir, writable_file
 from .crosscheck import crosscheck, load_run
 from .examples import builtin_row
-from .policy import ALIASES, get_policy, policy_names
+from .policy import ALIASES, PolicyRef, get_policy, policy_names
 from .softmax import VARIANTS, StabilisedSoftmax, get_softmax
 from .stepper import step_rows
 from .userdata import InputError, load_qkv, pick_head
@@ -93,11 +93,20 @@ def _variants(spec: str, beta: float | None, eps: float | None) -> list:
     return out
 
 
-def _policy_arg(name: str):
+def _policy_arg(name: str, args_json: str = "{}"):
+    """A registered policy, or ``module:function`` called with ``--policy-args`` (JSON keyword arguments)."""
     try:
-        return get_policy(name)
-    except ValueError as exc:
-        raise UsageError(f"--policy: {exc}") from None
+        kwargs = json.loads(args_json)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--policy-args: not JSON ({exc.msg}): {args_json!r}") from None
+    if not isinstance(kwargs, dict):
+        raise UsageError(f"--policy-args: expected a JSON object of keyword arguments, got {args_json!r}")
+    if kwargs and ":" not in name:
+        raise UsageError(f"--policy-args: only a 'module:function' --policy takes arguments; {name!r} is a name")
+    try:
+        return PolicyRef(name, kwargs).resolve() if ":" in name else get_policy(name)
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"--policy: {str(exc).removeprefix('policy: ')}") from None
 
 
 def _positive(value: int | float | None, flag: str, kind=int, minimum=1) -> None:
@@ -159,10 +168,13 @@ def _estimate(n_keys: int, d: int, dv: int, n_variants: int) -> tuple[float, flo
     return size * TRACE_BYTES_PER_KEY_DIM * n_variants, size * TRACE_SECONDS_PER_KEY_DIM * n_variants
 
 
+POLICY_ARGS_HELP = "with --policy module:function (e.g. gpu.policies:sdpa_flash_policy), its keyword arguments as JSON"
+
+
 # ---- trace-row --------------------------------------------------------------------------------------
 def cmd_trace_row(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policy = _policy_arg(args.policy)
+    policy = _policy_arg(args.policy, args.policy_args)
     variants = _variants(args.softmax, args.beta, args.eps)
     for flag, val in (("--block-n", args.block_n), ("--block-m", args.block_m)):
         _positive(val, flag)
@@ -309,7 +321,7 @@ def _ties_arg(value: str) -> list[int]:
 
 def cmd_bias_rows(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policy = _policy_arg(args.policy)
+    policy = _policy_arg(args.policy, args.policy_args)
     variants = _variants(args.softmax, None, None)
     _positive(args.rows, "--rows")
     _positive(args.n_keys, "--n-keys", minimum=2)
@@ -394,6 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help=f"precision policy ({names}); default qiu_yao (the reference)",
     )
+    tr.add_argument("--policy-args", default="{}", metavar="JSON", help=POLICY_ARGS_HELP)
     tr.add_argument(
         "--softmax",
         default="both",
@@ -472,6 +485,7 @@ def build_parser() -> argparse.ArgumentParser:
         "against FP64, with the sign test and the z-test.",
     )
     br.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); default qiu_yao")
+    br.add_argument("--policy-args", default="{}", metavar="JSON", help=POLICY_ARGS_HELP)
     br.add_argument("--softmax", default="all", metavar="VARIANTS", help="as for trace-row; default all")
     br.add_argument("--rows", type=int, default=10_000, metavar="N", help="rows (one query each); default 10000")
     br.add_argument(

@@ -167,8 +167,10 @@ class Policy:
                 raise TypeError(f"{step}: expected a {typ.__name__} spec, got {type(val).__name__}")
         get_function(self.exp.function, "exp", argname="exp")
         get_function(self.lse.function, "log", argname="lse")
-        if self.exp.fused:
-            raise ValueError("exp: has no fused form (only the lse step's m * c + log l does)")
+        if self.exp.fused or self.exp.divide:
+            raise ValueError("exp: fused and divide are the lse step's options")
+        if self.scale.split and self.exp_base != "2":
+            raise ValueError("scale: split (sm_scale, then log2 e) needs a base-2 exp")
         if self.subtract.fused and self.scale.where == "scores":
             raise ValueError("subtract: fused (S*c - m as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
         for step in ("max", "p_cast", "rescale", "o_accum", "output"):

@@ -145,6 +145,7 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
 #: prefix (torch's and Triton's own ``__version__``); all on Hopper (H100, H200; sm_90)
 CALIBRATED_ON = {
     "sdpa_flash": {"torch": "2.11."},
+    "sdpa_efficient": {"torch": "2.11."},
     "triton_tutorial": {"triton": "3.6."},
 }
 
@@ -256,6 +257,57 @@ def sdpa_flash_policy(
     )
 
 
+#: PyTorch's memory-efficient attention (CUTLASS sm80 kernels on the H100): head dim -> (queries, keys) a block
+EFFICIENT_TILES = {64: (64, 64), 128: (64, 128)}
+MMA_K8_OF = {BF16: h100.MMA_K8_BF16, FP16: h100.MMA_K8_FP16}
+
+
+def sdpa_efficient_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
+    """PyTorch SDPA's memory-efficient backend (xformers' CUTLASS kernel, ``kernel_forward.h``) on the
+    H100/H200, forward, as PyTorch builds it (no fast math):
+
+    * S by ``mma.sync.m16n8k8`` (8-product blocks), then S * scale and * log2 e, two roundings;
+    * P = ``exp2f(s - m)`` (``ex2.approx.f32``); per 32-key warp column each of 4 threads adds its 8 P of a
+      row, a quad reduction, and l = l * alpha plus the columns in order (``RowSum("cutlass_warps")``);
+    * O accumulated over the key blocks in registers (scaled by alpha before each block's P V), then
+      O * (1 / l) with a correctly rounded division;
+    * LSE = m / log2 e + ``logf(l)``.
+
+    The backward is not modelled: the policy's is the baseline's, not the kernel's.
+    """
+    if head_dim not in EFFICIENT_TILES:
+        raise ValueError(
+            f"head_dim: the kernel's tiles are tabled here for {sorted(EFFICIENT_TILES)}, got {head_dim!r}"
+        )
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    fmt = kernel_format(dtype)
+    model = MMA_K8_OF[fmt]
+    bm, bn = EFFICIENT_TILES[head_dim]
+    return dataclasses.replace(
+        get_policy("baseline_bf16"),
+        name=f"sdpa_efficient_{dtype}_d{head_dim}_{bm}x{bn}",
+        note=f"PyTorch SDPA memory-efficient (CUTLASS) on the H100/H200, {dtype}, head dim {head_dim}, "
+        f"{bm}x{bn} tiles; forward only",
+        scores=Dot(fmt, model),
+        scale=Scale("scores", FP32, split=True),
+        mask=Mask(),
+        max=Op(FP32),
+        subtract=Op(FP32),
+        exp=Func("h100_ex2_noftz", FP32),
+        row_sum=RowSum("cutlass_warps", FP32),
+        p_cast=Op(fmt),
+        pv=Dot(fmt, model, into_acc=True),
+        rescale=Op(FP32),
+        o_accum=Op(FP32),
+        normalize=Norm("reciprocal", "ieee", FP32),
+        output=Op(fmt),
+        lse=Func("libdevice_logf", FP32, divide=True),
+        tiling=Tiling(bm, bn, "forward"),
+        **dict.fromkeys(("delta", "recompute", "dv", "dp", "ds", "dk", "dq", "bwd_tiling")),
+    )
+
+
 # ---- the policy of one launch -----------------------------------------------------------------------------
 def kernel_policy_args(
     dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
@@ -307,6 +359,8 @@ def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
 __all__ = [
     "CALIBRATED_ON",
     "calibration_mismatch",
+    "sdpa_efficient_policy",
+    "EFFICIENT_TILES",
     "KERNEL_FORMATS",
     "TRITON_H100",
     "kernel_format",

@@ -185,3 +185,40 @@ def test_live_sdpa_flash_forward(case):
     )
     report = crosscheck(run)
     assert report.identical, str(report)
+
+
+# ---- SDPA's memory-efficient backend (xformers' CUTLASS kernel as PyTorch builds it): forward bit for bit -----
+EFF_DATA = Path(__file__).resolve().parent / "data" / "sdpa_efficient"
+EFFICIENT = others.runs(EFF_DATA, "sdpa_efficient")
+
+
+def test_efficient_cases_cover_the_grid():
+    from flashsim.testing import KINDS
+
+    assert len(EFFICIENT) == 56 and not any(r.backward for r in EFFICIENT)
+    assert {r.dtype for r in EFFICIENT} == {"bf16", "fp16"} and {r.causal for r in EFFICIENT} == {False, True}
+    assert {r.q.shape[-1] for r in EFFICIENT} == {64, 128}
+    assert {c["case"]["kind"] for c in others.load(EFF_DATA)[0]["cases"]} == set(KINDS)
+
+
+@pytest.mark.parametrize("run", EFFICIENT, ids=[r.note for r in EFFICIENT])
+def test_sdpa_efficient_forward_is_bit_identical(run):
+    report = crosscheck(run)
+    assert report.identical, str(report)
+
+
+def test_each_modelled_detail_of_the_efficient_kernel_matters():
+    """Not vacuous: the 8-product mma.sync blocks, the two scale multiplies, the warp-column row sums and the
+    LSE's division each change recorded outputs when undone."""
+    from emufloat import FP32
+    from emufloat.hw import h100
+    from flashsim.specs import Dot, Func, RowSum, Scale
+
+    runs = [r for r in EFFICIENT if r.q.shape[-1] == 128 and r.dtype == "bf16"][:8]  # 1/sqrt(128): not a power of 2
+    k16 = {"bf16": h100.WGMMA_BF16, "fp16": h100.WGMMA_FP16}[runs[0].dtype]
+    fmt = runs[0].resolve_policy().scores.fmt
+    assert all(r.dtype == runs[0].dtype for r in runs)
+    assert _differ(runs, ("o", "lse"), scores=Dot(fmt, k16)) > 0
+    assert _differ(runs, ("o", "lse"), scale=Scale("scores", FP32)) > 0
+    assert _differ(runs, ("lse",), row_sum=RowSum("sequential", FP32)) > 0
+    assert _differ(runs, ("lse",), lse=Func("libdevice_logf", FP32)) > 0

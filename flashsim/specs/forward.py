@@ -29,6 +29,9 @@ ROW_SUM_ORDERS = {
     "pairwise": "balanced tree, each add rounded",
     "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.hw.h100.tl_sum)",
     "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
+    "cutlass_warps": "PyTorch's memory-efficient kernel: per 32-key warp column, 4 threads a row each add "
+    "their 8 values (keys 2q, 2q+1, 2q+8, 2q+9, ...), a quad reduction (t0+t1)+(t2+t3); then l*alpha plus the "
+    "warp columns in order",
 }
 SCALE_PLACES = {
     "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
@@ -76,20 +79,24 @@ class Scale(Spec):
     """Where the softmax scale c = sm_scale (* log2 e for base-2 exp) enters, and how its products round.
 
     ``where``: 'scores', 'max' or 'exp' (see ``SCALE_PLACES``).  The constant c is itself rounded into
-    the compute format (or ``fmt``), as a kernel holds it in a register.
+    the compute format (or ``fmt``), as a kernel holds it in a register.  ``split`` (placement 'scores',
+    a base-2 exp): S * sm_scale, then * log2 e, two roundings (PyTorch's memory-efficient kernel).
     """
 
     where: str
     fmt: Format
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
+    split: bool = False
 
     def __post_init__(self) -> None:
         check_choice(self.where, SCALE_PLACES, "Scale.where")
         self._normalise()
+        if self.split and self.where != "scores":
+            raise ValueError(f"Scale.split: two multiplies need placement 'scores', got {self.where!r}")
 
     def __str__(self) -> str:
-        return f"at {self.where}: {self._store()}"
+        return f"at {self.where}: {self._store()}" + ("; sm_scale, then log2 e" if self.split else "")
 
 
 @dataclass(frozen=True)
@@ -182,7 +189,8 @@ class Func(Spec):
     (:mod:`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``.
 
     ``fused`` (the LSE step only): LSE = m * c + log(l) as one FMA where m needs the multiply (FA2's
-    ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts).
+    ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts).  ``divide`` (the LSE step only): m
+    leaves the exp's base by a division, m / log2 e (PyTorch's memory-efficient kernel), not m * ln 2.
     """
 
     function: str
@@ -190,6 +198,7 @@ class Func(Spec):
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     fused: bool = False
+    divide: bool = False
 
     def __post_init__(self) -> None:
         model = get_function(self.function, argname="Func.function")
@@ -198,6 +207,8 @@ class Func(Spec):
             raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
         if self.fused and is_native(self.fmt):
             raise ValueError("Func.fused: no FMA in FP64 (numpy has none)")
+        if self.fused and self.divide:
+            raise ValueError("Func.divide: a division does not fuse; use fused=False")
 
     @property
     def base(self) -> str:
@@ -205,7 +216,8 @@ class Func(Spec):
         return get_function(self.function).base
 
     def __str__(self) -> str:
-        return f"{self.function} -> {self._store()}" + ("; m*c + log l as one FMA" if self.fused else "")
+        how = "; m*c + log l as one FMA" if self.fused else "; m / log2 e" if self.divide else ""
+        return f"{self.function} -> {self._store()}{how}"
 
 
 @dataclass(frozen=True)
@@ -232,8 +244,10 @@ class RowSum(Spec):
                 f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
                 f"fmt {format_name(self.fmt)}"
             )
-        if self.fused and is_native(self.fmt):
-            raise ValueError("RowSum.fused: no FMA update for FP64 (numpy has none)")
+        if self.fused and (is_native(self.fmt) or self.order == "cutlass_warps"):
+            raise ValueError(
+                "RowSum.fused: no FMA update for FP64 (numpy has none) or 'cutlass_warps' (l * alpha, then adds)"
+            )
 
     def __str__(self) -> str:
         return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")

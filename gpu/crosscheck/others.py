@@ -81,9 +81,10 @@ def grid(
 
 
 def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
-    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; FA2's model
-    (:func:`gpu.policies.sdpa_flash_policy`) for SDPA's flash backend; FlashAttention-2-style arithmetic
-    (``fa2``, not a model of them) for the memory-efficient and cuDNN backends."""
+    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
+    SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
+    backend (:func:`gpu.policies.sdpa_efficient_policy`, forward only); FlashAttention-2-style arithmetic
+    (``fa2``, not a model of it) for the cuDNN backend."""
     if case.kernel == "tutorial":
         cfg = config or {}
         return PolicyRef(
@@ -98,6 +99,8 @@ def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
         return PolicyRef(
             "gpu.policies:sdpa_flash_policy", {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n}
         )
+    if case.kernel == "sdpa_efficient":
+        return PolicyRef("gpu.policies:sdpa_efficient_policy", {"dtype": case.dtype, "head_dim": case.d})
     return PolicyRef("fa2")
 
 

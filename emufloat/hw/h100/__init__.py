@@ -4,7 +4,8 @@
 
 * tensor cores (:mod:`.wgmma`): the ``emufloat.matmul`` presets ``WGMMA_BF16``, ``WGMMA_FP16``, ``WGMMA_FP8``,
   ``WGMMA_FP8_PROMOTED``, ``WGMMA_TF32`` (:class:`emufloat.FusedBlock` objects, also reachable by their
-  names, ``emufloat.matmul(a, b, "h100_wgmma_bf16")``);
+  names, ``emufloat.matmul(a, b, "h100_wgmma_bf16")``), which ``mma.sync.m16n8k16`` matches too, and
+  ``MMA_K8_BF16``, ``MMA_K8_FP16`` for ``mma.sync.m16n8k8``;
 * exp2 (:mod:`.ex2`): ``ex2_approx`` (``ex2.approx[.ftz].f32``), ``triton_exp2`` (``tl.math.exp2``),
   ``triton_exp`` (``tl.exp``), ``cuda_fast_expf`` (CUDA's fast-math ``expf``), and their tables ``ex2_tables``;
 * division (:mod:`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
@@ -26,6 +27,8 @@ from .log2 import LOG2_FMA_COEFFS, log2_fma
 from .trees import derived_tl_sum, tl_sum
 from .wgmma import (
     INPUT_FORMATS,
+    MMA_K8_BF16,
+    MMA_K8_FP16,
     PRESETS,
     WGMMA_BF16,
     WGMMA_FP8,
@@ -40,6 +43,8 @@ __all__ = [
     "WGMMA_FP8",
     "WGMMA_FP8_PROMOTED",
     "WGMMA_TF32",
+    "MMA_K8_BF16",
+    "MMA_K8_FP16",
     "PRESETS",
     "INPUT_FORMATS",
     "ex2_approx",

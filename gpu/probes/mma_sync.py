@@ -3,9 +3,9 @@
     PYTHONPATH=. python -m gpu.probes.mma_sync --out $OUT
 
 FA2 (PyTorch SDPA's flash backend) is built for sm80 and runs Ampere's warp-level ``mma.sync`` on the
-H100, not ``wgmma``.  On the GPU, one warp per tile, inline PTX (compiled by torch's cpp_extension with
+H100, not ``wgmma`` (m16n8k16); PyTorch's memory-efficient kernel runs m16n8k8.  On the GPU, one warp per tile, inline PTX (compiled by torch's cpp_extension with
 nvcc): D = A B + C for 16x16 A, 16x8 B and 16x8 C, and chains over K = 64 (four k16 steps, D fed back
-as C, C = 0 first), on inputs by seed in several families (normal, wide exponents, cancelling sums,
+as C, C = 0 first), and the same for m16n8k8 (chains over K = 32), on inputs by seed in several families (normal, wide exponents, cancelling sums,
 attention-like scores).  Writes ``mma_sync.npz``: inputs and outputs as bits, per dtype and shape, for
 the CPU to compare with emufloat's tensor-core models.
 """
@@ -71,6 +71,48 @@ __global__ void mma_k16(const uint16_t* a, const uint16_t* bt, const float* c, f
     D[(g + 8) * 8 + 2 * t] = acc[2]; D[(g + 8) * 8 + 2 * t + 1] = acc[3];
 }
 
+template <bool BF16>
+__global__ void mma_k8(const uint16_t* a, const uint16_t* bt, const float* c, float* d, int tiles, int ksteps) {
+    // as mma_k16, with m16n8k8 steps of 8 (a: (tiles, 16, 8 * ksteps), bt: (tiles, 8, 8 * ksteps))
+    int tile = blockIdx.x;
+    if (tile >= tiles) return;
+    int lane = threadIdx.x, g = lane >> 2, t = lane & 3;
+    int K = 8 * ksteps;
+    const uint16_t* A = a + (size_t)tile * 16 * K;
+    const uint16_t* B = bt + (size_t)tile * 8 * K;
+    const float* C = c + (size_t)tile * 128;
+    float acc[4] = {C[g * 8 + 2 * t], C[g * 8 + 2 * t + 1], C[(g + 8) * 8 + 2 * t], C[(g + 8) * 8 + 2 * t + 1]};
+    for (int s = 0; s < ksteps; ++s) {
+        int k0 = 8 * s;
+        auto pack = [](uint16_t lo, uint16_t hi) { return (uint32_t)lo | ((uint32_t)hi << 16); };
+        uint32_t a0 = pack(A[g * K + k0 + 2 * t], A[g * K + k0 + 2 * t + 1]);
+        uint32_t a1 = pack(A[(g + 8) * K + k0 + 2 * t], A[(g + 8) * K + k0 + 2 * t + 1]);
+        uint32_t b0 = pack(B[g * K + k0 + 2 * t], B[g * K + k0 + 2 * t + 1]);
+        if (BF16) {
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 "
+                         "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]) : "r"(a0), "r"(a1), "r"(b0));
+        } else {
+            asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 "
+                         "{%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]) : "r"(a0), "r"(a1), "r"(b0));
+        }
+    }
+    float* D = d + (size_t)tile * 128;
+    D[g * 8 + 2 * t] = acc[0]; D[g * 8 + 2 * t + 1] = acc[1];
+    D[(g + 8) * 8 + 2 * t] = acc[2]; D[(g + 8) * 8 + 2 * t + 1] = acc[3];
+}
+
+torch::Tensor run8(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16) {
+    int tiles = a.size(0), ksteps = a.size(2) / 8;
+    auto d = torch::empty_like(c);
+    auto pa = (const uint16_t*)a.data_ptr();
+    auto pb = (const uint16_t*)bt.data_ptr();
+    if (bf16) mma_k8<true><<<tiles, 32>>>(pa, pb, c.data_ptr<float>(), d.data_ptr<float>(), tiles, ksteps);
+    else mma_k8<false><<<tiles, 32>>>(pa, pb, c.data_ptr<float>(), d.data_ptr<float>(), tiles, ksteps);
+    return d;
+}
+
 torch::Tensor run(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16) {
     int tiles = a.size(0), ksteps = a.size(2) / 16;
     auto d = torch::empty_like(c);
@@ -81,7 +123,10 @@ torch::Tensor run(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16)
     return d;
 }
 """
-CPP_SRC = "torch::Tensor run(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16);"
+CPP_SRC = (
+    "torch::Tensor run(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16);\n"
+    "torch::Tensor run8(torch::Tensor a, torch::Tensor bt, torch::Tensor c, bool bf16);"
+)
 
 
 def _inputs(rng: np.random.Generator, tiles: int, k: int, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -119,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "mma_sync_probe",
         CPP_SRC,
         cuda_sources=CUDA_SRC,
-        functions=["run"],
+        functions=["run", "run8"],
         extra_cuda_cflags=["-arch=sm_90", "-O3"],
         verbose=False,
     )
@@ -129,14 +174,19 @@ def run(args: argparse.Namespace) -> int:
     arrays: dict[str, np.ndarray] = {}
     for dtype in ("bf16", "fp16"):
         tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
-        for name, tiles, k, zero_c in (("k16", TILES, 16, False), ("k64", CHAIN_TILES, 64, True)):
+        for name, tiles, k, zero_c in (
+            ("k16", TILES, 16, False),
+            ("k64", CHAIN_TILES, 64, True),
+            ("k8", TILES, 8, False),
+            ("k8x4", CHAIN_TILES, 32, True),
+        ):
             a, b, c = _inputs(rng, tiles, k, dtype)
             if zero_c:
                 c[:] = 0.0
             ta = torch.from_numpy(a).to(tdt).cuda().contiguous()
             tb = torch.from_numpy(b).to(tdt).cuda().contiguous()
             tc = torch.from_numpy(c).cuda().contiguous()
-            d = ext.run(ta, tb, tc, dtype == "bf16")
+            d = (ext.run8 if name.startswith("k8") else ext.run)(ta, tb, tc, dtype == "bf16")
             torch.cuda.synchronize()
             key = f"{dtype}_{name}"
             arrays[f"{key}_a"] = ta.view(torch.int16).cpu().numpy().view(np.uint16)

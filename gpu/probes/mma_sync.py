@@ -1,13 +1,13 @@
-"""Probe 6: ``mma.sync.aligned.m16n8k16`` (bf16 and fp16 inputs, fp32 accumulators), FlashAttention-2's MMA.
+"""Probe 6: ``mma.sync.aligned.m16n8k16`` and ``m16n8k8`` (bf16 and fp16 inputs, fp32 accumulators).
 
     PYTHONPATH=. python -m gpu.probes.mma_sync --out $OUT
 
 FA2 (PyTorch SDPA's flash backend) is built for sm80 and runs Ampere's warp-level ``mma.sync`` on the
-H100, not ``wgmma`` (m16n8k16); PyTorch's memory-efficient kernel runs m16n8k8.  On the GPU, one warp per tile, inline PTX (compiled by torch's cpp_extension with
-nvcc): D = A B + C for 16x16 A, 16x8 B and 16x8 C, and chains over K = 64 (four k16 steps, D fed back
-as C, C = 0 first), and the same for m16n8k8 (chains over K = 32), on inputs by seed in several families (normal, wide exponents, cancelling sums,
-attention-like scores).  Writes ``mma_sync.npz``: inputs and outputs as bits, per dtype and shape, for
-the CPU to compare with emufloat's tensor-core models.
+H100 (m16n8k16), not ``wgmma``; PyTorch's memory-efficient kernel runs m16n8k8.  On the GPU, one warp
+per tile, inline PTX (compiled by torch's cpp_extension with nvcc): D = A B + C for one step, and chains
+(D fed back as C, C = 0 first) over K = 64 (k16) and K = 32 (k8), on inputs by seed in several families
+(normal, wide exponents, cancelling sums, attention-like scores).  Writes ``mma_sync.npz``: inputs and
+outputs as bits, per dtype and shape, for the CPU to compare with emufloat's tensor-core models.
 """
 
 from __future__ import annotations

@@ -172,14 +172,13 @@ def run(args: argparse.Namespace) -> int:
     res["compile_s"] = round(time.monotonic() - t0, 1)
     rng = np.random.default_rng(SEED)
     arrays: dict[str, np.ndarray] = {}
-    for dtype in ("bf16", "fp16"):
+    shapes = {"k16": (TILES, 16, False), "k64": (CHAIN_TILES, 64, True), "k8": (TILES, 8, False)}
+    shapes["k8x4"] = (CHAIN_TILES, 32, True)
+    order = [(dt, sh) for sh in (("k16", "k64"), ("k8", "k8x4")) for dt in ("bf16", "fp16")]  # k8 drawn last
+    for dtype, names in order:
         tdt = torch.bfloat16 if dtype == "bf16" else torch.float16
-        for name, tiles, k, zero_c in (
-            ("k16", TILES, 16, False),
-            ("k64", CHAIN_TILES, 64, True),
-            ("k8", TILES, 8, False),
-            ("k8x4", CHAIN_TILES, 32, True),
-        ):
+        for name in names:
+            tiles, k, zero_c = shapes[name]
             a, b, c = _inputs(rng, tiles, k, dtype)
             if zero_c:
                 c[:] = 0.0

@@ -167,14 +167,18 @@ def _cuda() -> bool:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not _cuda(), reason="needs a CUDA GPU with torch")
-@pytest.mark.parametrize("case", others.grid("sdpa_flash", round_=2)[::7], ids=lambda c: c.key)
-def test_live_sdpa_flash_forward(case):
-    """On a GPU: SDPA's flash backend, run now on fresh seeds, against the model."""
+@pytest.mark.parametrize(
+    "case",
+    others.grid("sdpa_flash", round_=2)[::7] + others.grid("sdpa_efficient", round_=2)[::7],
+    ids=lambda c: c.key,
+)
+def test_live_sdpa_forward(case):
+    """On a GPU: SDPA's flash and memory-efficient backends, run now on fresh seeds, against their models."""
     from gpu.crosscheck.kernels import kernel_run, sdpa
 
     x = case.inputs()
     run = kernel_run(
-        sdpa("flash"),
+        sdpa(case.kernel.removeprefix("sdpa_")),
         x["q"],
         x["k"],
         x["v"],

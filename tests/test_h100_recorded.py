@@ -86,16 +86,24 @@ def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-@pytest.mark.parametrize("shape", ["k16", "k64"])
-def test_mma_sync_rounds_as_the_wgmma_model(dtype, shape):
-    """FlashAttention-2 (SDPA's flash backend) runs Ampere's mma.sync.m16n8k16 on the H100: recorded tiles (D = A B
-    + C, and chains over K = 64 from C = 0) match the wgmma presets bit for bit (gpu/probes/mma_sync.py)."""
+@pytest.mark.parametrize("shape", ["k16", "k64", "k8", "k8x4"])
+def test_mma_sync_models(dtype, shape):
+    """Ampere's mma.sync on the H100 (gpu/probes/mma_sync.py): m16n8k16 (FlashAttention-2) rounds as the wgmma
+    presets, m16n8k8 (the memory-efficient kernel) as 8-product blocks; one step D = A B + C, and chains over
+    K = 64 and 32 from C = 0.  The k16 model fails the k8 chains (not vacuous)."""
     with np.load(DATA.parent / "mma_sync.npz") as z:
         a, bt, c, d = (z[f"{dtype}_{shape}_{p}"] for p in ("a", "bt", "c", "d"))
     np_dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16
-    model = h100.WGMMA_BF16 if dtype == "bf16" else h100.WGMMA_FP16
+    k16 = h100.WGMMA_BF16 if dtype == "bf16" else h100.WGMMA_FP16
+    k8 = h100.MMA_K8_BF16 if dtype == "bf16" else h100.MMA_K8_FP16
+    model = k8 if shape.startswith("k8") else k16
     av, bv = a.view(np_dt).astype(np.float32), bt.view(np_dt).astype(np.float32)
     cv = c.view(np.float32)
+    one_step = shape in ("k16", "k8")
+    wrong = 0
     for t in range(a.shape[0]):
-        got = ef.matmul(av[t], bv[t].T, model, c=cv[t] if shape == "k16" else None)
+        got = ef.matmul(av[t], bv[t].T, model, c=cv[t] if one_step else None)
         assert np.array_equal(got.view(np.uint32), d[t]), f"tile {t}"
+        if shape == "k8x4":
+            wrong += np.count_nonzero(ef.matmul(av[t], bv[t].T, k16).view(np.uint32) != d[t])
+    assert shape != "k8x4" or wrong > 0

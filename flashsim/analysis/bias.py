@@ -40,6 +40,8 @@ class Bias:
     sign_p: float  # exact two-sided sign test on the counts
     mean_p: float  # z-test of mean = 0 (normal approximation; use with >= ~30 values)
     excluded: int = 0  # errors left out because they are NaN or infinite
+    ci_low: float = math.nan  # 95% confidence interval of the mean (normal approximation)
+    ci_high: float = math.nan
 
     def to_dict(self) -> dict:
         return jsonable(dataclasses.asdict(self))
@@ -71,7 +73,17 @@ def bias(errors: np.ndarray, ulps: np.ndarray | float | None = None) -> Bias:
         sign_test(pos, neg),
         mean_test(e) if e.size >= 2 else math.nan,
         excluded,
+        *_ci95(e),
     )
+
+
+def _ci95(e: np.ndarray) -> tuple[float, float]:
+    """mean -+ 1.96 standard errors (NaN with fewer than two values)."""
+    if e.size < 2:
+        return math.nan, math.nan
+    mean = math.fsum(e) / e.size
+    half = 1.959963984540054 * float(np.std(e, ddof=1)) / math.sqrt(e.size)
+    return mean - half, mean + half
 
 
 @dataclass(frozen=True)

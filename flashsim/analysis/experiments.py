@@ -175,7 +175,8 @@ def bias_rows(
 
 
 def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
-    """A plain-text table: mean error, ratio to the first variant, z-test and sign-test p for O and delta;
+    """A plain-text table: mean error with its 95% confidence interval, ratio to the first variant, z-test and
+    sign-test p for O and delta;
     rows whose error is not finite are counted first and left out of every statistic."""
     lines = [title] if title else []
     for res in results:
@@ -186,16 +187,18 @@ def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
                     f"infinite {what} error (excluded below)"
                 )
     lines.append(
-        f"{'softmax':11s} {'O mean err':>11s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}   "
-        f"{'delta mean err':>14s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}"
+        f"{'softmax':11s} {'O mean err':>11s} {'O 95% CI':>23s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}   "
+        f"{'delta mean err':>14s} {'delta 95% CI':>23s} {'ratio':>7s} {'z p':>8s} {'sign p':>8s}"
     )
     first = results[0] if results else None
     for res in results:
         ro = first.o.mean_error / res.o.mean_error if res.o.mean_error else np.inf
         rd = first.delta.mean_error / res.delta.mean_error if res.delta.mean_error else np.inf
+        ci_o = f"[{res.o.ci_low:+.2e}, {res.o.ci_high:+.2e}]"
+        ci_d = f"[{res.delta.ci_low:+.2e}, {res.delta.ci_high:+.2e}]"
         lines.append(
-            f"{res.softmax:11s} {res.o.mean_error:+11.3e} {ro:7.1f} {res.o.mean_p:8.1e} "
-            f"{res.o.sign_p:8.1e}   {res.delta.mean_error:+14.3e} {rd:7.1f} {res.delta.mean_p:8.1e} "
+            f"{res.softmax:11s} {res.o.mean_error:+11.3e} {ci_o:>23s} {ro:7.1f} {res.o.mean_p:8.1e} "
+            f"{res.o.sign_p:8.1e}   {res.delta.mean_error:+14.3e} {ci_d:>23s} {rd:7.1f} {res.delta.mean_p:8.1e} "
             f"{res.delta.sign_p:8.1e}"
         )
     return "\n".join(lines)

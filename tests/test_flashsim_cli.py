@@ -365,3 +365,38 @@ def test_causal_alignment_is_stated(tmp_path, capsys):
     code, out, _ = run_cli(base + ["--causal", "bottom-right"], capsys)
     assert code == 0 and "when j > i + 39; row 0 attends 40 of 40 keys" in out
     assert json.loads((tmp_path / "o" / "report.json").read_text())["analyses"][0]["causal"] == "bottom-right"
+
+
+def test_bias_rows_takes_a_policy_by_module_and_function(capsys):
+    args = '{"dtype": "bf16", "head_dim": 64}'
+    code, out, _err = run_cli(
+        [
+            "bias-rows",
+            "--policy",
+            "gpu.policies:sdpa_efficient_policy",
+            "--policy-args",
+            args,
+            "--rows",
+            "40",
+            "--softmax",
+            "standard",
+            "--quiet",
+        ],
+        capsys,
+    )
+    assert code == 0 and "policy sdpa_efficient_bf16_d64_64x64" in out and "O 95% CI" in out
+
+
+@pytest.mark.parametrize(
+    ("policy", "args", "message"),
+    [
+        ("fa2", '{"x": 1}', "--policy-args: only a 'module:function' --policy takes arguments"),
+        ("gpu.policies:sdpa_efficient_policy", "{nope", "--policy-args: not JSON"),
+        ("gpu.policies:sdpa_efficient_policy", "[1]", "--policy-args: expected a JSON object"),
+        ("gpu.policies:sdpa_efficient_policy", '{"head_dim": 80}', "--policy: head_dim"),
+        ("gpu.policies:nothing_here", "{}", "--policy: cannot import"),
+    ],
+)
+def test_bad_policy_arguments_are_named(policy, args, message, capsys):
+    code, _out, err = run_cli(["bias-rows", "--policy", policy, "--policy-args", args, "--rows", "4"], capsys)
+    assert code == 2 and message in err and "Traceback" not in err

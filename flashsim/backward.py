@@ -44,7 +44,7 @@ from .attention import check_inputs as check_forward_inputs
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, Op, is_native
-from .specs.backward import KV_ORDERS
+from .specs.backward import KV_ORDERS, Q_ORDERS
 
 RNE = Rounding("rne")
 
@@ -131,10 +131,14 @@ def delta_rowsum(
         if spec.order == "fa2_dot_do_o":
             # butterfly all-reduce (shfl_xor, offsets threads/2, ..., 1): lane t adds lane t ^ off; every lane
             # ends with lane 0's value (addition commutes), so only the lanes that feed lane 0 are computed
-            off = spec.threads // 2
-            while off >= 1:
-                acc = arith.binary("add", acc[:, :off], acc[:, off : 2 * off], acc_op, trace, label)
-                off //= 2
+            if spec.shuffle == "halving":
+                off = spec.threads // 2
+                while off >= 1:
+                    acc = arith.binary("add", acc[:, :off], acc[:, off : 2 * off], acc_op, trace, label)
+                    off //= 2
+            else:  # doubling: neighbours first, (t0 + t1) + (t2 + t3)
+                while acc.shape[1] > 1:
+                    acc = arith.binary("add", acc[:, 0::2], acc[:, 1::2], acc_op, trace, label)
             acc = acc[:, 0]
     else:
         prods = arith.binary("mul", a, b, Op(spec.prod_fmt), trace, label)
@@ -273,10 +277,23 @@ class _Head:
         if spec.scale_at == "p":
             pc = arith.binary("mul", p, self.cs, self.ds_tmp, tr, "ds")
             return arith.binary("mul", pc, diff, spec, tr, "ds")
+        if spec.p_format is not None:
+            p = _to(p, spec.p_format, tr, "ds")
         ds = arith.binary("mul", p, diff, spec, tr, "ds")
         if spec.scale_at == "ds":
             ds = arith.binary("mul", ds, self.cs, spec, tr, "ds")
         return ds
+
+    def q_walk(self, q_blocks: list[range], q_order: str, j: int, cols: range) -> list[range]:
+        """The Q blocks K/V block ``j`` (the keys ``cols``) visits, in order; 'rotated' starts at block j (mod
+        the count), or with a causal mask at the first block with a visible key, wrapping round."""
+        if q_order != "rotated":
+            return q_blocks
+        if self.offset is None:
+            start = j % len(q_blocks)
+        else:
+            start = next((i for i, r in enumerate(q_blocks) if not causal_skips(self.offset, r, cols)), 0)
+        return q_blocks[start:] + q_blocks[:start]
 
     def run(self, bm: int, bn: int, q_order: str, kv_order: str, skip_masked: bool) -> BackwardResult:
         pol, tr = self.pol, self.trace
@@ -292,10 +309,10 @@ class _Head:
         dv_cols, dq_cols = self.do.shape[1], self.k.shape[1]
         dq_acc = {r.start: arith.cast(np.zeros((len(r), dq_cols)), pol.dq.acc_fmt) for r in q_blocks}
         dk_parts, dv_parts = {}, {}
-        for cols in kv_blocks:
+        for j, cols in enumerate(kv_blocks):
             dk_acc = arith.cast(np.zeros((len(cols), dq_cols)), pol.dk.acc_fmt)
             dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
-            for rows in q_blocks:
+            for rows in self.q_walk(q_blocks, q_order, j, cols):
                 if skip_masked and causal_skips(self.offset, rows, cols):
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
@@ -369,7 +386,7 @@ def flash_backward(
     t = pol.bwd_tiling
     bm = block_size(block_m, t.block_m, "block_m")
     bn = block_size(block_n, t.block_n, "block_n")
-    qo = block_order(q_order, t.q_order, "q_order")
+    qo = block_order(q_order, t.q_order, "q_order", Q_ORDERS)
     ko = block_order(kv_order, t.kv_order, "kv_order", KV_ORDERS)
     if ko == "diagonal_first" and bm != bn:
         raise ValueError(f"kv_order: 'diagonal_first' needs block_m == block_n, got {bm} x {bn}")

@@ -12,6 +12,7 @@ from .base import NUMPY, Spec, check_choice, check_nan_bits, check_tiles, format
 from .forward import Dot, Func, Op
 
 KV_ORDERS = ("forward", "reverse", "diagonal_first")
+Q_ORDERS = ("forward", "reverse", "rotated")
 DELTA_ORDERS = {
     NUMPY: "numpy float64 sum (FP64 only)",
     "exact": "exact sum of the (rounded) products, rounded once (emufloat.sum)",
@@ -25,6 +26,10 @@ DELTA_ORDERS = {
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
     "p": "delta = rowsum(dP * P) over the whole row (PyTorch's softmax backward; the paper's alternative fix)",
+}
+SHUFFLES = {
+    "halving": "butterfly offsets threads/2, ..., 1: (t0 + t2) + (t1 + t3) (FA2's Allreduce)",
+    "doubling": "butterfly offsets 1, ..., threads/2: (t0 + t1) + (t2 + t3) (the memory-efficient kernel)",
 }
 SCALE_AT = {
     "p": "P * sm_scale first, then dS = (P*c) * (dP - delta) (Qiu & Yao: p * scale * (dp - D))",
@@ -44,7 +49,8 @@ class Delta(Spec):
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
     'h100_tl_sum' is the tree of the project's delta kernel (8 values a lane, then a butterfly).
     ``nan_bits``: the encoding NaN results take in ``fmt``, as :class:`Op`'s (0x7FFFFFFF for the H100's
-    fp32 arithmetic, recorded); None: emufloat's canonical quiet NaN.
+    fp32 arithmetic, recorded); None: emufloat's canonical quiet NaN.  ``shuffle``: the order of the
+    'fa2_dot_do_o' all-reduce (``SHUFFLES``).
     """
 
     order: str
@@ -57,9 +63,11 @@ class Delta(Spec):
     threads: int = 8
     chunk: int = 8
     nan_bits: int | None = None
+    shuffle: str = "halving"
 
     def __post_init__(self) -> None:
         check_choice(self.order, DELTA_ORDERS, "Delta.order")
+        check_choice(self.shuffle, SHUFFLES, "Delta.shuffle")
         check_choice(self.source, DELTA_SOURCES, "Delta.source")
         self._normalise()
         if self.prod is not None:
@@ -158,16 +166,21 @@ class SoftmaxGrad(Spec):
     dP - delta is rounded into the compute format (or ``fmt``) and kept there; the product (and the
     multiplies by sm_scale for 'p' and 'ds') round into the compute format, then ``fmt``.  The scale is
     sm_scale (the log2 e of a base-2 exp cancels in the gradient), rounded into the compute format.
+    ``p_format``: P is rounded into it before dS takes it (the memory-efficient kernel's dS uses the P it
+    rounded for dV); None: P as recomputed.
     """
 
     fmt: Format
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     scale_at: str = "ds"
+    p_format: Format | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.scale_at, SCALE_AT, "SoftmaxGrad.scale_at")
         self._normalise()
+        if self.p_format is not None:
+            object.__setattr__(self, "p_format", spec_format(self.p_format, "SoftmaxGrad.p_format"))
 
     def __str__(self) -> str:
         how = {
@@ -229,7 +242,9 @@ class BwdTiling:
     """Default tiles and block orders of the tiled backward (FA2 layout: K/V blocks outer, Q blocks inner).
 
     ``q_order``: order of Q blocks in the inner loop, the order dK and dV accumulate in (FA2 walks them
-    last to first); ``kv_order``: order of K/V blocks, the order dQ accumulates in: 'forward', 'reverse',
+    last to first; 'rotated': from the K/V block's own index on, wrapping round, as the memory-efficient kernel
+    does when its key blocks run in parallel and nothing is masked; with a causal mask, from the first
+    unmasked block on); ``kv_order``: order of K/V blocks, the order dQ accumulates in: 'forward', 'reverse',
     or 'diagonal_first' (Triton's tutorial: a Q block's dQ adds the K/V block on its diagonal first, then
     the blocks from the first on; needs ``block_m == block_n``).  ``skip_masked``:
     (Q block, K/V block) pairs masked for every entry are skipped (FA2, Triton); the Qiu & Yao code
@@ -243,7 +258,8 @@ class BwdTiling:
     skip_masked: bool = True
 
     def __post_init__(self) -> None:
-        check_tiles(self, "BwdTiling", ("q_order",))
+        check_tiles(self, "BwdTiling", ())
+        check_choice(self.q_order, Q_ORDERS, "BwdTiling.q_order")
         check_choice(self.kv_order, KV_ORDERS, "BwdTiling.kv_order")
         if self.kv_order == "diagonal_first" and self.block_m != self.block_n:
             raise ValueError(
@@ -261,7 +277,9 @@ __all__ = [
     "DELTA_ORDERS",
     "DELTA_SOURCES",
     "KV_ORDERS",
+    "Q_ORDERS",
     "SCALE_AT",
+    "SHUFFLES",
     "BwdTiling",
     "Delta",
     "Grad",

@@ -80,25 +80,28 @@ def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
     return {"o": o, "lse": lse, "dq": q.grad, "dk": k.grad, "dv": v.grad, "o_autograd_same": bool(torch.equal(o, o2))}
 
 
-def atomics(reps: int = 8) -> dict:
-    """FA2's backward adds each K/V block's dQ into an fp32 buffer with atomicAdd: with three or more K/V
-    blocks the order, hence the bits, can change from run to run.  Distinct dQ, dK, dV bit patterns over
-    ``reps`` identical launches per length (bf16, head dim 64, K/V blocks of 128)."""
+def atomics(backend: str = "flash", reps: int = 8) -> dict:
+    """dQ's order across K/V blocks is not fixed: FA2's backward adds each K/V block's dQ into an fp32 buffer
+    with atomicAdd (three or more K/V blocks can change the bits), the memory-efficient backward runs its key
+    blocks in parallel thread blocks that take turns on dQ under a lock (two or more).  Distinct dQ, dK, dV
+    bit patterns over ``reps`` identical launches per length (bf16, head dim 64)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    which = SDPBackend.FLASH_ATTENTION if backend == "flash" else SDPBackend.EFFICIENT_ATTENTION
+    block = 128 if backend == "flash" else 64
     out = {}
-    for n in (128, 256, 384, 1024):
+    for n in (64, 128, 256, 384, 1024):
         g = torch.Generator(device="cuda").manual_seed(n)
         q, k, v, do = (torch.randn(1, 4, n, 64, device="cuda", generator=g).to(torch.bfloat16) for _ in range(4))
         seen: dict[str, set] = {"dq": set(), "dk": set(), "dv": set()}
         for _ in range(reps):
             qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            with sdpa_kernel(which):
                 torch.nn.functional.scaled_dot_product_attention(qq, kk, vv).backward(do)
             for name, t in (("dq", qq), ("dk", kk), ("dv", vv)):
                 seen[name].add(hash(t.grad.view(torch.int16).cpu().numpy().tobytes()))
-        out[f"n{n}_kv_blocks{-(-n // 128)}"] = {name: len(s) for name, s in seen.items()}
+        out[f"n{n}_kv_blocks{-(-n // block)}"] = {name: len(s) for name, s in seen.items()}
     return out
 
 
@@ -129,12 +132,16 @@ def run(args: argparse.Namespace) -> int:
     require_gpu("python -m gpu.scripts.record_kernels")
     import torch
 
+    if args.deterministic:  # the backends' deterministic paths (the memory-efficient backward: one key split)
+        torch.use_deterministic_algorithms(True)
+
     from ..crosscheck.live import bits_of
     from ..crosscheck.others import grid
     from ..probes import env
 
     mod = load_tutorial(args.tutorial) if "tutorial" in kernels else None
     meta: dict = {
+        "deterministic": bool(args.deterministic),
         "recorded_by": "python -m gpu.scripts.record_kernels " + " ".join(sys.argv[1:]),
         "env": env.run(None),
         "device": torch.cuda.get_device_name(),
@@ -171,10 +178,11 @@ def run(args: argparse.Namespace) -> int:
         if bwd:
             np.savez_compressed(out / "others_bwd.npz", **bwd)
         (out / "others.json").write_text(json.dumps(meta, indent=1))
-    if "sdpa_flash" in kernels:
-        meta["fa2_dq_atomics"] = atomics()
-        print("FA2 backward, distinct bit patterns over 8 launches:", meta["fa2_dq_atomics"], flush=True)
-        (out / "others.json").write_text(json.dumps(meta, indent=1))
+    for kernel, key in (("sdpa_flash", "fa2_dq_atomics"), ("sdpa_efficient", "efficient_dq_order")):
+        if kernel in kernels and not args.deterministic:
+            meta[key] = atomics(kernel[5:])
+            print(f"{kernel} backward, distinct bit patterns over 8 launches:", meta[key], flush=True)
+            (out / "others.json").write_text(json.dumps(meta, indent=1))
     if args.no_check:
         return 0
     jobs = [i for i, rec in enumerate(meta["cases"]) if "error" not in rec]
@@ -213,6 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=None, help="at most this many cases a kernel (default: all)")
     ap.add_argument("--round", type=int, default=0, choices=range(10), help="which round of fresh seeds (0-9)")
     ap.add_argument("--no-check", action="store_true", help="record only; check later with tools/check_others.py")
+    ap.add_argument(
+        "--deterministic", action="store_true", help="torch.use_deterministic_algorithms(True) while recording"
+    )
     return ap
 
 

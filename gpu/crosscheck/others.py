@@ -83,7 +83,7 @@ def grid(
 def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
     SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
-    backend (:func:`gpu.policies.sdpa_efficient_policy`, forward only); FlashAttention-2-style arithmetic
+    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); FlashAttention-2-style arithmetic
     (``fa2``, not a model of it) for the cuDNN backend."""
     if case.kernel == "tutorial":
         cfg = config or {}
@@ -100,7 +100,7 @@ def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
             "gpu.policies:sdpa_flash_policy", {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n}
         )
     if case.kernel == "sdpa_efficient":
-        return PolicyRef("gpu.policies:sdpa_efficient_policy", {"dtype": case.dtype, "head_dim": case.d})
+        return PolicyRef("gpu.policies:sdpa_efficient_policy", {"dtype": case.dtype, "head_dim": case.d, "n_k": case.n})
     return PolicyRef("fa2")
 
 

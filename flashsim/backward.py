@@ -285,8 +285,9 @@ class _Head:
         return ds
 
     def q_walk(self, q_blocks: list[range], q_order: str, j: int, cols: range) -> list[range]:
-        """The Q blocks K/V block ``j`` (the keys ``cols``) visits, in order; 'rotated' starts at block j (mod
-        the count), or with a causal mask at the first block with a visible key, wrapping round."""
+        """The Q blocks K/V block ``j`` (the keys ``cols``, the j-th block of keys) visits, in order; 'rotated'
+        starts at Q block j (mod their count), or with a causal mask at the first with a visible key, wrapping
+        round."""
         if q_order != "rotated":
             return q_blocks
         if self.offset is None:
@@ -309,10 +310,10 @@ class _Head:
         dv_cols, dq_cols = self.do.shape[1], self.k.shape[1]
         dq_acc = {r.start: arith.cast(np.zeros((len(r), dq_cols)), pol.dq.acc_fmt) for r in q_blocks}
         dk_parts, dv_parts = {}, {}
-        for j, cols in enumerate(kv_blocks):
+        for cols in kv_blocks:
             dk_acc = arith.cast(np.zeros((len(cols), dq_cols)), pol.dk.acc_fmt)
             dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
-            for rows in self.q_walk(q_blocks, q_order, j, cols):
+            for rows in self.q_walk(q_blocks, q_order, cols.start // bn, cols):
                 if skip_masked and causal_skips(self.offset, rows, cols):
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop

@@ -444,6 +444,12 @@ def test_equality_and_diff_cover_the_backward():
         ),
         (lambda: fs.BwdTiling(block_n=0), "BwdTiling.block_n"),
         (lambda: fs.BwdTiling(q_order="backward"), "BwdTiling.q_order"),
+        (lambda: fs.Delta("fa2_dot_do_o", "fp32", shuffle="up"), "Delta.shuffle"),
+        (lambda: fs.SoftmaxGrad("fp32", p_format="bf17"), "SoftmaxGrad.p_format"),
+        (
+            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.Op("fp32"), fs.Op("bf16"), True),
+            "Grad.atomic",
+        ),
         (
             lambda: dataclasses.replace(fs.FP32_POLICY, dp=fs.Dot("fp32", ef.Sequential("fp32"), into_acc=True)),
             "dp: into_acc",

@@ -15,6 +15,7 @@ import flashsim as fs
 from emufloat.hw import h100
 from flashsim import arith
 from flashsim.policy import STEPS, TRACE_LABELS
+from flashsim.specs import Combine
 
 U_BF16 = 2.0**-8  # BF16 unit roundoff
 
@@ -292,6 +293,12 @@ def test_flashsim_does_not_import_gpu_libraries():
         (lambda: fs.RowSum("cutlass_warps", "fp32", fused=True), "RowSum.fused"),
         (lambda: fs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
         (lambda: fs.Scale("logits", "fp32"), "Scale.where"),
+        (lambda: fs.Scale("max", "fp32", split=True), "Scale.split"),
+        (lambda: fs.Func("log", "fp32", fused=True, divide=True), "Func.divide"),
+        (lambda: fs.Func("log", "fp64", fused=True), "Func.fused"),
+        (lambda: Combine(log="libdevice_logf", fused=True), "Combine.fused"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.Func("exp", "fp32", divide=True)), "exp: fused and divide"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.Scale("scores", "fp32", split=True)), "scale: split"),
         (lambda: fs.Mask(1.0), "Mask.value"),
         (lambda: fs.Tiling(block_m=0), "Tiling.block_m"),
         (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.Op("fp32", fused=True)), "subtract: fused"),

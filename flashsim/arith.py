@@ -170,19 +170,23 @@ def _cutlass_warps_update(l: np.ndarray, p: np.ndarray, alpha: np.ndarray, spec:
     width = -(-n // 32) * 32
     padded = np.zeros((p.shape[0], width), dtype=p.dtype)
     padded[:, :n] = p
+    # (rows, warp columns, 4 threads, 8 values): thread q of a column holds keys 8j + 2q + i, j < 4, i < 2
+    vals = padded.reshape(p.shape[0], width // 32, 4, 4, 2).transpose(0, 1, 3, 2, 4).reshape(p.shape[0], -1, 4, 8)
     op = Op(compute_format(spec))
+    acc = vals[..., 0]
+    for t in range(1, 8):
+        acc = binary("add", acc, vals[..., t], op, tr, lab)
+    quad = binary(
+        "add",
+        binary("add", acc[..., 0], acc[..., 1], op, tr, lab),
+        binary("add", acc[..., 2], acc[..., 3], op, tr, lab),
+        op,
+        tr,
+        lab,
+    )
     l = binary("mul", l, alpha, op, tr, lab)
-    for w0 in range(0, width, 32):
-        threads = []
-        for q in range(4):
-            cols = [w0 + 8 * j + 2 * q + i for j in range(4) for i in range(2)]
-            acc = padded[:, cols[0]]
-            for c in cols[1:]:
-                acc = binary("add", acc, padded[:, c], op, tr, lab)
-            threads.append(acc)
-        a = binary("add", threads[0], threads[1], op, tr, lab)
-        b = binary("add", threads[2], threads[3], op, tr, lab)
-        l = binary("add", l, binary("add", a, b, op, tr, lab), op, tr, lab)
+    for w in range(quad.shape[1]):
+        l = binary("add", l, quad[:, w], op, tr, lab)
     return _store(l, spec, tr, lab)
 
 

@@ -206,7 +206,7 @@ def sdpa_flash_policy(
     batch_heads: int = 1,
     num_sms: int = 132,
 ) -> Policy:
-    """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward.
+    """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward and backward.
 
     FA2's arithmetic as PyTorch compiles it (``UNFUSE_FMA``, no ``-use_fast_math``) in ``dtype`` (bf16 or fp16)
     with FA2's own tiles for ``head_dim``, and, when its heuristic splits the keys (few heads and query blocks

@@ -267,3 +267,17 @@ def test_each_modelled_detail_of_the_efficient_kernel_matters():
     rotated = [r for r in EFFICIENT if r.backward and not r.causal and _key_blocks(r) == 2]
     pol = rotated[0].resolve_policy()
     assert _differ(rotated, ("dk", "dv"), bwd_tiling=dataclasses.replace(pol.bwd_tiling, q_order="forward")) > 0
+
+
+def test_efficient_key_splits_follow_pytorch():
+    """One thread block over the keys when deterministic, or with 256 heads or more and at most two key blocks;
+    otherwise one per key block (and then the rotated query order)."""
+    from gpu.policies import efficient_key_splits, sdpa_efficient_policy
+
+    assert efficient_key_splits(200, 64) == 4 and efficient_key_splits(200, 128) == 2
+    assert efficient_key_splits(200, 64, deterministic=True) == 1
+    assert efficient_key_splits(128, 64, batch_heads=256) == 1 and efficient_key_splits(192, 64, batch_heads=256) == 3
+    assert sdpa_efficient_policy("bf16", 64, 200).bwd_tiling.q_order == "rotated"
+    assert sdpa_efficient_policy("bf16", 64, 200, deterministic=True).bwd_tiling.q_order == "forward"
+    case = others.grid("sdpa_efficient")[0]
+    assert others.policy_of(case, deterministic=True).kwargs["deterministic"] is True

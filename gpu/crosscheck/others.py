@@ -80,11 +80,12 @@ def grid(
     return cases
 
 
-def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
+def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool = False) -> PolicyRef:
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
     SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
     backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); FlashAttention-2-style arithmetic
-    (``fa2``, not a model of it) for the cuDNN backend."""
+    (``fa2``, not a model of it) for the cuDNN backend.  ``deterministic``: the run was recorded under
+    ``torch.use_deterministic_algorithms(True)``."""
     if case.kernel == "tutorial":
         cfg = config or {}
         return PolicyRef(
@@ -100,7 +101,10 @@ def policy_of(case: KernelCase, config: dict | None = None) -> PolicyRef:
             "gpu.policies:sdpa_flash_policy", {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n}
         )
     if case.kernel == "sdpa_efficient":
-        return PolicyRef("gpu.policies:sdpa_efficient_policy", {"dtype": case.dtype, "head_dim": case.d, "n_k": case.n})
+        args = {"dtype": case.dtype, "head_dim": case.d, "n_k": case.n}
+        return PolicyRef(
+            "gpu.policies:sdpa_efficient_policy", args | ({"deterministic": True} if deterministic else {})
+        )
     return PolicyRef("fa2")
 
 
@@ -118,7 +122,7 @@ def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     return json.loads(meta_path.read_text()), arrays
 
 
-def run_of(rec: dict, arrays: dict[str, np.ndarray]) -> KernelRun | None:
+def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False) -> KernelRun | None:
     """One recorded case (an entry of others.json) as a kernel run with the policy of its launch: O and LSE,
     and dQ, dK, dV where they were recorded (the tutorial's causal cases: its backward always masks
     causally; SDPA's backends in later recordings); None when its outputs are not in ``arrays``."""
@@ -138,7 +142,7 @@ def run_of(rec: dict, arrays: dict[str, np.ndarray]) -> KernelRun | None:
         causal=case.causal,
         sm_scale=float(rec["sm_scale"]),
         softmax=get_softmax("standard"),
-        policy=policy_of(case, rec.get("config")),
+        policy=policy_of(case, rec.get("config"), deterministic),
         outputs=outputs,
         note=case.key,
     )
@@ -148,7 +152,8 @@ def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
     """The recorded runs of a folder (of one kernel, when given) as kernel runs (:func:`run_of`)."""
     meta, arrays = load(folder)
     recs = [rec for rec in meta["cases"] if kernel is None or rec["case"]["kernel"] == kernel]
-    return [run for run in (run_of(rec, arrays) for rec in recs) if run is not None]
+    det = bool(meta.get("deterministic", False))
+    return [run for run in (run_of(rec, arrays, det) for rec in recs) if run is not None]
 
 
 __all__ = ["KERNELS", "KernelCase", "grid", "load", "policy_of", "run_of", "runs"]

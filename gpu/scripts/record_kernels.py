@@ -120,7 +120,8 @@ def _check(index: int) -> tuple[int, dict]:
 
     from ..crosscheck import others
 
-    rep = crosscheck(others.run_of(_RECORDING["meta"]["cases"][index], _RECORDING["arrays"]))
+    meta = _RECORDING["meta"]
+    rep = crosscheck(others.run_of(meta["cases"][index], _RECORDING["arrays"], bool(meta.get("deterministic"))))
     return index, {c.name: {"identical": c.identical, "n": c.n, "ulp_hist": c.ulp_hist} for c in rep.checks}
 
 

@@ -83,9 +83,9 @@ def grid(
 def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool = False) -> PolicyRef:
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
     SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
-    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); FlashAttention-2-style arithmetic
-    (``fa2``, not a model of it) for the cuDNN backend.  ``deterministic``: the run was recorded under
-    ``torch.use_deterministic_algorithms(True)``."""
+    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); the closest model found of
+    the cuDNN backend (:func:`gpu.policies.sdpa_cudnn_policy`, not bit-exact); ``fa2`` for other kernels.
+    ``deterministic``: the run was recorded under ``torch.use_deterministic_algorithms(True)``."""
     if case.kernel == "tutorial":
         cfg = config or {}
         return PolicyRef(
@@ -105,6 +105,8 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
         return PolicyRef(
             "gpu.policies:sdpa_efficient_policy", args | ({"deterministic": True} if deterministic else {})
         )
+    if case.kernel == "sdpa_cudnn":
+        return PolicyRef("gpu.policies:sdpa_cudnn_policy", {"dtype": case.dtype, "head_dim": case.d})
     return PolicyRef("fa2")
 
 

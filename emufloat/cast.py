@@ -32,17 +32,21 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
             declined[:] = 1
         else:
             n_declined = 0
+            base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
             if mode == SR:
-                for i in range(lo, hi):
-                    ok, enc = _fastpath.fast_round(np.int64(src[i]), plan, random_bits(seed, i, srbits))
-                    out[i] = enc
-                    declined[i - lo] = 1 - ok
+                for k in range(hi - lo):
+                    uk = np.uint64(k)
+                    rnd = random_bits(seed, lo + k, srbits)
+                    ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, rnd)
+                    out[base + uk] = enc
+                    declined[uk] = 1 - ok
                     n_declined += 1 - ok
             else:
-                for i in range(lo, hi):
-                    ok, enc = _fastpath.fast_round(np.int64(src[i]), plan, 0)
-                    out[i] = enc
-                    declined[i - lo] = 1 - ok
+                for k in range(hi - lo):
+                    uk = np.uint64(k)
+                    ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, 0)
+                    out[base + uk] = enc
+                    declined[uk] = 1 - ok
                     n_declined += 1 - ok
         if n_declined == 0:
             continue

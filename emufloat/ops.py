@@ -122,18 +122,20 @@ def _arith_kernel(
             declined[:] = 1
         else:
             n_declined = 0
-            for i in range(lo, hi):
-                oka, x = _fastpath.fast_decode(np.int64(a[i]), adp)  # FP32 too: no branch on the format here
-                okb, y = _fastpath.fast_decode(np.int64(b[i]), bdp)
-                okc, z = _fastpath.fast_decode(np.int64(c[i]), cdp)
+            base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
+            for k in range(hi - lo):
+                ui = base + np.uint64(k)
+                oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)  # FP32 too: no branch on the format here
+                okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
+                okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
                 u, v = _exact_sum_operands(op, x, y, z)
                 s, t = _core.two_sum(u, v)
-                rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+                rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
                 ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
                 # exact zero sums take their sign from the rounding mode: general path
                 ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
-                out[i] = enc
-                declined[i - lo] = 1 - ok
+                out[ui] = enc
+                declined[np.uint64(k)] = 1 - ok
                 n_declined += 1 - ok
         if n_declined == 0:
             continue

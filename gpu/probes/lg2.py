@@ -39,11 +39,11 @@ def _kernel():
     import triton.language as tl
 
     @triton.jit
-    def lg2_kernel(x_ptr, y_ptr, n, FTZ: tl.constexpr, BLOCK: tl.constexpr):
+    def lg2_kernel(x_ptr, y_ptr, n, MODE: tl.constexpr, BLOCK: tl.constexpr):
         offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         m = offs < n
         x = tl.load(x_ptr + offs, mask=m, other=1.0)
-        if FTZ == 2:  # __logf under -use_fast_math (the PTX nvcc emits, below)
+        if MODE == 2:  # __logf under -use_fast_math (the PTX nvcc emits, below)
             y = tl.inline_asm_elementwise(
                 "{ .reg .f32 t; lg2.approx.ftz.f32 t, $1; mul.ftz.f32 $0, t, 0f3F317218; }",
                 "=f,f",
@@ -52,7 +52,7 @@ def _kernel():
                 is_pure=True,
                 pack=1,
             )
-        elif FTZ:
+        elif MODE == 1:  # .ftz
             y = tl.inline_asm_elementwise(
                 "lg2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1
             )
@@ -63,11 +63,12 @@ def _kernel():
     return lg2_kernel
 
 
-def lg2(kernel, x, ftz: bool):
+def lg2(kernel, x, mode: int):
+    """lg2.approx of a float32 tensor: ``mode`` 0 plain, 1 (or True) ``.ftz``, 2 ``__logf`` under fast math."""
     import torch
 
     y = torch.empty_like(x)
-    kernel[((x.numel() + 1023) // 1024,)](x, y, x.numel(), FTZ=ftz, BLOCK=1024)
+    kernel[((x.numel() + 1023) // 1024,)](x, y, x.numel(), MODE=int(mode), BLOCK=1024)
     return y
 
 

@@ -104,8 +104,8 @@ _TWO_THIRDS_BITS = 0x3F2AAAAB
 def logf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
     """CUDA's ``logf(x)`` without ``-use_fast_math`` (``__nv_logf``) for FP32-representable ``x``.
 
-    As log2f, but m in [2/3, 4/3): f = m - 1, a degree-8 polynomial p by FMAs, ``fma(f * p * f... )``:
-    r = fma(f * p, f, f), then ``fma(e, ln 2, r)``.  logf(0) = -inf, logf(+inf) = +inf, negative x and
+    As log2f, but m in [2/3, 4/3): f = m - 1, a degree-8 polynomial p by FMAs, r = fma(f * p, f, f), then
+    ``fma(e, ln 2, r)``.  logf(0) = -inf, logf(+inf) = +inf, negative x and
     NaN give the GPU's NaN.  Traced calls record every rounded operation.
     """
     arr, bits = fp32_bits(x, "x")

@@ -108,6 +108,15 @@ def fma(
     return _store(r, spec, trace, label)
 
 
+def mul_add(
+    a: np.ndarray, b: np.ndarray, c: np.ndarray, spec: Spec, fused: bool, trace: Trace | None, label: str
+) -> np.ndarray:
+    """a*b + c under ``spec``: one FMA when ``fused`` (what nvcc contracts), else a multiply, then an add."""
+    if fused:
+        return fma(a, b, c, spec, trace, label)
+    return binary("add", binary("mul", a, b, spec, trace, label), c, spec, trace, label)
+
+
 def rowmax(s: np.ndarray) -> np.ndarray:
     """Exact row maximum along the last axis (NaN propagates), in s's carrier."""
     with np.errstate(invalid="ignore"):
@@ -158,20 +167,26 @@ def order_tree(order: str, n: int) -> ef.ReductionTree:
     return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
 
 
-def _fa2_columns(n: int) -> np.ndarray:
-    """(4, n/4) column indices per thread of a padded block: thread t holds 8j+2t and 8j+2t+1, in that order."""
-    cols = np.arange(n).reshape(-1, 4, 2)  # (n/8 tiles, 4 threads, 2 values)
-    return cols.transpose(1, 0, 2).reshape(4, -1)
+def _padded(p: np.ndarray, width: int) -> np.ndarray:
+    """P widened to ``width`` columns with +0 (a kernel's masked or missing columns hold exp2(-inf) = +0)."""
+    out = np.zeros((p.shape[0], width), dtype=p.dtype)
+    out[:, : p.shape[-1]] = p
+    return out
+
+
+def _quad_columns(p: np.ndarray) -> np.ndarray:
+    """(rows, 4, n/4): each row's P as the four threads of an mma.sync quad hold it in the accumulator
+    layout, thread t keys 8j + 2t and 8j + 2t + 1 for j = 0, 1, ..., in that order (P padded to 8 columns)."""
+    width = -(-p.shape[-1] // 8) * 8
+    cols = np.arange(width).reshape(-1, 4, 2).transpose(1, 0, 2).reshape(4, -1)
+    return _padded(p, width)[:, cols]
 
 
 def _cutlass_warps_update(l: np.ndarray, p: np.ndarray, alpha: np.ndarray, spec: RowSum, tr, lab) -> np.ndarray:
     """PyTorch's memory-efficient kernel: l = l*alpha, then + each 32-key warp column's quad-reduced sum."""
-    n = p.shape[-1]
-    width = -(-n // 32) * 32
-    padded = np.zeros((p.shape[0], width), dtype=p.dtype)
-    padded[:, :n] = p
-    # (rows, warp columns, 4 threads, 8 values): thread q of a column holds keys 8j + 2q + i, j < 4, i < 2
-    vals = padded.reshape(p.shape[0], width // 32, 4, 4, 2).transpose(0, 1, 3, 2, 4).reshape(p.shape[0], -1, 4, 8)
+    rows = p.shape[0]
+    # (rows, warp columns, 4 threads, 8 values): a warp column is 32 keys, 8 of them per thread of the quad
+    vals = _quad_columns(_padded(p, -(-p.shape[-1] // 32) * 32)).reshape(rows, 4, -1, 8).transpose(0, 2, 1, 3)
     op = Op(compute_format(spec))
     acc = vals[..., 0]
     for t in range(1, 8):
@@ -208,9 +223,7 @@ def block_sum(
         tree = h100.tl_sum(tile[0], tile[1], spec.num_warps)
         if p.shape[-1] > tree.n_leaves:
             raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
-        padded = np.zeros((p.shape[0], tree.n_leaves), dtype=p.dtype)
-        padded[:, : p.shape[-1]] = p
-        return ef.tree_sum(padded, tree, first, rnd, trace=trace, label=label)
+        return ef.tree_sum(_padded(p, tree.n_leaves), tree, first, rnd, trace=trace, label=label)
     return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd, trace=trace, label=label)
 
 
@@ -231,11 +244,7 @@ class RowSumState:
         """l = l*alpha + rowsum(p)."""
         spec, tr, lab = self.spec, self.trace, self.label
         if spec.order == "fa2_threads":
-            n = p.shape[-1]
-            width = -(-n // 8) * 8
-            padded = np.zeros((p.shape[0], width), dtype=p.dtype)
-            padded[:, :n] = p
-            cols = padded[:, _fa2_columns(width)]  # (rows, 4, width/4)
+            cols = _quad_columns(p)  # (rows, 4, columns / 4)
             if spec.fused:  # nvcc contracts l *= scale; l += p0 into one FMA
                 scaled = fma(self.l, np.broadcast_to(alpha[:, None], self.l.shape), cols[:, :, 0], spec, tr, lab)
                 cols = cols[:, :, 1:]

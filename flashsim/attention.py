@@ -140,11 +140,7 @@ class Pipeline:
         if spec.divide:
             m_u = arith.binary("div", m, arith.constant(1.0 / k, spec), spec, tr, "lse")
             return arith.binary("add", m_u, log_l, spec, tr, "lse")
-        if spec.fused:
-            return arith.fma(m, arith.constant(k, spec), log_l, spec, tr, "lse")
-        return arith.binary(
-            "add", arith.binary("mul", m, arith.constant(k, spec), spec, tr, "lse"), log_l, spec, tr, "lse"
-        )
+        return arith.mul_add(m, arith.constant(k, spec), log_l, spec, spec.fused, tr, "lse")
 
 
 def _fmt_of(x: np.ndarray):
@@ -482,13 +478,7 @@ def combine_splits(results: list[tuple[np.ndarray, ...]], pol: Policy, trace: Tr
     )
     log_total = arith.function(total, Func(spec.log, FP32), trace, "combine")
     if get_function(spec.log).base == "2":
-        ln2 = arith.constant(LN2, f32)
-        if spec.fused:
-            out_lse = arith.fma(log_total, ln2, top, f32, trace, "combine")
-        else:
-            out_lse = arith.binary(
-                "add", arith.binary("mul", log_total, ln2, f32, trace, "combine"), top, f32, trace, "combine"
-            )
+        out_lse = arith.mul_add(log_total, arith.constant(LN2, f32), top, f32, spec.fused, trace, "combine")
     else:
         out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
     bad = (total == 0) | np.isnan(total)

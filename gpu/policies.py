@@ -199,6 +199,13 @@ def fa2_num_splits(batch_heads: int, n_q: int, n_k: int, head_dim: int, num_sms:
     return next(s for s, e in eff.items() if e >= 0.85 * best)
 
 
+def _sdpa_format(dtype: str) -> ef.Format:
+    """The format of an SDPA backend's inputs: SDPA's fused backends take bf16 and fp16 only."""
+    if dtype not in ("bf16", "fp16"):
+        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
+    return kernel_format(dtype)
+
+
 def sdpa_flash_policy(
     dtype: str = "bf16",
     head_dim: int = 64,
@@ -221,9 +228,7 @@ def sdpa_flash_policy(
     """
     if head_dim not in FA2_BWD_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    fmt = kernel_format(dtype)
+    fmt = _sdpa_format(dtype)
     model = WGMMA_OF[fmt]
     splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, num_sms)
     bm, bn = (64, fa2_split_block_n(head_dim)) if splits > 1 else FA2_TILES[head_dim]
@@ -306,9 +311,7 @@ def sdpa_efficient_policy(
         raise ValueError(
             f"head_dim: the kernel's tiles are tabled here for {sorted(EFFICIENT_TILES)}, got {head_dim!r}"
         )
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    fmt = kernel_format(dtype)
+    fmt = _sdpa_format(dtype)
     model = MMA_K8_OF[fmt]
     bm, bn = EFFICIENT_TILES[head_dim]
     tile = EFFICIENT_BWD_TILES[head_dim]
@@ -354,30 +357,14 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
     recorded cases: O 99.9998% (bf16) and 99.997% (fp16) of elements identical, the LSE 92-96%; the row
     sum's order and the LSE's form are what is still unknown.  No backward model.
     """
-    if head_dim not in FA2_BWD_TILES:
-        raise ValueError(f"head_dim: tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
-    if dtype not in ("bf16", "fp16"):
-        raise ValueError(f"dtype: expected 'bf16' or 'fp16', got {dtype!r}")
-    fmt = kernel_format(dtype)
-    model = WGMMA_OF[fmt]
+    flash = sdpa_flash_policy(dtype, head_dim)  # its forward steps but four, no split; no backward
     return dataclasses.replace(
-        get_policy("baseline_bf16"),
+        flash,
         name=f"sdpa_cudnn_{dtype}_d{head_dim}_candidate",
         note=f"PyTorch SDPA cuDNN on the H100/H200, {dtype}, head dim {head_dim}: closest model found, not exact",
-        scores=Dot(fmt, model),
         scale=Scale("scores", FP32),
-        mask=Mask(),
-        max=Op(FP32),
-        subtract=Op(FP32),
         exp=Func("h100_ex2", FP32),
-        row_sum=RowSum("fa2_threads", FP32, fused=True),
-        p_cast=Op(fmt),
-        pv=Dot(fmt, model, into_acc=True),
-        rescale=Op(FP32),
-        o_accum=Op(FP32),
         normalize=Norm("reciprocal", "rcp_approx", FP32),
-        output=Op(fmt),
-        lse=Func("cuda_intrinsic_logf", FP32, fused=True),
         tiling=Tiling(128, 128, "forward"),
         **dict.fromkeys(("delta", "recompute", "dv", "dp", "ds", "dk", "dq", "bwd_tiling")),
     )

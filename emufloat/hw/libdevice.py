@@ -45,6 +45,47 @@ _SQRT_HALF_BITS = 0x3F3504F3  # float32 bits of ~sqrt(1/2): mantissas are reduce
 _TINY = np.float32(2.0**-126)
 
 
+def _split(x: np.ndarray | float, low_bits: int, trace: Trace | None, label: str) -> tuple:
+    """The reduction log2f and logf share: (x as given, x' = x scaled by 2**23 below 2**-126, the bits of x',
+    e, m) with x' = 2**e m and m in [low, 2 low), ``low_bits`` being low's float32 bits; e is the exponent
+    as a float, ``fma(e_bits, 2**-23, -23 or 0)``."""
+    arr, bits = fp32_bits(x, "x")
+    a = bits.view(np.float32)
+    small = a < _TINY
+    a2 = np.where(small, mul(a, np.float32(2.0**23), FP32, trace=trace, label=label), a).astype(np.float32)
+    b2 = a2.view(np.uint32).astype(np.int64)
+    e_bits = ((b2 - low_bits) & 0xFF800000).astype(np.uint32).view(np.int32)
+    m = (b2 - e_bits).astype(np.uint32).view(np.float32)
+    e = fma(
+        e_bits.astype(np.float32),  # sitofp: exact, a multiple of 2**23 below 2**31
+        np.float32(2.0**-23),
+        np.where(small, np.float32(-23.0), np.float32(0.0)),
+        FP32,
+        trace=trace,
+        label=label,
+    )
+    return arr, a2, b2, e, m
+
+
+def _horner(f: np.ndarray, coeffs, trace: Trace | None, label: str) -> np.ndarray:
+    """p(f) by Horner's rule with FMAs, coefficients highest degree first."""
+    c = [np.float32(v) for v in coeffs]
+    p = fma(np.full_like(f, c[0]), f, c[1], FP32, trace=trace, label=label)
+    for ck in c[2:]:
+        p = fma(p, f, ck, FP32, trace=trace, label=label)
+    return p
+
+
+def _finish(r: np.ndarray, arr: np.ndarray, a2: np.ndarray, b2: np.ndarray) -> np.ndarray:
+    """The specials log2f and logf share: +inf, NaN and negatives (bits >= 0x7f800000) give fma(x, inf, inf),
+    zero gives -inf; NaN as the GPU writes it (0x7fffffff); the shape of x."""
+    with np.errstate(invalid="ignore"):
+        r = np.where(b2 >= 0x7F800000, a2 * np.float32(np.inf) + np.float32(np.inf), r).astype(np.float32)
+    r = np.where(a2 == 0, np.float32(-np.inf), r)
+    rb = np.where(np.isnan(r), CANONICAL_NAN, r.view(np.uint32)).astype(np.uint32)
+    return rb.view(np.float32).reshape(np.shape(arr))
+
+
 def log2f(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") -> np.ndarray:
     """``__nv_log2f(x)`` (``tl.math.log2`` on float32 under Triton) for FP32-representable ``x``.
 
@@ -54,32 +95,12 @@ def log2f(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "")
     with FMAs, ``f * log2e + p(f) * f * f`` and ``+ e``.  log2f(0) = -inf, log2f(+inf) = +inf, negative
     x and NaN give the GPU's NaN (bits 0x7fffffff).  Traced calls record every rounded operation.
     """
-    arr, bits = fp32_bits(x, "x")
-    a = bits.view(np.float32)
-    small = a < _TINY
-    a2 = np.where(small, mul(a, np.float32(2.0**23), FP32, trace=trace, label=label), a).astype(np.float32)
-    b2 = a2.view(np.uint32).astype(np.int64)
-    e_bits = ((b2 - _SQRT_HALF_BITS) & 0xFF800000).astype(np.uint32).view(np.int32)
-    m = (b2 - e_bits).astype(np.uint32).view(np.float32)
-    e = e_bits.astype(np.float32)  # sitofp: exact, a multiple of 2**23 below 2**31
-    ebias = fma(
-        e, np.float32(2.0**-23), np.where(small, np.float32(-23.0), np.float32(0.0)), FP32, trace=trace, label=label
-    )
+    arr, a2, b2, e, m = _split(x, _SQRT_HALF_BITS, trace, label)
     f = sub(m, np.float32(1.0), FP32, trace=trace, label=label)
-    c = [np.float32(v) for v in LOG2F_COEFFS]
-    p = fma(np.full_like(f, c[0]), f, c[1], FP32, trace=trace, label=label)
-    for ck in c[2:]:
-        p = fma(p, f, ck, FP32, trace=trace, label=label)
+    p = _horner(f, LOG2F_COEFFS, trace, label)
     t = mul(mul(p, f, FP32, trace=trace, label=label), f, FP32, trace=trace, label=label)
     r = fma(f, np.float32(LOG2F_LINEAR), t, FP32, trace=trace, label=label)
-    r = add(r, ebias, FP32, trace=trace, label=label)
-    special = b2 >= 0x7F800000  # +inf, NaN, and (sign bit set) negatives: fma(x, inf, inf)
-    with np.errstate(invalid="ignore"):
-        r = np.where(special, a2 * np.float32(np.inf) + np.float32(np.inf), r).astype(np.float32)
-    r = np.where(a2 == 0, np.float32(-np.inf), r)
-    rb = r.view(np.uint32)
-    rb = np.where(np.isnan(r), CANONICAL_NAN, rb).astype(np.uint32)
-    return rb.view(np.float32).reshape(np.shape(arr))
+    return _finish(add(r, e, FP32, trace=trace, label=label), arr, a2, b2)
 
 
 #: logf's polynomial in f = m - 1 (m in [2/3, 4/3)), highest degree first, as nvcc inlines it
@@ -108,34 +129,11 @@ def logf(x: np.ndarray | float, *, trace: Trace | None = None, label: str = "") 
     ``fma(e, ln 2, r)``.  logf(0) = -inf, logf(+inf) = +inf, negative x and
     NaN give the GPU's NaN.  Traced calls record every rounded operation.
     """
-    arr, bits = fp32_bits(x, "x")
-    a = bits.view(np.float32)
-    small = a < _TINY
-    a2 = np.where(small, mul(a, np.float32(2.0**23), FP32, trace=trace, label=label), a).astype(np.float32)
-    b2 = a2.view(np.uint32).astype(np.int64)
-    e_bits = ((b2 - _TWO_THIRDS_BITS) & 0xFF800000).astype(np.uint32).view(np.int32)
-    m = (b2 - e_bits).astype(np.uint32).view(np.float32)
-    e = fma(
-        e_bits.astype(np.float32),
-        np.float32(2.0**-23),
-        np.where(small, np.float32(-23.0), np.float32(0.0)),
-        FP32,
-        trace=trace,
-        label=label,
-    )
+    arr, a2, b2, e, m = _split(x, _TWO_THIRDS_BITS, trace, label)
     f = add(m, np.float32(-1.0), FP32, trace=trace, label=label)
-    c = LOGF_COEFFS
-    p = fma(np.full_like(f, c[0]), f, c[1], FP32, trace=trace, label=label)
-    for ck in c[2:]:
-        p = fma(p, f, ck, FP32, trace=trace, label=label)
+    p = _horner(f, LOGF_COEFFS, trace, label)
     r = fma(mul(f, p, FP32, trace=trace, label=label), f, f, FP32, trace=trace, label=label)
-    r = fma(e, _LN2_F32, r, FP32, trace=trace, label=label)
-    special = b2 >= 0x7F800000  # +inf, NaN, and (sign bit set) negatives: fma(x, inf, inf)
-    with np.errstate(invalid="ignore"):
-        r = np.where(special, a2 * np.float32(np.inf) + np.float32(np.inf), r).astype(np.float32)
-    r = np.where(a2 == 0, np.float32(-np.inf), r)
-    rb = np.where(np.isnan(r), CANONICAL_NAN, r.view(np.uint32)).astype(np.uint32)
-    return rb.view(np.float32).reshape(np.shape(arr))
+    return _finish(fma(e, _LN2_F32, r, FP32, trace=trace, label=label), arr, a2, b2)
 
 
 #: expf's constants: log2(e) / 252, log2(e) split in two float32 parts, and the rounding magic numbers

@@ -11,7 +11,6 @@ with emufloat's models on the GPU machine's CPU.  Writes ``cuda_math.json`` (mis
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import tempfile
@@ -20,9 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashsim.console import ArgumentParser, run_command, writable_dir
-
-from ..scripts.device_cli import require_gpu
+from ..scripts.device_cli import probe_main
 
 SEED = 20261128
 FUNCTIONS = ("expf", "logf", "exp2f", "rcp", "intrinsic_logf")
@@ -89,9 +86,7 @@ def models() -> dict:
     }
 
 
-def run(args: argparse.Namespace) -> int:
-    out = writable_dir(args.out, "--out")
-    require_gpu("python -m gpu.probes.cuda_math")
+def run(out: Path) -> int:
     t0 = time.monotonic()
     res: dict = {}
     x = inputs(np.random.default_rng(SEED))
@@ -124,10 +119,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m gpu.probes.cuda_math", description="probe CUDA's expf/logf/exp2f/rcp")
-    ap.add_argument("--out", type=Path, required=True, help="folder for cuda_math.json and cuda_math.npz")
-    args = ap.parse_args(argv)
-    return run_command("python -m gpu.probes.cuda_math", lambda: run(args))
+    return probe_main(
+        "gpu.probes.cuda_math", "probe CUDA's expf/logf/exp2f/rcp", "cuda_math.json and cuda_math.npz", run, argv
+    )
 
 
 if __name__ == "__main__":

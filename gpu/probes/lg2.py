@@ -14,7 +14,6 @@ plain and ``__logf``, for the CPU tests).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import io
 import json
@@ -26,9 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from flashsim.console import ArgumentParser, run_command, writable_dir
-
-from ..scripts.device_cli import require_gpu
+from ..scripts.device_cli import probe_main
 
 NGRID = 1 << 23
 SAMPLE_SEED = 20261127
@@ -122,7 +119,7 @@ def model(e: int, table, m1, flag):
     return -torch.where(step, torch.nextafter(r, torch.zeros_like(r)), r)
 
 
-def below_t_flag(table, m1):
+def above_t_flag(table, m1):
     """Where the outputs at e = -1 lie nearer zero than -RZ(1 - T[k]) although 1 - T[k] is on the grid."""
     plain = -rz32(1.0 - table)
     return (m1.view(plain.dtype) != plain) & (plain.double() == table - 1.0)
@@ -143,9 +140,7 @@ def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             zf.writestr(f"{name}.npy", buf.getvalue())
 
 
-def run(args: argparse.Namespace) -> int:
-    out = writable_dir(args.out, "--out")
-    require_gpu("python -m gpu.probes.lg2")
+def run(out: Path) -> int:
     import torch
 
     t0 = time.monotonic()
@@ -165,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
         and torch.equal(m1.view(torch.int32), at(126, False).view(torch.int32))
     )
     t64 = table.double()
-    flag = below_t_flag(t64, m1)
+    flag = above_t_flag(t64, m1)
     res["flag_count"] = int(flag.sum())
     arrays = {"table_bits": table, "m1_bits": m1, "subnormal_noftz_bits": sub}
     host = {}
@@ -249,10 +244,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m gpu.probes.lg2", description="probe lg2.approx.f32 on the GPU")
-    ap.add_argument("--out", type=Path, required=True, help="folder for lg2.json and lg2.npz")
-    args = ap.parse_args(argv)
-    return run_command("python -m gpu.probes.lg2", lambda: run(args))
+    return probe_main(
+        "gpu.probes.lg2", "probe lg2.approx.f32 on the GPU", "lg2.json, lg2.npz and lg2_sample.npz", run, argv
+    )
 
 
 if __name__ == "__main__":

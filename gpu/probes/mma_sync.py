@@ -12,16 +12,13 @@ outputs as bits, per dtype and shape, for the CPU to compare with emufloat's ten
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
-from flashsim.console import ArgumentParser, run_command, writable_dir
-
-from ..scripts.device_cli import require_gpu
+from ..scripts.device_cli import probe_main
 
 SEED = 20261127
 TILES = 1024
@@ -153,9 +150,7 @@ def _inputs(rng: np.random.Generator, tiles: int, k: int, dtype: str) -> tuple[n
     return cast(a), cast(b), c.astype(np.float32)
 
 
-def run(args: argparse.Namespace) -> int:
-    out = writable_dir(args.out, "--out")
-    require_gpu("python -m gpu.probes.mma_sync")
+def run(out: Path) -> int:
     import torch
     from torch.utils.cpp_extension import load_inline
 
@@ -200,10 +195,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python -m gpu.probes.mma_sync", description="probe mma.sync m16n8k16 on the GPU")
-    ap.add_argument("--out", type=Path, required=True, help="folder for mma_sync.npz and mma_sync.json")
-    args = ap.parse_args(argv)
-    return run_command("python -m gpu.probes.mma_sync", lambda: run(args))
+    return probe_main(
+        "gpu.probes.mma_sync",
+        "probe mma.sync m16n8k16 and m16n8k8 on the GPU",
+        "mma_sync.npz and mma_sync.json",
+        run,
+        argv,
+    )
 
 
 if __name__ == "__main__":

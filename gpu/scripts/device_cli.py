@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+from pathlib import Path
 
 from flashsim.console import UsageError
 
@@ -32,6 +33,24 @@ def require_gpu(prog: str) -> None:
     why = gpu_stack_missing()
     if why:
         raise UsageError(f"{prog}: {why}")
+
+
+def probe_main(module: str, description: str, outputs: str, run, argv: list[str] | None = None) -> int:
+    """``main`` of a standalone probe, ``python -m MODULE --out DIR``: the folder is checked to be writable and
+    the GPU to be there before ``run(DIR)``; bad input and failures end in one line."""
+    from flashsim.console import ArgumentParser, run_command, writable_dir
+
+    prog = f"python -m {module}"
+    ap = ArgumentParser(prog=prog, description=description)
+    ap.add_argument("--out", type=Path, required=True, help=f"folder for {outputs}")
+    args = ap.parse_args(argv)
+
+    def go() -> int:
+        out = writable_dir(args.out, "--out")
+        require_gpu(prog)
+        return run(out)
+
+    return run_command(prog, go)
 
 
 def sections(value: str, accepted, flag: str = "--sections") -> list[str]:

@@ -30,10 +30,26 @@ from .common import CANONICAL_NAN, DATA, fp32_bits, record_vs_exact
 LN2_F32 = np.float32(0.6931471824645996)
 
 
-def _rz32(s: np.ndarray) -> np.ndarray:
-    """Non-negative float64 values (exact) rounded toward zero to float32 bits."""
-    r = s.astype(np.float32)
-    return np.where(r.astype(np.float64) > s, r.view(np.uint32) - np.uint32(1), r.view(np.uint32)).astype(np.uint32)
+@nb.njit(inline="always", cache=True)
+def _rz_mag(s):
+    """float32 bits of non-negative float64 ``s`` (exact) rounded toward zero."""
+    r = np.float32(s)
+    b = np.uint32(r.view(np.uint32))
+    if np.float64(r) > s:
+        b -= np.uint32(1)
+    return b
+
+
+@nb.njit(cache=True)
+def _above_t_flags(table, m1):
+    """Where the hardware's F lies above T[k]: the output at e = -1 is nearer zero than RZ(1 - T[k]) although
+    1 - T[k] is on the float32 grid."""
+    flag = np.empty(table.size, np.bool_)
+    for i in range(table.size):
+        mag = 1.0 - np.float64(np.uint32(table[i]).view(np.float32))
+        plain = _rz_mag(mag)
+        flag[i] = (m1[i] & np.uint32(0x7FFFFFFF)) != plain and np.float64(np.uint32(plain).view(np.float32)) == mag
+    return flag
 
 
 @functools.cache
@@ -49,21 +65,7 @@ def lg2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndar
         check_digest(bits, z, f"{key}_sha256", DATA.table_name("lg2"))
         out.append(bits)
     table, m1, sub = out
-    t64 = table.view(np.float32).astype(np.float64)
-    plain = _rz32(1.0 - t64)  # |output| at e = -1 were F equal to T
-    on_grid = plain.view(np.float32).astype(np.float64) == 1.0 - t64
-    flag = ((m1 & np.uint32(0x7FFFFFFF)) != plain) & on_grid
-    return table, m1, sub, flag
-
-
-@nb.njit(inline="always", cache=True)
-def _rz_mag(s):
-    """float32 bits of non-negative float64 ``s`` (exact) rounded toward zero."""
-    r = np.float32(s)
-    b = np.uint32(r.view(np.uint32))
-    if np.float64(r) > s:
-        b -= np.uint32(1)
-    return b
+    return table, m1, sub, _above_t_flags(table, m1)
 
 
 @nb.njit(inline="always", cache=True)

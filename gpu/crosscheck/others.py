@@ -1,8 +1,9 @@
 """Other people's attention kernels, recorded on the GPU: the grid of fresh cases, inputs by seed, and the
 recorded outputs as kernel runs checked against a policy.
 
-Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128) and PyTorch SDPA's
-``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends.  Inputs come from
+Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128), PyTorch SDPA's
+``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends, and ``paper`` (Qiu & Yao's pure-PyTorch
+attention, eager under CUDA bf16 autocast, fix off and on).  Inputs come from
 :func:`flashsim.inputs.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
 magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
 them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
@@ -20,15 +21,18 @@ import numpy as np
 from flashsim.crosscheck import KernelRun
 from flashsim.inputs import ALL_KINDS, make_inputs
 from flashsim.policy import PolicyRef
-from flashsim.softmax import get_softmax
+from flashsim.softmax import SoftmaxVariant, get_softmax
 
-KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "paper")
 SEED0 = 910_000  # no other recording draws seeds from here on
+#: each kernel's block of seeds (100,000 wide); any other name (a user's kernel) draws from block 4
+SEED_BLOCK = {"tutorial": 0, "sdpa_flash": 1, "sdpa_efficient": 2, "sdpa_cudnn": 3, "paper": 5}
 
 
 @dataclass(frozen=True)
 class KernelCase:
-    """One head of one kernel's launch: q, k, v of (n, d) drawn by ``kind`` from ``seed``."""
+    """One head of one kernel's launch: q, k, v of (n, d) drawn by ``kind`` from ``seed``; ``softmax`` the
+    variant the kernel ran (the paper's pipeline: ``standard`` or its fix, ``stabilised``)."""
 
     kernel: str
     n: int
@@ -37,11 +41,19 @@ class KernelCase:
     causal: bool
     kind: str
     seed: int
+    softmax: str = "standard"
 
     @property
     def key(self) -> str:
         mask = "causal" if self.causal else "full"
-        return f"{self.kernel}_{self.dtype}_d{self.d}_n{self.n}_{mask}_{self.kind}_s{self.seed}"
+        fix = "" if self.softmax == "standard" else f"_{self.softmax}"
+        return f"{self.kernel}_{self.dtype}_d{self.d}_n{self.n}_{mask}_{self.kind}{fix}_s{self.seed}"
+
+    def softmax_variant(self) -> SoftmaxVariant:
+        """The variant as flashsim names it; the paper's fix counts masked entries as their code does."""
+        if self.kernel == "paper" and self.softmax == "stabilised":
+            return get_softmax("stabilised", count_masked=True)
+        return get_softmax(self.softmax)
 
     def inputs(self) -> dict[str, np.ndarray]:
         """q, k, v, do as float32 arrays of dtype values, (n, d) each."""
@@ -54,29 +66,32 @@ class KernelCase:
 def grid(
     kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None, round_: int = 0
 ) -> list[KernelCase]:
-    """Every kind x head dim (64, 128) x causal x length x dtype x ``seeds_per_cell`` seeds of ``kernel``: 112
-    cases by default.
+    """Every kind x head dim (64, 128) x causal x length x dtype (x softmax) x ``seeds_per_cell`` seeds of
+    ``kernel``: 112 cases by default.
 
-    The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; SDPA's
+    The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; the
+    paper's pipeline bf16 at 200 and 640 (one and two of its 512-key tiles), fix off and on; SDPA's
     backends, and any other kernel name (a user's kernel, ``python -m gpu.crosscheck --kernel``), bf16 and
     fp16 with one ragged length, one seed a cell.  Each name of :data:`KERNELS` draws seeds of its own, and
     each recording ``round_`` fresh ones (10,000 apart)."""
     if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 10:
         raise ValueError(f"round_: expected an integer 0..9, got {round_!r}")
-    tutorial = kernel == "tutorial"
-    lengths = lengths or ((128, 256) if tutorial else (128, 200))
-    dtypes = ("fp16",) if tutorial else ("bf16", "fp16")
+    tutorial, paper = kernel == "tutorial", kernel == "paper"
+    lengths = lengths or ((128, 256) if tutorial else (200, 640) if paper else (128, 200))
+    dtypes = ("fp16",) if tutorial else ("bf16",) if paper else ("bf16", "fp16")
+    softmaxes = ("standard", "stabilised") if paper else ("standard",)
     seeds_per_cell = seeds_per_cell or (2 if tutorial else 1)
-    base = SEED0 + 100_000 * (KERNELS.index(kernel) if kernel in KERNELS else len(KERNELS)) + 10_000 * round_
+    base = SEED0 + 100_000 * SEED_BLOCK.get(kernel, 4) + 10_000 * round_
     cases, seed = [], base
     for dtype in dtypes:
         for d in (64, 128):
             for causal in (False, True):
                 for n in lengths:
-                    for kind in ALL_KINDS:
-                        for _ in range(seeds_per_cell):
-                            cases.append(KernelCase(kernel, n, d, dtype, causal, kind, seed))
-                            seed += 1
+                    for softmax in softmaxes:
+                        for kind in ALL_KINDS:
+                            for _ in range(seeds_per_cell):
+                                cases.append(KernelCase(kernel, n, d, dtype, causal, kind, seed, softmax))
+                                seed += 1
     return cases
 
 
@@ -107,17 +122,19 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
         )
     if case.kernel == "sdpa_cudnn":
         return PolicyRef("gpu.policies:sdpa_cudnn_policy", {"dtype": case.dtype, "head_dim": case.d})
+    if case.kernel == "paper":
+        return PolicyRef("qiu_yao")
     return PolicyRef("fa2")
 
 
 def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(others.json, the arrays of others.npz and, where present, others_bwd.npz) of a recording folder."""
+    """(others.json, the arrays of others.npz and, where present, others_bwd*.npz) of a recording folder."""
     meta_path, arr_path = Path(folder) / "others.json", Path(folder) / "others.npz"
     for p in (meta_path, arr_path):
         if not p.is_file():
             raise FileNotFoundError(f"others: {p} is missing (record with gpu/scripts/record_kernels.py)")
     arrays = {}
-    for path in (arr_path, Path(folder) / "others_bwd.npz"):
+    for path in (arr_path, *sorted(Path(folder).glob("others_bwd*.npz"))):
         if path.is_file():
             with np.load(path) as z:
                 arrays.update({k: z[k] for k in z.files})
@@ -143,7 +160,7 @@ def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False
         dtype=case.dtype,
         causal=case.causal,
         sm_scale=float(rec["sm_scale"]),
-        softmax=get_softmax("standard"),
+        softmax=case.softmax_variant(),
         policy=policy_of(case, rec.get("config"), deterministic),
         outputs=outputs,
         note=case.key,

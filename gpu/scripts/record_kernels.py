@@ -4,11 +4,15 @@
 
 Kernels (``--kernels``): ``tutorial`` (Triton's fused-attention tutorial, loaded from ``--tutorial``, run
 as its ``_attention`` autograd function runs it, autotuner included; forward and backward), and PyTorch
-SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward, and backward through autograd).
+SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward, and backward through autograd), and
+``paper``: Qiu & Yao's ``attention.py`` (loaded from ``--paper``), its forward and its hand-written backward
+called eagerly under CUDA bf16 autocast, 512x512 tiles, fix off and on (their ``STABLE`` switch).
 Cases: :func:`gpu.crosscheck.others.grid` (``--round``: a fresh set of seeds).  Writes ``others.json``
 (cases, autotuned configs, versions, the card, FA2's dQ atomics experiment, and per case the emulator's
 identical fraction under :func:`gpu.crosscheck.others.policy_of` unless ``--no-check``), ``others.npz``
-(O and LSE bits) and ``others_bwd.npz`` (dQ, dK, dV bits).
+(O and LSE bits) and ``others_bwd*.npz`` (dQ, dK, dV bits, in files of at most ~12 MB).  ``--capture
+N/D/CAUSAL,...`` also writes ``gemms.npz``: every einsum of the paper's first case of each of those cells,
+operands (bf16, as autocast hands them on) and output as bits.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
+from ..crosscheck.others import KERNELS
 from .device_cli import require_gpu, sections
 
 
@@ -60,6 +65,45 @@ def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
     }
     dq, dk, dv = mod._attention.backward(ctx, x["do"].contiguous())[:3]
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, config
+
+
+def load_paper(path: Path):
+    """Qiu & Yao's attention.py as a module; einops (used only for masks, which these runs do not pass) is
+    stubbed where it is not installed."""
+    import types
+
+    if importlib.util.find_spec("einops") is None:
+        sys.modules["einops"] = types.SimpleNamespace(rearrange=None)
+    spec = importlib.util.spec_from_file_location("qiu_yao_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = None) -> dict:
+    """Their FlashAttentionFunction's forward and backward on (1, 1, n, d) bf16 tensors, both called eagerly
+    under bf16 autocast (as their training's compiled step traces the backward), 512x512 tiles; the fix is
+    their ``STABLE`` environment switch.  ``capture``: a list that receives every einsum's operands (as
+    autocast hands them to cuBLAS, bf16) and output."""
+    import torch
+
+    einsum = mod.einsum
+
+    def recording(eq, a, b):
+        out = einsum(eq, a, b)
+        capture.append((eq, a.to(torch.bfloat16), b.to(torch.bfloat16), out))
+        return out
+
+    os.environ["STABLE"] = "1" if softmax == "stabilised" else "0"
+    mod.einsum = recording if capture is not None else einsum
+    try:
+        ctx = _Ctx()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            o = mod.FlashAttentionFunction.forward(ctx, x["q"], x["k"], x["v"], None, causal, 512, 512)
+            dq, dk, dv = mod.FlashAttentionFunction.backward(ctx, x["do"])[:3]
+    finally:
+        mod.einsum = einsum
+    return {"o": o, "lse": ctx.saved_tensors[4], "dq": dq, "dk": dk, "dv": dv}
 
 
 def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
@@ -105,6 +149,21 @@ def atomics(backend: str = "flash", reps: int = 8) -> dict:
     return out
 
 
+def save_chunked(out: Path, stem: str, arrays: dict[str, np.ndarray], limit: int = 24 << 20) -> None:
+    """``arrays`` as STEM.npz, STEM_1.npz, ... of at most ``limit`` bytes of raw bits each (compressed, each
+    stays under the device's size limit on returned files)."""
+    chunks: list[dict] = [{}]
+    size = 0
+    for key, a in arrays.items():
+        if size + a.nbytes > limit and chunks[-1]:
+            chunks.append({})
+            size = 0
+        chunks[-1][key] = a
+        size += a.nbytes
+    for i, chunk in enumerate(c for c in chunks if c):
+        np.savez_compressed(out / (f"{stem}.npz" if i == 0 else f"{stem}_{i}.npz"), **chunk)
+
+
 _RECORDING: dict = {}  # a check worker's copy of the recording (others.json, arrays), loaded once
 
 
@@ -126,9 +185,11 @@ def _check(index: int) -> tuple[int, dict]:
 
 
 def run(args: argparse.Namespace) -> int:
-    kernels = sections(args.kernels, ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn"), "--kernels")
+    kernels = sections(args.kernels, KERNELS, "--kernels")
     if "tutorial" in kernels and (args.tutorial is None or not args.tutorial.is_file()):
         raise UsageError(f"--tutorial: the tutorial's file is needed for the tutorial kernel, got {args.tutorial}")
+    if "paper" in kernels and (args.paper is None or not args.paper.is_file()):
+        raise UsageError(f"--paper: Qiu & Yao's attention.py is needed for the paper kernel, got {args.paper}")
     out = writable_dir(args.out, "--out")
     require_gpu("python -m gpu.scripts.record_kernels")
     import torch
@@ -141,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
     from ..probes import env
 
     mod = load_tutorial(args.tutorial) if "tutorial" in kernels else None
+    paper = load_paper(args.paper) if "paper" in kernels else None
+    gemms: dict[str, np.ndarray] = {}
+    to_capture = set(args.capture)
     meta: dict = {
         "deterministic": bool(args.deterministic),
         "recorded_by": "python -m gpu.scripts.record_kernels " + " ".join(sys.argv[1:]),
@@ -148,6 +212,7 @@ def run(args: argparse.Namespace) -> int:
         "device": torch.cuda.get_device_name(),
         "cases": [],
         "tutorial_file": str(args.tutorial) if mod else None,
+        "paper_file": str(args.paper) if paper else None,
     }
     fwd, bwd = {}, {}
     t0 = time.monotonic()
@@ -164,6 +229,18 @@ def run(args: argparse.Namespace) -> int:
                     res, rec["config"] = run_tutorial(mod, x, case.causal, scale)
                     for g in ("dq", "dk", "dv"):
                         bwd[f"{case.key}/{g}"] = bits_of(res[g][0, 0])
+                elif kernel == "paper":
+                    rec["sm_scale"] = case.d**-0.5  # their scale
+                    cell = f"{case.n}/{case.d}/{case.causal}"
+                    capture = [] if cell in to_capture else None  # the cell's first case
+                    to_capture.discard(cell)
+                    res = run_paper(paper, x, case.causal, case.softmax, capture)
+                    for i, (eq, a, b, c) in enumerate(capture or []):
+                        for name, t in (("a", a), ("b", b), ("out", c)):
+                            gemms[f"{case.key}/{i}/{name}"] = bits_of(t[0, 0].contiguous())
+                        rec.setdefault("einsums", []).append(eq)
+                    for g in ("dq", "dk", "dv"):
+                        bwd[f"{case.key}/{g}"] = bits_of(res[g][0, 0])
                 else:
                     res = run_sdpa(kernel[5:], x, case.causal, scale)
                     rec["o_autograd_same"] = res["o_autograd_same"]
@@ -176,8 +253,9 @@ def run(args: argparse.Namespace) -> int:
             meta["cases"].append(rec)
         print(f"{kernel}: recorded ({time.monotonic() - t0:.0f} s)", flush=True)
         np.savez_compressed(out / "others.npz", **fwd)  # after every kernel: a run cut short keeps what it has
-        if bwd:
-            np.savez_compressed(out / "others_bwd.npz", **bwd)
+        save_chunked(out, "others_bwd", bwd)
+        if gemms:
+            np.savez_compressed(out / "gemms.npz", **gemms)
         (out / "others.json").write_text(json.dumps(meta, indent=1))
     for kernel, key in (("sdpa_flash", "fa2_dq_atomics"), ("sdpa_efficient", "efficient_dq_order")):
         if kernel in kernels and not args.deterministic:
@@ -216,9 +294,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--kernels",
         default="sdpa_flash,sdpa_efficient,sdpa_cudnn,tutorial",
-        help="comma list of tutorial, sdpa_flash, sdpa_efficient, sdpa_cudnn",
+        help="comma list of tutorial, sdpa_flash, sdpa_efficient, sdpa_cudnn, paper",
     )
     ap.add_argument("--tutorial", type=Path, help="the Triton tutorial's 06-fused-attention.py (for 'tutorial')")
+    ap.add_argument("--paper", type=Path, help="Qiu & Yao's attention.py (for 'paper')")
+    ap.add_argument(
+        "--capture",
+        type=lambda v: {c.strip() for c in v.split(",") if c.strip()},
+        default=set(),
+        metavar="N/D/CAUSAL,...",
+        help="keep every einsum of the paper's first case of each of these cells (e.g. 640/64/False)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="at most this many cases a kernel (default: all)")
     ap.add_argument("--round", type=int, default=0, choices=range(10), help="which round of fresh seeds (0-9)")
     ap.add_argument("--no-check", action="store_true", help="record only; check later with tools/check_others.py")

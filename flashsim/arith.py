@@ -14,7 +14,7 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import FP32, Format, Rounding, Trace
-from emufloat.hw import h100
+from emufloat.hw import h100, torch_cuda
 
 from .functions import get_function
 from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
@@ -162,8 +162,11 @@ def dot(
 
 # ---- row sums --------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def order_tree(order: str, n: int) -> ef.ReductionTree:
-    """The 'sequential' or 'pairwise' tree over n leaves (cached)."""
+def order_tree(order: str, n: int, rows: int = 512) -> ef.ReductionTree:
+    """The 'sequential', 'pairwise' or 'torch_cuda' tree over n leaves (cached); ``rows``: the rows summed in
+    one launch ('torch_cuda' only: PyTorch's CUDA reduction, :func:`emufloat.hw.torch_cuda.row_sum_tree`)."""
+    if order == "torch_cuda":
+        return torch_cuda.row_sum_tree(n, rows)
     return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
 
 
@@ -224,20 +227,27 @@ def block_sum(
         if p.shape[-1] > tree.n_leaves:
             raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
         return ef.tree_sum(_padded(p, tree.n_leaves), tree, first, rnd, trace=trace, label=label)
-    return ef.tree_sum(p, order_tree(spec.order, p.shape[-1]), first, rnd, trace=trace, label=label)
+    tree = order_tree(spec.order, p.shape[-1], p.shape[0] if p.ndim > 1 else 512)
+    return ef.tree_sum(p, tree, first, rnd, trace=trace, label=label)
+
+
+#: row-sum orders that keep a partial sum per thread of the quad that owns a row
+QUAD_ORDERS = ("fa2_threads", "cudnn_threads")
 
 
 class RowSumState:
     """The running row sum l of a block of rows, updated block by block as the spec says.
 
-    Order 'fa2_threads' keeps four partial sums a row (one per thread of the quad that owns the row):
-    each is rescaled, then the thread's own columns are added to it left to right; :meth:`total`
-    combines them with FA2's butterfly, (t0 + t2) + (t1 + t3).
+    Orders 'fa2_threads' and 'cudnn_threads' keep four partial sums a row (one per thread of the quad that
+    owns the row).  FA2: each is rescaled, then the thread's own columns are added to it left to right, and
+    :meth:`total` combines them as (t0 + t2) + (t1 + t3).  cuDNN: each thread first sums its own columns of
+    the block left to right, then l_t = l_t * alpha + s_t (one FMA when fused), and :meth:`total` combines
+    them as (t0 + t1) + (t2 + t3).
     """
 
     def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None, label: str = "row_sum"):
         self.spec, self.tile, self.trace, self.label = spec, tile, trace, label
-        threads = (rows, 4) if spec.order == "fa2_threads" else (rows,)
+        threads = (rows, 4) if spec.order in QUAD_ORDERS else (rows,)
         self.l = cast(np.zeros(threads), spec.fmt)
 
     def update(self, p: np.ndarray, alpha: np.ndarray) -> None:
@@ -262,22 +272,36 @@ class RowSumState:
             )
             self.l = _store(s, spec, tr, lab)
             return
+        if spec.order == "cudnn_threads":
+            cols = _quad_columns(p)  # (rows, 4, columns / 4)
+            first = compute_format(spec)
+            rnd = spec.rounding if first == spec.fmt else RNE
+            s = ef.tree_sum(cols, order_tree("sequential", cols.shape[-1]), first, rnd, trace=tr, label=lab)
+            a = np.broadcast_to(alpha[:, None], self.l.shape)
+            if spec.fused:
+                self.l = fma(self.l, a, s, spec, tr, lab)
+            else:
+                self.l = binary("add", binary("mul", self.l, a, compute_only(spec), tr, lab), s, spec, tr, lab)
+            return
         if spec.order == "cutlass_warps":
             self.l = _cutlass_warps_update(self.l, p, alpha, spec, tr, lab)
             return
         s = block_sum(p, spec, self.tile, tr, lab)
+        if spec.floor is not None:  # clamp(min=floor): NaN stays NaN
+            floor = f64(cast(np.float64(spec.floor), compute_format(spec)))
+            s = np.where(np.isnan(f64(s)) | (f64(s) >= floor), s, floor).astype(np.asarray(s).dtype)
         if spec.fused:
             self.l = fma(self.l, alpha, s, spec, tr, lab)
         else:
             self.l = binary("add", binary("mul", self.l, alpha, compute_only(spec), tr, lab), s, spec, tr, lab)
 
     def total(self) -> np.ndarray:
-        """The row sum l (FA2: the quad reduction of the four partials)."""
-        if self.spec.order != "fa2_threads":
+        """The row sum l (FA2, cuDNN: the quad reduction of the four partials)."""
+        if self.spec.order not in QUAD_ORDERS:
             return self.l
         t = self.l
-        a = binary("add", t[:, 0], t[:, 2], self.spec, self.trace, self.label)
-        b = binary("add", t[:, 1], t[:, 3], self.spec, self.trace, self.label)
+        pairs = ((0, 2), (1, 3)) if self.spec.order == "fa2_threads" else ((0, 1), (2, 3))
+        a, b = (binary("add", t[:, i], t[:, j], self.spec, self.trace, self.label) for i, j in pairs)
         return binary("add", a, b, self.spec, self.trace, self.label)
 
 

@@ -148,9 +148,8 @@ def delta_rowsum(
         elif spec.order == "h100_tl_sum":
             acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd, trace=trace, label=label)
         else:
-            acc = ef.tree_sum(
-                prods, arith.order_tree(spec.order, prods.shape[-1]), first, rnd, trace=trace, label=label
-            )
+            tree = arith.order_tree(spec.order, prods.shape[-1], prods.shape[0] if prods.ndim > 1 else 512)
+            acc = ef.tree_sum(prods, tree, first, rnd, trace=trace, label=label)
     if spec.compute is not None and spec.compute != spec.fmt:
         acc = ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
     return arith.nan_encoded(acc, spec.nan_bits)

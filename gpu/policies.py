@@ -349,21 +349,22 @@ def sdpa_efficient_policy(
 
 
 def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
-    """PyTorch SDPA's cuDNN backend (cuDNN 9.19) on the H100/H200, forward: the closest model found, not a
-    bit-exact one (cuDNN is closed; found by search against recorded outputs).
+    """PyTorch SDPA's cuDNN backend (cuDNN 9.19) on the H100/H200, forward (no backward model).
 
-    128-key blocks in order; S * (scale * log2 e) rounded; P = ``ex2.approx.ftz(s - m)``; FA2-style thread
-    row sums with the contracted FMA; O * ``rcp.approx`` (1 / l); LSE = fma(m, ln 2, ``__logf(l)``).  On 112
-    recorded cases: O 99.9998% (bf16) and 99.997% (fp16) of elements identical, the LSE 92-96%; the row
-    sum's order and the LSE's form are what is still unknown.  No backward model.
+    cuDNN is closed; each step was pinned by crafted inputs (``gpu.probes.cudnn_steps``) and checked on
+    recorded cases: 128-key blocks in order; S * (scale * log2 e) rounded; P = ``ex2.approx.ftz(s - m)``;
+    each of the four threads that own a row sums its own columns of the block left to right, then updates
+    its partial l_t = fma(l_t, alpha, s_t); l = (t0 + t1) + (t2 + t3) at the end; O * ``rcp.approx`` (1 / l);
+    LSE = fma(m, ln 2, ``__logf(l)``).
     """
-    flash = sdpa_flash_policy(dtype, head_dim)  # its forward steps but four, no split; no backward
+    flash = sdpa_flash_policy(dtype, head_dim)  # its forward steps but five, no split; no backward
     return dataclasses.replace(
         flash,
-        name=f"sdpa_cudnn_{dtype}_d{head_dim}_candidate",
-        note=f"PyTorch SDPA cuDNN on the H100/H200, {dtype}, head dim {head_dim}: closest model found, not exact",
+        name=f"sdpa_cudnn_{dtype}_d{head_dim}",
+        note=f"PyTorch SDPA cuDNN on the H100/H200, {dtype}, head dim {head_dim}, forward",
         scale=Scale("scores", FP32),
         exp=Func("h100_ex2", FP32),
+        row_sum=RowSum("cudnn_threads", FP32, fused=True),
         normalize=Norm("reciprocal", "rcp_approx", FP32),
         tiling=Tiling(128, 128, "forward"),
         **dict.fromkeys(("delta", "recompute", "dv", "dp", "ds", "dk", "dq", "bwd_tiling")),

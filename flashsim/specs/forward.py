@@ -29,6 +29,10 @@ ROW_SUM_ORDERS = {
     "pairwise": "balanced tree, each add rounded",
     "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.hw.h100.tl_sum)",
     "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
+    "cudnn_threads": "cuDNN: 4 threads a row, each sums its own columns of a block left to right and then "
+    "updates its partial l_t = l_t * alpha + s_t; at the end (t0 + t1) + (t2 + t3)",
+    "torch_cuda": "torch.sum(dim=-1) on a CUDA fp32 tensor: a warp a row, four accumulators a lane, "
+    "shuffle-down (emufloat.hw.torch_cuda.row_sum_tree)",
     "cutlass_warps": "PyTorch's memory-efficient kernel: per 32-key warp column, 4 threads a row each add "
     "their 8 values (keys 2q, 2q+1, 2q+8, 2q+9, ...), a quad reduction (t0+t1)+(t2+t3); then l*alpha plus the "
     "warp columns in order",
@@ -226,7 +230,9 @@ class RowSum(Spec):
 
     The block sum follows ``order`` (``ROW_SUM_ORDERS``) in the compute format (or ``fmt``); the update
     is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt`` between blocks.
-    ``num_warps`` picks the recorded tree for 'h100_tl_sum'.
+    ``num_warps`` picks the recorded tree for 'h100_tl_sum'.  ``floor``: each block's sum is raised to at
+    least this value (rounded into the compute format; NaN stays NaN) before the update, as Qiu & Yao's code
+    clamps it at 1e-10 (a block whose every P underflows then adds 1e-10, not 0).
     """
 
     order: str
@@ -235,6 +241,7 @@ class RowSum(Spec):
     compute: Format | None = None
     fused: bool = False
     num_warps: int = 4
+    floor: float | None = None
 
     def __post_init__(self) -> None:
         check_choice(self.order, ROW_SUM_ORDERS, "RowSum.order")
@@ -248,9 +255,22 @@ class RowSum(Spec):
             raise ValueError(
                 "RowSum.fused: no FMA update for FP64 (numpy has none) or 'cutlass_warps' (l * alpha, then adds)"
             )
+        if self.floor is not None and (
+            isinstance(self.floor, bool)
+            or not isinstance(self.floor, (int, float))
+            or not self.floor > 0
+            or self.order in ("fa2_threads", "cudnn_threads", "cutlass_warps")
+        ):
+            raise ValueError(
+                f"RowSum.floor: a positive number, with an order that sums each block first (not the thread "
+                f"orders or cutlass_warps), or None; got {self.floor!r} with order {self.order!r}"
+            )
 
     def __str__(self) -> str:
-        return f"{self.order} -> {self._store()}; update " + ("l*a+s as one FMA" if self.fused else "l*a, then +s")
+        floor = "" if self.floor is None else f", block sums at least {self.floor:g}"
+        return f"{self.order} -> {self._store()}{floor}; update " + (
+            "l*a+s as one FMA" if self.fused else "l*a, then +s"
+        )
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,8 @@
     PYTHONPATH=. python -m gpu.probes.torch_ops --out $OUT
 
 - ``sums``: the order of ``torch.sum(dim=-1)`` over fp32 rows at the pipeline's shapes ((rows, n): the
-  exp-weight row sums of a 512-query tile over 512, 128 and 200 keys; delta's sums over d = 64 and 128).
+  exp-weight row sums of a 512-query tile over 512, 128 and 200 keys), and over bf16 rows under autocast
+  (delta's sums of bf16 products over d = 64 and 128).
   FPRev pair rows (:mod:`gpu.probes.trees`), launched as tensors of exactly that shape, give each shape's
   tree; the tree is then checked against the GPU on random rows of the same shape.
 - ``exp_log``: ``torch.exp`` and ``torch.log`` (fp32) of every bf16 value (the forward's exp and log inputs
@@ -29,35 +30,56 @@ from . import trees
 SEED = 20261127
 #: (rows, n) of every row sum the pipeline runs at its test lengths (200 and 640 keys, one or two tiles)
 SUM_SHAPES = ((512, 512), (512, 128), (200, 200), (512, 64), (512, 128), (200, 64), (200, 128), (128, 64))
+#: (rows, n) of delta's sum of bf16 products under autocast (d = 64 and 128; q tiles of 512, 200 and 128 rows)
+BF16_SUM_SHAPES = ((512, 64), (512, 128), (200, 64), (200, 128), (128, 64), (128, 128))
 
 
-def sum_tree(shape: tuple[int, int], rng: np.random.Generator) -> dict:
-    """The tree torch.sum(dim=-1) follows on fp32 tensors of ``shape``, and its check on random rows."""
+def _sums(x: np.ndarray, rows: int, bf16: bool) -> np.ndarray:
+    """torch.sum(dim=-1) of ``x`` launched ``rows`` rows at a time: fp32, or bf16 summed under CUDA bf16
+    autocast (which sums in fp32 and returns fp32, as ``(do * o).sum(-1)`` runs in the pipeline)."""
     import torch
+
+    out = []
+    for i in range(0, len(x), rows):
+        t = torch.from_numpy(x[i : i + rows]).cuda()
+        if bf16:
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                r = t.to(torch.bfloat16).sum(dim=-1)
+            if r.dtype != torch.float32:
+                raise RuntimeError(f"autocast summed bf16 into {r.dtype}, not float32")
+        else:
+            r = t.sum(dim=-1)
+        out.append(r.cpu().numpy())
+    return np.concatenate(out)
+
+
+def sum_tree(shape: tuple[int, int], rng: np.random.Generator, bf16: bool = False) -> dict:
+    """The tree torch.sum(dim=-1) follows on fp32 (or, ``bf16``, autocast bf16) tensors of ``shape``, and
+    its check on random rows."""
+    import emufloat as ef
 
     rows, n = shape
     pairs = trees.all_pairs(n)
     probe = trees.fprev_rows(n, pairs)
     pad = -len(probe) % rows
     probe = np.concatenate([probe, np.ones((pad, n), np.float32)])
-    sums = np.concatenate(
-        [torch.from_numpy(probe[i : i + rows]).cuda().sum(dim=-1).cpu().numpy() for i in range(0, len(probe), rows)]
-    )[: len(pairs)]
+    sums = _sums(probe, rows, bf16)[: len(pairs)]
     sizes, bad = trees.lca_sizes_from_sums(sums, n)
     found = trees.infer_tree(n, pairs, sizes)
     check = (rng.standard_normal((64 * rows, n)) * np.exp2(rng.integers(-8, 8, (64 * rows, 1)))).astype(np.float32)
     check = np.abs(check) if n > 128 else check  # exp weights are positive; delta's products are not
-    gpu = np.concatenate(
-        [torch.from_numpy(check[i : i + rows]).cuda().sum(dim=-1).cpu().numpy() for i in range(0, len(check), rows)]
-    )
+    if bf16:
+        check = np.asarray(ef.quantize(check, ef.BF16), np.float32)
+    gpu = _sums(check, rows, bf16)
     model = trees.eval_tree(found["tree"], check)
     return {
         "shape": list(shape),
+        "input": "bf16 under autocast" if bf16 else "fp32",
         "probe_failures": bad,
         "consistent": found["consistent"],
         "lca_mismatch": found["lca_mismatch"],
         "tree": found["tree"],
-        "describe": trees.describe(found["tree"]),
+        "describe": {k: v for k, v in trees.describe(found["tree"]).items() if k != "tree_str"},
         "random_rows": int(len(check)),
         "random_mismatches": int(np.count_nonzero(model.view(np.uint32) != gpu.view(np.uint32))),
     }
@@ -108,8 +130,17 @@ def run(out: Path) -> int:
     rng = np.random.default_rng(SEED)
     res: dict = {"torch": torch.__version__, "device": torch.cuda.get_device_name()}
     res["sums"] = [sum_tree(s, rng) for s in dict.fromkeys(SUM_SHAPES)]
+    res["sums"] += [sum_tree(s, rng, bf16=True) for s in BF16_SUM_SHAPES]
     for s in res["sums"]:
-        print("sum", s["shape"], s["describe"], "random mismatches", s["random_mismatches"], flush=True)
+        print(
+            "sum",
+            s["shape"],
+            s["input"],
+            s["describe"]["root_splits"][:2],
+            "runs",
+            s["describe"]["sequential_runs"][:3],
+        )
+        print("    random mismatches", s["random_mismatches"], flush=True)
     res["exp_log"], arrays = exp_log(rng)
     print("exp/log", res["exp_log"], flush=True)
     res["div"] = division(rng)

@@ -29,9 +29,9 @@ from . import trees
 
 SEED = 20261127
 #: (rows, n) of every row sum the pipeline runs at its test lengths (200 and 640 keys, one or two tiles)
-SUM_SHAPES = ((512, 512), (512, 128), (200, 200), (512, 64), (512, 128), (200, 64), (200, 128), (128, 64))
+SUM_SHAPES = ((512, 512), (512, 128), (200, 200), (512, 64), (200, 64), (200, 128), (128, 64), (8, 512), (1, 200))
 #: (rows, n) of delta's sum of bf16 products under autocast (d = 64 and 128; q tiles of 512, 200 and 128 rows)
-BF16_SUM_SHAPES = ((512, 64), (512, 128), (200, 64), (200, 128), (128, 64), (128, 128))
+BF16_SUM_SHAPES = ((512, 64), (512, 128), (200, 64), (200, 128), (128, 64), (128, 128), (8, 128), (512, 256))
 
 
 def _sums(x: np.ndarray, rows: int, bf16: bool) -> np.ndarray:

@@ -162,11 +162,12 @@ def dot(
 
 # ---- row sums --------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def order_tree(order: str, n: int, rows: int = 512) -> ef.ReductionTree:
-    """The 'sequential', 'pairwise' or 'torch_cuda' tree over n leaves (cached); ``rows``: the rows summed in
-    one launch ('torch_cuda' only: PyTorch's CUDA reduction, :func:`emufloat.hw.torch_cuda.row_sum_tree`)."""
+def order_tree(order: str, n: int, rows: int = 512, itemsize: int = 4) -> ef.ReductionTree:
+    """The 'sequential', 'pairwise' or 'torch_cuda' tree over n leaves (cached).  'torch_cuda' only (PyTorch's
+    CUDA reduction, :func:`emufloat.hw.torch_cuda.row_sum_tree`): ``rows`` summed in one launch, of values of
+    ``itemsize`` bytes."""
     if order == "torch_cuda":
-        return torch_cuda.row_sum_tree(n, rows)
+        return torch_cuda.row_sum_tree(n, rows, itemsize)
     return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
 
 

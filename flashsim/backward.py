@@ -148,7 +148,8 @@ def delta_rowsum(
         elif spec.order == "h100_tl_sum":
             acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd, trace=trace, label=label)
         else:
-            tree = arith.order_tree(spec.order, prods.shape[-1], prods.shape[0] if prods.ndim > 1 else 512)
+            rows = prods.shape[0] if prods.ndim > 1 else 512
+            tree = arith.order_tree(spec.order, prods.shape[-1], rows, 2 if spec.prod_fmt.width <= 16 else 4)
             acc = ef.tree_sum(prods, tree, first, rnd, trace=trace, label=label)
     if spec.compute is not None and spec.compute != spec.fmt:
         acc = ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
@@ -244,9 +245,13 @@ class _Head:
 
     def delta(self, bm: int) -> np.ndarray:
         spec, tr = self.pol.delta, self.trace
+        m, n = self.q.shape[0], self.k.shape[0]
+        if spec.source == "o" and spec.order == "torch_cuda":  # a launch per Q block: its rows pick the order
+            return np.concatenate(
+                [delta_rowsum(self.do[i : i + bm], self.o[i : i + bm], spec, tr) for i in range(0, m, bm)]
+            )
         if spec.source == "o":
             return delta_rowsum(self.do, self.o, spec, tr)
-        m, n = self.q.shape[0], self.k.shape[0]
         parts = []
         for i0 in range(0, m, bm):  # rowsum(dP * P) over whole rows; P and dP as the main loop computes them
             rows, cols = range(i0, min(i0 + bm, m)), range(0, n)

@@ -98,35 +98,41 @@ BASELINE_BF16 = Policy(
     bwd_tiling=BwdTiling(64, 64),
 )
 
+#: cuBLAS's bf16 GEMMs on the H100/H200 round as the wgmma model, every dot product over its whole K
+#: (every einsum of the paper's pipeline identical: gpu/scripts/record_kernels.py --capture)
+CUBLAS_BF16 = h100.WGMMA_BF16
+
 QIU_YAO = Policy(
     name="qiu_yao",
-    note="Qiu & Yao's reference code (pure-PyTorch FA2, 512x512 tiles) under bf16 autocast: "
-    "P V stored in BF16 and O accumulated in BF16",
-    scores=Dot(BF16, SEQ32, BF16),  # einsum: cuBLAS, fp32 accumulation, RNE store to bf16
+    note="Qiu & Yao's reference code (pure-PyTorch FA2, 512x512 tiles) eager under CUDA bf16 autocast on the "
+    "H100/H200 (torch 2.11): P V stored in BF16 and O accumulated in BF16",
+    scores=Dot(BF16, CUBLAS_BF16, BF16),  # einsum: cuBLAS, fp32 accumulation, RNE store to bf16
     scale=Scale("scores", BF16, compute=FP32),  # bf16 * python float: fp32 opmath, bf16 store
     mask=Mask(-float(BF16.max)),  # masked_fill(-finfo(bf16).max)
     max=Op(BF16, compute=FP32),  # amax in bf16; the fix's r_m - eps and beta*r_m are bf16 ops
     subtract=Op(BF16, compute=FP32),  # attn_weights - new_row_maxes: bf16
-    exp=Func("exp", FP32),  # torch.exp autocasts to fp32
-    row_sum=RowSum("pairwise", BF16, compute=FP32),  # fp32 sum and update, copied into bf16 row_sums
+    exp=Func("libdevice_expf", FP32),  # torch.exp autocasts to fp32: CUDA's expf
+    # exp_weights.sum(-1) (torch's CUDA reduction order), .clamp(min=1e-10); the update in fp32, copied
+    # into the bf16 row_sums
+    row_sum=RowSum("torch_cuda", BF16, compute=FP32, floor=1e-10),
     p_cast=Op(BF16),  # einsum autocasts P to bf16
-    pv=Dot(BF16, SEQ32, BF16),  # exp_values = einsum(P, V): stored in bf16
+    pv=Dot(BF16, CUBLAS_BF16, BF16),  # exp_values = einsum(P, V): stored in bf16
     rescale=Op(BF16, compute=FP32),  # oc.mul_(exp_row_max_diff)
     o_accum=Op(BF16, compute=FP32),  # .add_(exp_values)
     normalize=Norm("divide", "ieee", BF16, compute=FP32),  # oc.div_(row_sums)
     output=Op(BF16),
-    lse=Func("log", FP32),  # row_sums.log() (fp32 by autocast) + row_maxes
+    lse=Func("libdevice_logf", FP32),  # row_sums.log() (fp32 by autocast: CUDA's logf) + row_maxes
     tiling=Tiling(512, 512, "forward", skip_masked=False),
     # backward: their hand-written backward (Algorithm 2 of FA2, Q blocks outer, K/V blocks inner) on bf16
     # q, k, v, o, do and fp32 lse, its ops under bf16 autocast (torch.compile traces the backward with the
     # forward's autocast state; eager, einsum(fp32 P, bf16 dO) would not even run)
-    delta=Delta("pairwise", FP32, prod=BF16),  # D = (do * o).sum(-1): bf16 products, autocast fp32 sum
-    recompute=Recompute("exp", FP32),  # p = exp(attn_weights - lse): bf16 - fp32 promotes to fp32; exp fp32
-    dv=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dv.add_(einsum(p, do)): bf16
-    dp=Dot(BF16, SEQ32, BF16),  # dp = einsum(do, v): bf16
+    delta=Delta("torch_cuda", FP32, prod=BF16),  # D = (do * o).sum(-1): bf16 products, autocast fp32 sum
+    recompute=Recompute("libdevice_expf", FP32),  # p = exp(attn_weights - lse): bf16 - fp32 is fp32; expf
+    dv=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dv.add_(einsum(p, do)): bf16
+    dp=Dot(BF16, CUBLAS_BF16, BF16),  # dp = einsum(do, v): bf16
     ds=SoftmaxGrad(FP32, scale_at="p"),  # ds = p * scale * (dp - D): fp32 throughout
-    dk=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dk.add_(einsum(ds, q)): ds -> bf16
-    dq=Grad(Dot(BF16, SEQ32, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dq.add_(einsum(ds, k))
+    dk=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dk.add_(einsum(ds, q))
+    dq=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dq.add_(einsum(ds, k))
     # their loop nest is Q blocks outer, K/V inner; each of dQ, dK, dV still accumulates in block order, as here
     bwd_tiling=BwdTiling(512, 512, skip_masked=False),
 )

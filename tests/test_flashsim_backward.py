@@ -408,7 +408,9 @@ def test_equality_and_diff_cover_the_backward():
     assert "dq" in changed.describe_diff(fs.QIU_YAO)
     assert [s for s, _a, _b in fs.QIU_YAO.diff(fs.BASELINE_BF16, part="backward")] == [
         "delta",
+        "recompute",
         "dv",
+        "dp",
         "ds",
         "dk",
         "dq",

@@ -18,7 +18,8 @@ DELTA_ORDERS = {
     "exact": "exact sum of the (rounded) products, rounded once (emufloat.sum)",
     "sequential": "left to right, each add rounded (an FMA per term when fused)",
     "pairwise": "balanced tree, each add rounded",
-    "torch_cuda": "torch.sum(dim=-1) on a CUDA fp32 tensor (emufloat.hw.torch_cuda.row_sum_tree)",
+    "torch_cuda": "torch.sum(dim=-1) on a CUDA tensor of the products (16-bit ones read 8 to a vector), into "
+    "fp32 (emufloat.hw.torch_cuda.row_sum_tree)",
     "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
     "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
     "h100_tl_sum": "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous "

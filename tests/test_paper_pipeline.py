@@ -1,0 +1,119 @@
+"""Qiu & Yao's reference attention as it runs on the GPU, replayed bit for bit by the ``qiu_yao`` policy.
+
+Their ``attention.py`` ran eagerly under CUDA bf16 autocast on an H200 (torch 2.11), forward and their
+hand-written backward, fix off and on (``gpu/scripts/run_pipelines.sh``); the kept cases are in
+tests/data/paper (N = 200: one 512-key tile, O, LSE, dQ, dK, dV) and tests/data/paper_640 (two tiles,
+forward).  The torch ops between its GEMMs were probed on their own (``python -m gpu.probes.torch_ops``):
+torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and torch.log of every bf16 value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import emufloat as ef
+from emufloat.hw import libdevice, torch_cuda
+from flashsim.crosscheck import crosscheck
+from flashsim.specs import Dot, Func, Recompute, RowSum
+from gpu.crosscheck import others
+
+DATA = Path(__file__).resolve().parent / "data"
+ONE_TILE = others.runs(DATA / "paper", "paper")
+TWO_TILES = others.runs(DATA / "paper_640", "paper")
+RUNS = ONE_TILE + TWO_TILES
+
+
+def test_the_kept_cases_cover_the_grid():
+    cells = {(r.q.shape[-1], r.q.shape[-2], r.causal, r.softmax.name) for r in RUNS}
+    assert len(ONE_TILE) == 56 and len(TWO_TILES) == 29 and len(cells) == 13
+    assert all(r.do is not None for r in ONE_TILE) and sum(r.do is not None for r in TWO_TILES) == 1
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r.note for r in RUNS])
+def test_qiu_yao_is_bit_identical_to_their_code_on_the_gpu(run):
+    report = crosscheck(run)
+    assert report.identical, str(report)
+
+
+def _identical_cases(runs, **change) -> int:
+    hits = 0
+    for run in runs:
+        pol = run.resolve_policy()
+        changed = dataclasses.replace(run, policy=dataclasses.replace(pol, name="changed", **change))
+        hits += crosscheck(changed).identical
+    return hits
+
+
+def test_each_modelled_detail_matters():
+    """Not vacuous: sequential fp32 GEMMs, correctly rounded exp and log, a sequential row sum, or the row sum
+    without its clamp at 1e-10 each lose identical cases (the clamp: rows whose every P underflows under the
+    fix, the 'large' kind).  The row sum's order shows only rarely, through the bf16 row_sums it is stored
+    in (a pairwise one leaves all 85 cases identical, a sequential one changes 2); the probed trees (below)
+    pin it directly."""
+    seq = ef.Sequential(ef.FP32)
+    bf16, fp32 = ef.BF16, ef.FP32
+    runs = ONE_TILE[::3]
+    full = _identical_cases(runs)
+    assert full == len(runs)
+    changes = {
+        "gemm": {"scores": Dot(bf16, seq, bf16), "pv": Dot(bf16, seq, bf16)},
+        "exp": {"exp": Func("exp", fp32), "recompute": Recompute("exp", fp32)},
+        "log": {"lse": Func("log", fp32)},
+    }
+    for name, change in changes.items():
+        assert _identical_cases(runs, **change) < full, name
+    assert _identical_cases(RUNS, row_sum=RowSum("sequential", bf16, compute=fp32, floor=1e-10)) < len(RUNS)
+    large = [r for r in ONE_TILE if "large_stabilised" in r.note]
+    assert _identical_cases(large, row_sum=RowSum("torch_cuda", bf16, compute=fp32)) < len(large)
+
+
+def test_delta_reads_its_bf16_products_eight_to_a_vector(monkeypatch):
+    """The one recorded case where delta's order shows (dP - delta cancels in row 309): torch reads the bf16
+    products as 16-byte vectors of 8; read as fp32 (4 to a vector) the case is lost.  (Pairwise and
+    sequential orders happen to give its value too.)"""
+    from flashsim import arith
+
+    with_delta = [r for r in TWO_TILES if r.do is not None]
+    assert _identical_cases(with_delta) == 1
+    real = arith.order_tree
+    monkeypatch.setattr(arith, "order_tree", lambda order, n, rows=512, itemsize=4: real(order, n, rows, 4))
+    assert _identical_cases(with_delta) == 0
+
+
+def test_torch_sum_trees_are_the_ones_probed_on_the_gpu():
+    """Every tree FPRev read off torch.sum on the GPU (fp32, and bf16 under autocast; 1 to 512 rows a launch)
+    is the model's, step for step, and the GPU agreed with it on random rows."""
+    rec = json.loads((DATA / "h100" / "torch_sum_trees.json").read_text())
+    assert len(rec["sums"]) == 17
+    for s in rec["sums"]:
+        rows, n = s["shape"]
+        itemsize = 2 if s["input"].startswith("bf16") else 4
+        assert s["probe_failures"] == 0 and s["random_mismatches"] == 0 and s["random_rows"] >= 64
+        assert torch_cuda.row_sum_tree(n, rows, itemsize).steps == ef.ReductionTree.from_nested(s["tree"]).steps
+
+
+def test_torch_sum_tree_refuses_what_is_not_modelled():
+    with pytest.raises(ValueError, match="whole 4-value vectors"):
+        torch_cuda.row_sum_tree(130)
+    with pytest.raises(ValueError, match="rows"):
+        torch_cuda.row_sum_tree(64, 0)
+    with pytest.raises(ValueError, match="itemsize"):
+        torch_cuda.row_sum_tree(64, 8, 8)
+
+
+def test_torch_exp_and_log_are_cudas_expf_and_logf():
+    """torch.exp and torch.log (fp32) of every bf16 value, recorded on the GPU, against emufloat's models of
+    CUDA's expf and logf (the pipeline's exp and log inputs in the forward are bf16 values)."""
+    z = np.load(DATA / "h100" / "torch_exp_log.npz")
+    x = (np.arange(2**16, dtype=np.uint32) << 16).view(np.float32)
+    with np.errstate(all="ignore"):
+        exp = np.asarray(libdevice.expf(x), np.float32).view(np.uint32)
+        log = np.asarray(libdevice.logf(x), np.float32).view(np.uint32)
+    nan = np.isnan(x)  # NaN in, NaN out (payloads are not modelled)
+    assert np.array_equal(exp[~nan], z["exp_bf16"][~nan]) and np.isnan(z["exp_bf16"][nan].view(np.float32)).all()
+    assert np.array_equal(log[~nan], z["log_bf16"][~nan]) and np.isnan(z["log_bf16"][nan].view(np.float32)).all()

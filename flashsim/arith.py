@@ -154,9 +154,10 @@ def dot(
     if spec.model == NUMPY:
         r = f64(a) @ f64(b)
         return r if c is None else r + f64(c)
-    r = ef.matmul(a, b, spec.model, c, trace=trace, label=label)
     if spec.fmt == ef.as_format(spec.model.fmt):
-        return r
+        return ef.matmul(a, b, spec.model, c, trace=trace, label=label)
+    # stored in another format: the label names the store; the accumulator's own roundings are LABEL_acc
+    r = ef.matmul(a, b, spec.model, c, trace=trace, label=f"{label}_acc")
     return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 

@@ -57,8 +57,9 @@ STEPS = (
     "output",
     "lse",
 )
-# Labels of trace events: the steps, plus the rounding of the inputs and the rescale factor alpha.
-TRACE_LABELS = ("inputs", *STEPS[:6], "alpha", *STEPS[6:])
+# Labels of trace events: the steps, plus the rounding of the inputs, the rescale factor alpha, and the
+# tensor core's own roundings inside a dot whose result a step stores in another format (STEP_acc).
+TRACE_LABELS = ("inputs", "scores_acc", *STEPS[:6], "alpha", *STEPS[6:8], "pv_acc", *STEPS[8:])
 STEP_DOCS = {
     "scores": "S = Q K^T (Q, K rounded into the input format first)",
     "scale": "the softmax scale c (and log2 e for a base-2 exp)",
@@ -89,7 +90,7 @@ BWD_STEP_DOCS = {
 # Labels of the backward's trace events: 'inputs' (q, k, v, o, do, lse into their formats), the recomputed
 # scores ('scores', 'scale'), then the backward steps ('ds' also labels the cast of dS for the products,
 # 'dv' the cast of P).
-BWD_TRACE_LABELS = ("inputs", "scores", "scale", *BWD_STEPS)
+BWD_TRACE_LABELS = ("inputs", "scores_acc", "scores", "scale", *BWD_STEPS, "dv_acc", "dp_acc", "dk_acc", "dq_acc")
 _BWD_TYPES = {
     "delta": Delta,
     "recompute": Recompute,

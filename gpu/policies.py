@@ -148,6 +148,7 @@ CALIBRATED_ON = {
     "sdpa_efficient": {"torch": "2.11."},
     "sdpa_cudnn": {"torch": "2.11."},
     "triton_tutorial": {"triton": "3.6."},
+    "qiu_yao": {"torch": "2.11."},
 }
 
 

@@ -221,6 +221,23 @@ def test_sdpa_efficient_is_bit_identical_but_for_dq_with_several_key_splits(run)
             assert c.identical == c.n, str(report)
 
 
+EFF_DET = others.runs(Path(__file__).resolve().parent / "data" / "sdpa_efficient_det", "sdpa_efficient")
+
+
+@pytest.mark.parametrize("run", EFF_DET, ids=[r.note for r in EFF_DET])
+def test_sdpa_efficient_deterministic_path_is_bit_identical(run):
+    """Recorded under torch.use_deterministic_algorithms(True): one thread block takes the key blocks in order,
+    so dQ (four key blocks at N = 200) is identical too; the policy is the deterministic one."""
+    assert run.resolve_policy().bwd_tiling.q_order == "forward"
+    report = crosscheck(run)
+    assert report.identical, str(report)
+
+
+def test_efficient_deterministic_cases_have_several_key_blocks():
+    assert len(EFF_DET) == 28 and sum(r.backward for r in EFF_DET) == 14
+    assert {_key_blocks(r) for r in EFF_DET if r.backward} == {4}
+
+
 def _with_kv_order(run, order: str):
     import dataclasses
 

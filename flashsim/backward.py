@@ -196,6 +196,7 @@ class _Head:
         self.exp = rec.func()
         self.c = arith.constant(sm_scale * units, pol.scale)
         lse = _to(lse, pol.lse.fmt, tr, "inputs")
+        self.lse_natural = lse if pol.lse.base == "e" else None
         if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
             lse = arith.binary(
                 "mul", lse, arith.constant(LOG2E if rec.base == "2" else LN2, rec), self.x_op, tr, "recompute"
@@ -204,6 +205,8 @@ class _Head:
         self.l = lse
         self.ds_tmp = arith.compute_only(pol.ds)
         self.cs = arith.constant(sm_scale, pol.ds)
+        self.c_natural = arith.constant(sm_scale, pol.scale)
+        self.log2e = arith.constant(LOG2E, rec)
         # the factor dQ takes at the end: c, or 1/units when the K it accumulated from was prescaled by c*units
         self.dq_scale = (LN2 if rec.base == "2" else 1.0) if rec.prescale_k else sm_scale
 
@@ -214,7 +217,14 @@ class _Head:
             self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
         )
         vis = causal_visible(rows, cols, self.offset)
-        if pol.recompute.prescale_k:  # S already carries c: x = S - L
+        if pol.recompute.natural:  # cuDNN: (S*sm_scale - LSE) * log2 e
+            s = arith.binary("mul", s, self.c_natural, pol.scale, tr, "scale")
+            if vis is not None:
+                s = s.copy()
+                s[~vis] = -np.inf
+            x = arith.binary("sub", s, self.lse_natural[rows.start : rows.stop, None], self.x_op, tr, "recompute")
+            x = arith.binary("mul", x, self.log2e, self.x_op, tr, "recompute")
+        elif pol.recompute.prescale_k:  # S already carries c: x = S - L
             if vis is not None:
                 s = s.copy()
                 s[~vis] = -np.inf

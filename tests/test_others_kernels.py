@@ -327,9 +327,34 @@ def test_cudnn_cases_cover_the_grid():
 
 @pytest.mark.parametrize("run", CUDNN, ids=[r.note for r in CUDNN])
 def test_sdpa_cudnn_forward_is_bit_identical(run):
-    rep = crosscheck(run)
-    assert {c.name for c in rep.checks} == {"o", "lse"}
-    assert rep.identical, str(rep)
+    checks = {c.name: c for c in crosscheck(run).checks}
+    assert set(checks) == ({"o", "lse", "dq", "dk", "dv"} if run.backward else {"o", "lse"})
+    assert all(checks[n].identical == checks[n].n for n in ("o", "lse")), {n: str(c) for n, c in checks.items()}
+
+
+def test_cudnn_backward_agreement_is_what_the_docs_say():
+    """The backward model is the closest found, not exact, and said so: on the 28 kept bf16 cases dV agrees in
+    at least 99.99% of elements, dK in 99.7%, dQ in 99.3%; none of the three everywhere."""
+    runs = [r for r in CUDNN if r.backward]
+    assert len(runs) == 28
+    got = _agreement(runs)
+    assert 0.9999 <= got["dv"] < 1 and 0.997 <= got["dk"] < 1 and 0.993 <= got["dq"] < 1, got
+
+
+def test_each_modelled_detail_of_the_cudnn_backward_matters():
+    """P recomputed as ex2((S*sm_scale - LSE) * log2 e), the scale on dS, the Q blocks in order: undoing any
+    one loses agreement."""
+    from emufloat import FP32
+    from flashsim.specs import BwdTiling, Recompute, SoftmaxGrad
+
+    runs = [r for r in CUDNN if r.backward and r.q.shape[-1] == 128][:6]
+    base = _agreement(runs)
+    for change, out in (
+        ({"recompute": Recompute("h100_ex2", FP32)}, "dv"),
+        ({"ds": SoftmaxGrad(FP32, scale_at="end")}, "dq"),
+        ({"bwd_tiling": BwdTiling(128, 128, q_order="reverse")}, "dv"),
+    ):
+        assert _agreement(runs, **change)[out] < base[out], change
 
 
 def test_cudnn_crafted_inputs_are_reproduced():

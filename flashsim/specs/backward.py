@@ -125,6 +125,9 @@ class Recompute(Spec):
     (or ``fmt``), as one FMA when ``fused`` (placements 'max'/'exp': FA2's ``exp2f(s*scale - lse*log2e)``);
     P = function(x) is stored in ``fmt``.  Masked scores become -inf first, so masked P are +0.
 
+    ``natural`` (cuDNN): x = S*sm_scale - LSE in natural-log units (S*sm_scale rounded, then the subtraction
+    rounded), then times log2 e (rounded), for a base-2 function.
+
     ``prescale_k`` (Triton's fused-attention tutorial): K is multiplied by c in the exp's units in FP32 and
     rounded into the scores' input format before the scores are recomputed (``k * (sm_scale / ln 2)`` in
     torch), so x = S - L takes no scale, dQ (accumulated from that K) is multiplied by ln 2 (base 2) at the
@@ -137,6 +140,7 @@ class Recompute(Spec):
     compute: Format | None = None
     fused: bool = False
     prescale_k: bool = False
+    natural: bool = False
 
     def __post_init__(self) -> None:
         model = get_function(self.function, "exp", argname="Recompute.function")
@@ -147,6 +151,8 @@ class Recompute(Spec):
             raise ValueError("Recompute.fused: numpy has no FMA, so an FP64 step cannot be fused")
         if self.prescale_k and (self.fused or is_native(self.fmt)):
             raise ValueError("Recompute.prescale_k: x = S - L is one subtraction (not fused, not FP64)")
+        if self.natural and (self.fused or self.prescale_k or model.base != "2"):
+            raise ValueError("Recompute.natural: S*sm_scale - LSE, then times log2 e, needs a base-2 function, unfused")
 
     @property
     def base(self) -> str:
@@ -158,6 +164,7 @@ class Recompute(Spec):
 
     def __str__(self) -> str:
         x = "fma(S, c, -L)" if self.fused else "S - L, K prescaled by c" if self.prescale_k else "S*c - L"
+        x = "(S*sm_scale - LSE) * log2 e" if self.natural else x
         return f"P = {self.function}({x}) -> {self._store()}"
 
 

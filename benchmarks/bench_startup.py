@@ -1,0 +1,69 @@
+"""How long the first use takes: the README's main job and a first ``emufloat.quantize``, cold and warm.
+
+    python benchmarks/bench_startup.py [--repeat 1]
+
+Each measurement is a fresh Python process.  Cold: Numba's cache in an empty folder (``NUMBA_CACHE_DIR``), so
+every kernel the command uses is compiled; warm: the same command again on the cache the cold run filled.
+The baseline is ``python -c "import numba"`` in the same way (what any Numba program pays before its first
+kernel).  Prints one table: wall seconds (best of ``--repeat``) and the ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMMANDS = {
+    "import numba (baseline)": [sys.executable, "-c", "import numba"],
+    "first ef.quantize": [
+        sys.executable,
+        "-c",
+        "import numpy as np, emufloat as ef; ef.quantize(np.linspace(-3, 3, 1000, dtype=np.float32), 'bf16')",
+    ],
+    "README main job (flashsim trace-row)": [sys.executable, "-m", "flashsim", "trace-row", "--quiet"],
+}
+
+
+def timed(cmd: list[str], cache: str, out: str) -> float:
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    full = [*cmd, "--out", out] if "trace-row" in cmd else cmd
+    t0 = time.perf_counter()
+    proc = subprocess.run(full, env=env, cwd=out, capture_output=True, text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(full)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeat", type=int, default=1, help="cold and warm runs per command (best is kept)")
+    args = ap.parse_args(argv)
+    if args.repeat < 1:
+        ap.error(f"--repeat: expected a positive count, got {args.repeat}")
+    rows = []
+    for name, cmd in COMMANDS.items():
+        cold, warm = [], []
+        for _ in range(args.repeat):
+            with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
+                cold.append(timed(cmd, cache, out))
+                warm.append(timed(cmd, cache, out))
+        rows.append((name, min(cold), min(warm)))
+        print(f"{name}: cold {min(cold):.1f} s, warm {min(warm):.1f} s", file=sys.stderr, flush=True)
+    base_cold, base_warm = rows[0][1], rows[0][2]
+    print(f"| command ({os.cpu_count()} cores) | cold s | warm s | cold / baseline | warm / baseline |")
+    print("|---|---:|---:|---:|---:|")
+    for name, c, w in rows:
+        print(f"| {name} | {c:.1f} | {w:.2f} | {c / base_cold:.1f}x | {w / base_warm:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -82,6 +82,36 @@ def test_damaged_table_is_refused(tmp_path):
         h100.ex2_tables(str(p))
 
 
+def test_rebuilt_tables_are_cached_checked_and_replaced_when_damaged(tmp_path, monkeypatch):
+    """emufloat.hw.calibration.rebuilt: built once and kept; a cached copy that fails its check is rebuilt and
+    replaced; a cache that cannot be written is passed over."""
+    from emufloat.hw import calibration
+
+    monkeypatch.setenv("EMUFLOAT_CACHE_DIR", str(tmp_path / "cache"))
+    builds = []
+    good = np.arange(10, dtype=np.uint32)
+
+    def build():
+        builds.append(1)
+        return good.copy()
+
+    def check(t):
+        if not np.array_equal(t, good):
+            raise ValueError("bad table")
+
+    for _ in range(2):
+        assert np.array_equal(calibration.rebuilt("t", "k1", build, check), good)
+    assert len(builds) == 1
+    np.save(tmp_path / "cache" / "t_k1.npy", good + 1)  # damaged copy
+    assert np.array_equal(calibration.rebuilt("t", "k1", build, check), good) and len(builds) == 2
+    assert np.array_equal(np.load(tmp_path / "cache" / "t_k1.npy"), good)
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("EMUFLOAT_CACHE_DIR", str(tmp_path / "file" / "sub"))  # not a folder: cannot write
+    assert np.array_equal(calibration.rebuilt("t", "k1", build, check), good) and len(builds) == 3
+    with pytest.raises(ValueError, match="bad table"):
+        calibration.rebuilt("t", "k2", lambda: good + 1, check)
+
+
 def test_ex2_model_reads_the_table_at_grid_points():
     tneg, tpos = h100.ex2_tables()
     k = np.arange(0, 1 << 23, 4100)  # multiples of 4: z + 3 below is exact in float32

@@ -10,6 +10,9 @@ pass silently.
 from __future__ import annotations
 
 import hashlib
+import os
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -41,6 +44,40 @@ class DataFolder:
     def read_text(self, filename: str) -> str:
         """A text file of the folder (JSON data such as recorded trees)."""
         return (self.folder / filename).read_text(encoding="utf-8")
+
+
+def cache_dir() -> Path:
+    """Where tables rebuilt from package data are kept between processes: ``$EMUFLOAT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/emufloat``, else ``~/.cache/emufloat``."""
+    if os.environ.get("EMUFLOAT_CACHE_DIR"):
+        return Path(os.environ["EMUFLOAT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "emufloat"
+
+
+def rebuilt(name: str, key: str, build: Callable[[], np.ndarray], check: Callable[[np.ndarray], None]) -> np.ndarray:
+    """The table ``build()`` returns, kept on disk (:func:`cache_dir`) under ``name`` and ``key`` (the
+    recorded checksums, so new package data never meets an old file): a table that takes seconds to rebuild
+    is rebuilt once per machine, not once per process.  ``check`` raises ValueError for a wrong table; a
+    cached copy that fails it is rebuilt and replaced.  A cache that cannot be read or written is passed
+    over."""
+    path = cache_dir() / f"{name}_{key}.npy"
+    try:
+        table = np.load(path, allow_pickle=False)
+        check(table)
+        return table
+    except (OSError, ValueError):
+        pass
+    table = build()
+    check(table)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as f:
+            np.save(f, table)
+        os.chmod(f.name, 0o644)
+        os.replace(f.name, path)  # atomic: a concurrent reader sees the whole file or none
+    except OSError:
+        pass
+    return table
 
 
 def digest(bits: np.ndarray) -> str:

@@ -2,8 +2,9 @@
 
     python benchmarks/bench_startup.py [--repeat 1]
 
-Each measurement is a fresh Python process.  Cold: Numba's cache in an empty folder (``NUMBA_CACHE_DIR``), so
-every kernel the command uses is compiled; warm: the same command again on the cache the cold run filled.
+Each measurement is a fresh Python process.  Cold: Numba's cache and emufloat's table cache in empty folders
+(``NUMBA_CACHE_DIR``, ``EMUFLOAT_CACHE_DIR``), so every kernel the command uses is compiled and every table
+rebuilt; warm: the same command again on the caches the cold run filled.
 The baseline is ``python -c "import numba"`` in the same way (what any Numba program pays before its first
 kernel).  Prints one table: wall seconds (best of ``--repeat``) and the ratio to the baseline.
 """
@@ -32,7 +33,7 @@ COMMANDS = {
 
 
 def timed(cmd: list[str], cache: str, out: str) -> float:
-    env = dict(os.environ, NUMBA_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, NUMBA_CACHE_DIR=cache, EMUFLOAT_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     full = [*cmd, "--out", out] if "trace-row" in cmd else cmd
     t0 = time.perf_counter()
     proc = subprocess.run(full, env=env, cwd=out, capture_output=True, text=True)

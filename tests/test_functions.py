@@ -112,6 +112,26 @@ def test_rebuilt_tables_are_cached_checked_and_replaced_when_damaged(tmp_path, m
         calibration.rebuilt("t", "k2", lambda: good + 1, check)
 
 
+def test_ex2_grid_falls_back_to_the_reference_exp2(monkeypatch):
+    """The tables are rebuilt from numpy's float64 exp2 when that passes the recorded checksums, and from
+    emufloat's correctly rounded exp2 when it does not (a platform whose exp2 is off somewhere)."""
+    from emufloat.hw.h100 import ex2 as ex2_module
+
+    real = ex2_module._grid_exp2
+    calls = []
+
+    def grid(sign, reference=True):
+        calls.append(reference)
+        bits = real(sign, reference)
+        return bits if reference else bits ^ np.uint32(1)  # a wrong numpy grid
+
+    monkeypatch.setattr(ex2_module, "_grid_exp2", grid)
+    tneg, tpos = ex2_module.ex2_tables.__wrapped__(str(h100.DATA.path_of("ex2")))  # not cached anywhere
+    assert calls == [False, False, True, True]
+    ref_neg, ref_pos = h100.ex2_tables()
+    assert np.array_equal(tneg, ref_neg) and np.array_equal(tpos, ref_pos)
+
+
 def test_ex2_model_reads_the_table_at_grid_points():
     tneg, tpos = h100.ex2_tables()
     k = np.arange(0, 1 << 23, 4100)  # multiples of 4: z + 3 below is exact in float32

@@ -9,6 +9,7 @@ so arrays users already hold are the interface.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Literal
@@ -94,7 +95,7 @@ class Format:
         return "_".join([f"e{self.exp_bits}m{self.man_bits}{suffix}", *extra])
 
     # ---- derived properties -------------------------------------------------
-    @property
+    @functools.cached_property  # read on every call of every op: computed once
     def width(self) -> int:
         """Bits in one encoded value (sign + exponent + fraction)."""
         return 1 + self.exp_bits + self.man_bits
@@ -189,12 +190,12 @@ class Format:
         return float(out) if np.ndim(out) == 0 else out
 
     # ---- interop ------------------------------------------------------------
-    @property
+    @functools.cached_property  # read on every call of every op: computed once
     def dtype(self) -> np.dtype | None:
         """The numpy/ml_dtypes dtype with exactly this encoding, if there is one."""
         return _DTYPE_OF.get(self)
 
-    @property
+    @functools.cached_property  # read on every call of every op: computed once
     def carrier(self) -> np.dtype:
         """The dtype of arrays this library returns for values of the format.
 
@@ -211,7 +212,7 @@ class Format:
             return np.dtype(np.float32)
         return np.dtype(np.float64)
 
-    @property
+    @functools.cached_property  # read on every call of every op: computed once
     def uint(self) -> np.dtype:
         """Smallest unsigned integer dtype that holds one encoding."""
         for w in (8, 16, 32, 64):
@@ -219,7 +220,7 @@ class Format:
                 return np.dtype(_UINT_FOR_WIDTH[w])
         raise AssertionError("width > 64 is rejected at construction")
 
-    @property
+    @functools.cached_property  # read on every call of every op: computed once
     def params(self) -> tuple[int, int, int, int, int, int]:
         """The integer tuple the Numba kernels take."""
         return (
@@ -230,6 +231,13 @@ class Format:
             int(self.subnormals),
             _OVERFLOW_CODE[self.overflow],
         )
+
+    def __hash__(self) -> int:  # formats key every lookup table: hash the compared fields once
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.exp_bits, self.man_bits, self.bias, self.specials, self.subnormals, self.overflow))
+            self.__dict__["_hash"] = h
+        return h
 
     def __repr__(self) -> str:
         return (
@@ -339,4 +347,5 @@ def as_format(fmt: Format | str | np.dtype | type, argname: str = "fmt") -> Form
 
 def format_of_dtype(dtype: np.dtype) -> Format | None:
     """The Format whose encoding is ``dtype``'s, or None."""
-    return _FORMAT_OF_DTYPE.get(np.dtype(dtype))
+    found = _FORMAT_OF_DTYPE.get(dtype)  # a dtype object: no conversion
+    return found if found is not None else _FORMAT_OF_DTYPE.get(np.dtype(dtype))

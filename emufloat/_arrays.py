@@ -9,7 +9,7 @@ import numba as nb
 import numpy as np
 
 from . import _core
-from .formats import _FORMAT_OF_DTYPE, FP64, Format, as_format, format_of_dtype
+from .formats import _FORMAT_OF_DTYPE, Format, as_format, format_of_dtype
 from .interop import to_numpy
 
 SERIAL_BELOW = 1 << 14  # elements: below this, thread start-up costs more than it saves
@@ -135,7 +135,7 @@ def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.n
     signalling bit to carry, and hardware conversions quiet NaNs anyway).
     """
     check_fp32_values(arr, argname)
-    if source_format(arr) == FP64:
+    if arr.dtype == np.float64:
         with np.errstate(invalid="ignore"):
             arr = arr.astype(np.float32)
         bits = arr.view(np.uint32)
@@ -153,7 +153,7 @@ def writable(arr: np.ndarray) -> np.ndarray:
 
 def check_fp32_values(arr: np.ndarray, argname: str) -> None:
     """Refuse float64 arrays holding values FP32 cannot represent exactly."""
-    if source_format(arr) == FP64:
+    if arr.dtype == np.float64:
         with np.errstate(over="ignore", invalid="ignore"):
             ok = (arr.astype(np.float32).astype(np.float64) == arr) | np.isnan(arr)
         if not np.all(ok):
@@ -198,9 +198,14 @@ def check_no_nan_format(count: int, fmt: Format, argname: str) -> None:
         raise ValueError(f"{argname}: {count} NaN result(s) cannot be represented in {fmt.name}, a format without NaN")
 
 
+_NO_TRACE = (np.empty(0, np.float64), np.empty(0, np.float64), np.empty(0, np.uint16))  # kernels write none
+
+
 def empty_trace_columns(n: int, tracing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    m = n if tracing else 0
-    return np.empty(m, np.float64), np.empty(m, np.float64), np.empty(m, np.uint16)
+    """The exact results' and flags' columns a kernel fills when tracing (shared empty ones otherwise)."""
+    if not tracing:
+        return _NO_TRACE
+    return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.uint16)
 
 
 NO_CARRY_REF = _core.NO_CARRY_REF

@@ -325,6 +325,9 @@ def as_format(fmt: Format | str | np.dtype | type, argname: str = "fmt") -> Form
     if isinstance(fmt, Format):
         return fmt
     if isinstance(fmt, str):
+        found = PRESETS.get(fmt)  # the spelling callers use most: no parsing
+        if found is not None:
+            return found
         key = fmt.strip().lower()
         key = _ALIASES.get(key, key)
         if key in PRESETS:

@@ -7,6 +7,7 @@ the number of random bits, so a call is reproducible from its arguments alone
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numba as nb
@@ -73,7 +74,7 @@ class Rounding:
         elif self.bits or self.seed:
             raise ValueError("rounding: bits and seed apply to mode='stochastic' only")
 
-    @property
+    @functools.cached_property
     def code(self) -> int:
         return MODES[self.mode]
 
@@ -88,11 +89,17 @@ def stochastic(bits: int = 8, seed: int = 0) -> Rounding:
     return Rounding("stochastic", bits=bits, seed=seed)
 
 
+_BY_NAME: dict[str, Rounding] = {}  # mode names as callers spell them -> their (immutable) Rounding
+
+
 def as_rounding(rounding: Rounding | str, argname: str = "rounding") -> Rounding:
     """Resolve a Rounding or a mode name (``"rne"``, ``"rtz"``, ...)."""
     if isinstance(rounding, Rounding):
         return rounding
     if isinstance(rounding, str):
+        known = _BY_NAME.get(rounding)  # a name seen before: no parsing, no new object
+        if known is not None:
+            return known
         key = rounding.strip().lower()
         key = _ALIASES.get(key, key)
         if key == "stochastic":
@@ -100,7 +107,7 @@ def as_rounding(rounding: Rounding | str, argname: str = "rounding") -> Rounding
                 f"{argname}: stochastic rounding needs its bits and seed: use emufloat.stochastic(bits=..., seed=...)"
             )
         if key in MODES:
-            return Rounding(key)
+            return _BY_NAME.setdefault(rounding, Rounding(key))
     raise ValueError(
         f"{argname}: unknown rounding mode {rounding!r}; accepted: "
         f"{[m for m in MODES if m != 'stochastic']}, their aliases {sorted(_ALIASES)}, "

@@ -81,9 +81,33 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 # whatever the formats: one Numba specialisation per kernel (at most four per cast).  A specialisation per
 # combination of operand and output dtypes would each cost a cold compilation (docs/emufloat.md,
 # Performance, has the numbers); the widening and narrowing passes cost far less.
-def new_output(fmt: Format, n: int) -> np.ndarray:
-    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats)."""
-    return np.empty(n, dtype=np.uint32 if fmt.width <= 32 else np.uint64)
+def new_output(fmt: Format, n: int, out: np.ndarray | None = None, inputs: tuple = ()) -> np.ndarray:
+    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats).  With
+    an ``out`` array (:func:`check_out`) whose encodings are exactly that wide and that shares no memory with
+    ``inputs``, its own buffer (the kernel writes the result in place)."""
+    dt = np.uint32 if fmt.width <= 32 else np.uint64
+    if out is not None and out.itemsize == np.dtype(dt).itemsize and fmt.dtype is not None:
+        if not any(np.shares_memory(out, x) for x in inputs):  # kernels read inputs again after writing
+            return out.reshape(-1).view(dt)
+    return np.empty(n, dtype=dt)
+
+
+def check_out(out: object, fmt: Format, shape: tuple[int, ...], argname: str = "out") -> np.ndarray | None:
+    """``out`` as a result array: a writable C-contiguous numpy array of the result's dtype (the format's
+    carrier) and shape, or None."""
+    if out is None:
+        return None
+    if type(out) is not np.ndarray:
+        raise TypeError(f"{argname}: expected a numpy array (or None), got {type(out).__name__}")
+    want = fmt.carrier
+    if out.dtype != want or out.shape != tuple(shape):
+        raise ValueError(
+            f"{argname}: expected an array of dtype {want} and shape {tuple(shape)} (the result's), "
+            f"got dtype {out.dtype} and shape {out.shape}"
+        )
+    if not (out.flags.writeable and out.flags.c_contiguous):
+        raise ValueError(f"{argname}: must be writable and C-contiguous")
+    return out
 
 
 def output_bits(out: np.ndarray, fmt: Format) -> np.ndarray:
@@ -91,11 +115,18 @@ def output_bits(out: np.ndarray, fmt: Format) -> np.ndarray:
     return out if out.dtype == fmt.uint else out.astype(fmt.uint)
 
 
-def finish_output(out: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
-    """Encodings as an array of the format's carrier dtype."""
-    if fmt.dtype is not None:
-        return output_bits(out, fmt).view(fmt.dtype).reshape(shape)
-    return decode_bits(out, fmt).astype(fmt.carrier).reshape(shape)
+def finish_output(out: np.ndarray, fmt: Format, shape: tuple[int, ...], into: np.ndarray | None = None) -> np.ndarray:
+    """Encodings as an array of the format's carrier dtype: a new one, or ``into`` (a checked ``out=``)."""
+    if into is None:
+        if fmt.dtype is not None:
+            return output_bits(out, fmt).view(fmt.dtype).reshape(shape)
+        return decode_bits(out, fmt).astype(fmt.carrier).reshape(shape)
+    flat = into.reshape(-1)
+    if fmt.dtype is None:
+        flat[...] = decode_bits(out, fmt)
+    elif not np.shares_memory(flat, out):  # the kernel wrote elsewhere: narrow (or copy) into place
+        np.copyto(flat.view(fmt.uint), out, casting="unsafe")
+    return into
 
 
 @functools.cache

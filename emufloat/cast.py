@@ -72,15 +72,16 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
     return bad
 
 
-def _cast(x, fmt, rounding, trace, label, as_bits):
+def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
     src = _arrays.as_float_array(x, "x")
     fmt = as_format(fmt)
     rnd = as_rounding(rounding)
     check_trace(trace)
+    into = _arrays.check_out(out, fmt, src.shape)
     sfmt = _arrays.source_format(src)
     bits = _arrays.flat_bits(src)
     n = bits.size
-    out = _arrays.new_output(fmt, n)
+    out = _arrays.new_output(fmt, n, into, (src,))
     tracing = trace is not None
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
     with _arrays.threads_for(n):
@@ -97,7 +98,10 @@ def _cast(x, fmt, rounding, trace, label, as_bits):
             tracing,
         )
     _arrays.check_no_nan_format(bad, fmt, "x")
-    result = _arrays.output_bits(out, fmt).reshape(src.shape) if as_bits else _arrays.finish_output(out, fmt, src.shape)
+    if as_bits:
+        result = _arrays.output_bits(out, fmt).reshape(src.shape)
+    else:
+        result = _arrays.finish_output(out, fmt, src.shape, into)
     if tracing:
         trace.record(
             Chunk(
@@ -121,6 +125,7 @@ def quantize(
     fmt: Format | str,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
@@ -128,9 +133,10 @@ def quantize(
 
     The carrier is the format's own dtype where it has one (``ml_dtypes.bfloat16``,
     ``float8_e4m3fn``, numpy ``float16``...), else float32/float64 holding the
-    rounded values exactly (TF32 and custom formats).
+    rounded values exactly (TF32 and custom formats).  ``out``: an array of that dtype and x's shape to
+    write the result into (and return), as numpy's ``out=``.
     """
-    return _cast(x, fmt, rounding, trace, label, as_bits=False)
+    return _cast(x, fmt, rounding, trace, label, as_bits=False, out=out)
 
 
 def encode(

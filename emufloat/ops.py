@@ -6,7 +6,8 @@ float64 arrays holding FP32 values), so mixed-precision steps such as
 ``fma(p_bf16, v_bf16, acc_fp32, fmt="fp32")`` are one call.  Exact results come
 from error-free transformations in float64 (add, sub, mul, fma) or from
 integer long division and square root (div, sqrt); rounding is
-:func:`emufloat._core.round_pack`.
+:func:`emufloat._core.round_pack`.  Every op takes ``out=``, an array of the result's dtype and shape to
+write into and return, as numpy's ufuncs do (it may be one of the operands).
 """
 
 from __future__ import annotations
@@ -228,7 +229,7 @@ def _arith_kernel(
     return bad
 
 
-def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None):
+def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
     f = _arrays.result_format(fmt, arrays)
     rnd = as_rounding(rounding)
@@ -239,11 +240,12 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
             f"{f.name} takes at most {_SQRT_EXACT_BITS - f.precision} random bits; got {rnd.bits}"
         )
     shape = _arrays.broadcast_shape(arrays)
+    into = _arrays.check_out(out, f, shape)
     flat = [_arrays.operand(arr, shape, k) for k, arr in arrays.items()]
     while len(flat) < 3:
         flat.append(flat[0])
     n = math.prod(shape)
-    out = _arrays.new_output(f, n)
+    out = _arrays.new_output(f, n, into, tuple(arrays.values()))
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
     code = op_code if extra_code is None else extra_code
@@ -264,7 +266,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
             tracing,
         )
     _arrays.check_no_nan_format(bad, f, op_name)
-    result = _arrays.finish_output(out, f, shape)
+    result = _arrays.finish_output(out, f, shape, into)
     if tracing:
         trace.record(
             Chunk(
@@ -292,11 +294,12 @@ def add(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """a + b rounded once to ``fmt`` (inferred when both operands share a format)."""
-    return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label)
+    return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
 def sub(
@@ -305,11 +308,12 @@ def sub(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """a - b rounded once to ``fmt``."""
-    return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label)
+    return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
 def mul(
@@ -318,11 +322,12 @@ def mul(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """a * b rounded once to ``fmt``."""
-    return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label)
+    return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
 def div(
@@ -331,11 +336,12 @@ def div(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """a / b correctly rounded to ``fmt`` (IEEE division, not a GPU approximation)."""
-    return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label)
+    return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
 def fma(
@@ -345,11 +351,12 @@ def fma(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
-    return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label)
+    return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label, out=out)
 
 
 def sqrt(
@@ -357,11 +364,12 @@ def sqrt(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """Correctly rounded square root (NaN for negative operands, sqrt(-0) = -0)."""
-    return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label)
+    return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label, out=out)
 
 
 def neg(
@@ -369,11 +377,12 @@ def neg(
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """-a (exact within a format; rounded when ``fmt`` is narrower than a's)."""
-    return _apply("neg", NEG, {"a": a}, fmt, rounding, trace, label)
+    return _apply("neg", NEG, {"a": a}, fmt, rounding, trace, label, out=out)
 
 
 def abs(  # noqa: A001
@@ -381,11 +390,12 @@ def abs(  # noqa: A001
     fmt: Format | str | None = None,
     rounding: Rounding | str = "rne",
     *,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """|a| (exact within a format; rounded when ``fmt`` is narrower than a's)."""
-    return _apply("abs", ABS, {"a": a}, fmt, rounding, trace, label)
+    return _apply("abs", ABS, {"a": a}, fmt, rounding, trace, label, out=out)
 
 
 def minimum(
@@ -395,13 +405,14 @@ def minimum(
     rounding: Rounding | str = "rne",
     *,
     propagate_nan: bool = True,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """IEEE 754-2019 minimum (-0 < +0).  ``propagate_nan=False`` gives minimumNumber
     (a NaN operand is ignored, as C ``fmin`` and PTX ``min.f32`` do)."""
     return _apply(
-        "min", MIN, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MINNUM
+        "min", MIN, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MINNUM, out=out
     )
 
 
@@ -412,10 +423,11 @@ def maximum(
     rounding: Rounding | str = "rne",
     *,
     propagate_nan: bool = True,
+    out: np.ndarray | None = None,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
     """IEEE 754-2019 maximum (-0 < +0).  ``propagate_nan=False`` gives maximumNumber."""
     return _apply(
-        "max", MAX, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MAXNUM
+        "max", MAX, {"a": a, "b": b}, fmt, rounding, trace, label, extra_code=None if propagate_nan else MAXNUM, out=out
     )

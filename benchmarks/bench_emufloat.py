@@ -10,6 +10,12 @@ used meanwhile (see OtherLoad).
 
     PYTHONPATH=. python benchmarks/bench_emufloat.py            # n = 2**24, 5 repeats
     PYTHONPATH=. python benchmarks/bench_emufloat.py --quick    # n = 2**18, a smoke run
+    PYTHONPATH=. python benchmarks/bench_emufloat.py --small    # per-call cost at n = 1, 2**12, 2**16
+
+Baselines: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays), numpy, and torch's CPU kernels
+when torch is installed (its default threads).  Rows marked "out=" write into a preallocated array on both
+sides (``ef.quantize(x, fmt, out=buf)`` against ``np.copyto(buf, x, casting="unsafe")``); the others
+allocate their output on every call, as most users' calls do.
 
 Every callable runs once untimed first (Numba compilation or cache loading),
 then a parallel kernel runs for ``--spin-up`` seconds, then each row's
@@ -140,7 +146,25 @@ def make_rows(n: int, seed: int) -> list[Row]:
         return a.astype(np.float32) * b.astype(np.float32) + c32
 
     sr = ef.stochastic(bits=8, seed=1)
-    return [
+    buf = np.empty(n, bf)
+    rows = [
+        Row(
+            "cast f32->bf16 rne, out=",
+            lambda: ef.quantize(x, "bf16", out=buf),
+            "ml_dtypes np.copyto(bf16 buffer)",
+            lambda: np.copyto(buf, x, casting="unsafe"),
+            1.0,
+        ),
+        Row(
+            "add bf16, out=",
+            lambda: ef.add(a, b, out=buf),
+            "ml_dtypes np.add(out=)",
+            lambda: np.add(a, b, out=buf),
+            1.0,
+        ),
+    ]
+    rows += torch_rows(x, a, b)
+    return rows + [
         Row("cast f32->bf16 rne", cast("bf16"), "ml_dtypes astype(bfloat16)", lambda: x.astype(bf), 2.0, compare=True),
         Row(
             "cast f32->e4m3fn rne",
@@ -183,6 +207,55 @@ def make_rows(n: int, seed: int) -> list[Row]:
         Row("numpy f32 add", lambda: x + y32, "numpy f32 copy", lambda: x.copy(), None, "memory-bound reference"),
         Row("numpy f32 copy", lambda: x.copy(), "", None, None, "memory-bound reference"),
     ]
+
+
+def torch_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[Row]:
+    """emufloat against torch's CPU kernels on the same values (none without torch)."""
+    try:
+        import torch
+    except ImportError:
+        print("# torch is not installed: no torch baselines", file=sys.stderr)
+        return []
+    xt = torch.from_numpy(x)
+    at, bt = (torch.from_numpy(t.view(np.int16)).view(torch.bfloat16) for t in (a, b))
+    threads = f"torch {torch.get_num_threads()} threads"
+    return [
+        Row(
+            "cast f32->bf16 rne",
+            lambda: ef.quantize(x, "bf16"),
+            f"{threads}: .to(bfloat16)",
+            lambda: xt.to(torch.bfloat16),
+        ),
+        Row("add bf16", lambda: ef.add(a, b), f"{threads}: a + b", lambda: at + bt),
+        Row("mul bf16", lambda: ef.mul(a, b), f"{threads}: a * b", lambda: at * bt),
+    ]
+
+
+def small_table(repeat: int, seed: int) -> None:
+    """Per-call cost (microseconds a call) where the fixed cost dominates: n = 1, 2**12, 2**16."""
+    print("| call | n | emufloat us/call | ml_dtypes us/call | ratio |")
+    print("|---|---:|---:|---:|---:|")
+    rng = np.random.default_rng(seed)
+    for n in (1, 1 << 12, 1 << 16):
+        x = rng.standard_normal(n, dtype=np.float32)
+        a, b = x.astype(ml_dtypes.bfloat16), x[::-1].copy().astype(ml_dtypes.bfloat16)
+        calls = max(1, 20000 // n) if n < 4096 else 200
+        for name, fn, base in (
+            ("quantize f32->bf16", lambda x=x: ef.quantize(x, "bf16"), lambda x=x: x.astype(ml_dtypes.bfloat16)),
+            ("add bf16", lambda a=a, b=b: ef.add(a, b), lambda a=a, b=b: a + b),
+        ):
+
+            def batch(fn=fn, calls=calls):
+                for _ in range(calls):
+                    fn()
+
+            def base_batch(base=base, calls=calls):
+                for _ in range(calls):
+                    base()
+
+            t, tb = measure([batch, base_batch], repeat)
+            us, ub = t.best / calls * 1e6, tb.best / calls * 1e6
+            print(f"| {name} | {n} | {us:.1f} | {ub:.2f} | {ub / us:.3f}x |", flush=True)
 
 
 def same_bits(x: np.ndarray, y: np.ndarray) -> str:
@@ -242,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
     add_common_args(p, "small run: n = 2**18, 3 repeats")
+    p.add_argument("--small", action="store_true", help="only the per-call table: n = 1, 2**12, 2**16")
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.repeat = 1 << 18, 3
@@ -252,6 +326,11 @@ def main(argv: list[str] | None = None) -> int:
     n = args.n
 
     print_header("emufloat benchmark")
+    if args.small:
+        print(f"# per-call cost, best of {args.repeat} batches")
+        small_table(args.repeat, args.seed)
+        print_footer()
+        return 0
     print(
         f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
         f"{args.spin_up:g} s of spin-up; "

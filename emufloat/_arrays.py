@@ -78,14 +78,18 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 
 
 # Kernels read uint32 encodings (casts from float64: uint64) and write uint32 encodings (uint64 for FP64),
-# whatever the formats: one Numba specialisation per kernel (at most four per cast).  A specialisation per
+# whatever the formats: one Numba specialisation per kernel (at most six per cast: casts into 9- to 16-bit
+# formats write uint16 directly, the cast users call most, where the narrowing pass cost half the time).  A specialisation per
 # combination of operand and output dtypes would each cost a cold compilation (docs/emufloat.md,
 # Performance, has the numbers); the widening and narrowing passes cost far less.
-def new_output(fmt: Format, n: int, out: np.ndarray | None = None, inputs: tuple = ()) -> np.ndarray:
-    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats).  With
-    an ``out`` array (:func:`check_out`) whose encodings are exactly that wide and that shares no memory with
-    ``inputs``, its own buffer (the kernel writes the result in place)."""
-    dt = np.uint32 if fmt.width <= 32 else np.uint64
+def new_output(
+    fmt: Format, n: int, out: np.ndarray | None = None, inputs: tuple = (), narrow: bool = False
+) -> np.ndarray:
+    """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats), or,
+    ``narrow``, the format's own unsigned dtype.  With an ``out`` array (:func:`check_out`) whose encodings
+    are exactly that wide and that shares no memory with ``inputs``, its own buffer (the kernel writes the
+    result in place)."""
+    dt = fmt.uint if narrow else np.uint32 if fmt.width <= 32 else np.uint64
     if out is not None and out.itemsize == np.dtype(dt).itemsize and fmt.dtype is not None:
         if not any(np.shares_memory(out, x) for x in inputs):  # kernels read inputs again after writing
             return out.reshape(-1).view(dt)

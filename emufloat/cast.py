@@ -81,7 +81,7 @@ def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
     sfmt = _arrays.source_format(src)
     bits = _arrays.flat_bits(src)
     n = bits.size
-    out = _arrays.new_output(fmt, n, into, (src,))
+    out = _arrays.new_output(fmt, n, into, (src,), narrow=8 < fmt.width <= 16)
     tracing = trace is not None
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
     with _arrays.threads_for(n):

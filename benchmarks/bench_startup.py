@@ -1,12 +1,13 @@
 """How long the first use takes: the README's main job and a first ``emufloat.quantize``, cold and warm.
 
-    python benchmarks/bench_startup.py [--repeat 1]
+    python benchmarks/bench_startup.py [--repeat 1] [--compile-detail]
 
 Each measurement is a fresh Python process.  Cold: Numba's cache and emufloat's table cache in empty folders
 (``NUMBA_CACHE_DIR``, ``EMUFLOAT_CACHE_DIR``), so every kernel the command uses is compiled and every table
 rebuilt; warm: the same command again on the caches the cold run filled.
 The baseline is ``python -c "import numba"`` in the same way (what any Numba program pays before its first
-kernel).  Prints one table: wall seconds (best of ``--repeat``) and the ratio to the baseline.
+kernel).  Prints one table: wall seconds (best of ``--repeat``) and the ratio to the baseline;
+``--compile-detail`` adds the cold main job's compile seconds per Numba kernel.
 """
 
 from __future__ import annotations
@@ -32,6 +33,43 @@ COMMANDS = {
 }
 
 
+# the main job in-process, with the seconds Numba spends compiling each kernel (outermost compiles only)
+COMPILE_DETAIL = """
+import collections, runpy, sys, time
+from numba.core import dispatcher
+spent, depth, real = collections.Counter(), [0], dispatcher.Dispatcher.compile
+def compile(self, sig):
+    depth[0] += 1
+    t0 = time.perf_counter()
+    try:
+        return real(self, sig)
+    finally:
+        depth[0] -= 1
+        if depth[0] == 0:
+            spent[self.py_func.__module__ + "." + self.py_func.__qualname__] += time.perf_counter() - t0
+dispatcher.Dispatcher.compile = compile
+sys.argv = ["flashsim", "trace-row", "--quiet", "--out", sys.argv[1]]
+try:
+    runpy.run_module("flashsim", run_name="__main__")
+except SystemExit:
+    pass
+for name, sec in spent.most_common():
+    print(f"| {name} | {sec:.1f} |")
+"""
+
+
+def compile_detail() -> None:
+    with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
+        env = dict(os.environ, NUMBA_CACHE_DIR=cache, EMUFLOAT_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+        proc = subprocess.run([sys.executable, "-c", COMPILE_DETAIL, out], env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"the main job failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    print()
+    print("| kernel (cold main job) | compile s |")
+    print("|---|---:|")
+    print(proc.stdout, end="")
+
+
 def timed(cmd: list[str], cache: str, out: str) -> float:
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, EMUFLOAT_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
     full = [*cmd, "--out", out] if "trace-row" in cmd else cmd
@@ -46,6 +84,7 @@ def timed(cmd: list[str], cache: str, out: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1, help="cold and warm runs per command (best is kept)")
+    ap.add_argument("--compile-detail", action="store_true", help="also the cold main job's compile time per kernel")
     args = ap.parse_args(argv)
     if args.repeat < 1:
         ap.error(f"--repeat: expected a positive count, got {args.repeat}")
@@ -63,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---:|---:|---:|---:|")
     for name, c, w in rows:
         print(f"| {name} | {c:.1f} | {w:.2f} | {c / base_cold:.1f}x | {w / base_warm:.1f}x |")
+    if args.compile_detail:
+        compile_detail()
     return 0
 
 

@@ -78,10 +78,10 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 
 
 # Kernels read uint32 encodings (casts from float64: uint64) and write uint32 encodings (uint64 for FP64),
-# whatever the formats: one Numba specialisation per kernel (at most six per cast: casts into 9- to 16-bit
-# formats write uint16 directly, the cast users call most, where the narrowing pass cost half the time).  A specialisation per
-# combination of operand and output dtypes would each cost a cold compilation (docs/emufloat.md,
-# Performance, has the numbers); the widening and narrowing passes cost far less.
+# whatever the formats: one Numba specialisation per kernel, at most six per cast (casts into 9- to 16-bit
+# formats, the casts users call most, write uint16 directly: the narrowing pass cost as much as the cast).
+# A specialisation per combination of operand and output dtypes would each cost a cold compilation
+# (docs/emufloat.md, Performance, has the numbers); the widening and narrowing passes cost less.
 def new_output(
     fmt: Format, n: int, out: np.ndarray | None = None, inputs: tuple = (), narrow: bool = False
 ) -> np.ndarray:

@@ -198,6 +198,8 @@ class Policy:
             raise ValueError("dp: into_acc is only for gradient products (dq, dk, dv)")
         if self.recompute.fused and self.scale.where == "scores":
             raise ValueError("recompute: fused (S*c - L as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
+        if self.recompute.natural and self.lse.base != "e":
+            raise ValueError(f"recompute: natural (S*sm_scale - LSE) needs a natural-log LSE, got {self.lse.function}")
 
     @property
     def exp_base(self) -> str:

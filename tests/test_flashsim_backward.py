@@ -428,6 +428,12 @@ def test_equality_and_diff_cover_the_backward():
         (lambda: fs.Delta("tree", "fp32"), "Delta.order"),
         (lambda: fs.Recompute("exp", "fp32", natural=True), "Recompute.natural"),
         (lambda: fs.Recompute("h100_ex2", "fp32", natural=True, prescale_k=True), "Recompute.natural"),
+        (
+            lambda: dataclasses.replace(
+                fs.get_policy("triton_h100"), name="x", recompute=fs.Recompute("h100_ex2", "fp32", natural=True)
+            ),
+            "recompute: natural",
+        ),
         (lambda: fs.Delta("sequential", "fp32", source="s"), "Delta.source"),
         (lambda: fs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),
         (lambda: fs.Delta("sequential", "fp32", prod="bf16", fused=True), "Delta.fused"),

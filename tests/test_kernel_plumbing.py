@@ -36,7 +36,9 @@ def test_casts_compile_once_per_source_and_output_width():
         for fmt in ("e4m3fn", "fp16", "fp64"):
             ef.quantize(src, fmt, "rtz")
     kinds = {(str(sig[0].dtype), str(sig[2].dtype)) for sig in cast._cast_kernel.signatures}
-    assert kinds <= {(a, b) for a in ("uint32", "uint64") for b in ("uint32", "uint64")}, kinds
+    # sources uint32 or uint64; targets uint32/uint64, and uint16 for 9- to 16-bit formats (fp16 here)
+    assert kinds <= {(a, b) for a in ("uint32", "uint64") for b in ("uint16", "uint32", "uint64")}, kinds
+    assert {b for _a, b in kinds} >= {"uint16", "uint32", "uint64"}, kinds
     assert len(cast._cast_kernel.signatures) == len(kinds)  # read-only sources compile nothing new
 
 

@@ -11,6 +11,59 @@ from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import Chunk, Trace, check_trace
 
 
+@nb.njit(cache=True)
+def _cast_block(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, tracing, lo, hi):
+    """Elements ``lo:hi`` of :func:`_cast_kernel` (one work item), serial; the count of NaN results the
+    target cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
+    compile time, sees only the loop over blocks."""
+    bad = 0
+    plan = _fastpath.fast_plan(src_params, params, mode, srbits)
+    declined = np.empty(hi - lo, np.uint8)
+    n_declined = hi - lo
+    if tracing:
+        declined[:] = 1
+    else:
+        n_declined = 0
+        base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
+        if mode == SR:
+            for k in range(hi - lo):
+                uk = np.uint64(k)
+                rnd = random_bits(seed, lo + k, srbits)
+                ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, rnd)
+                out[base + uk] = enc
+                declined[uk] = 1 - ok
+                n_declined += 1 - ok
+        else:
+            for k in range(hi - lo):
+                uk = np.uint64(k)
+                ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, 0)
+                out[base + uk] = enc
+                declined[uk] = 1 - ok
+                n_declined += 1 - ok
+    if n_declined == 0:
+        return bad
+    for i in range(lo, hi):
+        if declined[i - lo] == 0:
+            continue
+        bits = np.int64(src[i])
+        rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+        cls, sign, sig, exp = _core.decode_parts(bits, src_params)
+        if cls == _core.CLS_FINITE:
+            enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+        else:
+            enc, fl = _core.round_special(cls, sign, params)
+            if cls == _core.CLS_NAN and _core.is_snan(bits, src_params):
+                fl |= _core.INVALID  # a signalling NaN source becomes the target's quiet NaN
+        if enc == _core.NO_NAN:
+            bad += 1
+            enc = 0
+        out[i] = enc
+        if tracing:
+            ex_hi[i] = _core.parts_f64(cls, sign, sig, exp)
+            flags[i] = fl
+    return bad
+
+
 @nb.njit(parallel=True, cache=True)
 def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, tracing):
     """Round each source encoding into the target format, block by block.
@@ -22,53 +75,11 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
     """
     n = src.size
     bad = 0
-    plan = _fastpath.fast_plan(src_params, params, mode, srbits)
     for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
         lo = blk * _fastpath.BLOCK
-        hi = min(lo + _fastpath.BLOCK, n)
-        declined = np.empty(hi - lo, np.uint8)
-        n_declined = hi - lo
-        if tracing:
-            declined[:] = 1
-        else:
-            n_declined = 0
-            base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
-            if mode == SR:
-                for k in range(hi - lo):
-                    uk = np.uint64(k)
-                    rnd = random_bits(seed, lo + k, srbits)
-                    ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, rnd)
-                    out[base + uk] = enc
-                    declined[uk] = 1 - ok
-                    n_declined += 1 - ok
-            else:
-                for k in range(hi - lo):
-                    uk = np.uint64(k)
-                    ok, enc = _fastpath.fast_round(np.int64(src[base + uk]), plan, 0)
-                    out[base + uk] = enc
-                    declined[uk] = 1 - ok
-                    n_declined += 1 - ok
-        if n_declined == 0:
-            continue
-        for i in range(lo, hi):
-            if declined[i - lo] == 0:
-                continue
-            bits = np.int64(src[i])
-            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
-            cls, sign, sig, exp = _core.decode_parts(bits, src_params)
-            if cls == _core.CLS_FINITE:
-                enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
-            else:
-                enc, fl = _core.round_special(cls, sign, params)
-                if cls == _core.CLS_NAN and _core.is_snan(bits, src_params):
-                    fl |= _core.INVALID  # a signalling NaN source becomes the target's quiet NaN
-            if enc == _core.NO_NAN:
-                bad += 1
-                enc = 0
-            out[i] = enc
-            if tracing:
-                ex_hi[i] = _core.parts_f64(cls, sign, sig, exp)
-                flags[i] = fl
+        bad += _cast_block(
+            src, src_params, out, params, mode, seed, srbits, ex_hi, flags, tracing, lo, min(lo + _fastpath.BLOCK, n)
+        )
     return bad
 
 

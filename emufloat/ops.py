@@ -96,6 +96,131 @@ def _exact_sum_operands(op, x, y, z):
     return u, v
 
 
+@nb.njit(cache=True)
+def _arith_block(
+    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, lo, hi
+):
+    """Elements ``lo:hi`` of :func:`_arith_kernel` (one work item), serial; the count of NaN results the
+    format cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
+    compile time, sees only the loop over blocks."""
+    bad = 0
+    fast_op = op == ADD or op == SUB or op == MUL or op == FMA
+    plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
+    adp = _fastpath.decode_plan(ap)
+    bdp = _fastpath.decode_plan(bp)
+    cdp = _fastpath.decode_plan(cp)
+    declined = np.empty(hi - lo, np.uint8)
+    n_declined = hi - lo
+    if tracing or not fast_op:
+        declined[:] = 1
+    else:
+        n_declined = 0
+        base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
+        for k in range(hi - lo):
+            ui = base + np.uint64(k)
+            oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)  # FP32 too: no branch on the format here
+            okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
+            okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
+            u, v = _exact_sum_operands(op, x, y, z)
+            s, t = _core.two_sum(u, v)
+            rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
+            ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
+            # exact zero sums take their sign from the rounding mode: general path
+            ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
+            out[ui] = enc
+            declined[np.uint64(k)] = 1 - ok
+            n_declined += 1 - ok
+    if n_declined == 0:
+        return bad
+    for i in range(lo, hi):
+        if declined[i - lo] == 0:
+            continue
+        x = _core.load(a, alut, i)
+        y = _core.load(b, blut, i)
+        z = _core.load(c, clut, i)
+        rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+        s = 0.0  # the exact result is s + t (s alone when not finite or zero)
+        t = 0.0
+        fl = np.int64(0)
+        ref = np.int64(_core.NO_CARRY_REF)
+        finite = False  # set when (sign, sig, exp, sticky) hold the exact result
+        sign = np.int64(0)
+        sig = np.int64(0)
+        exp = np.int64(0)
+        sticky = False
+        if fast_op:
+            u, v = _exact_sum_operands(op, x, y, z)
+            s, t = _core.two_sum(u, v)
+            if s == 0.0 and t == 0.0 and not (np.isnan(u) or np.isnan(v)):
+                if op == MUL:
+                    s = u
+                else:
+                    s = -0.0 if _core.zero_sum_sign(u, v, mode) else 0.0
+            elif np.isfinite(s):
+                if op != MUL and tracing:
+                    ref = max(_core.ilogb(u), _core.ilogb(v))
+                sign, sig, exp, sticky = _core.dd_parts(s, t)
+                finite = True
+            else:
+                t = 0.0
+        elif op == DIV:
+            if y != 0.0:
+                s = x / y
+            elif x == 0.0 or np.isnan(x):
+                s = np.nan
+            else:
+                s = math.copysign(np.inf, x) * math.copysign(1.0, y)
+                fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
+            if np.isfinite(s) and s != 0.0:
+                sign, sig, exp, sticky = _div_parts(x, y)
+                ph, pl = _core.two_prod(s, y)
+                t = ((x - ph) - pl) / y
+                finite = True
+        elif op == SQRT:
+            if x > 0.0 and np.isfinite(x):
+                s = math.sqrt(x)
+                sig, exp, sticky = _sqrt_parts(x)
+                ph, pl = _core.two_prod(s, s)
+                t = ((x - ph) - pl) / (2.0 * s)
+                finite = True
+            else:
+                s = x if (x == 0.0 or np.isnan(x) or x > 0.0) else np.nan
+        elif op == NEG:
+            s = -x
+        elif op == ABS:
+            s = math.fabs(x)
+        else:
+            s = minmax(op, x, y)
+        cls = CLS_FINITE
+        nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
+        if not finite:
+            cls, sign, sig, exp = _core.f64_parts(s)
+            finite = cls == CLS_FINITE
+            if cls == CLS_NAN:
+                # invalid on numbers; a quiet NaN operand suppresses it, except for fma(0, inf, qNaN)
+                if not nan_in or (op == FMA and ((x == 0.0 and np.isinf(y)) or (np.isinf(x) and y == 0.0))):
+                    fl |= _core.INVALID
+                sign = 0
+        if nan_in and op != NEG and op != ABS:  # neg and abs are quiet operations (IEEE 754 5.5.1)
+            # the values are quiet NaNs by now: the encodings say which operand was signalling
+            if _core.is_snan(a[i], ap) or _core.is_snan(b[i], bp) or _core.is_snan(c[i], cp):
+                fl |= _core.INVALID
+        if finite:
+            enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
+        else:
+            enc, fl2 = _core.round_special(cls, sign, params)
+        fl |= fl2
+        if enc == _core.NO_NAN:
+            bad += 1
+            enc = 0
+        out[i] = enc
+        if tracing:
+            ex_hi[i] = s
+            ex_lo[i] = t
+            flags[i] = fl
+    return bad
+
+
 @nb.njit(parallel=True, cache=True)
 def _arith_kernel(
     op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing
@@ -109,123 +234,32 @@ def _arith_kernel(
     """
     n = out.size
     bad = 0
-    fast_op = op == ADD or op == SUB or op == MUL or op == FMA
-    plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
-    adp = _fastpath.decode_plan(ap)
-    bdp = _fastpath.decode_plan(bp)
-    cdp = _fastpath.decode_plan(cp)
     for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
         lo = blk * _fastpath.BLOCK
         hi = min(lo + _fastpath.BLOCK, n)
-        declined = np.empty(hi - lo, np.uint8)
-        n_declined = hi - lo
-        if tracing or not fast_op:
-            declined[:] = 1
-        else:
-            n_declined = 0
-            base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
-            for k in range(hi - lo):
-                ui = base + np.uint64(k)
-                oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)  # FP32 too: no branch on the format here
-                okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
-                okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
-                u, v = _exact_sum_operands(op, x, y, z)
-                s, t = _core.two_sum(u, v)
-                rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
-                ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
-                # exact zero sums take their sign from the rounding mode: general path
-                ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
-                out[ui] = enc
-                declined[np.uint64(k)] = 1 - ok
-                n_declined += 1 - ok
-        if n_declined == 0:
-            continue
-        for i in range(lo, hi):
-            if declined[i - lo] == 0:
-                continue
-            x = _core.load(a, alut, i)
-            y = _core.load(b, blut, i)
-            z = _core.load(c, clut, i)
-            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
-            s = 0.0  # the exact result is s + t (s alone when not finite or zero)
-            t = 0.0
-            fl = np.int64(0)
-            ref = np.int64(_core.NO_CARRY_REF)
-            finite = False  # set when (sign, sig, exp, sticky) hold the exact result
-            sign = np.int64(0)
-            sig = np.int64(0)
-            exp = np.int64(0)
-            sticky = False
-            if fast_op:
-                u, v = _exact_sum_operands(op, x, y, z)
-                s, t = _core.two_sum(u, v)
-                if s == 0.0 and t == 0.0 and not (np.isnan(u) or np.isnan(v)):
-                    if op == MUL:
-                        s = u
-                    else:
-                        s = -0.0 if _core.zero_sum_sign(u, v, mode) else 0.0
-                elif np.isfinite(s):
-                    if op != MUL and tracing:
-                        ref = max(_core.ilogb(u), _core.ilogb(v))
-                    sign, sig, exp, sticky = _core.dd_parts(s, t)
-                    finite = True
-                else:
-                    t = 0.0
-            elif op == DIV:
-                if y != 0.0:
-                    s = x / y
-                elif x == 0.0 or np.isnan(x):
-                    s = np.nan
-                else:
-                    s = math.copysign(np.inf, x) * math.copysign(1.0, y)
-                    fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
-                if np.isfinite(s) and s != 0.0:
-                    sign, sig, exp, sticky = _div_parts(x, y)
-                    ph, pl = _core.two_prod(s, y)
-                    t = ((x - ph) - pl) / y
-                    finite = True
-            elif op == SQRT:
-                if x > 0.0 and np.isfinite(x):
-                    s = math.sqrt(x)
-                    sig, exp, sticky = _sqrt_parts(x)
-                    ph, pl = _core.two_prod(s, s)
-                    t = ((x - ph) - pl) / (2.0 * s)
-                    finite = True
-                else:
-                    s = x if (x == 0.0 or np.isnan(x) or x > 0.0) else np.nan
-            elif op == NEG:
-                s = -x
-            elif op == ABS:
-                s = math.fabs(x)
-            else:
-                s = minmax(op, x, y)
-            cls = CLS_FINITE
-            nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
-            if not finite:
-                cls, sign, sig, exp = _core.f64_parts(s)
-                finite = cls == CLS_FINITE
-                if cls == CLS_NAN:
-                    # invalid on numbers; a quiet NaN operand suppresses it, except for fma(0, inf, qNaN)
-                    if not nan_in or (op == FMA and ((x == 0.0 and np.isinf(y)) or (np.isinf(x) and y == 0.0))):
-                        fl |= _core.INVALID
-                    sign = 0
-            if nan_in and op != NEG and op != ABS:  # neg and abs are quiet operations (IEEE 754 5.5.1)
-                # the values are quiet NaNs by now: the encodings say which operand was signalling
-                if _core.is_snan(a[i], ap) or _core.is_snan(b[i], bp) or _core.is_snan(c[i], cp):
-                    fl |= _core.INVALID
-            if finite:
-                enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
-            else:
-                enc, fl2 = _core.round_special(cls, sign, params)
-            fl |= fl2
-            if enc == _core.NO_NAN:
-                bad += 1
-                enc = 0
-            out[i] = enc
-            if tracing:
-                ex_hi[i] = s
-                ex_lo[i] = t
-                flags[i] = fl
+        bad += _arith_block(
+            op,
+            a,
+            alut,
+            ap,
+            b,
+            blut,
+            bp,
+            c,
+            clut,
+            cp,
+            out,
+            params,
+            mode,
+            seed,
+            srbits,
+            ex_hi,
+            ex_lo,
+            flags,
+            tracing,
+            lo,
+            hi,
+        )
     return bad
 
 

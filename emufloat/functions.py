@@ -65,36 +65,43 @@ def _exp2_dd(x, invf_hi, invf_lo):
     return np.int64(n), sh, sl, False
 
 
+@nb.njit(cache=True)
+def _exp2_one(v, params, mode, invf_hi, invf_lo):
+    """(encoding, flags, exact value as hi + lo) of 2**v rounded into ``params``.  Serial, called per element
+    by :func:`_exp2_kernel`, so that Numba's parallel lowering sees only the loop."""
+    fl = np.int64(0)
+    hi = v
+    lo = 0.0
+    if np.isnan(v):
+        enc = _core.enc_nan(0, params)
+    elif v >= 1100.0 or v <= -1100.0:
+        if np.isinf(v):
+            hi = np.inf if v > 0 else 0.0
+            enc = _core.enc_inf(0, params) if v > 0 else _core.enc_zero(0, params)
+        else:  # far beyond every format's range: a tiny or huge positive value, inexact
+            hi = np.inf if v > 0 else 0.0
+            enc, fl = _core.round_pack(
+                0, np.int64(1), np.int64(2000 if v > 0 else -2000), True, _core.NO_CARRY_REF, params, mode, 0, 0
+            )
+    else:
+        n, h, l, exact = _exp2_dd(v, invf_hi, invf_lo)
+        if exact:
+            enc, fl = _core.round_pack(0, np.int64(1), n, False, _core.NO_CARRY_REF, params, mode, 0, 0)
+            hi = _core.pow2(n) if n > -1075 else 0.0
+        else:
+            _s, sig, e, _st = _core.dd_parts(h, l)
+            # exp2 of a non-integer is irrational: never exact, so the sticky bit is always set
+            enc, fl = _core.round_pack(0, sig, e + n, True, _core.NO_CARRY_REF, params, mode, 0, 0)
+            scale = _core.pow2(n) if n > -1022 else 0.0
+            hi, lo = h * scale, l * scale
+    return enc, fl, hi, lo
+
+
 @nb.njit(parallel=True, cache=True)
 def _exp2_kernel(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo):
     nan_count = 0
     for i in nb.prange(x.size):
-        v = x[i]
-        fl = np.int64(0)
-        hi = v
-        lo = 0.0
-        if np.isnan(v):
-            enc = _core.enc_nan(0, params)
-        elif v >= 1100.0 or v <= -1100.0:
-            if np.isinf(v):
-                hi = np.inf if v > 0 else 0.0
-                enc = _core.enc_inf(0, params) if v > 0 else _core.enc_zero(0, params)
-            else:  # far beyond every format's range: a tiny or huge positive value, inexact
-                hi = np.inf if v > 0 else 0.0
-                enc, fl = _core.round_pack(
-                    0, np.int64(1), np.int64(2000 if v > 0 else -2000), True, _core.NO_CARRY_REF, params, mode, 0, 0
-                )
-        else:
-            n, h, l, exact = _exp2_dd(v, invf_hi, invf_lo)
-            if exact:
-                enc, fl = _core.round_pack(0, np.int64(1), n, False, _core.NO_CARRY_REF, params, mode, 0, 0)
-                hi = _core.pow2(n) if n > -1075 else 0.0
-            else:
-                _s, sig, e, _st = _core.dd_parts(h, l)
-                # exp2 of a non-integer is irrational: never exact, so the sticky bit is always set
-                enc, fl = _core.round_pack(0, sig, e + n, True, _core.NO_CARRY_REF, params, mode, 0, 0)
-                scale = _core.pow2(n) if n > -1022 else 0.0
-                hi, lo = h * scale, l * scale
+        enc, fl, hi, lo = _exp2_one(x[i], params, mode, invf_hi, invf_lo)
         if enc == _core.NO_NAN:
             nan_count += 1
             enc = 0

@@ -79,7 +79,9 @@ def flat_bits(arr: np.ndarray) -> np.ndarray:
 
 # Kernels read uint32 encodings (casts from float64: uint64) and write uint32 encodings (uint64 for FP64),
 # whatever the formats: one Numba specialisation per kernel, at most six per cast (casts into 9- to 16-bit
-# formats, the casts users call most, write uint16 directly: the narrowing pass cost as much as the cast).
+# formats, the casts users call most, write uint16 directly: the narrowing pass cost as much as the cast),
+# and three for arithmetic (uint32 throughout, and operations whose operands and result all share one 8- or
+# 16-bit format, which read and write those encodings as they are).
 # A specialisation per combination of operand and output dtypes would each cost a cold compilation
 # (docs/emufloat.md, Performance, has the numbers); the widening and narrowing passes cost less.
 def new_output(
@@ -160,8 +162,11 @@ def decode_bits(bits: np.ndarray, fmt: Format) -> np.ndarray:
     return _decode_kernel(flat.astype(np.int64), fmt.params).reshape(np.shape(bits))
 
 
-def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.ndarray, np.ndarray, tuple]:
-    """(flat uint32 encodings, decode table, format params) of an operand broadcast to ``shape``.
+def operand(
+    arr: np.ndarray, shape: tuple[int, ...], argname: str, narrow: bool = False
+) -> tuple[np.ndarray, np.ndarray, tuple]:
+    """(flat uint32 encodings, decode table, format params) of an operand broadcast to ``shape``; ``narrow``:
+    the format's own 8- or 16-bit encodings instead of uint32.
 
     Formats of at most 16 bits travel as their encodings (widened) with their decode table; float32 as its
     bits (no copy when contiguous), float64 as the FP32 encodings of its values, with an empty table.
@@ -176,7 +181,11 @@ def operand(arr: np.ndarray, shape: tuple[int, ...], argname: str) -> tuple[np.n
         bits = arr.view(np.uint32)
         np.bitwise_or(bits, np.uint32(1 << 22), out=bits, where=np.isnan(arr))  # set the quiet bit
     fmt = source_format(arr)
-    bits = flat_bits(arr if arr.shape == shape else np.broadcast_to(arr, shape))  # same shape: no copy
+    arr = arr if arr.shape == shape else np.broadcast_to(arr, shape)  # same shape: no copy
+    if narrow:  # the encodings as they are (8 or 16 bits), not widened
+        bits = writable(np.ascontiguousarray(arr).reshape(-1).view(fmt.uint))
+    else:
+        bits = flat_bits(arr)
     return bits, (lut(fmt) if fmt.width <= 16 else _EMPTY_LUT), fmt.params
 
 

@@ -275,11 +275,13 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
         )
     shape = _arrays.broadcast_shape(arrays)
     into = _arrays.check_out(out, f, shape)
-    flat = [_arrays.operand(arr, shape, k) for k, arr in arrays.items()]
+    # operands and result of one 8- or 16-bit format: their encodings as they are, no widening or narrowing
+    narrow = f.width <= 16 and f.dtype is not None and all(a.dtype == f.dtype for a in arrays.values())
+    flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
     while len(flat) < 3:
         flat.append(flat[0])
     n = math.prod(shape)
-    out = _arrays.new_output(f, n, into, tuple(arrays.values()))
+    out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
     code = op_code if extra_code is None else extra_code

@@ -17,17 +17,25 @@ def _operands():
 
 
 def test_every_format_combination_shares_one_arithmetic_kernel():
+    """Mixed formats share the uint32 specialisation; only operations whose operands and result all share one
+    8- or 16-bit format take the narrow ones (uint8, uint16 throughout): at most three in all."""
     x, ro = _operands()
+    bf, e5 = x.astype(ml_dtypes.bfloat16), x.astype(ml_dtypes.float8_e5m2)
     calls = [
         lambda: ef.add(x, x, "bf16"),
-        lambda: ef.add(x.astype(ml_dtypes.bfloat16), x.astype(ml_dtypes.float8_e4m3fn), "fp32"),
+        lambda: ef.add(bf, x.astype(ml_dtypes.float8_e4m3fn), "fp32"),
         lambda: ef.mul(ro, 2.0, "e5m2"),
-        lambda: ef.fma(x.astype(np.float16), x.astype(ml_dtypes.bfloat16), x.astype(np.float64), "fp32"),
+        lambda: ef.fma(x.astype(np.float16), bf, x.astype(np.float64), "fp32"),
         lambda: ef.div(ro[None, :], x[:, None], "fp16"),
     ]
     for call in calls:
         call()
     assert len(ops._arith_kernel.signatures) == 1, ops._arith_kernel.signatures
+    for call in (lambda: ef.add(bf, bf), lambda: ef.mul(bf[None, :], bf[:, None]), lambda: ef.sub(e5, e5)):
+        call()
+    widths = {str(sig[1].dtype) for sig in ops._arith_kernel.signatures}
+    assert widths == {"uint32", "uint16", "uint8"}, ops._arith_kernel.signatures
+    assert len(ops._arith_kernel.signatures) == 3
 
 
 def test_casts_compile_once_per_source_and_output_width():

@@ -243,6 +243,12 @@ TABLE = [
     ("gpu.scripts.train_check", ["--out", "{t}/tc", "--steps", "0"], "--steps"),
     ("gpu.scripts.train_check", ["--out", "{t}/tc", "--seconds", "-1"], "--seconds"),
     ("gpu.scripts.train_check", ["--out", "{t}/file"], "--out"),
+    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "paper"], "--paper"),
+    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "tutorial,nope"], "--kernels"),
+    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "paper", "--paper", "{t}/none.py"], "--paper"),
+    ("gpu.scripts.record_kernels", ["--out", "{t}/file", "--kernels", "sdpa_flash"], "--out"),
+    ("gpu.probes.torch_ops", ["--out", "{t}/file"], "--out"),
+    ("gpu.probes.cudnn_steps", ["--out", "{t}/file"], "--out"),
 ]
 
 
@@ -257,6 +263,12 @@ def _main(command: str):
         return probes_run.main
     if command == "gpu.scripts.record_nan_backward":
         return record_nan_backward.main
+    if command == "gpu.scripts.record_kernels":
+        from gpu.scripts import record_kernels
+
+        return record_kernels.main
+    if command in ("gpu.probes.torch_ops", "gpu.probes.cudnn_steps"):
+        return importlib.import_module(command).main
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     if command == "gpu.scripts.run_attention":
@@ -283,6 +295,9 @@ def test_the_table_covers_every_command():
         "gpu.scripts.verify_models",
         "gpu.scripts.record_nan_backward",
         "gpu.scripts.train_check",
+        "gpu.scripts.record_kernels",
+        "gpu.probes.torch_ops",
+        "gpu.probes.cudnn_steps",
     }
     assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
 

@@ -10,7 +10,7 @@ called eagerly under CUDA bf16 autocast, 512x512 tiles, fix off and on (their ``
 Cases: :func:`gpu.crosscheck.others.grid` (``--round``: a fresh set of seeds).  Writes ``others.json``
 (cases, autotuned configs, versions, the card, FA2's dQ atomics experiment, and per case the emulator's
 identical fraction under :func:`gpu.crosscheck.others.policy_of` unless ``--no-check``), ``others.npz``
-(O and LSE bits) and ``others_bwd*.npz`` (dQ, dK, dV bits, in files of at most ~12 MB).  ``--capture
+(O and LSE bits) and ``others_bwd*.npz`` (dQ, dK, dV bits, in files of at most 16 MB of raw bits).  ``--capture
 N/D/CAUSAL,...`` also writes ``gemms.npz``: every einsum of the paper's first case of each of those cells,
 operands (bf16, as autocast hands them on) and output as bits.
 """
@@ -149,7 +149,7 @@ def atomics(backend: str = "flash", reps: int = 8) -> dict:
     return out
 
 
-def save_chunked(out: Path, stem: str, arrays: dict[str, np.ndarray], limit: int = 24 << 20) -> None:
+def save_chunked(out: Path, stem: str, arrays: dict[str, np.ndarray], limit: int = 16 << 20) -> None:
     """``arrays`` as STEM.npz, STEM_1.npz, ... of at most ``limit`` bytes of raw bits each (compressed, each
     stays under the device's size limit on returned files)."""
     chunks: list[dict] = [{}]

@@ -70,11 +70,12 @@ def source_format(arr: np.ndarray) -> Format:
     return _FORMAT_OF_DTYPE[arr.dtype]
 
 
-def flat_bits(arr: np.ndarray) -> np.ndarray:
-    """The encodings of a float array, flat, as uint32 (uint64 for float64; no copy for float32/64)."""
+def flat_bits(arr: np.ndarray, narrow: bool = False) -> np.ndarray:
+    """The encodings of a float array, flat, as uint32 (uint64 for float64; no copy for float32/64), or,
+    ``narrow``, in the format's own unsigned dtype (no copy when contiguous)."""
     fmt = source_format(arr)
     bits = np.ascontiguousarray(arr).reshape(-1).view(fmt.uint)
-    return writable(bits.astype(np.uint32 if fmt.width <= 32 else np.uint64, copy=False))
+    return writable(bits if narrow else bits.astype(np.uint32 if fmt.width <= 32 else np.uint64, copy=False))
 
 
 # Kernels read uint32 encodings (casts from float64: uint64) and write uint32 encodings (uint64 for FP64),
@@ -181,11 +182,7 @@ def operand(
         bits = arr.view(np.uint32)
         np.bitwise_or(bits, np.uint32(1 << 22), out=bits, where=np.isnan(arr))  # set the quiet bit
     fmt = source_format(arr)
-    arr = arr if arr.shape == shape else np.broadcast_to(arr, shape)  # same shape: no copy
-    if narrow:  # the encodings as they are (8 or 16 bits), not widened
-        bits = writable(np.ascontiguousarray(arr).reshape(-1).view(fmt.uint))
-    else:
-        bits = flat_bits(arr)
+    bits = flat_bits(arr if arr.shape == shape else np.broadcast_to(arr, shape), narrow)  # same shape: no copy
     return bits, (lut(fmt) if fmt.width <= 16 else _EMPTY_LUT), fmt.params
 
 

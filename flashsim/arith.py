@@ -18,6 +18,7 @@ from emufloat.hw import h100, torch_cuda
 
 from .functions import get_function
 from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
+from .specs.forward import QUAD_ORDERS
 
 RNE = Rounding("rne")
 _NP_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -233,10 +234,6 @@ def block_sum(
     return ef.tree_sum(p, tree, first, rnd, trace=trace, label=label)
 
 
-#: row-sum orders that keep a partial sum per thread of the quad that owns a row
-QUAD_ORDERS = ("fa2_threads", "cudnn_threads")
-
-
 class RowSumState:
     """The running row sum l of a block of rows, updated block by block as the spec says.
 
@@ -274,21 +271,16 @@ class RowSumState:
             )
             self.l = _store(s, spec, tr, lab)
             return
-        if spec.order == "cudnn_threads":
-            cols = _quad_columns(p)  # (rows, 4, columns / 4)
-            first = compute_format(spec)
-            rnd = spec.rounding if first == spec.fmt else RNE
-            s = ef.tree_sum(cols, order_tree("sequential", cols.shape[-1]), first, rnd, trace=tr, label=lab)
-            a = np.broadcast_to(alpha[:, None], self.l.shape)
-            if spec.fused:
-                self.l = fma(self.l, a, s, spec, tr, lab)
-            else:
-                self.l = binary("add", binary("mul", self.l, a, compute_only(spec), tr, lab), s, spec, tr, lab)
-            return
         if spec.order == "cutlass_warps":
             self.l = _cutlass_warps_update(self.l, p, alpha, spec, tr, lab)
             return
-        s = block_sum(p, spec, self.tile, tr, lab)
+        if spec.order == "cudnn_threads":  # each thread's own columns of the block, left to right
+            cols = _quad_columns(p)  # (rows, 4, columns / 4)
+            op = compute_only(spec)
+            s = ef.tree_sum(cols, order_tree("sequential", cols.shape[-1]), op.fmt, op.rounding, trace=tr, label=lab)
+            alpha = np.broadcast_to(alpha[:, None], self.l.shape)  # then each thread's partial is updated
+        else:
+            s = block_sum(p, spec, self.tile, tr, lab)
         if spec.floor is not None:  # clamp(min=floor): NaN stays NaN
             floor = f64(cast(np.float64(spec.floor), compute_format(spec)))
             s = np.where(np.isnan(f64(s)) | (f64(s) >= floor), s, floor).astype(np.asarray(s).dtype)

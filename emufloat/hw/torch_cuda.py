@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 
-from ..trees import ReductionTree
+from ..trees import ReductionTree, butterfly
 
 __all__ = ["row_sum_tree"]
 
@@ -88,10 +88,7 @@ def row_sum_tree(n: int, rows: int = 512, itemsize: int = 4) -> ReductionTree:
             f"n: torch's order for rows of 128 or more values is modelled for whole {vec}-value vectors, got {n}"
         )
     vec = vec if n >= 128 else 1
-    width = lanes_per_row(n // vec, rows)
-    lanes = [_lane(n, t, width, vec) for t in range(width)]
-    while len(lanes) > 1:  # halving through shared memory down to a warp, then shuffle-down
-        half = len(lanes) // 2
-        lanes = [_fold([lanes[t], lanes[t + half]]) for t in range(half)]
-    tree = lanes[0]
+    width = lanes_per_row(n // vec, rows)  # a power of two, at most the row's reads: no lane is empty
+    # halving through shared memory down to a warp, then shuffle-down: lane t adds lane t + width/2, ...
+    tree = butterfly([_lane(n, t, width, vec) for t in range(width)])
     return ReductionTree.from_nested(tree if isinstance(tree, list) else [tree], f"torch_cuda_sum({n}, {rows})")

@@ -37,6 +37,8 @@ ROW_SUM_ORDERS = {
     "their 8 values (keys 2q, 2q+1, 2q+8, 2q+9, ...), a quad reduction (t0+t1)+(t2+t3); then l*alpha plus the "
     "warp columns in order",
 }
+#: row-sum orders that keep a partial sum per thread of the quad that owns a row
+QUAD_ORDERS = ("fa2_threads", "cudnn_threads")
 SCALE_PLACES = {
     "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
     "max": "row max of raw S, then m = max*c (Triton: m in scaled units), x = S*c - m",
@@ -259,7 +261,7 @@ class RowSum(Spec):
             isinstance(self.floor, bool)
             or not isinstance(self.floor, (int, float))
             or not self.floor > 0
-            or self.order in ("fa2_threads", "cudnn_threads", "cutlass_warps")
+            or self.order in (*QUAD_ORDERS, "cutlass_warps")
         ):
             raise ValueError(
                 f"RowSum.floor: a positive number, with an order that sums each block first (not the thread "

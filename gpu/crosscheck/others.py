@@ -98,8 +98,9 @@ def grid(
 def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool = False) -> PolicyRef:
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
     SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
-    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); the closest model found of
-    the cuDNN backend (:func:`gpu.policies.sdpa_cudnn_policy`, not bit-exact); ``fa2`` for other kernels.
+    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); the cuDNN backend's
+    (:func:`gpu.policies.sdpa_cudnn_policy`: its forward exact, its backward the closest found); ``qiu_yao``
+    for the paper's pipeline; ``fa2`` for other kernels.
     ``deterministic``: the run was recorded under ``torch.use_deterministic_algorithms(True)``."""
     if case.kernel == "tutorial":
         cfg = config or {}

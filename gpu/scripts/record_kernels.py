@@ -43,12 +43,17 @@ class _Ctx:
         self.saved_tensors = tensors
 
 
-def load_tutorial(path: Path):
-    """The tutorial file as a module (its kernels and ``_attention``)."""
-    spec = importlib.util.spec_from_file_location("triton_tutorial_fused_attention", path)
+def _load_module(path: Path, name: str):
+    """A Python file that is not part of any package, as a module."""
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_tutorial(path: Path):
+    """The tutorial file as a module (its kernels and ``_attention``)."""
+    return _load_module(path, "triton_tutorial_fused_attention")
 
 
 def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
@@ -74,10 +79,7 @@ def load_paper(path: Path):
 
     if importlib.util.find_spec("einops") is None:
         sys.modules["einops"] = types.SimpleNamespace(rearrange=None)
-    spec = importlib.util.spec_from_file_location("qiu_yao_attention", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _load_module(path, "qiu_yao_attention")
 
 
 def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = None) -> dict:

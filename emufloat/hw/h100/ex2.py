@@ -56,9 +56,10 @@ def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
         both = build(reference=False)
         try:
             check(both)
-            return both
         except ValueError:
-            return build(reference=True)
+            both = build(reference=True)
+            check(both)
+        return both
 
     def check(both: np.ndarray) -> None:
         if both.shape != (2, NGRID) or both.dtype != np.uint32:
@@ -70,7 +71,6 @@ def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 
     if path is not None:  # fresh GPU output: not cached
         both = build_checked()
-        check(both)
     else:
         key = f"{str(z['neg_sha256'])[:16]}_{str(z['pos_sha256'])[:16]}"
         both = rebuilt(DATA.table_name("ex2"), key, build_checked, check)

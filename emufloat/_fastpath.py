@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from ._core import SPEC_FNUZ, bits_f64, enc_max, f64_bits
+from ._core import AWAY, CARRY, INEXACT, ROUND_CARRY, SPEC_FNUZ, STICKY, TIE, bits_f64, enc_max, f64_bits
 from .rounding import RDOWN, RNA, RNE, RTO, RUP, SR
 
 BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
@@ -44,6 +44,7 @@ class FastPlan(NamedTuple):
     min_normal: int  # smallest normal magnitude of the target
     max_finite: int  # largest finite magnitude of the target
     dst_sign_pos: int  # target sign bit position
+    dst_man_bits: int  # target fraction bits
     signed_zero: int  # 1: a zero keeps its sign (not FNUZ)
     ok_base: int  # 0: this mode and format pair always takes the general path
     src_fnuz: int  # 1: the source's negative-zero pattern is NaN
@@ -85,6 +86,7 @@ def fast_plan(src_params, params, mode, srbits) -> FastPlan:
         min_normal=np.int64(1) << mb,
         max_finite=enc_max(0, params),
         dst_sign_pos=np.int64(eb + mb),
+        dst_man_bits=np.int64(mb),
         signed_zero=np.int64(spec != SPEC_FNUZ),
         ok_base=ok_base,
         src_fnuz=np.int64(_sp == SPEC_FNUZ),
@@ -139,6 +141,32 @@ def fast_round_dd(s, t, plan, mode, rnd) -> tuple:
     low = bits & plan.low_mask
     calm = np.int64(mode != SR) & np.int64(low != 0) & np.int64(low != ((plan.low_mask + 1) >> 1))
     return ok & (np.int64(t == 0.0) | calm), enc
+
+
+@nb.njit(inline="always", cache=True)
+def fast_flags_dd(s, t, enc, plan, carry_ref) -> tuple:
+    """(ok, trace flags) of :func:`fast_round_dd`'s ``enc`` for the exact s + t, as round_pack sets them.
+
+    For elements fast_round_dd accepted: s is then off the rounding boundaries unless t is 0, so the round
+    and sticky bits are s's (t adds to the sticky).  Declines results in the target's lowest normal binade
+    (an exact value below it would also set UNDERFLOW); exact zeros (a zero product) set no flag.
+    ``carry_ref``: the exponent of the largest addend (CARRY when the exact value's binade is above it).
+    """
+    bits = f64_bits(s)
+    low = bits & plan.low_mask
+    half = (plan.low_mask + 1) >> 1
+    rb = np.int64((low & half) != 0)
+    st = np.int64((low & (half - 1)) != 0) | np.int64(t != 0.0)
+    mag = bits & np.int64(0x7FFFFFFFFFFFFFFF)
+    trunc = ((mag + plan.rebias) >> plan.shift) << plan.widen
+    r = enc & ((np.int64(1) << plan.dst_sign_pos) - 1)
+    away = np.int64(r != trunc)
+    round_carry = np.int64((r >> plan.dst_man_bits) != (trunc >> plan.dst_man_bits))
+    carry = np.int64(((mag >> 52) - 1023) > carry_ref)
+    fl = INEXACT * (rb | st) | TIE * rb | STICKY * st | CARRY * carry | ROUND_CARRY * round_carry | AWAY * away
+    nonzero = np.int64(mag != 0)
+    ok = np.int64((r >> plan.dst_man_bits) >= 2) | (1 - nonzero)
+    return ok, fl * nonzero
 
 
 class DecodePlan(NamedTuple):

@@ -111,8 +111,31 @@ def _arith_block(
     cdp = _fastpath.decode_plan(cp)
     declined = np.empty(hi - lo, np.uint8)
     n_declined = hi - lo
-    if tracing or not fast_op:
+    if not fast_op:
         declined[:] = 1
+    elif tracing:  # the fast path with the trace's columns: exact result and flags
+        n_declined = 0
+        base = np.uint64(lo)
+        no_carry = op == MUL  # a product has no addend to compare its binade with
+        for k in range(hi - lo):
+            ui = base + np.uint64(k)
+            oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)
+            okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
+            okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
+            u, v = _exact_sum_operands(op, x, y, z)
+            s, t = _core.two_sum(u, v)
+            rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
+            ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
+            ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
+            ref = max((_core.f64_bits(u) >> 52) & 0x7FF, (_core.f64_bits(v) >> 52) & 0x7FF) - 1023
+            okf, fl = _fastpath.fast_flags_dd(s, t, enc, plan, _core.NO_CARRY_REF if no_carry else ref)
+            ok &= okf
+            out[ui] = enc
+            ex_hi[ui] = s
+            ex_lo[ui] = t
+            flags[ui] = fl
+            declined[np.uint64(k)] = 1 - ok
+            n_declined += 1 - ok
     else:
         n_declined = 0
         base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters

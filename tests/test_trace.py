@@ -191,3 +191,75 @@ def test_flags_come_from_one_table():
     assert trace.FLAG_DOC == dict(flags.FLAGS)
     doc = (Path(__file__).resolve().parents[1] / "docs" / "emufloat.md").read_text()
     assert re.findall(r"^\| `([A-Z_]+)` \|", doc, re.M) == [n.upper() for n in names]
+
+
+def _flag_oracle(exact: Fraction, rounded: Fraction, ref: int | None, p: int, emin: int) -> Flag:
+    """The flags of one rounding from the exact and rounded values alone (p significand bits, emin)."""
+    f = Flag(0)
+    if exact != rounded:
+        f |= Flag.INEXACT
+    if exact == 0:
+        return f
+    e = _binade(exact)
+    scaled = abs(exact) / Fraction(2) ** ((max(e, emin)) - (p - 1))
+    frac = scaled - (scaled.numerator // scaled.denominator)
+    if frac >= Fraction(1, 2):
+        f |= Flag.TIE
+    if frac not in (0, Fraction(1, 2)):
+        f |= Flag.STICKY
+    if ref is not None and e > ref:
+        f |= Flag.CARRY
+    if rounded != 0 and e >= emin and _binade(rounded) > e:
+        f |= Flag.ROUND_CARRY
+    if abs(rounded) > abs(exact):
+        f |= Flag.AWAY
+    if e < emin and exact != rounded:
+        f |= Flag.UNDERFLOW
+    return f
+
+
+def _binade(v: Fraction) -> int:
+    v = abs(v)
+    e = v.numerator.bit_length() - v.denominator.bit_length()
+    return e if Fraction(2) ** e <= v else e - 1
+
+
+CHECKED = Flag.INEXACT | Flag.TIE | Flag.STICKY | Flag.CARRY | Flag.ROUND_CARRY | Flag.AWAY | Flag.UNDERFLOW
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "e4m3fn", "fp32"])
+@pytest.mark.parametrize("mode", ["rne", "rtz", "rup", "rdown", "rna", "rto", "sr"])
+def test_flags_against_exact_arithmetic(fmt, mode):
+    """Every rounding flag of traced add, sub, mul and fma, from the exact and rounded values as Fractions:
+    same-format operands (the kernels' narrow fast path) over a few binades, so that ties, carries and
+    carries out of rounding are common, plus a spread that reaches subnormals."""
+    f = ef.as_format(fmt)
+    rnd = ef.stochastic(bits=4, seed=3) if mode == "sr" else mode
+    rng = np.random.default_rng(11)
+    n = 600
+    spread = np.where(rng.random(n) < 0.8, rng.integers(-2, 3, n), rng.integers(-140, 20, n))
+    draws = (ef.quantize(rng.standard_normal(n) * np.exp2(spread), f) for _ in range(3))
+    a, b, c = (np.where(np.isfinite(x.astype(np.float64)), x, x.dtype.type(1)) for x in draws)  # no NaN operands
+    emin = 1 - f.bias
+    for name, op, args in [
+        ("add", ef.add, (a, b)),
+        ("sub", ef.sub, (a, b)),
+        ("mul", ef.mul, (a, b)),
+        ("fma", ef.fma, (a, b, c)),
+    ]:
+        tr = ef.Trace()
+        out = op(*args, fmt, rnd, trace=tr)
+        vals = [[Fraction(float(x)) for x in arr.astype(np.float64)] for arr in args]
+        rounded = out.astype(np.float64)
+        for i in range(n):
+            if not np.isfinite(rounded[i]) or Flag(int(tr.flags[i])) & Flag.OVERFLOW:
+                continue
+            x = [v[i] for v in vals]
+            terms = [x[0] * x[1], x[2]] if name == "fma" else [x[0] * x[1]] if name == "mul" else [x[0], x[1]]
+            if name == "sub":
+                terms[1] = -terms[1]
+            exact = sum(terms)
+            ref = None if name == "mul" else max((_binade(t) for t in terms if t != 0), default=None)
+            want = _flag_oracle(exact, Fraction(float(rounded[i])), ref, f.precision, emin)
+            got = Flag(int(tr.flags[i])) & CHECKED
+            assert got == want, (name, i, float(exact), float(rounded[i]), got, want)

@@ -43,6 +43,41 @@ def threads_for(n: int):
         set_(before)
 
 
+# dtypes a small call takes as they are, and their encodings' unsigned dtypes
+UINT_OF: dict[np.dtype, np.dtype] = {dt: f.uint for dt, f in _FORMAT_OF_DTYPE.items()}
+
+
+def small_operands(values, limit: int = SERIAL_BELOW) -> tuple | None:
+    """(shape, dtypes...) of operands a small call's cached lane takes: numpy arrays of one shape with fewer
+    than ``limit`` elements, writable and C-contiguous, of a known float dtype; None otherwise."""
+    shape = None
+    key = []
+    for v in values:
+        if type(v) is not np.ndarray or v.dtype not in UINT_OF:
+            return None
+        if shape is None:
+            shape = v.shape
+            if v.size >= limit:
+                return None
+        elif v.shape != shape:
+            return None
+        flags = v.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        key.append(v.dtype)
+    return (shape, *key)
+
+
+def entry_point(dispatcher, args: tuple):
+    """The compiled function a Numba dispatcher runs for ``args`` (compiled or loaded first if need be): called
+    directly, it skips the dispatcher's typing of every argument, microseconds a call."""
+    sig = tuple(dispatcher.typeof_pyval(a) for a in args)
+    if sig not in dispatcher.overloads:
+        dispatcher(*args)
+    cres = dispatcher.overloads.get(sig)
+    return dispatcher if cres is None else cres.entry_point
+
+
 def as_float_array(x: object, argname: str) -> np.ndarray:
     """``x`` as a float array with a known encoding; Python scalars become float64.
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import NamedTuple
+
 import numba as nb
 import numpy as np
 
@@ -83,7 +86,49 @@ def _cast_kernel(src, src_params, out, params, mode, seed, srbits, ex_hi, flags,
     return bad
 
 
+class _SmallCast(NamedTuple):
+    """What a small untraced cast with one key (format, rounding, source dtype and shape, bits or values)
+    resolves once: the serial block function's compiled entry point and its arguments."""
+
+    kernel: Callable
+    fmt: Format
+    uint: np.dtype  # the source encodings' unsigned dtype
+    widen: bool  # widen the source encodings to uint32
+    src_params: tuple
+    out_dtype: np.dtype
+    tail: tuple  # the block function's arguments after the output, up to its element range
+    result_dtype: np.dtype | None  # the result's dtype: the format's carrier, or None for its encodings
+
+
+_SMALL_CASTS: dict[tuple, _SmallCast] = {}
+
+
+def _small_cast(call: _SmallCast, src: np.ndarray) -> np.ndarray:
+    """One cast through a resolved :class:`_SmallCast`: the block function over all elements, serial."""
+    bits = src.view(call.uint).reshape(-1)
+    if call.widen:
+        bits = bits.astype(np.uint32)
+    n = bits.size
+    out = np.empty(n, call.out_dtype)
+    bad = call.kernel(bits, call.src_params, out, *call.tail, 0, n)
+    if bad:
+        _arrays.check_no_nan_format(bad, call.fmt, "x")
+    if out.dtype != call.fmt.uint:
+        out = out.astype(call.fmt.uint)
+    return (out if call.result_dtype is None else out.view(call.result_dtype)).reshape(src.shape)
+
+
 def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
+    key = None
+    if trace is None and out is None:
+        arrays = _arrays.small_operands((x,))
+        try:
+            key = None if arrays is None else (fmt, rounding, as_bits, *arrays)
+            call = _SMALL_CASTS.get(key) if key is not None else None
+        except TypeError:  # an unhashable fmt or rounding: the general path says what is wrong with it
+            key = call = None
+        if call is not None:
+            return _small_cast(call, x)
     src = _arrays.as_float_array(x, "x")
     fmt = as_format(fmt)
     rnd = as_rounding(rounding)
@@ -113,6 +158,14 @@ def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
         result = _arrays.output_bits(out, fmt).reshape(src.shape)
     else:
         result = _arrays.finish_output(out, fmt, src.shape, into)
+    if key is not None and (as_bits or fmt.dtype is not None):
+        tail = (fmt.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, flags, False)
+        entry = _arrays.entry_point(_cast_block, (bits, sfmt.params, out, *tail, 0, 0))
+        uint = _arrays.UINT_OF[src.dtype]
+        widen = bits.dtype == np.uint32 and np.dtype(uint).itemsize < 4
+        _SMALL_CASTS[key] = _SmallCast(
+            entry, fmt, uint, widen, sfmt.params, out.dtype, tail, None if as_bits else fmt.dtype
+        )
     if tracing:
         trace.record(
             Chunk(

@@ -13,6 +13,8 @@ write into and return, as numpy's ufuncs do (it may be one of the operands).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import numba as nb
 import numpy as np
@@ -286,7 +288,64 @@ def _arith_kernel(
     return bad
 
 
+class _SmallCall(NamedTuple):
+    """What a small untraced call with one key (op, formats, rounding, operand dtypes and shape) resolves once:
+    the serial block function's compiled entry point and its arguments but the operands and the output."""
+
+    kernel: Callable
+    name: str  # the operation's, for errors
+    fmt: Format
+    code: int  # the kernel's operation code
+    uints: tuple[np.dtype, ...]  # per operand: the unsigned dtype of its encodings
+    widen: bool  # the operands' encodings widened to uint32 (else passed as they are)
+    tables: tuple[tuple, ...]  # per operand (decode table, format params), padded to three operands
+    out_dtype: np.dtype
+    tail: tuple  # the block function's arguments after the output, up to its element range
+
+
+_SMALL_CALLS: dict[tuple, _SmallCall] = {}
+
+
+def _small_key(op_code, extra_code, operands, fmt, rounding) -> tuple | None:
+    """The cache key of an untraced call whose operands the small-call lane takes (float64 ones aside: their
+    values need a per-call check); None for any other call (the general path takes it)."""
+    arrays = _arrays.small_operands(operands.values())
+    if arrays is None or np.float64 in arrays[1:]:
+        return None
+    return (op_code, extra_code, fmt, rounding, *arrays)
+
+
+def _small_apply(call: _SmallCall, operands) -> np.ndarray:
+    """One call through a resolved :class:`_SmallCall`: the block function over all elements, serial."""
+    vals = tuple(operands.values())
+    bits = [v.view(u).reshape(-1) for v, u in zip(vals, call.uints, strict=True)]
+    if call.widen:
+        bits = [b.astype(np.uint32, copy=False) for b in bits]
+    a = bits[0]
+    b = bits[1] if len(bits) > 1 else a
+    c = bits[2] if len(bits) > 2 else a
+    (ta, pa), (tb, pb), (tc, pc) = call.tables
+    n = a.size
+    out = np.empty(n, call.out_dtype)
+    bad = call.kernel(call.code, a, ta, pa, b, tb, pb, c, tc, pc, out, *call.tail, 0, n)
+    if bad:
+        _arrays.check_no_nan_format(bad, call.fmt, call.name)
+    if out.dtype != call.fmt.uint:
+        out = out.astype(call.fmt.uint)
+    return out.view(call.fmt.dtype).reshape(vals[0].shape)
+
+
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
+    if trace is None and out is None:
+        try:
+            key = _small_key(op_code, extra_code, operands, fmt, rounding)
+            call = _SMALL_CALLS.get(key) if key is not None else None
+        except TypeError:  # an unhashable fmt or rounding: the general path says what is wrong with it
+            key = call = None
+        if call is not None:
+            return _small_apply(call, operands)
+    else:
+        key = None
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
     f = _arrays.result_format(fmt, arrays)
     rnd = as_rounding(rounding)
@@ -326,6 +385,8 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
         )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape, into)
+    if key is not None and f.dtype is not None and f.width <= 32:
+        _SMALL_CALLS[key] = _resolve_small(op_name, f, flat, out.dtype, narrow, arrays, code, rnd)
     if tracing:
         trace.record(
             Chunk(
@@ -342,6 +403,23 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
             )
         )
     return result
+
+
+def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _SmallCall:
+    """The :class:`_SmallCall` of a call the general path has just run (so the block function is compiled)."""
+    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *_arrays.empty_trace_columns(0, False), False)
+    args = (code, *flat[0], *flat[1], *flat[2], np.empty(0, out_dtype), *tail, 0, 0)
+    return _SmallCall(
+        kernel=_arrays.entry_point(_arith_block, args),
+        name=op_name,
+        fmt=f,
+        code=code,
+        uints=tuple(_arrays.UINT_OF[a.dtype] for a in arrays.values()),
+        widen=flat[0][0].dtype == np.uint32 and any(a.dtype.itemsize < 4 for a in arrays.values()),
+        tables=tuple(x[1:] for x in flat),
+        out_dtype=out_dtype,
+        tail=tail,
+    )
 
 
 Array = np.ndarray | float

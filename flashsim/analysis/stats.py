@@ -241,10 +241,13 @@ def _ppf(p: float, sf, pdf, start: float) -> float:
     return x if p > 0.5 else -x
 
 
-@functools.lru_cache(maxsize=4096)
 def t_ppf(p: float, df: float) -> float:
     """The quantile of Student's t: t with P(T <= t) = p (``df=inf``: the normal's)."""
-    p, df = _check_prob(p), _check_df(df)
+    return _t_ppf(_check_prob(p), _check_df(df))
+
+
+@functools.lru_cache(maxsize=4096)  # intervals and TOST of a table ask for the same few quantiles
+def _t_ppf(p: float, df: float) -> float:
     if math.isinf(df):
         return norm_ppf(p)
     start = math.sqrt(-2.0 * math.log(min(p, 1.0 - p)))

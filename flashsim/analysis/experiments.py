@@ -134,8 +134,76 @@ class BiasResult:
     delta: Bias
 
 
+@dataclass(frozen=True)
+class Reference:
+    """FP64 attention on the rows' inputs: O (rows, 1, d) and delta = rowsum(dO * O) (rows,), as float64."""
+
+    o: np.ndarray
+    delta: np.ndarray
+
+
+@dataclass(frozen=True)
+class RowErrors:
+    """One softmax variant under one policy, per row against FP64 (arrays of length rows, float64 unless said).
+
+    ``o``: the row's mean over the head dimension of O - O_fp64; ``delta``: delta - delta_fp64; ``ties``: the
+    row's count of maxima (int64, from the inputs); ``o_ulp``: the row's mean over the head dimension of the
+    ulp of O_fp64 in the policy's output format (``o / o_ulp`` is the row's error in ulps); ``delta_ulp``: the
+    ulp of delta_fp64 in the format the policy stores delta in.  NaN or infinite errors are kept as they are.
+    """
+
+    o: np.ndarray
+    delta: np.ndarray
+    ties: np.ndarray
+    o_ulp: np.ndarray
+    delta_ulp: np.ndarray
+
+
 def _rows_slice(rows: BiasRows, sl: slice) -> BiasRows:
     return BiasRows(rows.q[sl], rows.k[sl], rows.v[sl], rows.do[sl], rows.ties[sl], rows.description)
+
+
+def reference(rows: BiasRows) -> Reference:
+    """The FP64 reference every policy and variant on ``rows`` is measured against (compute it once)."""
+    gold = flash_forward(rows.q, rows.k, rows.v, FP64_GOLDEN, sm_scale=1.0).o
+    return Reference(gold, np.sum(arith.f64(rows.do) * gold, axis=-1).ravel())
+
+
+def row_errors(
+    rows: BiasRows,
+    policy: Policy | str,
+    softmaxes: Sequence[str | SoftmaxVariant],
+    *,
+    block_n: int | None = None,
+    ref: Reference | None = None,
+) -> dict[str, RowErrors]:
+    """Per-row errors of O and delta for each variant (by name) under ``policy`` against FP64.
+
+    ``block_n``: the K/V tile width (default: the policy's); ``ref``: :func:`reference` of ``rows`` when it is
+    already at hand (it must be of the same rows).  Rows are independent heads: any split of the rows gives
+    the same per-row values.
+    """
+    pol = get_policy(policy)
+    variants = [get_softmax(sm) for sm in softmaxes]
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"softmaxes: two variants share a name ({', '.join(names)}); run them in separate calls")
+    n = rows.q.shape[0]
+    gold = reference(rows) if ref is None else ref
+    if gold.o.shape[0] != n or gold.delta.shape != (n,):
+        raise ValueError(f"ref: a reference of {gold.o.shape[0]} rows for {n} rows; pass reference(rows)")
+    o_ulp = np.asarray(pol.output.fmt.ulp(gold.o), np.float64).mean(axis=-1).ravel()
+    delta_ulp = np.asarray(pol.delta.fmt.ulp(gold.delta), np.float64).ravel()
+    ties = np.asarray(rows.ties, np.int64)
+    out = {}
+    for variant in variants:
+        o = flash_forward(rows.q, rows.k, rows.v, pol, softmax=variant, sm_scale=1.0, block_n=block_n).o
+        delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, o.shape[-1]), pol.delta)
+        with np.errstate(invalid="ignore"):
+            err_o = (arith.f64(o) - gold.o).mean(axis=-1).ravel()
+            err_d = arith.f64(delta).ravel() - gold.delta
+        out[variant.name] = RowErrors(err_o, err_d, ties, o_ulp, delta_ulp)
+    return out
 
 
 def bias_rows(
@@ -146,7 +214,8 @@ def bias_rows(
     chunk: int | None = None,
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
 ) -> list[BiasResult]:
-    """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs.
+    """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs
+    (:func:`row_errors`, summarised by :func:`~flashsim.analysis.bias.bias`).
 
     Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once;
     ``progress(iterable, total, description)`` wraps the loop over chunks (e.g. a progress bar).
@@ -156,21 +225,21 @@ def bias_rows(
     n = rows.q.shape[0]
     step = n if chunk is None else max(1, int(chunk))
     parts = [slice(i, min(i + step, n)) for i in range(0, n, step)]
-    err_o: dict[str, list[np.ndarray]] = {v.name: [] for v in variants}
-    err_d: dict[str, list[np.ndarray]] = {v.name: [] for v in variants}
+    found: list[dict[str, RowErrors]] = []
     wrap = progress or (lambda it, _n, _what: it)
     for sl in wrap(parts, len(parts), f"{pol.name}: rows in chunks of {step}"):
-        part = _rows_slice(rows, sl)
-        gold = flash_forward(part.q, part.k, part.v, FP64_GOLDEN, sm_scale=1.0).o
-        delta_gold = np.sum(arith.f64(part.do) * gold, axis=-1)
-        for variant in variants:
-            o = flash_forward(part.q, part.k, part.v, pol, softmax=variant, sm_scale=1.0).o
-            delta = delta_rowsum(part.do.reshape(-1, part.do.shape[-1]), o.reshape(-1, o.shape[-1]), pol.delta)
-            with np.errstate(invalid="ignore"):
-                err_o[variant.name].append((arith.f64(o) - gold).mean(axis=-1).ravel())
-                err_d[variant.name].append(arith.f64(delta).ravel() - delta_gold.ravel())
+        found.append(row_errors(_rows_slice(rows, sl), pol, variants))
+
+    def joined(name: str, what: str) -> np.ndarray:
+        return np.concatenate([getattr(part[name], what) for part in found])
+
     return [
-        BiasResult(v.name, bias(np.concatenate(err_o[v.name])), bias(np.concatenate(err_d[v.name]))) for v in variants
+        BiasResult(
+            v.name,
+            bias(joined(v.name, "o"), joined(v.name, "o_ulp")),
+            bias(joined(v.name, "delta"), joined(v.name, "delta_ulp")),
+        )
+        for v in variants
     ]
 
 
@@ -207,9 +276,13 @@ def format_bias_table(results: Sequence[BiasResult], title: str = "") -> str:
 __all__ = [
     "BiasRows",
     "BiasResult",
+    "Reference",
+    "RowErrors",
     "V_DISTRIBUTIONS",
     "repeated_maxima_rows",
     "rows_in_format",
+    "reference",
+    "row_errors",
     "bias_rows",
     "format_bias_table",
 ]

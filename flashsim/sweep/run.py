@@ -1,0 +1,228 @@
+"""Running a sweep on dask.distributed: plan what is left, compute it on a cluster, store each result as it lands.
+
+A LocalCluster of processes by default (one per core, one thread each, ``NUMBA_NUM_THREADS=1`` so that the
+workers do not contend for the cores), or an existing cluster by its scheduler's address.  The client (this
+process) plans the tasks from what the output folder already holds, writes every finished task and cell
+(:mod:`flashsim.sweep.store`), and shows cells done, rows per second and the time left.  The workers only
+compute (:func:`flashsim.sweep.work.compute_task`): they need the same Python packages, not the folder.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .spec import Group, SpecError, SweepSpec, describe
+from .store import Store, open_store
+from .work import Task, compute_task
+
+
+class TaskError(SpecError):
+    """A task failed on a worker: the cell's settings cannot be computed (the message names the group)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run has to do: the tasks to compute, and groups whose chunks are all there but not their cells."""
+
+    tasks: tuple[Task, ...]
+    ready: tuple[Group, ...]
+    n_cells: int
+    done_before: int
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """What one run did.  ``cell_rows``: rows computed, counted once per cell (a row under one policy, tile and
+    softmax variant); ``seconds``: from the first task submitted to the last result stored."""
+
+    n_cells: int
+    done_before: int
+    written: int
+    tasks: int
+    cell_rows: int
+    seconds: float
+    startup_seconds: float
+    dashboard: str
+
+    @property
+    def rows_per_second(self) -> float:
+        return self.cell_rows / self.seconds if self.seconds > 0 else float("nan")
+
+
+def plan(spec: SweepSpec, store: Store) -> Plan:
+    """The tasks still to compute: for each group with a cell not yet written, its chunks not yet written."""
+    done = store.done_cells()
+    tasks: list[Task] = []
+    ready: list[Group] = []
+    for group in spec.groups():
+        cells = spec.cells(group)
+        if all(c.id in done for c in cells):
+            shutil.rmtree(store.chunk_dir(group), ignore_errors=True)  # a run killed after its last cell
+            continue
+        have = store.done_chunks(group)
+        missing = [(first, n) for first, n in spec.chunks() if first not in have]
+        if missing:
+            tasks.extend(Task(group, first, n, tuple(cells)) for first, n in missing)
+        else:
+            ready.append(group)
+    n_cells = len(spec.cells())
+    return Plan(tuple(tasks), tuple(ready), n_cells, len(done & {c.id for c in spec.cells()}))
+
+
+def _describe_group(group: Group) -> str:
+    return (
+        f"family {group.family.label}, seed {group.seed}, n_keys {group.n_keys}, head_dim {group.head_dim}, "
+        f"format {group.fmt}"
+    )
+
+
+def _start_client(scheduler: str | None, workers: int | None):
+    """(client, cluster or None, dashboard link or a note)."""
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise SpecError("sweep: needs dask.distributed: pip install 'lowprec-attention[sweep]'") from None
+    if scheduler is not None:
+        try:
+            client = Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise SpecError(f"--scheduler: cannot connect to {scheduler} ({type(exc).__name__}: {exc})") from None
+        return client, None, client.dashboard_link or "(the cluster has no dashboard)"
+    has_bokeh = importlib.util.find_spec("bokeh") is not None
+    cluster = LocalCluster(
+        n_workers=workers or os.cpu_count() or 1,
+        threads_per_worker=1,
+        processes=True,
+        silence_logs=logging.ERROR,
+        dashboard_address=":8787" if has_bokeh else None,
+        env={"NUMBA_NUM_THREADS": "1"},
+    )
+    client = Client(cluster)
+    link = (
+        client.dashboard_link if has_bokeh else "(no dashboard: it needs bokeh; pip install 'lowprec-attention[sweep]')"
+    )
+    return client, cluster, link
+
+
+def _bar(total: int, quiet: bool):
+    from tqdm import tqdm
+
+    return tqdm(
+        total=total,
+        unit="row",
+        unit_scale=True,
+        disable=quiet,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        bar_format="{desc} {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} cell-rows [{elapsed}<{remaining}, {rate_fmt}]",
+    )
+
+
+def run_sweep(
+    spec: SweepSpec,
+    out: str | Path,
+    *,
+    scheduler: str | None = None,
+    workers: int | None = None,
+    quiet: bool = False,
+    spec_text: str | None = None,
+    say: Callable[[str], None] | None = None,
+) -> SweepResult:
+    """Compute every cell of ``spec`` not yet in ``out``; finished cells and tasks are kept when interrupted.
+
+    ``scheduler``: an existing cluster's address (default: a LocalCluster of ``workers`` processes, one per
+    core); ``say``: where the one-line messages go (default: stderr, nothing when ``quiet``).
+    """
+    if workers is not None and scheduler is not None:
+        raise SpecError("--workers: only for the local cluster; with --scheduler the cluster's workers are used")
+    if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
+        raise SpecError(f"--workers: expected an integer >= 1, got {workers!r}")
+    say = say or ((lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
+    store = open_store(out, spec, spec_text)
+    todo = plan(spec, store)
+    say(f"flashsim sweep {spec.name}: {describe(spec)}; {todo.done_before} finished before, in {store.root}")
+    written = 0
+    for group in todo.ready:
+        written += len(store.finish_group(group, spec.cells(group)))
+    if not todo.tasks:
+        say(f"flashsim sweep {spec.name}: all {todo.n_cells} cells finished")
+        return SweepResult(todo.n_cells, todo.done_before, written, 0, 0, 0.0, 0.0, "")
+
+    t0 = time.perf_counter()
+    client, cluster, dashboard = _start_client(scheduler, workers)
+    startup = time.perf_counter() - t0
+    n_workers = len(client.scheduler_info().get("workers", {}))
+    say(f"flashsim sweep {spec.name}: dashboard {dashboard} ({n_workers} workers, {len(todo.tasks)} tasks)")
+    groups = {g.id: i for i, g in enumerate(spec.groups())}
+    pending: dict[str, set[int]] = {}
+    for t in todo.tasks:
+        pending.setdefault(t.group.id, set()).add(t.first_row)
+    run_id = uuid.uuid4().hex[:8]
+    futures = {}
+    cell_rows = 0
+    done = todo.done_before + written
+    bar = _bar(sum(t.n_rows * len(t.cells) for t in todo.tasks), quiet)
+    bar.set_description(f"cells {done}/{todo.n_cells}")
+    t1 = time.perf_counter()
+    try:
+        from distributed import as_completed
+
+        for t in todo.tasks:
+            fut = client.submit(
+                compute_task, t, key=f"{t.key}-{run_id}", priority=len(groups) - groups[t.group.id], pure=False
+            )
+            futures[fut] = t
+        for fut in as_completed(list(futures)):
+            task = futures[fut]
+            try:
+                results = fut.result()
+            except Exception as exc:  # noqa: BLE001 - a worker's failure, reported with the group it was on
+                raise TaskError(
+                    f"sweep: a task failed ({_describe_group(task.group)}, rows {task.first_row}.."
+                    f"{task.first_row + task.n_rows - 1}): {type(exc).__name__}: {exc}; finished cells are kept"
+                ) from exc
+            store.write_chunk(task.group, task.first_row, results)
+            cell_rows += task.n_rows * len(task.cells)
+            bar.update(task.n_rows * len(task.cells))
+            left = pending[task.group.id]
+            left.discard(task.first_row)
+            if not left:
+                n = len(store.finish_group(task.group, list(task.cells)))
+                written += n
+                done += n
+                bar.set_description(f"cells {done}/{todo.n_cells}")
+    except KeyboardInterrupt:
+        bar.close()
+        say(
+            f"flashsim sweep {spec.name}: interrupted; {done} of {todo.n_cells} cells finished and kept in "
+            f"{store.root} (run the same command again to go on)"
+        )
+        raise
+    finally:
+        bar.close()
+        client.cancel(list(futures))
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    seconds = time.perf_counter() - t1
+    result = SweepResult(
+        todo.n_cells, todo.done_before, written, len(todo.tasks), cell_rows, seconds, startup, dashboard
+    )
+    say(
+        f"flashsim sweep {spec.name}: {done} of {todo.n_cells} cells finished ({written} now), "
+        f"{cell_rows} cell-rows in {seconds:.1f} s = {result.rows_per_second:.1f} cell-rows/s "
+        f"(cluster start {startup:.1f} s)"
+    )
+    return result
+
+
+__all__ = ["Plan", "SweepResult", "TaskError", "plan", "run_sweep"]

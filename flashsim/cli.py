@@ -7,6 +7,8 @@ runs the built-in row (:func:`flashsim.examples.builtin_row`: repeated maxima, m
 
 ``flashsim bias-rows``: many random rows with repeated maxima; does O (and delta) lean, per variant.
 ``flashsim crosscheck RUN.npz``: a kernel run recorded on a GPU against the emulator, bit for bit.
+``flashsim sweep SPEC``: a grid of bias experiments on dask.distributed into Parquet, resumable
+(``flashsim sweep report DIR``: its tables and plots).
 
 Bad input ends with one line naming the argument and exit status 2 (flashsim.console); NaN or infinite
 values in the inputs are refused unless ``--allow-nonfinite``, and non-finite outputs head the report.
@@ -388,6 +390,85 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
     return 0 if n_exact == len(paths) else 1
 
 
+# ---- sweep ------------------------------------------------------------------------------------------
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Check the spec, then compute what the output folder does not hold yet."""
+    from .sweep import load_spec
+    from .sweep.run import run_sweep
+
+    spec = load_spec(args.spec)
+    _positive(args.workers, "--workers")
+    if args.workers is not None and args.scheduler is not None:
+        raise UsageError("--workers: only for the local cluster; with --scheduler the cluster's workers are used")
+    out = writable_dir(args.out if args.out else Path("sweeps") / spec.name, "--out")
+    res = run_sweep(
+        spec,
+        out,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        quiet=args.quiet,
+        spec_text=Path(args.spec).read_text(),
+    )
+    if not args.quiet:
+        print(
+            f"{res.done_before + res.written} of {res.n_cells} cells in {out / 'cells'}; "
+            f"this run: {res.written} cells, {res.cell_rows} cell-rows"
+            + (f" at {res.rows_per_second:.1f} cell-rows/s" if res.cell_rows else "")
+            + f"; tables and plots: flashsim sweep report {out}"
+        )
+    return 0
+
+
+def cmd_sweep_report(args: argparse.Namespace) -> int:
+    """Tables (markdown, CSV, JSON) and plots from a sweep's Parquet files."""
+    from .sweep.report import build_report, format_markdown, write_report
+
+    if not Path(args.dir).is_dir():
+        raise UsageError(f"DIR: no such folder: {args.dir}")
+    rep = build_report(args.dir, margin=args.margin, method=args.correction)
+    folder = writable_dir(args.out if args.out else Path(args.dir) / "report", "--out")
+    files, note = write_report(rep, folder, plots=not args.no_plots)
+    if not args.quiet:
+        print(format_markdown(rep))
+        if note:
+            print(note)
+        print("written: " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def build_sweep_report_parser() -> argparse.ArgumentParser:
+    """``flashsim sweep report DIR``: a parser of its own, as ``flashsim sweep`` takes a spec file."""
+    from .sweep.report import DEFAULT_MARGIN
+
+    rp = ArgumentParser(
+        prog="flashsim sweep report",
+        description="Tables (summary.md, summary.csv, summary.json) and plots (o.png, delta.png) of a sweep, from its "
+        "Parquet files alone: per setting (seeds pooled) the mean signed error of O and of delta with its t "
+        "interval, the sign test, the t-test of 0 and TOST of |mean| < margin, corrected across the table.",
+    )
+    rp.add_argument("dir", metavar="DIR", help="the sweep's output folder (flashsim sweep --out)")
+    rp.add_argument(
+        "--margin",
+        type=float,
+        default=DEFAULT_MARGIN,
+        metavar="M",
+        help=f"equivalence margin of O's mean error (delta's: head_dim x M); default {DEFAULT_MARGIN:g}, a tenth "
+        "of the reference policy's lean on repeated maxima",
+    )
+    rp.add_argument(
+        "--correction",
+        choices=("holm", "bh"),
+        default="holm",
+        help="multiple-comparison correction across the table: holm (family-wise, default) or bh "
+        "(false discovery rate)",
+    )
+    rp.add_argument("--out", metavar="FOLDER", help="where to write the report (default DIR/report)")
+    rp.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    rp.add_argument("--quiet", action="store_true", help="print nothing; only write the files")
+    rp.set_defaults(func=cmd_sweep_report, command="sweep report")
+    return rp
+
+
 # ---- the parser -------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(
@@ -521,19 +602,45 @@ def build_parser() -> argparse.ArgumentParser:
     cc.add_argument("runs", nargs="+", metavar="RUN", help="run files, or folders of them")
     cc.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical; no progress bar")
     cc.set_defaults(func=cmd_crosscheck)
+
+    sw = sub.add_parser(
+        "sweep",
+        help="a grid of bias experiments on dask.distributed into Parquet, resumable (and: sweep report DIR)",
+        description="Compute a declarative grid (a TOML spec: policies x softmax variants x keys x tiles x head "
+        "dimensions x input families x formats x seeds, rows per cell) on dask.distributed, one Parquet file per "
+        "cell, written atomically; run the same command again after an interruption (even kill -9) to go on "
+        "without losing or redoing finished work. 'flashsim sweep report DIR' writes its tables and plots "
+        "(see flashsim sweep report --help; docs/sweeps.md).",
+    )
+    sw.add_argument("spec", metavar="SPEC", help="the sweep's TOML spec (e.g. examples/sweep_small.toml)")
+    sw.add_argument("--out", metavar="DIR", help="output folder (default ./sweeps/NAME, NAME the spec's name)")
+    sw.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="an existing Dask cluster's scheduler (e.g. tcp://10.0.0.5:8786); default: a local cluster",
+    )
+    sw.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="processes of the local cluster (one thread each); default: one per core",
+    )
+    sw.add_argument("--quiet", action="store_true", help="no progress bar or messages")
+    sw.set_defaults(func=cmd_sweep)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_sweep_report_parser() if argv[:2] == ["sweep", "report"] else build_parser()
+    args = parser.parse_args(argv[2:] if argv[:2] == ["sweep", "report"] else argv)
     if args.command is None:
         parser.print_help()
         return 2
     return run_command(f"flashsim {args.command}", lambda: args.func(args), quiet=getattr(args, "quiet", False))
 
 
-__all__ = ["InputError", "auto_row", "build_parser", "main"]
+__all__ = ["InputError", "auto_row", "build_parser", "build_sweep_report_parser", "main"]
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -305,6 +305,12 @@ def _family(value, path: str) -> FamilyEntry:
     try:
         fam.check_params(params)
     except ValueError as exc:
+        unknown = sorted(set(params) - set(fam.params()))
+        if unknown:
+            accepted = ", ".join(fam.params()) or "none"
+            raise _fail(
+                f"{path}.{unknown[0]}", f"not a parameter of the family {fam.name}; accepted: {accepted}"
+            ) from None
         raise _fail(path, str(exc)) from None
     if not label:
         shown = ", ".join(f"{k}={json.dumps(v)}" for k, v in sorted(params.items()))

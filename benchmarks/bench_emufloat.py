@@ -12,10 +12,12 @@ used meanwhile (see OtherLoad).
     PYTHONPATH=. python benchmarks/bench_emufloat.py --quick    # n = 2**18, a smoke run
     PYTHONPATH=. python benchmarks/bench_emufloat.py --small    # per-call cost at n = 1, 2**12, 2**16
 
-Baselines: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays), numpy, and torch's CPU kernels
-when torch is installed (its default threads).  Rows marked "out=" write into a preallocated array on both
-sides (``ef.quantize(x, fmt, out=buf)`` against ``np.copyto(buf, x, casting="unsafe")``); the others
-allocate their output on every call, as most users' calls do.
+Baselines: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays), numpy, torch's CPU kernels
+when torch is installed (its default threads), and CPFloat (C, OpenMP, as many threads as Numba's), built
+from source at start-up by benchmarks/_cpfloat.py (``--cpfloat-src PATH`` or ``CPFLOAT_SRC``: a checkout or
+a git directory; otherwise a shallow clone), its rows skipped with one line saying why when that fails.
+Rows marked "out=" write into a preallocated array on both sides (``ef.quantize(x, fmt, out=buf)`` against
+``np.copyto(buf, x, casting="unsafe")``); the others allocate their output on every call, as most users' calls do.
 
 Every callable runs once untimed first (Numba compilation or cache loading),
 then a parallel kernel runs for ``--spin-up`` seconds, then each row's
@@ -46,6 +48,8 @@ import numba
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import _cpfloat  # noqa: E402  (next to this file)
 
 import emufloat as ef  # noqa: E402
 
@@ -82,6 +86,7 @@ class Row:
     goal: float | None = None
     note: str = ""
     compare: bool = False  # the baseline computes the same correctly rounded result
+    check: Callable[[], str] | None = None  # "same bits" where outputs are not directly comparable
 
 
 def _busy_seconds() -> float | None:
@@ -125,7 +130,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def make_rows(n: int, seed: int) -> list[Row]:
+def make_rows(n: int, seed: int, cpf: _cpfloat.CPFloat | None = None) -> list[Row]:
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n, dtype=np.float32)
     bf = ml_dtypes.bfloat16
@@ -164,6 +169,7 @@ def make_rows(n: int, seed: int) -> list[Row]:
         ),
     ]
     rows += torch_rows(x, a, b)
+    rows += [] if cpf is None else cpfloat_rows(x, a, b, cpf)
     return rows + [
         Row("cast f32->bf16 rne", cast("bf16"), "ml_dtypes astype(bfloat16)", lambda: x.astype(bf), 1.0, compare=True),
         Row(
@@ -229,6 +235,84 @@ def torch_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[Row]:
         Row("add bf16", lambda: ef.add(a, b), f"{threads}: a + b", lambda: at + bt),
         Row("mul bf16", lambda: ef.mul(a, b), f"{threads}: a * b", lambda: at * bt),
     ]
+
+
+def cpfloat_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray, cpf: _cpfloat.CPFloat) -> list[Row]:
+    """emufloat against CPFloat on the same values, allocating and into preallocated arrays.
+
+    CPFloat reads and writes float32 (the bf16 operands widened once, untimed), so "same bits" compares
+    emufloat's output widened to float32 with CPFloat's.  Its E4M3 is not e4m3fn (largest value 480, no
+    reserved NaN pattern): the two differ for 464 < |x| < 496 and for NaN inputs (benchmarks/cpfloat_bits.py).
+    """
+    n = x.size
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    bf_buf, f8_buf = np.empty(n, ml_dtypes.bfloat16), np.empty(n, ml_dtypes.float8_e4m3fn)
+    f32_buf = np.empty(n, np.float32)
+    name = f"CPFloat {cpf.threads} threads"
+    bf16, e4m3 = _cpfloat.BF16, _cpfloat.E4M3
+
+    def row(label, emu, emu_out, base, base_out, what):
+        def check(emu=emu, base=base):
+            return _cpfloat.same_values(emu(), base())
+
+        return [
+            Row(label, emu, f"{name}: {what}", base, check=check),
+            Row(f"{label}, out=", emu_out, f"{name}: {what}, out=", base_out),
+        ]
+
+    return [
+        *row(
+            "cast f32->bf16 rne",
+            lambda: ef.quantize(x, "bf16"),
+            lambda: ef.quantize(x, "bf16", out=bf_buf),
+            lambda: cpf.round(x, bf16),
+            lambda: cpf.round(x, bf16, out=f32_buf),
+            "cpfloatf bf16",
+        ),
+        *row(
+            "cast f32->e4m3fn rne",
+            lambda: ef.quantize(x, "e4m3fn"),
+            lambda: ef.quantize(x, "e4m3fn", out=f8_buf),
+            lambda: cpf.round(x, e4m3),
+            lambda: cpf.round(x, e4m3, out=f32_buf),
+            "cpfloatf E4M3",
+        ),
+        *row(
+            "add bf16",
+            lambda: ef.add(a, b),
+            lambda: ef.add(a, b, out=bf_buf),
+            lambda: cpf.add(a32, b32, bf16),
+            lambda: cpf.add(a32, b32, bf16, out=f32_buf),
+            "cpf_addf bf16",
+        ),
+        *row(
+            "mul bf16",
+            lambda: ef.mul(a, b),
+            lambda: ef.mul(a, b, out=bf_buf),
+            lambda: cpf.mul(a32, b32, bf16),
+            lambda: cpf.mul(a32, b32, bf16, out=f32_buf),
+            "cpf_mulf bf16",
+        ),
+    ]
+
+
+def load_cpfloat(src: str | None, threads: int) -> _cpfloat.CPFloat | None:
+    """CPFloat built from ``src`` (else CPFLOAT_SRC, else a clone), with ``threads`` OpenMP threads; a
+    header line saying what was built, or why there are no CPFloat rows."""
+    env = os.environ.get("CPFLOAT_SRC") or None
+    spec = src if src is not None else env
+    try:
+        cpf = _cpfloat.load(spec)
+    except _cpfloat.Unavailable as e:
+        origin = "--cpfloat-src" if src is not None else "CPFLOAT_SRC" if env is not None else "no CPFloat source given"
+        print(f"# CPFloat skipped ({origin}): {e}")
+        return None
+    cpf.set_threads(threads)
+    print(
+        f"# CPFloat: {cpf.source.origin}, built with {cpf.compiler} {' '.join(_cpfloat.CFLAGS)}, "
+        f"OpenMP threads {cpf.threads} (= Numba's)"
+    )
+    return cpf
 
 
 def small_table(repeat: int, seed: int) -> None:
@@ -316,11 +400,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
     add_common_args(p, "small run: n = 2**18, 3 repeats")
     p.add_argument("--small", action="store_true", help="only the per-call table: n = 1, 2**12, 2**16")
+    p.add_argument(
+        "--cpfloat-src",
+        default=None,
+        metavar="PATH",
+        help="CPFloat checkout or git directory for the CPFloat rows (default: $CPFLOAT_SRC, else a shallow clone)",
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.n, args.repeat = 1 << 18, 3
     if args.n < 1 or args.repeat < 1:
         p.error("--n and --repeat must be positive")
+    if args.cpfloat_src is not None and not _cpfloat.is_source(args.cpfloat_src):
+        p.error(f"--cpfloat-src {args.cpfloat_src!r} is not {_cpfloat.SOURCE_KINDS}")
     if args.threads is not None:
         numba.set_num_threads(args.threads)
     n = args.n
@@ -331,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
         small_table(args.repeat, args.seed)
         print_footer()
         return 0
+    cpf = load_cpfloat(args.cpfloat_src, numba.get_num_threads())
     print(
         f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
         f"{args.spin_up:g} s of spin-up; "
@@ -343,7 +436,7 @@ def main(argv: list[str] | None = None) -> int:
         "| other load |"
     )
     print("|---|---:|---:|---:|---|---:|---:|---|---|---:|")
-    rows = [r for r in make_rows(n, args.seed) if args.only in r.name]
+    rows = [r for r in make_rows(n, args.seed, cpf) if args.only in r.name or args.only in r.baseline_name]
     if not rows:
         p.error(f"--only {args.only!r} matches no row")
     for row in rows:  # compile or load every kernel first
@@ -372,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
         name = row.name + (f" ({row.note})" if row.note else "")
         load_s = "" if other.cores is None else f"{other.cores:.2f}"
         agree = same_bits(row.fn(), row.baseline()) if row.compare and row.baseline is not None else ""
+        agree = row.check() if row.check is not None else agree
         print(
             f"| {name} | {fmt_ns(t.best, n)} | {fmt_ns(t.median, n)} | {rate:.0f} | {row.baseline_name} | "
             f"{base_ns} | {ratio_s} | {goal} | {agree} | {load_s} |",

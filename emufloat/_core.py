@@ -54,7 +54,7 @@ def pow2(e: np.int64) -> np.float64:
     return bits_f64(np.int64(e + 1023) << 52)
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def decode_parts(enc: np.int64, params) -> tuple:
     """Split an encoding into (class, sign, significand, exponent): value = sig * 2**exp."""
     eb, mb, bias, spec, subn, _ovf = params
@@ -183,7 +183,7 @@ def enc_max(sign: np.int64, params) -> np.int64:
 
 
 # ---- the one rounding routine ------------------------------------------------
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> tuple:
     """Round (-1)**sign * (sig + f) * 2**exp to the format; return (encoding, flags).
 
@@ -347,7 +347,7 @@ def dd_parts(s, t) -> tuple:
     return sign, x, e - GUARD, sticky
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)
 def round_special(cls, sign, params) -> tuple:
     """Encoding and flags for a zero, infinite or NaN exact result."""
     if cls == CLS_ZERO:

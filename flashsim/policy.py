@@ -20,6 +20,7 @@ from importlib import metadata
 
 import emufloat as ef
 
+from . import plugins
 from .functions import get_function
 from .specs import (
     NUMPY,
@@ -280,7 +281,6 @@ def default_backward(policy: Policy) -> dict[str, object]:
 #: the entry-point group through which other packages provide policies (name -> "module:attribute")
 ENTRY_POINT_GROUP = "flashsim.policies"
 _REGISTRY: dict[str, Policy] = {}
-_PLUGINS: dict[str, metadata.EntryPoint] | None = None  # the group's entry points by name, read once
 ALIASES = {"golden": "fp64", "reference": "qiu_yao", "bf16": "baseline_bf16"}
 
 
@@ -290,10 +290,7 @@ class PolicyPluginError(ValueError):
 
 def _plugins() -> dict[str, metadata.EntryPoint]:
     """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
-    global _PLUGINS
-    if _PLUGINS is None:
-        _PLUGINS = {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    return _PLUGINS
+    return plugins.entry_points(ENTRY_POINT_GROUP)
 
 
 def _load_plugin(name: str) -> Policy | None:
@@ -301,20 +298,7 @@ def _load_plugin(name: str) -> Policy | None:
     ep = _plugins().get(name)
     if ep is None:
         return None
-    where = f"the policy plugin {name!r} ({ep.value}, entry-point group {ENTRY_POINT_GROUP!r})"
-    try:
-        obj = ep.load()
-        policy = obj if isinstance(obj, Policy) or not callable(obj) else obj()
-    except Exception as exc:  # noqa: BLE001 - any failure of a third party's import or factory
-        raise PolicyPluginError(f"policy: {where} failed to load: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(policy, Policy):
-        raise PolicyPluginError(
-            f"policy: {where} gave a {type(policy).__name__}; expected a Policy or a function returning one"
-        )
-    if policy.name != name:
-        raise PolicyPluginError(
-            f"policy: {where} gave a policy named {policy.name!r}; the entry point's name must be the policy's name"
-        )
+    policy = plugins.load_entry_point(ep, Policy, "policy", PolicyPluginError)
     _REGISTRY[name] = policy
     return policy
 

@@ -20,7 +20,9 @@ Everything here reads a finished :class:`~flashsim.stepper.RowStepper` (one row 
 The modules: :mod:`~flashsim.analysis.maxima`, :mod:`~flashsim.analysis.errors` (per step, non-finite
 values), :mod:`~flashsim.analysis.bias` (bias, error budget, fingerprint), :mod:`~flashsim.analysis.row`
 (one row), and the experiment and reports built on them: :mod:`~flashsim.analysis.experiments`
-(``flashsim bias-rows``) and :mod:`~flashsim.analysis.report` (``flashsim trace-row``'s report and plots).
+(``flashsim bias-rows``) and :mod:`~flashsim.analysis.report` (``flashsim trace-row``'s report and plots);
+:mod:`~flashsim.analysis.stats` (the statistics every report uses: intervals, sign test, TOST equivalence,
+Holm/BH correction, verdicts) and :mod:`~flashsim.analysis.families` (input families as plug-ins).
 """
 
 from .bias import Bias, ErrorBudget, POneRounding, bias, error_budget, p_one_rounding, reference_run
@@ -34,11 +36,24 @@ from .errors import (
     output_nonfinite,
     step_errors,
 )
+from .families import Family, family_names, get_family
 from .maxima import Maxima, find_maxima, round_to_one_band, row_maxima
 from .row import BlockRow, RowAnalysis, analyse_row, analyse_run
+from .stats import Summary, Tost, adjust, mean_ci, summarize, summary_table, tost, verdict
 
 __all__ = [
     "Bias",
+    "Family",
+    "Summary",
+    "Tost",
+    "adjust",
+    "family_names",
+    "get_family",
+    "mean_ci",
+    "summarize",
+    "summary_table",
+    "tost",
+    "verdict",
     "BlockRow",
     "ErrorBudget",
     "Maxima",

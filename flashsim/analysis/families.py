@@ -31,6 +31,7 @@ import numpy as np
 
 import emufloat as ef
 
+from .. import plugins
 from .experiments import V_DISTRIBUTIONS, BiasRows, repeated_maxima_rows
 
 #: the entry-point group through which other packages provide families (name -> "module:attribute")
@@ -383,10 +384,9 @@ class FamilyPluginError(ValueError):
     """A family provided through the entry-point group failed to load, or is not what it claims to be."""
 
 
-@functools.cache
 def _plugins() -> dict[str, metadata.EntryPoint]:
     """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
-    return {ep.name: ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    return plugins.entry_points(ENTRY_POINT_GROUP)
 
 
 def _load_plugin(name: str) -> Family | None:
@@ -394,18 +394,7 @@ def _load_plugin(name: str) -> Family | None:
     ep = _plugins().get(name)
     if ep is None:
         return None
-    where = f"the family plugin {name!r} ({ep.value}, entry-point group {ENTRY_POINT_GROUP!r})"
-    try:
-        obj = ep.load()
-        family = obj if isinstance(obj, Family) or not callable(obj) else obj()
-    except Exception as exc:  # noqa: BLE001 - any failure of a third party's import or factory
-        raise FamilyPluginError(f"family: {where} failed to load: {type(exc).__name__}: {exc}") from exc
-    if not isinstance(family, Family):
-        raise FamilyPluginError(
-            f"family: {where} gave a {type(family).__name__}; expected a Family or a function returning one"
-        )
-    if family.name != name:
-        raise FamilyPluginError(f"family: {where} gave a family named {family.name!r}; the names must agree")
+    family = plugins.load_entry_point(ep, Family, "family", FamilyPluginError)
     FAMILIES[name] = family
     return family
 

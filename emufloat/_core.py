@@ -28,6 +28,7 @@ CLS_ZERO, CLS_FINITE, CLS_INF, CLS_NAN = 0, 1, 2, 3
 NO_NAN = -1  # encoding sentinel: the format has no NaN (callers raise)
 NO_CARRY_REF = 1 << 20  # carry reference for ops without operands to compare with
 FP64_PARAMS = (11, 52, 1023, SPEC_IEEE, 1, OVF_INF)  # Format.params of FP64
+FP32_PARAMS = (8, 23, 127, SPEC_IEEE, 1, OVF_INF)  # Format.params of FP32
 
 _M52 = (1 << 52) - 1
 
@@ -41,6 +42,11 @@ def bitlen(x: np.int64) -> np.int64:
 @nb.njit(inline="always", cache=True)
 def f64_bits(x: np.float64) -> np.int64:
     return np.int64(np.float64(x).view(np.uint64))
+
+
+@nb.njit(inline="always", cache=True)
+def f32_bits(x: np.float32) -> np.int64:
+    return np.int64(np.float32(x).view(np.uint32))
 
 
 @nb.njit(inline="always", cache=True)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from ._core import AWAY, CARRY, INEXACT, ROUND_CARRY, SPEC_FNUZ, STICKY, TIE, bits_f64, enc_max, f64_bits
+from ._core import AWAY, CARRY, INEXACT, ROUND_CARRY, SPEC_FNUZ, SPEC_IEEE, STICKY, TIE, bits_f64, enc_max, f64_bits
 from .rounding import RDOWN, RNA, RNE, RTO, RUP, SR
 
 BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
@@ -167,6 +167,29 @@ def fast_flags_dd(s, t, enc, plan, carry_ref) -> tuple:
     nonzero = np.int64(mag != 0)
     ok = np.int64((r >> plan.dst_man_bits) >= 2) | (1 - nonzero)
     return ok, fl * nonzero
+
+
+@nb.njit(inline="always", cache=True)
+def single_rounding_ok(op_is_add_sub_mul, mode, ap, bp, params) -> bool:
+    """True when float32 arithmetic then one rounding into the format gives the correctly rounded result.
+
+    Round-to-nearest of a float32 sum, difference or product of two p-bit operands is innocuous when
+    24 >= 2p + 2 (Figueroa, "When is double rounding innocuous?", 1995): so for add, sub and mul of two
+    operands of the result's own format with at most 11 significand bits (fp16, bf16, the fp8s) whose
+    exponent range lies within float32's, under round-to-nearest-even.  Non-normal operands and results
+    outside the fast path's range still go to the general path.
+    """
+    eb, mb, bias, spec, _subn, _ovf = params
+    top = (np.int64(1) << eb) - (2 if spec == SPEC_IEEE else 1)  # the largest exponent field of a finite value
+    return (
+        op_is_add_sub_mul
+        and mode == RNE
+        and ap == params
+        and bp == params
+        and mb <= 10
+        and 1 - bias >= -126
+        and top - bias <= 127
+    )
 
 
 class DecodePlan(NamedTuple):

@@ -138,6 +138,21 @@ def _arith_block(
             flags[ui] = fl
             declined[np.uint64(k)] = 1 - ok
             n_declined += 1 - ok
+    elif _fastpath.single_rounding_ok(op == ADD or op == SUB or op == MUL, mode, ap, bp, params):
+        n_declined = 0  # float32 arithmetic, then one rounding: twice the lanes of float64's
+        plan32 = _fastpath.fast_plan(_core.FP32_PARAMS, params, mode, srbits)
+        base = np.uint64(lo)
+        for k in range(hi - lo):
+            ui = base + np.uint64(k)
+            oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)
+            okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
+            xf, yf = np.float32(x), np.float32(y)
+            r = xf * yf if op == MUL else (xf - yf if op == SUB else xf + yf)
+            ok, enc = _fastpath.fast_round(_core.f32_bits(r), plan32, 0)
+            ok &= oka & okb
+            out[ui] = enc
+            declined[np.uint64(k)] = 1 - ok
+            n_declined += 1 - ok
     else:
         n_declined = 0
         base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters

@@ -9,6 +9,7 @@ compute (:func:`flashsim.sweep.work.compute_task`): they need the same Python pa
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -105,6 +106,7 @@ def _start_client(scheduler: str | None, workers: int | None):
         silence_logs=logging.ERROR,
         dashboard_address=":8787" if has_bokeh else None,
         env={"NUMBA_NUM_THREADS": "1"},
+        preload=["flashsim.sweep.quiet_worker"],
     )
     client = Client(cluster)
     link = (
@@ -214,6 +216,8 @@ def run_sweep(
         if cluster is not None:
             cluster.close()
     seconds = time.perf_counter() - t1
+    with contextlib.suppress(OSError):  # the chunks folder, once no group has chunks left in it
+        (store.root / "chunks").rmdir()
     result = SweepResult(
         todo.n_cells, todo.done_before, written, len(todo.tasks), cell_rows, seconds, startup, dashboard
     )

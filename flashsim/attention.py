@@ -31,7 +31,7 @@ from emufloat.interop import to_numpy
 from . import arith
 from .functions import get_function
 from .policy import Policy, get_policy
-from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax
+from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
 from .specs import Func, Op
 
 LOG2E = 1.4426950408889634
@@ -326,8 +326,14 @@ def kv_steps(
         if visible is not None and local is not None:
             visible = visible[local]
         p, m, alpha = pipe.softmax_block(s, visible, m)
-        lsum.update(p, alpha)
-        pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+        if sums_cast_p(
+            pipe.softmax, pol.row_sum.fmt
+        ):  # l from P as cast for P V: the weights O is made with sum to l exactly
+            pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+            lsum.update(arith.cast(pl, _fmt_of(p)), alpha)
+        else:
+            lsum.update(p, alpha)
+            pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
             acc = arith.dot(pl, vc[j0 : cols.stop], pol.pv, c=acc, trace=trace, label="pv")

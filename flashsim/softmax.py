@@ -5,10 +5,14 @@ changes the rounding.  A variant is a small object with a ``name`` and one metho
 :meth:`SoftmaxVariant.block_max`, called once per K/V block (once per row for full attention).  The
 running max is then ``max(m_old, block_max(...))`` as usual, and the LSE stays m + log l.
 
-Variants: :class:`StandardSoftmax`, :class:`StabilisedSoftmax` (Qiu & Yao) and :class:`RobustSoftmax`
+Variants: :class:`StandardSoftmax`, :class:`StabilisedSoftmax` (Qiu & Yao), :class:`RobustSoftmax`
 (the project's, closing the fix's gaps: row max exactly 0, small |max| where exp still rounds to 1,
-ties split across K/V blocks, eps narrower than the round-to-1 band).  A new variant is a class with the
-same method; it receives the running max ``m_old`` and ``ctx.spec`` (how its own arithmetic rounds).
+ties split across K/V blocks, eps narrower than the round-to-1 band), :class:`DitheredSoftmax` (the
+robust variant's detection with a shift that varies from row to row, and l summed from P as cast) and
+:class:`CastSumSoftmax` (the standard shift, l summed from P as cast); see docs/fix.md.  A new variant is
+a class with the same method; it receives the running max ``m_old`` and ``ctx.spec`` (how its own
+arithmetic rounds).  A variant may also set ``l_from_cast_p``: the tiled forward then sums the normaliser
+l from P as cast for the P V product (:func:`sums_cast_p`).
 """
 
 from __future__ import annotations
@@ -197,12 +201,125 @@ class RobustSoftmax:
         return arith.cast(np.where(prone, arith.f64(m), r), spec.fmt)
 
 
+_GOLDEN = 0x9E3779B1  # 2**32 / golden ratio: spreads the XOR of a row's score bits before the finaliser
+
+
+def _fmix32(h: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 32-bit finaliser: every input bit flips each output bit with probability about 1/2."""
+    h = h.astype(np.uint64) & 0xFFFFFFFF
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & 0xFFFFFFFF
+    h ^= h >> 16
+    return h
+
+
+def row_dither(s: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
+    """A number in [0, 1) per row, a hash of the row's scores: the XOR of their FP32 bit patterns (masked entries
+    as 0), mixed by MurmurHash3's finaliser, top 24 bits.  Deterministic in the scores and cheap in a kernel
+    (one XOR reduction a block row); rows with bit-identical scores get the same value."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = np.asarray(s, dtype=np.float64).astype(np.float32).view(np.uint32)
+    if valid is not None:
+        bits = np.where(valid, bits, np.uint32(0))
+    x = np.bitwise_xor.reduce(bits, axis=-1).astype(np.uint64)
+    h = _fmix32((x * _GOLDEN) & 0xFFFFFFFF)
+    return (h >> 8).astype(np.float64) / float(1 << 24)
+
+
+@dataclass(frozen=True)
+class DitheredSoftmax:
+    """The fix derived from the mechanism of the fixes' lean (docs/fix.md): vary the shift, and sum l from P as cast.
+
+    Which block rows move: the robust variant's rule (:meth:`RobustSoftmax.tie_prone`: two entries within the
+    round-to-1 band of P's format, ``p_precision`` significand bits, or a running shift within that band of the
+    block's max).  By how much: ``shift = band + ln 2 * h`` with h in [0, 1) a hash of the block row's scores
+    (:func:`row_dither`), so the largest P, e**-shift, lies in (e**-band / 2, e**-band]: never exactly 1 and
+    never near underflow, and its rounding into P's format differs from row to row instead of being the same
+    constant (the cause of the robust variant's lean at r = 0, tiny |r| and |r| > 8).  And ``l_from_cast_p``:
+    the tiled forward sums l from P as cast for P V, so the weights sum to one exactly in real arithmetic and a
+    rounding common to P V and l cancels (the cause of the fixes' lean with an FP8 P).  Exact in real
+    arithmetic: any shift gives the same softmax, and LSE = m + log l describes the weights O was made with.
+    ``l_from_cast_p='auto'`` sums P as cast only where l is kept in FP32 or wider: a BF16 l rounds the sum of
+    k equal 8-bit P at a midpoint with a one-signed residual, the paper's mechanism moved into l (there the
+    dithered shift alone makes the rounding of P differ from row to row).
+    """
+
+    p_precision: int = 8
+    name: str = "dithered"
+    l_from_cast_p: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.p_precision, int) or not 2 <= self.p_precision <= 53:
+            raise ValueError(f"p_precision: significand bits of P's format, 2..53, got {self.p_precision!r}")
+        if self.l_from_cast_p not in (True, False, "auto"):
+            raise ValueError(f"l_from_cast_p: expected True, False or 'auto', got {self.l_from_cast_p!r}")
+
+    @property
+    def band(self) -> float:
+        """The robust variant's band for P's precision (natural-log units): the smallest shift."""
+        return RobustSoftmax(p_precision=self.p_precision).band
+
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
+        spec = ctx.spec
+        r = arith.f64(rowmax)
+        detect = RobustSoftmax(p_precision=self.p_precision)
+        prone = detect.tie_prone(s, valid, rowmax, m_old, ctx) & np.isfinite(r)
+        shift = (self.band + math.log(2.0) * row_dither(s, valid)) * ctx.units
+        shift = arith.cast(np.where(prone, shift, 0.0), spec.fmt)
+        m = arith.binary("add", rowmax, shift, spec, ctx.trace, ctx.label)
+        return arith.cast(np.where(prone, arith.f64(m), r), spec.fmt)
+
+
+@dataclass(frozen=True)
+class CastSumSoftmax:
+    """The standard shift (the row max), with l summed from P as cast for P V (``l_from_cast_p``, see
+    :class:`DitheredSoftmax`): O is then the exact weighted mean of V with the rounded weights, in real
+    arithmetic, so a rounding of P cannot lean O through the mismatch between P V and l."""
+
+    name: str = "cast_sum"
+    l_from_cast_p: bool | str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.l_from_cast_p not in (True, False, "auto"):
+            raise ValueError(f"l_from_cast_p: expected True, False or 'auto', got {self.l_from_cast_p!r}")
+
+    def block_max(
+        self, s: np.ndarray, valid: np.ndarray | None, rowmax: np.ndarray, m_old: np.ndarray, ctx: MaxContext
+    ) -> np.ndarray:
+        return arith.cast(rowmax, ctx.spec.fmt)
+
+
+#: the least significand bits l must be kept in for ``l_from_cast_p='auto'`` to sum P as cast (FP32)
+L_PRECISION_FOR_CAST_P = 24
+
+
+def sums_cast_p(variant: SoftmaxVariant, l_format) -> bool:
+    """Whether the tiled forward sums l from P as cast for P V instead of the exponentials as computed: the
+    variant's ``l_from_cast_p`` (absent: False; 'auto': when ``l_format``, the format l is kept in, has at least
+    :data:`L_PRECISION_FOR_CAST_P` significand bits)."""
+    how = getattr(variant, "l_from_cast_p", False)
+    if isinstance(how, str) and how == "auto":
+        return l_format.precision >= L_PRECISION_FOR_CAST_P
+    return bool(how)
+
+
 STANDARD = StandardSoftmax()
-VARIANTS = {"standard": StandardSoftmax, "stabilised": StabilisedSoftmax, "robust": RobustSoftmax}
+VARIANTS = {
+    "standard": StandardSoftmax,
+    "stabilised": StabilisedSoftmax,
+    "robust": RobustSoftmax,
+    "dithered": DitheredSoftmax,
+    "cast_sum": CastSumSoftmax,
+}
 
 
 def get_softmax(name: str | SoftmaxVariant, **params: float) -> SoftmaxVariant:
-    """A variant by name ('standard', 'stabilised', 'robust'), with its parameters; an object passes through."""
+    """A variant by name ('standard', 'stabilised', 'robust', 'dithered', 'cast_sum'), with its parameters; an
+    object passes through."""
     if isinstance(name, SoftmaxVariant) and not isinstance(name, str):
         return name
     if name not in VARIANTS:

@@ -382,7 +382,8 @@ def parse_spec(data: dict, source: str = "spec") -> SweepSpec:
     for what, found in (("softmaxes", labels), ("formats", list(formats)), ("families", [f.label for f in families])):
         for i, lab in enumerate(found):
             if lab in found[:i]:
-                raise _fail(f"{what}[{i}]", f"{lab!r} is listed twice (give the families distinct labels)")
+                hint = " (give the families distinct labels)" if what == "families" else ""
+                raise _fail(f"{what}[{i}]", f"{lab!r} is listed twice{hint}")
     if len({(f.name, f.params_json) for f in families}) != len(families):
         raise _fail("families", "the same family with the same parameters is listed twice")
     for i, fam in enumerate(families):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 from ..analysis.experiments import reference, row_errors, rows_in_format
@@ -52,7 +53,12 @@ def make_inputs(group: Group, first_row: int, n_rows: int):
 
 
 def compute_task(task: Task) -> dict[str, dict[str, np.ndarray]]:
-    """Each cell's per-row columns (:data:`ROW_COLUMNS`) on the task's rows, by cell id."""
+    """Each cell's per-row columns (:data:`ROW_COLUMNS`) on the task's rows, by cell id.
+
+    The emulator's kernels run on one Numba thread here (the parallelism is the workers'): several threads a
+    process on cores that other workers share spend most of their time waiting for each other.
+    """
+    numba.set_num_threads(1)
     rows = make_inputs(task.group, task.first_row, task.n_rows)
     ref = reference(rows)
     index = np.arange(task.first_row, task.first_row + task.n_rows, dtype=np.int64)

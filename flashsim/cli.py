@@ -38,7 +38,10 @@ from .policy import ALIASES, PolicyRef, get_policy, policy_names
 from .softmax import VARIANTS, StabilisedSoftmax, get_softmax
 from .stepper import step_rows
 from .userdata import InputError, load_qkv, pick_head
+from .warmup import compiling_alongside
 
+# commands whose first run compiles the traced kernels: a second process compiles half of them (flashsim.warmup)
+COMPILE_ALONGSIDE = ("trace-row", "bias-rows")
 SOFTMAX_SETS = {"both": ("standard", "stabilised"), "all": tuple(VARIANTS)}
 # The estimate of a traced row with its FP64 reference: about this many bytes and seconds per key and head
 # dimension (d + dv) per softmax variant on a 2-core machine (docs/flashsim.md, "The command line").
@@ -637,7 +640,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    return run_command(f"flashsim {args.command}", lambda: args.func(args), quiet=getattr(args, "quiet", False))
+
+    def job() -> int:
+        with compiling_alongside(args.command in COMPILE_ALONGSIDE):
+            return args.func(args)
+
+    return run_command(f"flashsim {args.command}", job, quiet=getattr(args, "quiet", False))
 
 
 __all__ = ["InputError", "auto_row", "build_parser", "build_sweep_report_parser", "main"]

@@ -295,6 +295,19 @@ def test_command_writes_report_json_and_plots(tmp_path, capsys):
     for fig in gd.FIGURES:
         assert (out / f"golden_{fig}.png").stat().st_size > 0
     assert "written:" in capsys.readouterr().out
+    again = tmp_path / "again"  # the report rebuilt from the JSON alone is the same report
+    assert gd.main(["--from-json", str(out / "golden.json"), "--out", str(again), "--quiet", "--no-plots"]) == 0
+    assert (again / "golden.md").read_text() == text
+    assert not (again / "golden.json").exists()
+
+
+def test_from_json_refuses_other_files(tmp_path, capsys):
+    bad = tmp_path / "x.json"
+    bad.write_text('{"cells": []}')
+    for path in (bad, tmp_path / "missing.json"):
+        assert gd.main(["--from-json", str(path), "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("flashsim golden: error: --from-json:") and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -245,7 +246,7 @@ class GridConfig:
     tiles: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 4096)
     head_dim: int = 64
     rows: int = 64
-    explain_rows: int = 512  # the sample-size explanation's rows
+    explain_rows: int = 256  # the sample-size explanation's rows
 
 
 def precision_settings(g: GridConfig) -> list[Setting]:
@@ -371,8 +372,14 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--seq-tiles", default="16,64,256", metavar="LIST", help="B_c of FA1's lines in Fig. 5")
     p.add_argument("--tiles", default="16,32,64,128,256,512,1024,4096", metavar="LIST", help="B_c of Fig. 6")
     p.add_argument("--explain-block-n", type=int, default=32, metavar="B", help="B_c of the explanations; default 32")
-    p.add_argument("--explain-rows", type=int, default=512, metavar="N", help="rows of the sample-size explanation")
+    p.add_argument("--explain-rows", type=int, default=256, metavar="N", help="rows of the sample-size explanation")
     p.add_argument("--out", default="golden_out", metavar="DIR", help="output folder; default ./golden_out")
+    p.add_argument(
+        "--from-json",
+        metavar="FILE",
+        help="rebuild golden.md and the plots from a golden.json of an earlier run (nothing is computed; the grid "
+        "options are ignored)",
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     p.add_argument("--quiet", action="store_true", help="no progress bar; print only the file names")
     return p
@@ -405,21 +412,71 @@ def config_from_args(args) -> tuple[GridConfig, list[str], list[int]]:
     return g, figs, list(range(args.seeds))
 
 
+# ---- cells from a saved run --------------------------------------------------------------------------
+def _num(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def _deviation_from_dict(d: dict) -> Deviation:
+    return Deviation(**{f: int(v) if f in ("n", "excluded") else _num(v) for f, v in d.items()})
+
+
+def cell_from_dict(d: dict) -> CellResult:
+    """A :class:`CellResult` from its ``to_dict()`` form (JSON's None read back as NaN)."""
+    st = dict(d["setting"])
+    st["variant"] = Variant(**st["variant"])
+    devs = {k: _deviation_from_dict(d[k]) for k in ("flash_vs_baseline", "flash_vs_golden", "baseline_vs_golden")}
+    return CellResult(
+        setting=Setting(**st),
+        seed=int(d["seed"]),
+        nonfinite_flash=int(d["nonfinite_flash"]),
+        nonfinite_baseline=int(d["nonfinite_baseline"]),
+        elements=int(d["elements"]),
+        golden_max_abs=_num(d["golden_max_abs"]),
+        row_max_flash=tuple(_num(x) for x in d["row_max_flash"]),
+        row_max_baseline=tuple(_num(x) for x in d["row_max_baseline"]),
+        seconds=_num(d["seconds"]),
+        **devs,
+    )
+
+
+def load_run(path: str | Path) -> tuple[list[CellResult], GridConfig, list[str], list[int], float]:
+    """(cells, grid, figures, seeds, seconds) of a golden.json written by :func:`main`; UsageError naming
+    ``--from-json`` when the file cannot be read or is not one."""
+    try:
+        payload = json.loads(Path(path).read_text())
+        g = GridConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items()})
+        cells = [cell_from_dict(c) for c in payload["cells"]]
+        figs, seeds, seconds = list(payload["figures"]), [int(x) for x in payload["seeds"]], _num(payload["seconds"])
+    except OSError as exc:
+        raise UsageError(f"--from-json: cannot read {path} ({exc.strerror or exc})") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--from-json: {path} is not a golden.json written by flashsim golden ({exc})") from None
+    if not figs or any(f not in FIGURES for f in figs):
+        raise UsageError(f"--from-json: {path} names unknown figures {figs!r}")
+    return cells, g, figs, seeds, seconds
+
+
 def _run(args) -> int:
     from .golden_report import build_report, write_plots
 
-    g, figs, seeds = config_from_args(args)
     out = writable_dir(args.out, "--out")
-    settings = [s for f in figs for s in FIGURES[f](g)]
-    t0 = time.perf_counter()
-    results = run_grid(settings, seeds, quiet=args.quiet)
-    seconds = time.perf_counter() - t0
+    if args.from_json is not None:
+        results, g, figs, seeds, seconds = load_run(args.from_json)
+    else:
+        g, figs, seeds = config_from_args(args)
+        settings = [s for f in figs for s in FIGURES[f](g)]
+        t0 = time.perf_counter()
+        results = run_grid(settings, seeds, quiet=args.quiet)
+        seconds = time.perf_counter() - t0
     text = build_report(results, g, figs, seeds, seconds)
-    files = [out / "golden.md", out / "golden.json"]
+    files = [out / "golden.md"]
     files[0].write_text(text)
-    payload = {"config": dataclasses.asdict(g), "figures": figs, "seeds": seeds, "seconds": seconds}
-    payload["cells"] = [r.to_dict() for r in results]
-    files[1].write_text(json.dumps(jsonable(payload), indent=1))
+    if args.from_json is None:
+        payload = {"config": dataclasses.asdict(g), "figures": figs, "seeds": seeds, "seconds": seconds}
+        payload["cells"] = [r.to_dict() for r in results]
+        files.append(out / "golden.json")
+        files[1].write_text(json.dumps(jsonable(payload), indent=1))
     if not args.no_plots:
         made, note = write_plots(results, g, figs, out)
         files += made
@@ -447,6 +504,8 @@ __all__ = [
     "Setting",
     "baseline_output",
     "build_parser",
+    "cell_from_dict",
+    "load_run",
     "deviation",
     "draw_inputs",
     "explanation_label",

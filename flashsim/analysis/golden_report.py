@@ -426,13 +426,14 @@ def _lines(sums, x: str):
 
 def _plot_seqlen(plt, sums, results, g):
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
-    for (alg, bc), ss in _lines(sums, "n_keys").items():
+    for i, ((alg, bc), ss) in enumerate(_lines(sums, "n_keys").items()):
         ns = [s.setting.n_keys for s in ss]
         lab = f"{alg}, B_c={bc}"
-        _errbar(axes[0], ns, [s.fb_max for s in ss], label=lab)
-        axes[1].plot(ns, [s.fb_std for s in ss], marker="o", label=f"{lab}: std(F-B)")
-        axes[1].plot(ns, [abs(s.fb_mean) for s in ss], marker="x", linestyle=":", label=f"{lab}: abs mean(F-B)")
-        _errbar(axes[2], [n / bc for n in ns], [s.ratio for s in ss], label=lab)
+        color = f"C{i % 10}"  # one colour per line in every panel
+        _errbar(axes[0], ns, [s.fb_max for s in ss], label=lab, color=color)
+        axes[1].plot(ns, [s.fb_std for s in ss], marker="o", color=color, label=f"{lab}: std(F-B)")
+        axes[1].plot(ns, [abs(s.fb_mean) for s in ss], marker="x", linestyle=":", color=color, label=f"{lab}: abs mean")
+        _errbar(axes[2], [n / bc for n in ns], [s.ratio for s in ss], label=lab, color=color)
     axes[0].set_title("max abs(F-B) (Fig. 5a)")
     axes[1].set_title("mean and std of F-B (Fig. 5b)")
     axes[2].set_title("ratio max abs(F-G) / max abs(B-G) vs K/V blocks N/B_c")

@@ -332,3 +332,10 @@ def test_command_bad_arguments_one_line_status_2(args, match, tmp_path, capsys):
 def test_sram_sets_the_tile():
     args = gd.build_parser().parse_args(["--sram", "16384", "--head-dim", "64"])
     assert gd.config_from_args(args)[0].block_n == 64
+
+
+def test_flashsim_golden_is_a_subcommand(capsys):
+    from flashsim.cli import main
+
+    assert main(["golden", "--bogus"]) == 2
+    assert "flashsim golden: error" in capsys.readouterr().err

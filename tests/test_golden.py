@@ -337,5 +337,7 @@ def test_sram_sets_the_tile():
 def test_flashsim_golden_is_a_subcommand(capsys):
     from flashsim.cli import main
 
-    assert main(["golden", "--bogus"]) == 2
-    assert "flashsim golden: error" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["golden", "--bogus"])
+    assert exc.value.code == 2
+    assert "flashsim golden: error: unrecognized arguments: --bogus" in capsys.readouterr().err

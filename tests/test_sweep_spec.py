@@ -289,6 +289,9 @@ def test_report_statistics_match_scipy(tmp_path):
     assert all(r["correction"] == f"bh over {p.size} tests" for r in rep.rows)
     md = format_markdown(rep)
     assert md.startswith("- NON-FINITE") and "### O" in md and "### delta" in md
+    # settings that vary are columns; those the same in every row are said once
+    assert "| family | block_n | softmax |" not in md and "| softmax | block_n | family |" in md
+    assert "in every row: policy " in md and "| n_keys |" not in md
     files, note = write_report(rep, tmp_path / "rep", plots=False)
     assert note is None and {f.name for f in files} == {"summary.md", "summary.csv", "summary.json"}
     assert (tmp_path / "rep" / "summary.csv").read_text().count("\n") == len(rep.rows) + 1

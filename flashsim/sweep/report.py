@@ -94,21 +94,25 @@ def _p(x: float) -> str:
     return "nan" if math.isnan(x) else f"{x:.2g}"
 
 
-MD_HEADER = (
-    "| policy | softmax | n_keys | block_n | head_dim | family | format | n (excl.) | mean error [CI] | mean ulps | "
-    "+/- | sign p | t p (adj.) | TOST p (adj.) | verdict |"
-)
+STAT_HEADER = "n (excl.) | mean error [CI] | mean ulps | +/- | sign p | t p (adj.) | TOST p (adj.) | verdict"
 
 
 def format_markdown(report: Report) -> str:
-    """One markdown table per quantity (O, delta), the notes first."""
-    lines = [f"- {n}" for n in report.notes]
+    """One markdown table per quantity (O, delta), the notes first; a setting's column whose value is the same
+    in every row is said once in the notes instead."""
+    same = [k for k in KEY_COLUMNS if len({r[k] for r in report.rows}) == 1]
+    keys = [k for k in KEY_COLUMNS if k not in same]
+    notes = list(report.notes)
+    if same and report.rows:
+        notes.append("in every row: " + ", ".join(f"{k} {report.rows[0][k]}" for k in same))
+    lines = [f"- {n}" for n in notes]
+    header = "| " + " | ".join(keys) + " | " + STAT_HEADER + " |"
     for quantity in QUANTITIES:
-        lines += ["", f"### {quantity}", "", MD_HEADER, "|" + "---|" * MD_HEADER.count(" | ") + "---|"]
+        lines += ["", f"### {quantity}", "", header, "|" + "---|" * header.count(" | ") + "---|"]
         for r in report.rows:
             if r["quantity"] != quantity:
                 continue
-            cells = [str(r[k]) for k in KEY_COLUMNS]
+            cells = [str(r[k]) for k in keys]
             cells += [
                 f"{r['n']} ({r['excluded']})",
                 f"{_fmt(r['mean'])} [{_fmt(r['ci_low'])}, {_fmt(r['ci_high'])}]",

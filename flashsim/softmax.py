@@ -201,7 +201,7 @@ class RobustSoftmax:
         return arith.cast(np.where(prone, arith.f64(m), r), spec.fmt)
 
 
-_GOLDEN = 0x9E3779B1  # 2**32 / golden ratio: spreads the XOR of a row's score bits before the finaliser
+_GOLDEN = 0x9E3779B1  # 2**32 / golden ratio: the column weights of row_dither
 
 
 def _fmix32(h: np.ndarray) -> np.ndarray:
@@ -216,15 +216,19 @@ def _fmix32(h: np.ndarray) -> np.ndarray:
 
 
 def row_dither(s: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
-    """A number in [0, 1) per row, a hash of the row's scores: the XOR of their FP32 bit patterns (masked entries
-    as 0), mixed by MurmurHash3's finaliser, top 24 bits.  Deterministic in the scores and cheap in a kernel
-    (one XOR reduction a block row); rows with bit-identical scores get the same value."""
+    """A number in [0, 1) per row, a hash of the row's scores: their FP32 bit patterns (masked entries as 0)
+    weighted by an odd constant per column, (2j + 1) * 0x9E3779B1, summed mod 2**32 and mixed by MurmurHash3's
+    finaliser, top 24 bits.  The column weights keep the entropy of scores that vary in a few bits only (a
+    plain XOR of BF16 scores takes about 2**8 values).  Deterministic in the scores and cheap in a kernel (an
+    integer multiply-add per score, one reduction a block row); rows with bit-identical scores get the same
+    value."""
     with np.errstate(invalid="ignore", over="ignore"):
-        bits = np.asarray(s, dtype=np.float64).astype(np.float32).view(np.uint32)
+        bits = np.asarray(s, dtype=np.float64).astype(np.float32).view(np.uint32).astype(np.uint64)
     if valid is not None:
-        bits = np.where(valid, bits, np.uint32(0))
-    x = np.bitwise_xor.reduce(bits, axis=-1).astype(np.uint64)
-    h = _fmix32((x * _GOLDEN) & 0xFFFFFFFF)
+        bits = np.where(valid, bits, np.uint64(0))
+    weights = ((2 * np.arange(bits.shape[-1], dtype=np.uint64) + 1) * _GOLDEN) & 0xFFFFFFFF
+    x = np.sum(bits * weights, axis=-1, dtype=np.uint64) & 0xFFFFFFFF  # wraps mod 2**64, kept mod 2**32
+    h = _fmix32(x)
     return (h >> 8).astype(np.float64) / float(1 << 24)
 
 

@@ -3,9 +3,10 @@
     PYTHONPATH=. python tools/fix_table.py [--rows 2000] [--jobs 2] [--margin 1e-4] [--cache /tmp/fix_cache]
         [--policies triton_h100,...] [--cases zero,...] [--npz docs/data/fix_table.npz] [--markdown FILE]
 
-Each cell (policy, case) draws ``--rows`` rows of its input family (seed 1, d = 64), runs every variant the
-policy is measured with through :func:`flashsim.analysis.experiments.row_errors` and caches the per-row errors
-in ``--cache`` (one npz a cell; a cached cell is not recomputed).  The table summarises each (cell, variant)
+Each cell (policy, case) draws ``--rows`` rows of its input family (seed 1, d = 64) and runs each variant the
+policy is measured with through :func:`flashsim.analysis.experiments.row_errors`; the per-row errors of each
+(policy, case, variant) are cached in ``--cache`` (one npz each, never recomputed; ``--cached`` tables only
+those), the FP64 reference once per (input format, case).  The table summarises each (cell, variant)
 with :func:`flashsim.analysis.stats.summarize` at ``--margin`` and corrects the whole table with Holm
 (:func:`~flashsim.analysis.stats.summary_table`).  ``--npz`` keeps the per-row O errors (float32) and ulps.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import math
 import multiprocessing
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import emufloat as ef  # noqa: E402
 from emufloat.console import ArgumentParser  # noqa: E402
-from flashsim.analysis.experiments import BiasRows, reference, row_errors  # noqa: E402
+from flashsim.analysis.experiments import BiasRows, Reference, reference, row_errors  # noqa: E402
 from flashsim.analysis.families import get_family  # noqa: E402
 from flashsim.analysis.stats import summarize, summary_table  # noqa: E402
 from flashsim.console import UsageError, run_command  # noqa: E402
@@ -117,39 +119,52 @@ def cell_rows(case: Case, n_rows: int, inputs: str) -> BiasRows:
     return BiasRows(q, k, v, rows.do, ties, f"{rows.description}; q, k, v rounded to {inputs}")
 
 
-def run_cell(args: tuple[str, str, int, Path]) -> Path:
-    """Compute one (policy, case) cell and cache it; returns the cache file."""
-    pname, cname, n_rows, cache = args
-    out = cache / f"fix_{pname}_{cname}_{n_rows}.npz"
+def _cell_inputs(pname: str, cname: str, n_rows: int, cache: Path) -> tuple[BiasRows, Reference]:
+    """The cell's rows and their FP64 reference, the reference cached per (input format, case)."""
+    prow, case = POLICIES[pname], CASES[cname]
+    rows = cell_rows(case, n_rows, prow.inputs)
+    path = cache / f"ref_{prow.inputs}_{cname}_{n_rows}.npz"
+    if path.exists():
+        z = np.load(path)
+        return rows, Reference(z["o"], z["delta"])
+    ref = reference(rows)
+    _save(path, {"o": ref.o, "delta": ref.delta})
+    return rows, ref
+
+
+def _save(path: Path, arrays: dict) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def run_task(args: tuple[str, str, str, int, Path]) -> Path:
+    """Compute one (policy, case, variant) and cache it; returns the cache file."""
+    pname, cname, vname, n_rows, cache = args
+    out = cache / f"fix_{pname}_{cname}_{vname}_{n_rows}.npz"
     if out.exists():
         return out
     prow, case = POLICIES[pname], CASES[cname]
-    rows = cell_rows(case, n_rows, prow.inputs)
-    errs = row_errors(
-        rows, prow.policy(n_rows, case.n_keys), prow.variants(), block_n=case.block_n, ref=reference(rows)
-    )
-    first = next(iter(errs.values()))
-    arrays = {"o_ulp": first.o_ulp, "ties": first.ties}
-    for name, e in errs.items():
-        arrays[f"o_{name}"] = e.o
-        arrays[f"delta_{name}"] = e.delta
-    tmp = out.with_suffix(".tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(out)
+    rows, ref = _cell_inputs(pname, cname, n_rows, cache)
+    variant = next(v for v in prow.variants() if v.name == vname)
+    e = row_errors(rows, prow.policy(n_rows, case.n_keys), [variant], block_n=case.block_n, ref=ref)[vname]
+    _save(out, {"o": e.o, "delta": e.delta, "o_ulp": e.o_ulp, "ties": e.ties})
     return out
 
 
-def table(cells: dict[tuple[str, str], Path], margin: float) -> list[dict]:
-    """Summaries of every (cell, variant), Holm-corrected across the table, with the mean |error| ratio."""
+def table(cells: dict[tuple[str, str, str], Path], margin: float) -> list[dict]:
+    """Summaries of every (policy, case, variant), Holm-corrected across the table, with the mean |error| ratio
+    to the standard softmax's on the same rows (NaN where the standard was not run)."""
     found = []
-    for (pname, cname), path in cells.items():
+    for (pname, cname, vname), path in cells.items():
         z = np.load(path)
-        std_abs = float(np.mean(np.abs(z["o_standard"][np.isfinite(z["o_standard"])])))
-        for v in VARIANT_ORDER:
-            if f"o_{v}" not in z:
-                continue
-            s = summarize(z[f"o_{v}"], margin=margin, ulps=z["o_ulp"])
-            found.append(({"policy": pname, "case": cname, "softmax": v, "abs_ratio": s.mean_abs / std_abs}, s))
+        std = cells.get((pname, cname, "standard"))
+        std_abs = math.nan
+        if std is not None:
+            o = np.load(std)["o"]
+            std_abs = float(np.mean(np.abs(o[np.isfinite(o)])))
+        s = summarize(z["o"], margin=margin, ulps=z["o_ulp"])
+        found.append(({"policy": pname, "case": cname, "softmax": vname, "abs_ratio": s.mean_abs / std_abs}, s))
     return summary_table(found, method="holm")
 
 
@@ -176,15 +191,14 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def save_npz(path: Path, cells: dict[tuple[str, str], Path]) -> None:
-    """Per-row O errors (float32) and ulps of every cell, keys '<policy>/<case>/<what>'."""
+def save_npz(path: Path, cells: dict[tuple[str, str, str], Path]) -> None:
+    """Per-row O errors (float32) of every (policy, case, variant), keys '<policy>/<case>/<variant>', and each
+    row's O ulp ('<policy>/<case>/o_ulp')."""
     out = {}
-    for (pname, cname), p in cells.items():
+    for (pname, cname, vname), p in cells.items():
         z = np.load(p)
-        for key in z.files:
-            if key.startswith("o_") or key == "ties":
-                dtype = np.int16 if key == "ties" else np.float32
-                out[f"{pname}/{cname}/{key}"] = z[key].astype(dtype)
+        out[f"{pname}/{cname}/{vname}"] = z["o"].astype(np.float32)
+        out[f"{pname}/{cname}/o_ulp"] = z["o_ulp"].astype(np.float32)
     np.savez_compressed(path, **out)
 
 
@@ -204,8 +218,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/fix_cache"), help="per-cell npz cache folder")
     ap.add_argument("--policies", default=",".join(POLICIES), help=f"comma-separated, of {', '.join(POLICIES)}")
     ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    ap.add_argument(
+        "--softmaxes", default=",".join(VARIANT_ORDER), help=f"comma-separated, of {', '.join(VARIANT_ORDER)}"
+    )
     ap.add_argument("--npz", type=Path, help="write the per-row O errors here (e.g. docs/data/fix_table.npz)")
     ap.add_argument("--markdown", type=Path, help="write the markdown table here")
+    ap.add_argument("--cached", action="store_true", help="only the cells already in --cache (compute nothing)")
     args = ap.parse_args(argv)
 
     def run() -> int:
@@ -216,14 +234,25 @@ def main(argv: list[str] | None = None) -> int:
         if not (math.isfinite(args.margin) and args.margin > 0):
             raise UsageError(f"--margin: expected a positive finite number, got {args.margin}")
         pols, cases = _names(args.policies, POLICIES, "--policies"), _names(args.cases, CASES, "--cases")
+        softmaxes = _names(args.softmaxes, dict.fromkeys(VARIANT_ORDER), "--softmaxes")
         args.cache.mkdir(parents=True, exist_ok=True)
-        todo = [(p, c, args.rows, args.cache) for p in pols for c in cases]
+        todo = [
+            (p, c, v.name, args.rows, args.cache)
+            for p in pols
+            for c in cases
+            for v in POLICIES[p].variants()
+            if v.name in softmaxes
+            if not args.cached or (args.cache / f"fix_{p}_{c}_{v.name}_{args.rows}.npz").exists()
+        ]
+        if not todo:
+            raise UsageError("--cached: no cell of the table is cached yet")
         if args.jobs == 1:
-            paths = [run_cell(t) for t in todo]
+            paths = [run_task(t) for t in todo]
         else:
             with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-                paths = list(pool.imap(run_cell, todo))
-        cells = {(t[0], t[1]): p for t, p in zip(todo, paths, strict=True)}
+                paths = list(pool.imap_unordered(run_task, todo))
+            paths = [args.cache / f"fix_{t[0]}_{t[1]}_{t[2]}_{t[3]}.npz" for t in todo]
+        cells = {t[:3]: p for t, p in zip(todo, paths, strict=True)}
         text = markdown(table(cells, args.margin))
         print(text)
         if args.markdown:

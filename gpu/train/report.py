@@ -1,7 +1,8 @@
 """Plots and tables of the training runs (``gpu.train.train`` logs) and the emulator's lean of O on their
 samples (:mod:`gpu.train.lean`), for docs/training.md.  CPU only; matplotlib for the plots.
 
-    PYTHONPATH=. python -m gpu.train.report --runs out/train --lean gpu/data/train/lean.json --img docs/img
+    PYTHONPATH=. python -m gpu.train.report --runs out/train --lean gpu/data/train/lean.json --img docs/img \
+        --family flashsim/data/trained_attention.npz
 
 ``--runs``: a folder of NAME.json logs and, for the lean, NAME.npz samples (without them the lean is read
 back from ``--lean`` rather than computed).
@@ -194,6 +195,27 @@ def markdown(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def compact_markdown(tables: dict[str, list[dict]]) -> str:
+    """One row per run and layer: the three statistics' means with their intervals and verdicts side by side."""
+    short = {"equivalent to 0 within ±margin": "equivalent", "leans negative": "leans −", "leans positive": "leans +"}
+    head = (
+        "| run | layer | O = GPU's | signed: mean [95% CI] | verdict | away from 0: mean [95% CI] | sign p | verdict "
+        "| tie rows | away, tie rows: mean [95% CI] | verdict |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for a, b, c in zip(*(tables[k] for k in STATISTICS), strict=True):
+        cells = [f"{r['run']}", f"{r['layer']}", f"{r['identical']:.2%}"] if (r := a) else []
+        for t, extra in ((a, False), (b, True), (c, False)):
+            if t is c:
+                cells.append(str(t["n"]))
+            cells.append(f"{_e(t['mean'])} [{_e(t['ci_low'])}, {_e(t['ci_high'])}]")
+            if extra:
+                cells.append(_p(t["sign_p"]))
+            cells.append(short.get(t["verdict"], t["verdict"]))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def run_summary(logs: dict[str, dict], at: int = 3800) -> str:
     """A markdown table per run: card, steps, time, throughput, held-out loss at a few steps, W_Q norms."""
     head = (
@@ -216,6 +238,29 @@ def run_summary(logs: dict[str, dict], at: int = 3800) -> str:
     return "\n".join(lines)
 
 
+def write_family(folder: Path, run: str, out: Path) -> None:
+    """The sample of ``run`` as the data of a ``trained`` input family (issue 32): q, k, v bits (layers,
+    heads, N, d), the scale, the window's bytes, and in ``meta`` (JSON) the run's model, data, card and
+    per-layer score summaries."""
+    log = json.loads((Path(folder) / f"{run}.json").read_text())
+    with np.load(Path(folder) / f"{run}.npz") as z:
+        arrays = {n: z[f"sample/{n}"] for n in "qkv"}
+        tokens = z["sample/tokens"]
+    meta = {
+        "run": run,
+        "what": "q, k, v of every layer and head of one held-out window (bf16 bits, (layers, heads, N, d)), "
+        "causal self-attention with sm_scale = 1/sqrt(d), from gpu.train.train",
+        "model": log["model"],
+        "train": log["train"],
+        "data": log["data"],
+        "env": log["env"],
+        "steps_done": log["steps_done"],
+        "scores": log["scores"],
+    }
+    d = arrays["q"].shape[-1]
+    np.savez_compressed(out, **arrays, tokens=tokens, sm_scale=np.float64(1 / math.sqrt(d)), meta=json.dumps(meta))
+
+
 # ---- command line -----------------------------------------------------------------------------------
 def run(args) -> int:
     if not Path(args.lean).parent.is_dir():
@@ -229,6 +274,8 @@ def run(args) -> int:
         result = json.loads(Path(args.lean).read_text())
     else:
         raise UsageError(f"--runs: no samples (NAME.npz) in {args.runs} and no --lean file {args.lean}")
+    if args.family:
+        write_family(args.runs, "sdpa", args.family)
     if args.img:
         img = Path(args.img)
         img.mkdir(parents=True, exist_ok=True)
@@ -236,7 +283,9 @@ def run(args) -> int:
         plot_layers(logs, img / "training_repeated_maxima.png", "repeated_max", "bf16", "rows with repeated max")
         plot_layers(logs, img / "training_wq_norm.png", "wq_norm", None, "spectral norm of W_Q")
     print(run_summary(logs))
-    for stat, table in lean_tables(result).items():
+    tables = lean_tables(result)
+    print(f"\ncompact (margin {result['margin']:g}; Holm within each statistic)\n{compact_markdown(tables)}")
+    for stat, table in tables.items():
         print(f"\n{stat} (margin {result['margin']:g}; {table[0]['correction'] if table else ''})\n{markdown(table)}")
     return 0
 
@@ -247,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=Path, required=True, help="folder of NAME.json logs (and NAME.npz samples)")
     ap.add_argument("--lean", type=Path, required=True, help="JSON of the lean results (written if samples are there)")
     ap.add_argument("--img", type=Path, help="folder for training_*.png (none: no plots)")
+    ap.add_argument("--family", type=Path, help="write the sdpa run's sample here as a trained-family file")
     args = ap.parse_args(argv)
     return run_command(prog, lambda: run(args))
 

@@ -300,6 +300,35 @@ def test_lean_tables_correct_across_runs_and_layers():
     assert "| a | 1 | 100.0000% | 500 |" in report.markdown(tables["signed"])
 
 
+# ---- the recorded runs ----------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_recorded_runs_are_complete_and_finite():
+    for name in report.RUNS:
+        log = json.loads((ROOT / "gpu" / "data" / "train" / f"{name}.json").read_text())
+        assert log["nonfinite"] == {
+            "loss_steps": 0,
+            "grad_norm_steps": 0,
+            "first_loss_step": None,
+            "first_grad_norm_step": None,
+        }
+        assert len(log["loss"]) == log["steps_done"] >= 3800 and None not in log["loss"]
+        assert log["data"]["sha256"].startswith("473f4dde")
+    result = json.loads((ROOT / "gpu" / "data" / "train" / "lean.json").read_text())
+    assert set(result["runs"]) == set(report.RUNS) and result["margin"] == lean.MARGIN
+    assert all(rec["identical"] == 1.0 for run in result["runs"].values() for rec in run["layers"])
+
+
+def test_trained_family_file():
+    with np.load(ROOT / "flashsim" / "data" / "trained_attention.npz") as z:
+        assert z["q"].shape == z["k"].shape == z["v"].shape == (6, 4, 512, 64) and z["q"].dtype == np.uint16
+        assert float(z["sm_scale"]) == 0.125 and z["tokens"].shape == (513,)
+        meta = json.loads(str(z["meta"]))
+        q = z["q"].view(ml_dtypes.bfloat16).astype(np.float32)
+    assert meta["run"] == "sdpa" and len(meta["scores"]) == 6 and np.isfinite(q).all()
+
+
 # ---- command line -------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "argv, flag",

@@ -98,6 +98,22 @@ def _exact_sum_operands(op, x, y, z):
     return u, v
 
 
+@nb.njit(inline="always", cache=True)
+def _fast_element(op, a, b, c, ui, adp, bdp, cdp, plan, mode, rnd) -> tuple:
+    """The fast path of element ``ui`` of add, sub, mul or fma: (ok, encoding, u, v, s, t), where u + v is the
+    exact result as two addends and s + t the same as a double-double.  Not ok: an operand is not a normal
+    number or zero, the result needs the general path, or the exact sum is zero (its sign comes from the
+    rounding mode)."""
+    oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)  # FP32 too: no branch on the format here
+    okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
+    okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
+    u, v = _exact_sum_operands(op, x, y, z)
+    s, t = _core.two_sum(u, v)
+    ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
+    ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
+    return ok, enc, u, v, s, t
+
+
 @nb.njit(cache=True)
 def _arith_block(
     op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, lo, hi
@@ -121,14 +137,8 @@ def _arith_block(
         no_carry = op == MUL  # a product has no addend to compare its binade with
         for k in range(hi - lo):
             ui = base + np.uint64(k)
-            oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)
-            okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
-            okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
-            u, v = _exact_sum_operands(op, x, y, z)
-            s, t = _core.two_sum(u, v)
             rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
-            ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
-            ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
+            ok, enc, u, v, s, t = _fast_element(op, a, b, c, ui, adp, bdp, cdp, plan, mode, rnd)
             ref = max((_core.f64_bits(u) >> 52) & 0x7FF, (_core.f64_bits(v) >> 52) & 0x7FF) - 1023
             okf, fl = _fastpath.fast_flags_dd(s, t, enc, plan, _core.NO_CARRY_REF if no_carry else ref)
             ok &= okf
@@ -158,15 +168,8 @@ def _arith_block(
         base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
         for k in range(hi - lo):
             ui = base + np.uint64(k)
-            oka, x = _fastpath.fast_decode(np.int64(a[ui]), adp)  # FP32 too: no branch on the format here
-            okb, y = _fastpath.fast_decode(np.int64(b[ui]), bdp)
-            okc, z = _fastpath.fast_decode(np.int64(c[ui]), cdp)
-            u, v = _exact_sum_operands(op, x, y, z)
-            s, t = _core.two_sum(u, v)
             rnd = random_bits(seed, lo + k, srbits) if mode == SR else np.int64(0)
-            ok, enc = _fastpath.fast_round_dd(s, t, plan, mode, rnd)
-            # exact zero sums take their sign from the rounding mode: general path
-            ok &= oka & okb & okc & (np.int64(s != 0.0) | np.int64(op == MUL))
+            ok, enc, _u, _v, _s, _t = _fast_element(op, a, b, c, ui, adp, bdp, cdp, plan, mode, rnd)
             out[ui] = enc
             declined[np.uint64(k)] = 1 - ok
             n_declined += 1 - ok

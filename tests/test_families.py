@@ -259,3 +259,36 @@ def test_entry_point_families_load_when_asked_for():
         fam.register_family(fam.Family("toy", "again", fam.make_single))
     fam.register_family(fam.Family("mine", "registered here", fam.make_dense))
     assert fam.get_family("mine").make is fam.make_dense
+
+
+def test_trained_rows_are_windows_of_the_recorded_model():
+    """Each row's keys are n_keys consecutive positions of one (layer, head) of the recorded q, k, v, ending at
+    the query's own position (causal), and q is that position's query times 1/8 (exact)."""
+    from pathlib import Path
+
+    import ml_dtypes
+
+    path = Path(fam.__file__).parents[1] / "data" / "trained_attention.npz"
+    with np.load(path) as z:
+        q, k, v = (z[n].view(ml_dtypes.bfloat16).astype(np.float32) for n in ("q", "k", "v"))
+        assert float(z["sm_scale"]) == 0.125
+    rows = fam.get_family("trained").make(6, seed=4, n_keys=32, d=64)
+    for i in range(6):
+        hits = [
+            (li, hi, t)
+            for li in range(q.shape[0])
+            for hi in range(q.shape[1])
+            for t in range(31, q.shape[2])
+            if np.array_equal(rows.k[i], k[li, hi, t - 31 : t + 1]) and np.array_equal(rows.q[i, 0], q[li, hi, t] / 8)
+        ]
+        assert hits, f"row {i} is not a causal window of the recorded model"
+        li, hi, t = hits[0]
+        np.testing.assert_array_equal(rows.v[i], v[li, hi, t - 31 : t + 1])
+    layer2 = fam.get_family("trained").make(3, seed=4, n_keys=32, d=64, v="uniform", layer=2)
+    assert np.all(layer2.v < 0)
+    with pytest.raises(ValueError, match="d: the trained model's head dimension is 64"):
+        fam.get_family("trained").make(2, seed=0, n_keys=8, d=32)
+    with pytest.raises(ValueError, match="n_keys: the trained window has 512 positions"):
+        fam.get_family("trained").make(2, seed=0, n_keys=600, d=64)
+    with pytest.raises(ValueError, match="layer: expected 0..5"):
+        fam.get_family("trained").make(2, seed=0, n_keys=8, d=64, layer=6)

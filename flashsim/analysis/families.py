@@ -363,6 +363,70 @@ def make_sinks(
     return build_rows(n_rows, row, seed=seed, first_row=first_row, description=desc)
 
 
+#: q, k, v of a small GPT trained on the GPU (gpu.train; docs/training.md): bf16 bits, (layers, heads, N, d)
+TRAINED_DATA = "trained_attention.npz"
+
+
+@functools.cache
+def _trained() -> dict[str, np.ndarray]:
+    """The trained model's q, k, v as float64 values, and its softmax scale (package data, read once)."""
+    from importlib import resources
+
+    import ml_dtypes
+
+    with resources.files("flashsim").joinpath("data", TRAINED_DATA).open("rb") as fh, np.load(fh) as z:
+        out = {name: z[name].view(ml_dtypes.bfloat16).astype(np.float64) for name in ("q", "k", "v")}
+        out["sm_scale"] = float(z["sm_scale"])
+    return out
+
+
+@_strict
+def make_trained(
+    n_rows: int,
+    *,
+    seed: int,
+    n_keys: int,
+    d: int,
+    first_row: int = 0,
+    layer: int | None = None,
+    v: str = "trained",
+) -> BiasRows:
+    """Scores of a trained model: a small byte-level GPT trained on the GPU by ``gpu.train`` (6 layers, 4 heads,
+    d = 64; docs/training.md).  A row is a random (layer, head, query position t >= n_keys - 1) of one held-out
+    window, its keys the n_keys positions up to t (causal), q scaled by the model's 1/sqrt(d) (exact: a power
+    of two).  ``layer``: one layer only (default: all).  ``v``: 'trained' (the model's own V rows) or, to
+    isolate the scores' effect, 'uniform' / 'normal' as the other families; dO ~ N(-1, 0.5)."""
+    data = _trained()
+    layers, heads, n_pos, d_model = data["k"].shape
+    n_keys, d = _int(n_keys, "n_keys", 1), _int(d, "d", 1)
+    if d != d_model:
+        raise ValueError(f"d: the trained model's head dimension is {d_model}, got {d}")
+    if n_keys > n_pos:
+        raise ValueError(f"n_keys: the trained window has {n_pos} positions, got {n_keys}")
+    if layer is not None:
+        layer = _int(layer, "layer", 0)
+        if layer >= layers:
+            raise ValueError(f"layer: expected 0..{layers - 1}, got {layer}")
+    if v != "trained":
+        v = _v(v)
+    chosen = layer
+
+    def row(rng: np.random.Generator) -> RowInputs:
+        li = int(rng.integers(layers)) if chosen is None else chosen
+        hi, t = int(rng.integers(heads)), int(rng.integers(n_keys - 1, n_pos))
+        q = data["q"][li, hi, t] * data["sm_scale"]
+        k = data["k"][li, hi, t - n_keys + 1 : t + 1]
+        vv, do = _v_do(rng, "uniform" if v == "trained" else v, n_keys, d)
+        if v == "trained":
+            vv = data["v"][li, hi, t - n_keys + 1 : t + 1]
+        s = k @ q
+        return RowInputs(q, k, vv, do, int(np.count_nonzero(s == s.max())))
+
+    where = "all layers" if chosen is None else f"layer {chosen}"
+    desc = f"trained: {n_keys} keys, d={d}; a trained GPT's q, k ({where}, causal windows); V {v}"
+    return build_rows(n_rows, row, seed=seed, first_row=first_row, description=desc)
+
+
 def _doc(fn: Callable) -> str:
     return inspect.getdoc(fn).split("\n\n")[0].replace("\n", " ")
 
@@ -375,6 +439,7 @@ FAMILIES: dict[str, Family] = {
         Family("single", _doc(make_single), make_single),
         Family("dense", _doc(make_dense), make_dense),
         Family("sinks", _doc(make_sinks), make_sinks),
+        Family("trained", _doc(make_trained), make_trained),
     )
 }
 

@@ -77,8 +77,10 @@ def load_paper(path: Path):
     stubbed where it is not installed."""
     import types
 
-    if importlib.util.find_spec("einops") is None:
-        sys.modules["einops"] = types.SimpleNamespace(rearrange=None)
+    if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
+        stub = types.ModuleType("einops")  # a module, so that a later find_spec finds it (a namespace has no spec)
+        stub.rearrange = None
+        sys.modules["einops"] = stub
     return _load_module(path, "qiu_yao_attention")
 
 

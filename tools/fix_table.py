@@ -58,6 +58,7 @@ CASES = {
     "zero": Case("ties", {"row_max": "zero"}, label="ties, r = 0"),
     "tiny": Case("ties", {"row_max": "tiny"}, label="ties, 0 < |r| < 0.002"),
     "split": Case("ties", {"ties": 2, "split_block": 64}, 128, 64, label="2 ties in different 64-key tiles"),
+    "big": Case("ties", {"r_range": (8.0, 16.0)}, label="ties, r ~ U(8, 16)"),
     "dense8": Case("dense", {"scale": 1.0}, label="dense, scale 1 (|max| > 8)"),
     "dense": Case("dense", {}, label="dense, scale 1/sqrt(d)"),
 }

@@ -173,20 +173,25 @@ def _p(x: float) -> str:
     return "0 (< 1e-300)" if x == 0 else f"{x:.1g}"
 
 
+def _cell(text: str) -> str:
+    """``text`` safe inside a markdown table cell (its '|' escaped)."""
+    return text.replace("|", "\\|")
+
+
 def markdown(rows: list[dict]) -> str:
     """The table as markdown (docs/fix.md)."""
     head = (
         "| policy | case | softmax | n | mean O error [95% CI] | in BF16 ulps | + / − | sign p | mean \\|error\\| "
-        "(× standard) | TOST p (Holm) | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|"
+        "(× standard) | TOST p (Holm) | within ±margin | verdict |\n|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         bad = f" ({r['excluded']} non-finite left out)" if r["excluded"] else ""
         lines.append(
-            f"| {r['policy']} | {CASES[r['case']].label} | {r['softmax']} | {r['n']}{bad} | {r['mean']:+.2e} "
+            f"| {r['policy']} | {_cell(CASES[r['case']].label)} | {r['softmax']} | {r['n']}{bad} | {r['mean']:+.2e} "
             f"[{r['ci_low']:+.1e}, {r['ci_high']:+.1e}] | {r['mean_ulps']:+.4f} | {r['positive']} / {r['negative']} | "
             f"{_p(r['sign_p'])} | {r['mean_abs']:.2e} ({r['abs_ratio']:.2f}) | {_p(r['tost_p_adjusted'])} | "
-            f"{r['verdict']} |"
+            f"{'yes' if r['equivalent_adjusted'] else 'no'} | {r['verdict']} |"
         )
     lines.append(f"\n{rows[0]['correction']} (t-tests and TOSTs together), margin ±{rows[0]['margin']:g}.")
     return "\n".join(lines)

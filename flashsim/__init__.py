@@ -35,6 +35,8 @@ from .policy import (
 from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN, QIU_YAO
 from .softmax import (
     STANDARD,
+    CastSumSoftmax,
+    DitheredSoftmax,
     MaxContext,
     RobustSoftmax,
     SoftmaxVariant,
@@ -85,6 +87,8 @@ __all__ = [
     "STANDARD",
     "MaxContext",
     "RobustSoftmax",
+    "CastSumSoftmax",
+    "DitheredSoftmax",
     "SoftmaxVariant",
     "StabilisedSoftmax",
     "StandardSoftmax",

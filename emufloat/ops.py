@@ -336,9 +336,12 @@ def _small_key(op_code, extra_code, operands, fmt, rounding) -> tuple | None:
 def _small_apply(call: _SmallCall, operands) -> np.ndarray:
     """One call through a resolved :class:`_SmallCall`: the block function over all elements, serial."""
     vals = tuple(operands.values())
-    bits = [v.view(u).reshape(-1) for v, u in zip(vals, call.uints, strict=True)]
+    shape = vals[0].shape
     if call.widen:
-        bits = [b.astype(np.uint32, copy=False) for b in bits]
+        bits = [v.reshape(-1).view(u).astype(np.uint32) for v, u in zip(vals, call.uints, strict=True)]
+    else:  # one 8/16-bit format, or float32 encodings: one dtype
+        u = call.uints[0]
+        bits = [v.view(u) for v in vals] if len(shape) == 1 else [v.reshape(-1).view(u) for v in vals]
     a = bits[0]
     b = bits[1] if len(bits) > 1 else a
     c = bits[2] if len(bits) > 2 else a
@@ -350,7 +353,8 @@ def _small_apply(call: _SmallCall, operands) -> np.ndarray:
         _arrays.check_no_nan_format(bad, call.fmt, call.name)
     if out.dtype != call.fmt.uint:
         out = out.astype(call.fmt.uint)
-    return out.view(call.fmt.dtype).reshape(vals[0].shape)
+    out = out.view(call.fmt.dtype)
+    return out if len(shape) == 1 else out.reshape(shape)
 
 
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):

@@ -167,15 +167,16 @@ def test_bad_parameters_are_refused_by_name():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_recommended_softmax_full_rows(case):
-    """The table's size: 2000 rows of d = 64 per case; standard and cast_sum within the margin under our BF16
-    kernel's policy, cast_sum under the FP8 kernel's, and the robust variant not (where it leans)."""
+    """1000 rows of d = 64 per case (half the table's, for CI's time; the table has 2000): standard and cast_sum
+    within the margin under our BF16 kernel's policy, cast_sum under the FP8 kernel's, and the robust variant
+    not (where it leans)."""
     gp = pytest.importorskip("gpu.policies")
-    errs = _errors(case, 2000, 64, "triton_h100", ["standard", "robust", "cast_sum"])
+    errs = _errors(case, 1000, 64, "triton_h100", ["standard", "robust", "cast_sum"])
     for name in ("standard", "cast_sum"):
         assert summarize(errs[name].o, margin=MARGIN).equivalent, name
     if case in ROBUST_LEANS:
         assert not summarize(errs["robust"].o, margin=MARGIN).equivalent
-    rows8 = _fp8_rows(case, 2000, 64)
+    rows8 = _fp8_rows(case, 1000, 64)
     block_n = CASES[case][3]
     e8 = row_errors(rows8, gp.kernel_policy("e4m3", 64, False), ["cast_sum"], block_n=block_n, ref=reference(rows8))
     assert summarize(e8["cast_sum"].o, margin=MARGIN).equivalent

@@ -68,6 +68,21 @@ def small_operands(values, limit: int = SERIAL_BELOW) -> tuple | None:
     return (shape, *key)
 
 
+def small_key(values, parts: tuple, *, float64: bool = True) -> tuple | None:
+    """The cache key of a small call's lane: ``parts`` (what the call resolves: operation, formats, rounding)
+    and :func:`small_operands`; None for a call the lane does not take, float64 operands too unless
+    ``float64``, or an unhashable argument (the general path then says what is wrong with it)."""
+    arrays = small_operands(values)
+    if arrays is None or (not float64 and np.float64 in arrays[1:]):
+        return None
+    key = (*parts, *arrays)
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def entry_point(dispatcher, args: tuple):
     """The compiled function a Numba dispatcher runs for ``args`` (compiled or loaded first if need be): called
     directly, it skips the dispatcher's typing of every argument, microseconds a call."""

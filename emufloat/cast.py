@@ -113,20 +113,15 @@ def _small_cast(call: _SmallCast, src: np.ndarray) -> np.ndarray:
     bad = call.kernel(bits, call.src_params, out, *call.tail, 0, n)
     if bad:
         _arrays.check_no_nan_format(bad, call.fmt, "x")
-    if out.dtype != call.fmt.uint:
-        out = out.astype(call.fmt.uint)
+    out = _arrays.output_bits(out, call.fmt)
     return (out if call.result_dtype is None else out.view(call.result_dtype)).reshape(src.shape)
 
 
 def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
     key = None
     if trace is None and out is None:
-        arrays = _arrays.small_operands((x,))
-        try:
-            key = None if arrays is None else (fmt, rounding, as_bits, *arrays)
-            call = _SMALL_CASTS.get(key) if key is not None else None
-        except TypeError:  # an unhashable fmt or rounding: the general path says what is wrong with it
-            key = call = None
+        key = _arrays.small_key((x,), (fmt, rounding, as_bits))
+        call = _SMALL_CASTS.get(key) if key is not None else None
         if call is not None:
             return _small_cast(call, x)
     src = _arrays.as_float_array(x, "x")

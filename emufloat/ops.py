@@ -324,15 +324,6 @@ class _SmallCall(NamedTuple):
 _SMALL_CALLS: dict[tuple, _SmallCall] = {}
 
 
-def _small_key(op_code, extra_code, operands, fmt, rounding) -> tuple | None:
-    """The cache key of an untraced call whose operands the small-call lane takes (float64 ones aside: their
-    values need a per-call check); None for any other call (the general path takes it)."""
-    arrays = _arrays.small_operands(operands.values())
-    if arrays is None or np.float64 in arrays[1:]:
-        return None
-    return (op_code, extra_code, fmt, rounding, *arrays)
-
-
 def _small_apply(call: _SmallCall, operands) -> np.ndarray:
     """One call through a resolved :class:`_SmallCall`: the block function over all elements, serial."""
     vals = tuple(operands.values())
@@ -351,23 +342,17 @@ def _small_apply(call: _SmallCall, operands) -> np.ndarray:
     bad = call.kernel(call.code, a, ta, pa, b, tb, pb, c, tc, pc, out, *call.tail, 0, n)
     if bad:
         _arrays.check_no_nan_format(bad, call.fmt, call.name)
-    if out.dtype != call.fmt.uint:
-        out = out.astype(call.fmt.uint)
-    out = out.view(call.fmt.dtype)
+    out = _arrays.output_bits(out, call.fmt).view(call.fmt.dtype)
     return out if len(shape) == 1 else out.reshape(shape)
 
 
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
-    if trace is None and out is None:
-        try:
-            key = _small_key(op_code, extra_code, operands, fmt, rounding)
-            call = _SMALL_CALLS.get(key) if key is not None else None
-        except TypeError:  # an unhashable fmt or rounding: the general path says what is wrong with it
-            key = call = None
+    key = None
+    if trace is None and out is None:  # float64 operands' values need a per-call check: not through the lane
+        key = _arrays.small_key(operands.values(), (op_code, extra_code, fmt, rounding), float64=False)
+        call = _SMALL_CALLS.get(key) if key is not None else None
         if call is not None:
             return _small_apply(call, operands)
-    else:
-        key = None
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
     f = _arrays.result_format(fmt, arrays)
     rnd = as_rounding(rounding)

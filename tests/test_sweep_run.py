@@ -69,6 +69,22 @@ def _workers(proc: subprocess.Popen) -> list:
     return [k for k in kids if "resource_tracker" not in " ".join(k.cmdline())]
 
 
+def _gone(w) -> bool:
+    try:
+        return not w.is_running() or w.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _wait_gone(workers: list, timeout: float = 30) -> None:
+    end = time.monotonic() + timeout
+    while not all(_gone(w) for w in workers):
+        if time.monotonic() > end:
+            alive = [w.pid for w in workers if not _gone(w)]
+            pytest.fail(f"workers {alive} still running {timeout} s after the sweep's process group was killed")
+        time.sleep(0.05)
+
+
 def _direct(spec) -> dict[str, dict[str, np.ndarray]]:
     """Each cell's rows computed at once, in this process, without Dask, chunks or the store."""
     out = {}
@@ -113,7 +129,8 @@ def test_sweep_killed_and_resumed_loses_and_repeats_nothing(tmp_path):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
-    assert all(not w.is_running() or w.status() == psutil.STATUS_ZOMBIE for w in workers)
+    # SIGKILL is delivered at once but a process takes a moment to exit: wait for every worker to be gone
+    _wait_gone(workers)
 
     kept = _cells(out)
     assert 0 < len(kept) < n_cells, f"{len(kept)} of {n_cells} cells at the kill: the kill was not mid-sweep"

@@ -116,11 +116,33 @@ def _fast_element(op, a, b, c, ui, adp, bdp, cdp, plan, mode, rnd) -> tuple:
 
 @nb.njit(cache=True)
 def _arith_block(
-    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, lo, hi
+    op,
+    a,
+    alut,
+    ap,
+    b,
+    blut,
+    bp,
+    c,
+    clut,
+    cp,
+    out,
+    params,
+    mode,
+    seed,
+    srbits,
+    ex_hi,
+    ex_lo,
+    flags,
+    tracing,
+    keep,
+    lo,
+    hi,
 ):
     """Elements ``lo:hi`` of :func:`_arith_kernel` (one work item), serial; the count of NaN results the
     format cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
-    compile time, sees only the loop over blocks."""
+    compile time, sees only the loop over blocks.  ``keep``: (operands + 1, n) or empty; when not empty the
+    block copies its operands' and result's encodings there for the trace (:func:`_keep_block`)."""
     bad = 0
     fast_op = op == ADD or op == SUB or op == MUL or op == FMA
     plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
@@ -174,6 +196,7 @@ def _arith_block(
             declined[np.uint64(k)] = 1 - ok
             n_declined += 1 - ok
     if n_declined == 0:
+        _keep_block(keep, a, b, c, out, lo, hi)
         return bad
     for i in range(lo, hi):
         if declined[i - lo] == 0:
@@ -261,12 +284,37 @@ def _arith_block(
             ex_hi[i] = s
             ex_lo[i] = t
             flags[i] = fl
+    _keep_block(keep, a, b, c, out, lo, hi)
     return bad
+
+
+@nb.njit(inline="always", cache=True)
+def _keep_block(keep, a, b, c, out, lo, hi) -> None:
+    """The trace's copies of elements ``lo:hi``: the rows of ``keep`` are the operands, then the result (2 to
+    4 rows).  Copied block by block in the parallel kernel while the block is in cache, instead of in
+    separate serial passes over whole arrays after it."""
+    rows = keep.shape[0]
+    if rows == 0:
+        return
+    base = np.uint64(lo)
+    n = np.uint64(hi - lo)
+    _copy_run(keep[rows - 1], out, base, n)
+    _copy_run(keep[0], a, base, n)
+    if rows > 2:
+        _copy_run(keep[1], b, base, n)
+    if rows > 3:
+        _copy_run(keep[2], c, base, n)
+
+
+@nb.njit(inline="always", cache=True)
+def _copy_run(dst, src, base, n) -> None:
+    for k in range(n):
+        dst[base + k] = src[base + k]
 
 
 @nb.njit(parallel=True, cache=True)
 def _arith_kernel(
-    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing
+    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, keep
 ):
     """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
 
@@ -300,6 +348,7 @@ def _arith_kernel(
             ex_lo,
             flags,
             tracing,
+            keep,
             lo,
             hi,
         )
@@ -373,6 +422,8 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
+    # narrow operands are the result's dtype: the kernel copies them and the result for the trace
+    keep = np.empty((len(arrays) + 1, n) if tracing and narrow else (0, 0), out.dtype)
     code = op_code if extra_code is None else extra_code
     with _arrays.threads_for(n):
         bad = _arith_kernel(
@@ -389,19 +440,25 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
             ex_lo,
             flags,
             tracing,
+            keep,
         )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape, into)
     if key is not None and f.dtype is not None and f.width <= 32:
         _SMALL_CALLS[key] = _resolve_small(op_name, f, flat, out.dtype, narrow, arrays, code, rnd)
     if tracing:
+        if keep.size:
+            operands, rounded = tuple(keep[:-1].view(f.dtype)), keep[-1].view(f.dtype)
+        else:
+            operands = tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values())
+            rounded = result.reshape(-1).copy()
         trace.record(
             Chunk(
                 op=op_name,
                 fmt=f,
                 rounding=rnd,
-                operands=tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values()),
-                rounded=result.reshape(-1).copy(),
+                operands=operands,
+                rounded=rounded,
                 exact_hi=ex_hi,
                 exact_lo=ex_lo,
                 flags=flags,
@@ -414,7 +471,8 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
 
 def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _SmallCall:
     """The :class:`_SmallCall` of a call the general path has just run (so the block function is compiled)."""
-    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *_arrays.empty_trace_columns(0, False), False)
+    no_keep = np.empty((0, 0), out_dtype)
+    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *_arrays.empty_trace_columns(0, False), False, no_keep)
     args = (code, *flat[0], *flat[1], *flat[2], np.empty(0, out_dtype), *tail, 0, 0)
     return _SmallCall(
         kernel=_arrays.entry_point(_arith_block, args),

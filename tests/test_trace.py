@@ -125,6 +125,36 @@ def test_operands_and_shapes_are_recorded():
     assert len(tr) == 0 and tr.summary().events == 0
 
 
+@pytest.mark.parametrize("fmt", ["bf16", "fp16", "e4m3fn"])
+def test_narrow_operands_and_results_are_copies(fmt):
+    """Operands and result of one 8/16-bit format: the trace holds copies of what the call saw and returned
+    (broadcast, one to three operands, paths with and without the fast path), untouched by later writes."""
+    rng = np.random.default_rng(3)
+    dt = ef.as_format(fmt).dtype
+    a = rng.standard_normal((3, 1)).astype(dt)
+    b = rng.standard_normal((1, 5000)).astype(dt)
+    c = np.concatenate([[np.nan, np.inf, 0.0], rng.standard_normal(4997)]).astype(dt).reshape(1, 5000)
+    calls = {
+        "add": (ef.add, (a, b)),
+        "fma": (ef.fma, (a, b, c)),
+        "div": (ef.div, (b, c)),
+        "neg": (ef.neg, (c,)),
+    }
+    for name, (fn, args) in calls.items():
+        args = tuple(x.copy() for x in args)
+        tr = ef.Trace()
+        res = fn(*args, fmt, trace=tr)
+        want_ops = [np.broadcast_to(x, res.shape).reshape(-1).copy() for x in args]
+        want_res = res.reshape(-1).copy()
+        for x in (*args, res):
+            x[...] = 1.0  # later writes to the inputs and the result must not reach the trace
+        (chunk,) = tr.chunks
+        assert len(chunk.operands) == len(args), name
+        for got, want in zip(chunk.operands, want_ops, strict=True):
+            assert got.dtype == dt and np.array_equal(got.view(np.uint8), want.view(np.uint8)), name
+        assert np.array_equal(chunk.rounded.view(np.uint8), want_res.view(np.uint8)), name
+
+
 def test_summary_counts_and_tests():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(20000).astype(np.float32)

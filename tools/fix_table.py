@@ -82,6 +82,10 @@ class PolicyRow:
             from gpu.policies import sdpa_flash_policy
 
             return sdpa_flash_policy("bf16", D, n_q=1, n_k=n_keys, batch_heads=n_rows)
+        if self.name == "sdpa_cudnn":
+            from gpu.policies import sdpa_cudnn_policy
+
+            return sdpa_cudnn_policy("bf16", D)
         return self.name
 
     def variants(self) -> list:
@@ -102,8 +106,9 @@ POLICIES = {
         PolicyRow("triton_h100", "bf16", 8, True),
         PolicyRow("fp8_kernel", "e4m3fn", 4, True),
         PolicyRow("qiu_yao", "bf16", 8, True),
-        PolicyRow("fa2", "bf16", 8, False),
+        PolicyRow("fa2", "bf16", 8, True),
         PolicyRow("sdpa_flash", "bf16", 8, False),
+        PolicyRow("sdpa_cudnn", "bf16", 8, False),
     )
 }
 VARIANT_ORDER = ("standard", "stabilised", "robust", "dithered", "cast_sum")

@@ -397,12 +397,18 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Check the spec, then compute what the output folder does not hold yet."""
     from .sweep import load_spec
+    from .sweep.engines import CPU, DEFAULT_CONFIRM, usable_engine
     from .sweep.run import run_sweep
 
     spec = load_spec(args.spec)
     _positive(args.workers, "--workers")
     if args.workers is not None and args.scheduler is not None:
         raise UsageError("--workers: only for the local cluster; with --scheduler the cluster's workers are used")
+    if args.confirm is not None and args.engine == CPU:
+        raise UsageError(f"--confirm: only with an --engine other than {CPU} (the emulator's rows need no check)")
+    if args.confirm is not None and args.confirm < 0:
+        raise UsageError(f"--confirm: expected an integer >= 0, got {args.confirm}")
+    engine = usable_engine(args.engine)
     out = writable_dir(args.out if args.out else Path("sweeps") / spec.name, "--out")
     res = run_sweep(
         spec,
@@ -411,6 +417,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         workers=args.workers,
         quiet=args.quiet,
         spec_text=Path(args.spec).read_text(),
+        engine=engine,
+        confirm=DEFAULT_CONFIRM if args.confirm is None else args.confirm,
     )
     if not args.quiet:
         print(
@@ -627,6 +635,20 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         metavar="N",
         help="processes of the local cluster (one thread each); default: one per core",
+    )
+    sw.add_argument(
+        "--engine",
+        default="cpu",
+        metavar="NAME",
+        help="what computes O: cpu (the emulator, default) or an engine plug-in such as gpu, which computes the "
+        "cells it reproduces bit for bit and leaves the others to the emulator (docs/sweeps.md, 'Rows on the GPU')",
+    )
+    sw.add_argument(
+        "--confirm",
+        type=int,
+        metavar="N",
+        help="with an --engine other than cpu: rows of each of its cells a task also computes on the emulator and "
+        "compares bit for bit (default 8); a difference stops the sweep",
     )
     sw.add_argument("--quiet", action="store_true", help="no progress bar or messages")
     sw.set_defaults(func=cmd_sweep)

@@ -58,11 +58,15 @@ def build_report(out: str | Path, *, margin: float = DEFAULT_MARGIN, method: str
         raise SpecError(f"--margin: expected a positive finite number, got {margin!r}")
     table = read_results(out)
     cols = {c: table[c].to_numpy() for c in ("o_err", "o_ulp", "delta_err", "delta_ulp", "seed")}
+    engine, confirmed = _provenance(table)
     notes: list[str] = []
     entries = []
     for key, idx in _groups(table).items():
         params = dict(zip(KEY_COLUMNS, key, strict=True))
         seeds = sorted(set(cols["seed"][idx].tolist()))
+        names, counts = np.unique(engine[idx], return_counts=True)
+        params["engines"] = ", ".join(f"{n} {c}" for n, c in zip(names, counts, strict=True))
+        params["confirmed"] = int(np.count_nonzero(confirmed[idx]))
         for quantity, (err, ulp) in QUANTITIES.items():
             m = margin * (params["head_dim"] if quantity == "delta" else 1)
             s = summarize(cols[err][idx], margin=m, ulps=cols[ulp][idx])
@@ -81,7 +85,31 @@ def build_report(out: str | Path, *, margin: float = DEFAULT_MARGIN, method: str
         f"(margin {margin:g} for O, head_dim x {margin:g} for delta), {rows[0]['correction']} (t-tests and TOSTs "
         "of O and delta corrected together)"
     )
+    notes.append(engines_note(table["cell"].to_numpy(zero_copy_only=False), engine, confirmed))
     return Report(rows, notes, method, margin)
+
+
+def _provenance(table) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's engine and confirmation flag (results written before sweeps had engines: the emulator)."""
+    if "engine" not in table.column_names:
+        return np.full(table.num_rows, "cpu", object), np.zeros(table.num_rows, bool)
+    return np.asarray(table["engine"].to_pylist(), object), table["confirmed"].to_numpy(zero_copy_only=False)
+
+
+def engines_note(cell: np.ndarray, engine: np.ndarray, confirmed: np.ndarray) -> str:
+    """Which engine computed how many cell-rows (in how many cells) and how many rows the emulator confirmed."""
+    parts = []
+    for name in sorted(set(engine.tolist()), key=lambda n: (n == "cpu", n)):
+        on = engine == name
+        n_cells = len(set(cell[on].tolist()))
+        if name == "cpu":
+            parts.append(f"cpu (the emulator) {int(on.sum())} ({n_cells} cells)")
+        else:
+            parts.append(
+                f"{name} computed {int(on.sum())} cell-rows ({n_cells} cells; {int(confirmed[on].sum())} rows "
+                "confirmed bit for bit against the emulator)"
+            )
+    return "engines: " + ", ".join(parts)
 
 
 def _fmt(x, digits: int = 3) -> str:

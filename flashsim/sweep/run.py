@@ -18,12 +18,17 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from .spec import Group, SpecError, SweepSpec, describe
+from .engines import DEFAULT_CONFIRM, EMULATOR, ConfirmationError, EngineError, RowEngine, usable_engine
+from .spec import Cell, Group, SpecError, SweepSpec, describe
 from .store import Store, open_store
 from .work import Task, compute_task
+
+
+class MismatchError(SpecError):
+    """An engine's O differed from the emulator's on a confirmed row (the message names the cell and rows)."""
 
 
 class TaskError(SpecError):
@@ -32,12 +37,14 @@ class TaskError(SpecError):
 
 @dataclass(frozen=True)
 class Plan:
-    """What a run has to do: the tasks to compute, and groups whose chunks are all there but not their cells."""
+    """What a run has to do: the tasks to compute, and groups whose chunks are all there but not their cells;
+    ``routing``: for each cell, None when the engine computes it, else why the emulator does."""
 
     tasks: tuple[Task, ...]
     ready: tuple[Group, ...]
     n_cells: int
     done_before: int
+    routing: dict[str, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -59,11 +66,20 @@ class SweepResult:
         return self.cell_rows / self.seconds if self.seconds > 0 else float("nan")
 
 
-def plan(spec: SweepSpec, store: Store) -> Plan:
-    """The tasks still to compute: for each group with a cell not yet written, its chunks not yet written."""
+def route(cells: list[Cell], engine: RowEngine) -> dict[str, str | None]:
+    """For each cell (by id): None when ``engine`` computes it, else why the emulator does."""
+    if engine.name == EMULATOR.name:
+        return {c.id: None for c in cells}
+    return {c.id: engine.why_not(c) for c in cells}
+
+
+def plan(spec: SweepSpec, store: Store, engine: RowEngine = EMULATOR, confirm: int = DEFAULT_CONFIRM) -> Plan:
+    """The tasks still to compute: for each group with a cell not yet written, its chunks not yet written; each
+    task computes on ``engine`` the cells it reproduces (``confirm`` rows of each checked on the emulator)."""
     done = store.done_cells()
     tasks: list[Task] = []
     ready: list[Group] = []
+    routing: dict[str, str | None] = {}
     for group in spec.groups():
         cells = spec.cells(group)
         if all(c.id in done for c in cells):
@@ -72,11 +88,31 @@ def plan(spec: SweepSpec, store: Store) -> Plan:
         have = store.done_chunks(group)
         missing = [(first, n) for first, n in spec.chunks() if first not in have]
         if missing:
-            tasks.extend(Task(group, first, n, tuple(cells)) for first, n in missing)
+            routes = route(cells, engine)
+            routing.update(routes)
+            on = frozenset(cid for cid, why in routes.items() if why is None) if engine is not EMULATOR else frozenset()
+            tasks.extend(Task(group, first, n, tuple(cells), engine, on, confirm) for first, n in missing)
         else:
             ready.append(group)
     n_cells = len(spec.cells())
-    return Plan(tuple(tasks), tuple(ready), n_cells, len(done & {c.id for c in spec.cells()}))
+    return Plan(tuple(tasks), tuple(ready), n_cells, len(done & {c.id for c in spec.cells()}), routing)
+
+
+def describe_routing(engine: RowEngine, routing: dict[str, str | None], confirm: int) -> list[str]:
+    """Lines saying how many cells left to compute the engine takes, and why the emulator takes the others."""
+    if engine.name == EMULATOR.name or not routing:
+        return []
+    on = sum(why is None for why in routing.values())
+    lines = [
+        f"engine {engine.name}: {on} of {len(routing)} cells to compute ({confirm} rows a task of each confirmed "
+        f"bit for bit on the emulator); the emulator computes the other {len(routing) - on}"
+    ]
+    reasons: dict[str, int] = {}
+    for why in routing.values():
+        if why is not None:
+            reasons[why] = reasons.get(why, 0) + 1
+    lines += [f"  on the emulator, {n} cell{'s' * (n > 1)}: {why}" for why, n in sorted(reasons.items())]
+    return lines
 
 
 def _describe_group(group: Group) -> str:
@@ -84,6 +120,16 @@ def _describe_group(group: Group) -> str:
         f"family {group.family.label}, seed {group.seed}, n_keys {group.n_keys}, head_dim {group.head_dim}, "
         f"format {group.fmt}"
     )
+
+
+def _lease(client, engine: RowEngine, local: bool):
+    """A Dask semaphore limiting the tasks that use the engine at once (a local cluster only: on a cluster of
+    several machines each has its own device), or None."""
+    if not local or engine.local_slots is None:
+        return None
+    from distributed import Semaphore
+
+    return Semaphore(max_leases=engine.local_slots, name=f"flashsim-sweep-{engine.name}")
 
 
 def _start_client(scheduler: str | None, workers: int | None):
@@ -138,20 +184,30 @@ def run_sweep(
     quiet: bool = False,
     spec_text: str | None = None,
     say: Callable[[str], None] | None = None,
+    engine: str | RowEngine = EMULATOR,
+    confirm: int = DEFAULT_CONFIRM,
 ) -> SweepResult:
     """Compute every cell of ``spec`` not yet in ``out``; finished cells and tasks are kept when interrupted.
 
     ``scheduler``: an existing cluster's address (default: a LocalCluster of ``workers`` processes, one per
-    core); ``say``: where the one-line messages go (default: stderr, nothing when ``quiet``).
+    core); ``say``: where the one-line messages go (default: stderr, nothing when ``quiet``); ``engine``: what
+    computes O of the cells it reproduces bit for bit (a name of :func:`~flashsim.sweep.engines.engine_names`
+    or an engine; the emulator computes the other cells), ``confirm`` rows of each engine cell a task computed
+    again on the emulator and compared bit for bit (a difference raises :class:`MismatchError`).
     """
+    if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
+        raise SpecError(f"--confirm: expected an integer >= 0, got {confirm!r}")
+    eng = usable_engine(engine)
     if workers is not None and scheduler is not None:
         raise SpecError("--workers: only for the local cluster; with --scheduler the cluster's workers are used")
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise SpecError(f"--workers: expected an integer >= 1, got {workers!r}")
     say = say or ((lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
     store = open_store(out, spec, spec_text)
-    todo = plan(spec, store)
+    todo = plan(spec, store, eng, confirm)
     say(f"flashsim sweep {spec.name}: {describe(spec)}; {todo.done_before} finished before, in {store.root}")
+    for line in describe_routing(eng, todo.routing, confirm):
+        say(f"flashsim sweep {spec.name}: {line}")
     written = 0
     for group in todo.ready:
         written += len(store.finish_group(group, spec.cells(group)))
@@ -161,6 +217,7 @@ def run_sweep(
 
     t0 = time.perf_counter()
     client, cluster, dashboard = _start_client(scheduler, workers)
+    lease = _lease(client, eng, cluster is not None) if any(t.engine_cells for t in todo.tasks) else None
     startup = time.perf_counter() - t0
     n_workers = len(client.scheduler_info().get("workers", {}))
     say(f"flashsim sweep {spec.name}: dashboard {dashboard} ({n_workers} workers, {len(todo.tasks)} tasks)")
@@ -180,13 +237,25 @@ def run_sweep(
 
         for t in todo.tasks:
             fut = client.submit(
-                compute_task, t, key=f"{t.key}-{run_id}", priority=len(groups) - groups[t.group.id], pure=False
+                compute_task,
+                t,
+                lease,
+                key=f"{t.key}-{run_id}",
+                priority=len(groups) - groups[t.group.id],
+                pure=False,
             )
             futures[fut] = t
         for fut in as_completed(list(futures)):
             task = futures[fut]
             try:
                 results = fut.result()
+            except ConfirmationError as exc:
+                raise MismatchError(
+                    f"{exc}; finished cells are kept (run with --engine {EMULATOR.name} to compute this cell on "
+                    "the emulator)"
+                ) from exc
+            except EngineError:
+                raise
             except Exception as exc:  # noqa: BLE001 - a worker's failure, reported with the group it was on
                 raise TaskError(
                     f"sweep: a task failed ({_describe_group(task.group)}, rows {task.first_row}.."
@@ -229,4 +298,4 @@ def run_sweep(
     return result
 
 
-__all__ = ["Plan", "SweepResult", "TaskError", "plan", "run_sweep"]
+__all__ = ["MismatchError", "Plan", "SweepResult", "TaskError", "describe_routing", "plan", "route", "run_sweep"]

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .spec import Cell, Group, SpecError, SweepSpec
-from .work import ROW_COLUMNS
+from .work import CONFIRMED_COLUMN, ENGINE_COLUMN, ROW_COLUMNS
 
 CELL_META = b"flashsim.sweep.cell"
 TMP_PREFIX = ".tmp-"
@@ -70,17 +70,50 @@ def write_atomic(table, path: Path) -> None:
     _fsync_dir(path.parent)
 
 
+#: what a row computed before sweeps had engines carries (the emulator computed every row)
+OLD_ENGINE = "cpu"
+
+
+def _row_arrays(columns: dict[str, np.ndarray]) -> dict:
+    """The per-row columns as Arrow arrays: the numeric ones, the engine (Parquet stores it dictionary-encoded)
+    and the confirmation flag."""
+    pa, _ = _pa()
+    arrays = {name: pa.array(np.asarray(columns[name], dtype)) for name, dtype in ROW_COLUMNS.items()}
+    n = len(columns["row"])
+    engine = columns.get(ENGINE_COLUMN)
+    engine = np.full(n, OLD_ENGINE, object) if engine is None else np.asarray(engine, object)
+    arrays[ENGINE_COLUMN] = pa.array(engine, pa.string())
+    flags = columns.get(CONFIRMED_COLUMN)
+    arrays[CONFIRMED_COLUMN] = pa.array(np.zeros(n, bool) if flags is None else np.asarray(flags, bool))
+    return arrays
+
+
+def engine_counts(columns: dict[str, np.ndarray]) -> dict:
+    """{"rows": {engine: rows}, "confirmed": rows the emulator computed again with the same bits}."""
+    engine = columns.get(ENGINE_COLUMN)
+    n = len(columns["row"])
+    names, counts = np.unique(
+        np.full(n, OLD_ENGINE, object) if engine is None else np.asarray(engine, str), return_counts=True
+    )
+    flags = columns.get(CONFIRMED_COLUMN)
+    return {
+        "rows": {str(k): int(v) for k, v in zip(names, counts, strict=True)},
+        "confirmed": 0 if flags is None else int(np.count_nonzero(flags)),
+    }
+
+
 def cell_table(cell: Cell, columns: dict[str, np.ndarray]):
-    """A cell's rows as an Arrow table: the per-row columns, then the cell's parameters (constant columns)."""
+    """A cell's rows as an Arrow table: the per-row columns, then the cell's parameters (constant columns); the
+    metadata holds the parameters and how many rows each engine computed (and how many were confirmed)."""
     pa, _ = _pa()
     n = len(columns["row"])
-    arrays = {name: pa.array(np.asarray(columns[name], dtype)) for name, dtype in ROW_COLUMNS.items()}
+    arrays = _row_arrays(columns)
     for key, value in cell.params().items():
         arrays[key] = pa.array([value] * n, pa.string() if isinstance(value, str) else pa.int64())
     arrays["cell"] = pa.array([cell.id] * n, pa.string())
     table = pa.table(arrays)
-    meta = {CELL_META: json.dumps({"id": cell.id, **cell.params()}, sort_keys=True).encode()}
-    return table.replace_schema_metadata(meta)
+    meta = {"id": cell.id, **cell.params(), "engines": engine_counts(columns)}
+    return table.replace_schema_metadata({CELL_META: json.dumps(meta, sort_keys=True).encode()})
 
 
 @dataclass(frozen=True)
@@ -113,7 +146,7 @@ class Store:
         parts = []
         for cell_id, cols in results.items():
             n = len(cols["row"])
-            arrays = {name: pa.array(np.asarray(cols[name], dtype)) for name, dtype in ROW_COLUMNS.items()}
+            arrays = _row_arrays(cols)
             parts.append(pa.table({"cell": pa.array([cell_id] * n, pa.string()), **arrays}))
         d = self.chunk_dir(group)
         d.mkdir(parents=True, exist_ok=True)
@@ -152,6 +185,23 @@ def _cell_rows(parts: list, cell: Cell, n_rows: int) -> dict[str, np.ndarray]:
 
     pieces = [t.filter(pc.equal(t["cell"], cell.id)) for t in parts]
     cols = {name: np.concatenate([t[name].to_numpy() for t in pieces]) for name in ROW_COLUMNS}
+    # chunks written before sweeps had engines lack the provenance columns: the emulator computed those rows
+    cols[ENGINE_COLUMN] = np.concatenate(
+        [
+            np.asarray(t[ENGINE_COLUMN].to_pylist(), object)
+            if ENGINE_COLUMN in t.column_names
+            else np.full(t.num_rows, OLD_ENGINE, object)
+            for t in pieces
+        ]
+    )
+    cols[CONFIRMED_COLUMN] = np.concatenate(
+        [
+            t[CONFIRMED_COLUMN].to_numpy(zero_copy_only=False)
+            if CONFIRMED_COLUMN in t.column_names
+            else np.zeros(t.num_rows, bool)
+            for t in pieces
+        ]
+    )
     order = np.argsort(cols["row"], kind="stable")
     cols = {k: v[order] for k, v in cols.items()}
     if not np.array_equal(cols["row"], np.arange(n_rows)):
@@ -219,7 +269,26 @@ def read_results(out: str | Path):
     files = [str(p) for p in finished_files(cells)]
     if not files:
         raise SpecError(f"DIR: {out} has no finished cell yet")
-    return ds.dataset(files, format="parquet").to_table()
+    table = ds.dataset(files, format="parquet", schema=_schema(files)).to_table()
+    if ENGINE_COLUMN in table.column_names and table[ENGINE_COLUMN].null_count:  # cells written before engines
+        import pyarrow.compute as pc
+
+        i = table.column_names.index(ENGINE_COLUMN)
+        engine = pc.fill_null(table[ENGINE_COLUMN], OLD_ENGINE)
+        flags = pc.fill_null(table[CONFIRMED_COLUMN], False)
+        table = table.set_column(i, ENGINE_COLUMN, engine)
+        table = table.set_column(table.column_names.index(CONFIRMED_COLUMN), CONFIRMED_COLUMN, flags)
+    return table
 
 
-__all__ = ["Store", "cell_table", "open_store", "read_results", "write_atomic"]
+def _schema(files: list[str]):
+    """One schema for every cell file (those written before sweeps had engines lack its two columns)."""
+    pa, pq = _pa()
+    schemas = {}
+    for f in files:
+        s = pq.read_schema(f).remove_metadata()
+        schemas.setdefault(str(s), s)
+    return pa.unify_schemas(list(schemas.values()))
+
+
+__all__ = ["Store", "cell_table", "engine_counts", "open_store", "read_results", "write_atomic"]

@@ -66,6 +66,7 @@ class EmulatorTwin(RowEngine):
     """Computes the baseline_bf16 cells through the emulator: every confirmation must pass."""
 
     name: str = "twin"
+    local_slots: int | None = None
 
     def why_not(self, cell):
         return None if cell.policy.label == ONLY else f"policy {cell.policy.label}: only {ONLY}"
@@ -323,7 +324,7 @@ def test_sweep_with_an_engine_on_a_local_cluster_then_a_mismatch_keeps_what_fini
     from flashsim.sweep.store import CELL_META, finished_files
 
     spec_path = _write(tmp_path)
-    register_engine(EmulatorTwin(name="twin-e2e"), replace=True)
+    register_engine(EmulatorTwin(name="twin-e2e", local_slots=1), replace=True)  # a semaphore
     try:
         out = tmp_path / "twin"
         status = main(

@@ -122,14 +122,22 @@ def _describe_group(group: Group) -> str:
     )
 
 
-def _lease(client, engine: RowEngine, local: bool):
-    """A Dask semaphore limiting the tasks that use the engine at once (a local cluster only: on a cluster of
-    several machines each has its own device), or None."""
-    if not local or engine.local_slots is None:
+def one_host(client) -> bool:
+    """Whether every worker of the client's cluster runs on one machine (then they share its devices)."""
+    from urllib.parse import urlparse
+
+    workers = client.scheduler_info().get("workers", {})
+    return len({urlparse(addr).hostname for addr in workers}) <= 1
+
+
+def _lease(client, engine: RowEngine):
+    """A Dask semaphore limiting the tasks that use the engine at once to ``engine.local_slots``, where every
+    worker runs on one machine (on a cluster of several machines each has its own device); or None."""
+    if engine.local_slots is None or not one_host(client):
         return None
     from distributed import Semaphore
 
-    return Semaphore(max_leases=engine.local_slots, name=f"flashsim-sweep-{engine.name}")
+    return Semaphore(max_leases=engine.local_slots, name=f"flashsim-sweep-{engine.name}-{uuid.uuid4().hex[:8]}")
 
 
 def _start_client(scheduler: str | None, workers: int | None):
@@ -186,6 +194,7 @@ def run_sweep(
     say: Callable[[str], None] | None = None,
     engine: str | RowEngine = EMULATOR,
     confirm: int = DEFAULT_CONFIRM,
+    client=None,
 ) -> SweepResult:
     """Compute every cell of ``spec`` not yet in ``out``; finished cells and tasks are kept when interrupted.
 
@@ -193,8 +202,11 @@ def run_sweep(
     core); ``say``: where the one-line messages go (default: stderr, nothing when ``quiet``); ``engine``: what
     computes O of the cells it reproduces bit for bit (a name of :func:`~flashsim.sweep.engines.engine_names`
     or an engine; the emulator computes the other cells), ``confirm`` rows of each engine cell a task computed
-    again on the emulator and compared bit for bit (a difference raises :class:`MismatchError`).
+    again on the emulator and compared bit for bit (a difference raises :class:`MismatchError`); ``client``: a
+    ``distributed.Client`` to run on instead (the caller starts and closes it; no ``scheduler`` or ``workers``).
     """
+    if client is not None and (scheduler is not None or workers is not None):
+        raise SpecError("client: give a client, or scheduler/workers for one to be started, not both")
     if isinstance(confirm, bool) or not isinstance(confirm, int) or confirm < 0:
         raise SpecError(f"--confirm: expected an integer >= 0, got {confirm!r}")
     eng = usable_engine(engine)
@@ -216,8 +228,12 @@ def run_sweep(
         return SweepResult(todo.n_cells, todo.done_before, written, 0, 0, 0.0, 0.0, "")
 
     t0 = time.perf_counter()
-    client, cluster, dashboard = _start_client(scheduler, workers)
-    lease = _lease(client, eng, cluster is not None) if any(t.engine_cells for t in todo.tasks) else None
+    own = client is None
+    if own:
+        client, cluster, dashboard = _start_client(scheduler, workers)
+    else:
+        cluster, dashboard = None, client.dashboard_link or "(the cluster has no dashboard)"
+    lease = _lease(client, eng) if any(t.engine_cells for t in todo.tasks) else None
     startup = time.perf_counter() - t0
     n_workers = len(client.scheduler_info().get("workers", {}))
     say(f"flashsim sweep {spec.name}: dashboard {dashboard} ({n_workers} workers, {len(todo.tasks)} tasks)")
@@ -281,7 +297,8 @@ def run_sweep(
     finally:
         bar.close()
         client.cancel(list(futures))
-        client.close()
+        if own:
+            client.close()
         if cluster is not None:
             cluster.close()
     seconds = time.perf_counter() - t1
@@ -298,4 +315,14 @@ def run_sweep(
     return result
 
 
-__all__ = ["MismatchError", "Plan", "SweepResult", "TaskError", "describe_routing", "plan", "route", "run_sweep"]
+__all__ = [
+    "MismatchError",
+    "Plan",
+    "SweepResult",
+    "TaskError",
+    "describe_routing",
+    "one_host",
+    "plan",
+    "route",
+    "run_sweep",
+]

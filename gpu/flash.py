@@ -4,9 +4,12 @@
 (:class:`FlashAttention`); :func:`forward` and :func:`backward` run the kernels directly (O, LSE and the
 gradients), and :func:`scaled_dot_product_attention` has the calling convention of
 ``torch.nn.functional.scaled_dot_product_attention``.  The softmax variant (``standard``,
-``stabilised`` = Qiu & Yao's fix, ``robust`` = the project's) is a compile-time choice of the kernel; its
-thresholds are the constants flashsim's variants use, rounded to float32 the way flashsim rounds them, so
-the ``triton_h100`` policy (:mod:`gpu.policies`) with the same tiles computes what the kernel computes.
+``stabilised`` = Qiu & Yao's fix, ``robust`` = the project's first fix, ``cast_sum`` = the standard shift with
+l summed from P as cast for P V) is a compile-time choice of the kernel; its thresholds are the constants
+flashsim's variants use, rounded to float32 the way flashsim rounds them, so the ``triton_h100`` policy
+(:mod:`gpu.policies`) with the same tiles computes what the kernel computes.  Unnamed, the softmax is the
+dtype's default (:data:`gpu.policies.DEFAULT_SOFTMAX`): ``standard`` for bf16 and fp16, ``cast_sum`` for FP8
+(docs/fix.md, "Which softmax with which kernel"); ``robust`` leans O and warns (FutureWarning).
 
 LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 for the natural log.
 """
@@ -18,12 +21,21 @@ import contextvars
 import functools
 import math
 import numbers
+import warnings
 
 import numpy as np
 import torch
 
+from emufloat import FP32
 from flashsim.attention import LOG2E
-from flashsim.softmax import RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, StandardSoftmax
+from flashsim.softmax import (
+    CastSumSoftmax,
+    RobustSoftmax,
+    SoftmaxVariant,
+    StabilisedSoftmax,
+    StandardSoftmax,
+    sums_cast_p,
+)
 
 from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, overlap_from_keys
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
@@ -38,7 +50,14 @@ FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3": FP8}
 DTYPES = (torch.bfloat16, torch.float16)  # forward and backward
 HEAD_DIMS = tuple(sorted(BWD_CONFIGS))  # the head dims with tiles (the forward's table has the same)
-SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2}
+#: the kernels' softmax variants (flashsim's names) -> the kernels' SOFTMAX constexpr (gpu.kernels.steps)
+SOFTMAX_IDS = {"standard": 0, "stabilised": 1, "robust": 2, "cast_sum": 3}
+_KERNEL_VARIANTS = (StandardSoftmax, StabilisedSoftmax, RobustSoftmax, CastSumSoftmax)
+#: the warning a forward with the robust variant gives (it is kept for the recordings and the research)
+ROBUST_LEANS = (
+    "softmax 'robust' leans O where it was meant to help (docs/fix.md, 'Which softmax with which kernel'); it "
+    "stays callable for the recordings. Use the dtype's default: 'standard' for bf16/fp16, 'cast_sum' for FP8"
+)
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
 #: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
 #: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
@@ -100,8 +119,13 @@ def _cdiv(a: int, b: int) -> int:
 
 def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
     """The forward kernels' float32 scalars for ``variant`` (as the ``triton_h100`` policy rounds them)."""
-    if not isinstance(variant, (StandardSoftmax, StabilisedSoftmax, RobustSoftmax)):
-        raise ValueError(f"softmax: the kernels implement standard, stabilised and robust; got {variant!r}")
+    if not isinstance(variant, _KERNEL_VARIANTS):
+        raise ValueError(f"softmax: the kernels implement {', '.join(SOFTMAX_IDS)}; got {variant!r}")
+    if isinstance(variant, CastSumSoftmax) and not sums_cast_p(variant, FP32):
+        raise ValueError(
+            "softmax: the kernels' cast_sum sums l (FP32) from P as cast (l_from_cast_p True or 'auto'); got "
+            f"{variant!r}, which is the standard softmax: pass 'standard'"
+        )
     return _softmax_constants(variant, float(sm_scale))
 
 
@@ -230,7 +254,7 @@ def forward(
     *,
     causal: bool = False,
     sm_scale: float | None = None,
-    softmax: str | SoftmaxVariant = "standard",
+    softmax: str | SoftmaxVariant | None = None,
     config: Config | None = None,
     debug: bool = False,
     kernel: str = "auto",
@@ -239,8 +263,12 @@ def forward(
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
+    ``softmax``: a name of :data:`SOFTMAX_IDS`, a flashsim variant of those kinds, or None for the dtype's
+    default (:data:`gpu.policies.DEFAULT_SOFTMAX`): ``standard`` for bfloat16 and float16, ``cast_sum`` for
+    float8_e4m3fn, where P's 4 significand bits underflow on sharp rows and l, summed from the E4M3 P that P V
+    uses, keeps O from leaning (docs/fix.md).  ``robust`` runs but warns (FutureWarning): it leans O.
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
-    bfloat16 (P in e4m3 has 4 significand bits: the fixes cost accuracy there, see docs/performance.md).
+    bfloat16 (P in e4m3 has 4 significand bits: the shifting fixes cost accuracy there, see docs/fix.md).
     ``kernel``: one of :data:`KERNELS`.  ``v_transposed``: whether the kernels read V from a transposed copy,
     (B, H, d, N), rather than as given; None: for the dtypes in :data:`V_TRANSPOSED` (FP8).  The bits are the
     same either way.  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's convention (flashsim refuses empty
@@ -251,10 +279,14 @@ def forward(
     scale = _scale(sm_scale, q.shape[-1])
     causal, debug = _flag(causal, "causal"), _flag(debug, "debug")
     v_t = q.dtype in V_TRANSPOSED if v_transposed is None else _flag(v_transposed, "v_transposed")
-    if not isinstance(softmax, (str, SoftmaxVariant)):
+    if softmax is not None and not isinstance(softmax, (str, SoftmaxVariant)):
         raise TypeError(
-            f"softmax: expected a name ('standard', 'stabilised', 'robust') or a flashsim variant, "
-            f"got {type(softmax).__name__}"
+            f"softmax: expected a name ({', '.join(map(repr, SOFTMAX_IDS))}), a flashsim variant or None (the "
+            f"dtype's default), got {type(softmax).__name__}"
+        )
+    if isinstance(softmax, str) and softmax not in SOFTMAX_IDS:
+        raise ValueError(
+            f"softmax: expected one of {tuple(SOFTMAX_IDS)} or None (the dtype's default), got {softmax!r}"
         )
     with _on(q):
         return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel, v_t)
@@ -269,6 +301,8 @@ def _forward(
     dtype = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)
     variant = kernel_variant(softmax, dtype)
     consts = softmax_constants(variant, scale)
+    if isinstance(variant, RobustSoftmax):
+        warnings.warn(ROBUST_LEANS, FutureWarning, stacklevel=3)
     cfg = config or fwd_config(dtype, d, causal)
     q, k, v = (x.contiguous() for x in (q, k, v))
     o = torch.empty(q.shape, device=q.device, dtype=torch.bfloat16 if q.dtype == FP8 else q.dtype)
@@ -494,7 +528,7 @@ class FlashAttention(torch.autograd.Function):
     """Autograd wrapper: forward and backward by the Triton kernels."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal: bool, sm_scale: float | None, softmax: str):
+    def forward(ctx, q, k, v, causal: bool, sm_scale: float | None, softmax: str | None):
         o, lse, _ = forward(q, k, v, causal=causal, sm_scale=sm_scale, softmax=softmax)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
@@ -515,9 +549,10 @@ def attention(
     *,
     causal: bool = False,
     sm_scale: float | None = None,
-    softmax: str = "standard",
+    softmax: str | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors."""
+    """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors (``softmax``
+    as :func:`forward` takes it; None: the standard softmax there)."""
     return FlashAttention.apply(q, k, v, causal, sm_scale, softmax)
 
 
@@ -531,7 +566,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     enable_gqa: bool = False,
     *,
-    softmax: str = "standard",
+    softmax: str | None = None,
 ) -> torch.Tensor:
     """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` for 4-D (B, H, N, d) bfloat16/float16
     CUDA tensors with d in :data:`HEAD_DIMS`; no mask tensor, dropout, GQA, broadcasting or zero scale."""
@@ -562,6 +597,8 @@ __all__ = [
     "forward",
     "backward",
     "FlashAttention",
+    "ROBUST_LEANS",
+    "SOFTMAX_IDS",
     "attention",
     "scaled_dot_product_attention",
     "softmax_constants",

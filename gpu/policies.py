@@ -412,8 +412,23 @@ def kernel_policy_ref(
     return PolicyRef(f"{__name__}:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
 
 
-def kernel_variant(softmax: str | SoftmaxVariant, dtype: str) -> SoftmaxVariant:
-    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``)."""
+#: the forward kernels' softmax when none is named, per dtype (docs/fix.md, "Which softmax with which kernel"):
+#: the standard softmax where P is BF16 or FP16 (within the margin on every gap case measured), ``cast_sum``
+#: (l summed from the E4M3 P) for FP8, where the standard softmax leans on sharp rows
+DEFAULT_SOFTMAX = {"bf16": "standard", "fp16": "standard", "e4m3": "cast_sum"}
+
+
+def default_softmax(dtype: str) -> str:
+    """The kernels' softmax for ``dtype`` when none is named (:data:`DEFAULT_SOFTMAX`)."""
+    kernel_format(dtype)  # refuses an unknown dtype, naming the accepted ones
+    return DEFAULT_SOFTMAX[dtype]
+
+
+def kernel_variant(softmax: str | SoftmaxVariant | None, dtype: str) -> SoftmaxVariant:
+    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``;
+    None: :func:`default_softmax`)."""
+    if softmax is None:
+        softmax = default_softmax(dtype)
     if isinstance(softmax, str):
         return _named_variant(softmax, dtype)
     return get_softmax(softmax)
@@ -435,8 +450,10 @@ __all__ = [
     "efficient_key_splits",
     "EFFICIENT_TILES",
     "EFFICIENT_BWD_TILES",
+    "DEFAULT_SOFTMAX",
     "KERNEL_FORMATS",
     "TRITON_H100",
+    "default_softmax",
     "kernel_format",
     "kernel_output_format",
     "kernel_policy",

@@ -83,7 +83,7 @@ def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False):
 
 
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
-@pytest.mark.parametrize("softmax", [0, 2])
+@pytest.mark.parametrize("softmax", [0, 2, 3])
 def test_forward_compiles_to_wgmma(key, softmax):
     ptx = _compile_forward(key, softmax).asm["ptx"]
     assert "wgmma.mma_async" in ptx  # the tensor-core model flashsim uses is wgmma's
@@ -124,7 +124,7 @@ def test_forward_compiles_for_one_query(key, dtype):
     equal to 1 a constant unless the kernel says not to; with all three constant, ptxas 12.8 crashed
     (SIGSEGV) on d=64, causal, robust (found on the H100), and with N_K = N_BLK = 1 on FP8 at d=64 with
     128 x 64 tiles, 8 warps, causal, stabilised (not our tiles)."""
-    for softmax in (0, 1, 2):
+    for softmax in (0, 1, 2, 3):
         kern = _compile_forward(key, softmax, 1, dtype, v_t=dtype == "fp8")
         assert kern.asm["cubin"]  # ptxas ran
         assert ["N_K", "N_BLK"] == [name for name, t in kern.src.signature.items() if t == "constexpr"][:2]
@@ -243,7 +243,7 @@ OVERLAP_KEYS += [("fp8", 128, False, 128), ("fp8", 128, True, 128)]
 
 
 @pytest.mark.parametrize("key", OVERLAP_KEYS)
-@pytest.mark.parametrize("softmax", [0, 1, 2])
+@pytest.mark.parametrize("softmax", [0, 1, 2, 3])
 def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
     """The Gluon forward keeps its wgmmas asynchronous: ptxas serialises them (warning C7514) if any other
     instruction touches an in-flight accumulator, which would undo the overlap; spills stay at a few words."""
@@ -259,7 +259,7 @@ def test_overlap_forward_compiles_without_serialised_wgmma(key, softmax):
     assert spilled and max(spilled) <= 16, log  # at most a few registers (measured: 0-16 bytes)
 
 
-@pytest.mark.parametrize("softmax", [0, 2])
+@pytest.mark.parametrize("softmax", [0, 2, 3])
 def test_overlap_64_row_programs_fit_two_an_sm(softmax):
     """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread and
     using at most half an SM's shared memory, so two programs' 8 warps fit an H100 SM, the compute warps
@@ -277,6 +277,38 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
     assert used and max(used) <= 128, log
     assert "Too many maxnreg" not in log, log
     assert max(int(n) for n in re.findall(r"(\d+) bytes spill stores", log)) == 0, log
+
+
+#: PTX conversions from float32 that round P to its dtype, and how many values each converts
+_P_CASTS = {
+    "bf16": {"cvt.rn.bf16x2.f32": 2, "cvt.rn.bf16.f32": 1},
+    "fp8": {"cvt.rn.satfinite.e4m3x2.f32": 2},
+}
+#: and the conversions that widen the cast P back to float32 for cast_sum's row sum
+_P_WIDENS = {"bf16": ("cvt.f32.bf16",), "fp8": ("cvt.rn.f16x2.e4m3x2",)}
+
+
+def _rounded_to(ptx: str, dtype: str) -> int:
+    """How many float32 values the PTX rounds to ``dtype`` (packed conversions count two)."""
+    return sum(n * len(re.findall(re.escape(op) + r"\b", ptx)) for op, n in _P_CASTS[dtype].items())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("kernel", ["triton", "overlap"])
+def test_cast_sum_sums_the_cast_p(dtype, kernel):
+    """cast_sum (SOFTMAX 3) widens values of P's dtype back to float32 (the row sum of the cast P) and the
+    standard softmax does not.  In the tl kernel it also rounds exactly as many float32 values to the dtype as
+    the standard softmax (P's cast and O's): P is cast once, for P V and l alike.  (In the overlap kernel the
+    compiler duplicates the softmax into both branches of the masked/unmasked test, so static counts differ
+    there while each path still casts once.)"""
+    d, causal = 64, True
+    if kernel == "triton":
+        ptx = {sm: _compile_forward((d, causal), sm, dtype=dtype, v_t=dtype == "fp8").asm["ptx"] for sm in (0, 3)}
+        assert _rounded_to(ptx[3], dtype) == _rounded_to(ptx[0], dtype) > 0
+    else:
+        ptx = {sm: _compile_overlap(d, causal, sm, dtype).asm["ptx"] for sm in (0, 3)}
+    for op in _P_WIDENS[dtype]:
+        assert op not in ptx[0] and op in ptx[3], op
 
 
 def test_overlap_caps_registers_only_where_two_programs_fit():
@@ -361,7 +393,7 @@ def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scal
         assert c.band_raw == float(np.float32(r.band / scale)) and c.band_t == float(np.float32(r.band * log2e))
         assert c.max_shift_raw == float(np.float32(20.0 / scale))
     assert flash.softmax_constants(r, 0.3) is flash.softmax_constants(r, 0.3)  # cached
-    with pytest.raises(ValueError, match="implement standard, stabilised and robust"):
+    with pytest.raises(ValueError, match="implement standard, stabilised, robust, cast_sum; got"):
         flash.softmax_constants(object(), 0.125)
     with pytest.raises(ValueError, match="count only unmasked"):
         flash.softmax_constants(StabilisedSoftmax(count_masked=True), 0.125)

@@ -3,7 +3,8 @@
 :func:`attn_fwd`: a program computes BLOCK_M query rows of one (batch, head).  It loads Q once, then walks the
 K/V blocks in two loops (:func:`_kv_loop`), the full blocks (pipelined), then the masked ones (ragged end,
 causal diagonal); per block S = Q K^T (``tl.dot``: wgmma, fp32), the online-softmax update of
-:mod:`gpu.kernels.steps` (shift m, P, alpha, l), acc = acc * alpha, then acc = ``tl.dot(P, V, acc)``.  At the
+:mod:`gpu.kernels.steps` (shift m, P and its cast to V's dtype, alpha, l), acc = acc * alpha, then
+acc = ``tl.dot(P cast, V, acc)``.  At the
 end O = acc / l (div.full), rounded to O's dtype, and LSE = m + log2(l) in base 2.  :func:`transpose_keys`
 copies FP8's V with the keys contiguous.  Every rounding is pinned down so that flashsim's ``triton_h100``
 policy repeats it bit for bit: every FMA is an explicit ``tl.fma`` and no product feeds an addition
@@ -82,8 +83,9 @@ def _kv_loop(
             k = tl.load(K + k_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
             qk = tl.dot(q, tl.trans(k))
             m_new, x = plain_block(qk, m_i, consts, SOFTMAX, FOLD)
-        # P = exp2(x), alpha = exp2(m_i - m_new), l = l * alpha + rowsum(P); acc = acc * alpha + P V
-        p, alpha, l_i = weights(x, m_i, m_new, l_i)
+        # P = exp2(x) and its cast to V's dtype, alpha = exp2(m_i - m_new), l = l * alpha + rowsum(P or the
+        # cast P); acc = acc * alpha + P V with the cast P
+        p, p_cast, alpha, l_i = weights(x, m_i, m_new, l_i, V.dtype.element_ty, SOFTMAX)
         acc = acc * alpha[:, None]
         if V_T:
             vt_ptrs = V + v_base + offs_d[:, None] * N_VT + cols[None, :]
@@ -95,7 +97,7 @@ def _kv_loop(
             v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         else:
             v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
-        acc = tl.dot(p.to(V.dtype.element_ty), v, acc)
+        acc = tl.dot(p_cast, v, acc)
         m_i = m_new
         if DEBUG:
             row_ok = offs_m < N_Q

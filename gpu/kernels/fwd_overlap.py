@@ -102,11 +102,13 @@ def _softmax(
     first_row,
     N_K,
     consts,
+    P_DTYPE: gl.constexpr,
     BLOCK_N: gl.constexpr,
     CAUSAL: gl.constexpr,
     SOFTMAX: gl.constexpr,
 ):
-    """One block's shift, P, alpha and l, by the steps the tl kernel takes (gpu.kernels.steps)."""
+    """One block's shift, P cast to P_DTYPE (for P V), alpha and l, by the steps the tl kernel takes
+    (gpu.kernels.steps)."""
     # the fixes' row reductions folded (steps.row_max): plain ones were no faster here (docs/tried.md)
     if start_n >= lo:  # masked block: ragged columns or the causal diagonal
         m_new, x = masked_block(
@@ -114,8 +116,8 @@ def _softmax(
         )
     else:
         m_new, x = plain_block(qk, m_i, consts, SOFTMAX, True)
-    p, alpha, l_i = weights(x, m_i, m_new, l_i)
-    return p, alpha, l_i, m_new
+    _, p_cast, alpha, l_i = weights(x, m_i, m_new, l_i, P_DTYPE, SOFTMAX)
+    return p_cast, alpha, l_i, m_new
 
 
 @gluon.jit
@@ -156,12 +158,14 @@ def _compute(
     q = smem.q.slice(HALF * ROWS, ROWS)
     mbarrier.wait(smem.q_bar, 0)
 
-    # block 0's scores and softmax, then per block j: issue block j+1's scores, acc = acc * alpha_j + P_j V_j,
-    # and block j+1's softmax while P_j V_j runs
+    # block 0's scores and softmax (p: P cast to the inputs' dtype), then per block j: issue block j+1's
+    # scores, acc = acc * alpha_j + P_j V_j, and block j+1's softmax while P_j V_j runs
     mbarrier.wait(smem.k_full.index(0), 0)
     qk = warpgroup_mma(q, smem.k.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False)
     mbarrier.arrive(smem.k_empty.index(0), count=1)
-    p, alpha, l_i, m_i = _softmax(qk, 0, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, BLOCK_N, CAUSAL, SOFTMAX)
+    p, alpha, l_i, m_i = _softmax(
+        qk, 0, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, dtype, BLOCK_N, CAUSAL, SOFTMAX
+    )
     for j in range(n_blocks - 1):
         s = j % STAGES
         s1 = (j + 1) % STAGES
@@ -171,20 +175,18 @@ def _compute(
         )
         acc = acc * alpha[:, None]
         mbarrier.wait(smem.v_full.index(s), (j // STAGES) & 1)
-        acc = warpgroup_mma(
-            gl.convert_layout(p.to(dtype), p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, is_async=True
-        )
+        acc = warpgroup_mma(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, is_async=True)
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
         mbarrier.arrive(smem.k_empty.index(s1), count=1)
         p, alpha, l_i, m_i = _softmax(
-            qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, BLOCK_N, CAUSAL, SOFTMAX
+            qk, (j + 1) * BLOCK_N, lo, m_i, l_i, offs_m, offs_n, first_row, N_K, consts, dtype, BLOCK_N, CAUSAL, SOFTMAX
         )
         acc = warpgroup_mma_wait(0, deps=(acc,))  # P_j V_j is done: V buffer j may be refilled
         mbarrier.arrive(smem.v_empty.index(s), count=1)
     s = (n_blocks - 1) % STAGES
     acc = acc * alpha[:, None]
     mbarrier.wait(smem.v_full.index(s), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc)
+    acc = warpgroup_mma(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc)
 
     # LSE = m + log2(l), O = acc / l
     row_ok = offs_m < N_Q

@@ -7,12 +7,15 @@ Per block of scores qk (fp32, from ``tl.dot``), in Triton's tutorial's scaled ba
   x = fma(qk, c, -m), with c = qk_scale = sm_scale * log2 e;
 - a block on the causal diagonal (in :func:`masked_block`): t = fma(qk, c, bias) with the tutorial's -1e6
   bias on masked entries, masked entries then set to -inf, m = max(m_i, shift(rowmax(t))), x = t - m;
-- then (:func:`weights`) P = exp2(x) (``ex2.approx.ftz``), alpha = exp2(m_i - m), l = fma(l_i, alpha, rowsum P).
+- then (:func:`weights`) P = exp2(x) (``ex2.approx.ftz``), P cast to its dtype for the P V product,
+  alpha = exp2(m_i - m), l = fma(l_i, alpha, rowsum P) (``cast_sum``: the row sum of the cast P).
 
-shift(r) is r for the standard softmax (SOFTMAX 0); the fixes (1: Qiu & Yao's stabilised softmax, 2: the
-project's robust variant, flashsim.softmax) move it where a block's maximum is repeated, counting the scores
-near the block max.  Their thresholds arrive as :class:`SoftmaxConstants`, float32 values computed on the
-host.  The backward's dQ kernel takes its program's blocks from :func:`program_blocks` too.
+shift(r) is r for the standard softmax (SOFTMAX 0) and for ``cast_sum`` (3); the fixes (1: Qiu & Yao's stabilised
+softmax, 2: the project's robust variant, flashsim.softmax) move it where a block's maximum is repeated, counting
+the scores near the block max.  Their thresholds arrive as :class:`SoftmaxConstants`, float32 values computed on
+the host.  ``cast_sum`` changes only what l sums: P as cast to P's dtype for the P V product (the same cast
+values), not P as computed (docs/fix.md).  The backward's dQ kernel takes its program's blocks from
+:func:`program_blocks` too.
 """
 
 from __future__ import annotations
@@ -142,11 +145,11 @@ def row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so a max does not depend
     on its order, and a count of 0s and 1s is exact in any order.  Only the time differs: the folds pay in
     the overlap kernel and in the tl kernel's 64-key blocks, the plain reductions in its 128-key blocks, and
-    the standard softmax keeps the plain max (docs/tried.md, "Row reductions for the fixes")."""
-    if SOFTMAX == 0 or not FOLD:
-        r = tl.max(x, 1)
-    else:
+    the standard shift (standard, cast_sum) keeps the plain max (docs/tried.md, "Row reductions for the fixes")."""
+    if FOLD and (SOFTMAX == 1 or SOFTMAX == 2):  # a fix that moves the shift follows
         r = _rows_of(tl.max(_fold_to_8(x, _max), 1), x)
+    else:
+        r = tl.max(x, 1)
     return r
 
 
@@ -223,10 +226,10 @@ def plain_block(qk, m_i, consts, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     x = fma(qk, c, -m)."""
     r = row_max(qk, SOFTMAX, FOLD)
     r_m = r * consts.qk_scale
-    if SOFTMAX == 0:
-        m_blk = r_m
-    else:
+    if SOFTMAX == 1 or SOFTMAX == 2:  # a fix: the shift may move above r
         m_blk = _shift(qk, r, m_i, r_m, consts, True, SOFTMAX, FOLD) * consts.qk_scale
+    else:  # standard, cast_sum: the row max
+        m_blk = r_m
     m_new = tl.maximum(m_i, m_blk)
     return m_new, tl.fma(qk, consts.qk_scale, -m_new[:, None])
 
@@ -264,12 +267,20 @@ def masked_block(
 
 
 @triton.jit
-def weights(x, m_i, m_new, l_i):
-    """P = exp2(x), alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum P): the block's update before the
-    rescale acc * alpha and the P V product."""
+def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
+    """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
+    alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
+    and the P V product.  The row sum is of P as computed, or with ``cast_sum`` (SOFTMAX 3) of the cast P
+    (widened back, exactly), the weights P V is made with: O = acc / l is then their weighted mean, and a
+    rounding of P (an E4M3 P underflows on sharp rows) cannot lean O through l (docs/fix.md)."""
     p = tl.math.exp2(x)
+    p_cast = p.to(P_DTYPE)
     alpha = tl.math.exp2(m_i - m_new)
-    return p, alpha, tl.fma(l_i, alpha, tl.sum(p, 1))
+    if SOFTMAX == 3:
+        l_ij = tl.sum(p_cast.to(tl.float32), 1)
+    else:
+        l_ij = tl.sum(p, 1)
+    return p, p_cast, alpha, tl.fma(l_i, alpha, l_ij)
 
 
 # ---- the end: LSE -----------------------------------------------------------------------------------------

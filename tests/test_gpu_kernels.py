@@ -494,7 +494,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 @cuda
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("softmax", ["standard", "stabilised", "robust"])
+@pytest.mark.parametrize("softmax", ["standard", "stabilised", "robust", "cast_sum"])
 @pytest.mark.parametrize("d", [64, 256])
 def test_live_against_fp64(dtype, causal, softmax, d):
     from gpu import flash
@@ -527,6 +527,8 @@ def test_live_kernel_equals_emulator():
         Case(77, 130, 128, "fp16", False, "stabilised", "sink", 2),
         Case(90, 150, 256, "bf16", True, "robust", "repeated", 3),
         Case(70, 200, 256, "fp16", False, "standard", "random", 4),
+        Case(90, 150, 256, "bf16", True, "cast_sum", "large", 5),
+        Case(77, 130, 64, "fp16", False, "cast_sum", "random", 6),
     ]:
         x = inputs(case)
         run = live_run(
@@ -569,6 +571,43 @@ def _fp8_cases(d: int):
             q[:, :, :nq].to(flash.FP8).contiguous(),
             *(x[:, :, :nk].to(flash.FP8).contiguous() for x in (k, v)),
         )
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_live_fp8_cast_sum_equals_emulator_and_is_the_default(d, causal):
+    """The FP8 forward's default softmax is cast_sum, and its O and LSE are flashsim's CastSumSoftmax under the
+    e4m3 policy bit for bit, on sharp rows ('large') and others; the standard softmax's O differs on them."""
+    from flashsim.crosscheck import KernelRun, crosscheck
+    from gpu import flash
+    from gpu.crosscheck import bits_of
+    from gpu.policies import kernel_policy_ref, kernel_variant
+
+    differ = 0
+    for kind, nq, nk, q8, k8, v8 in _fp8_cases(d):
+        o, lse, _ = flash.forward(q8, k8, v8, causal=causal)
+        named = flash.forward(q8, k8, v8, causal=causal, softmax="cast_sum")
+        assert torch.equal(o, named[0]) and torch.equal(lse, named[1]), (kind, "the default is not cast_sum")
+        differ += not torch.equal(o, flash.forward(q8, k8, v8, causal=causal, softmax="standard")[0])
+        if nq * nk > 517 * 333:
+            continue  # the emulator takes long there; the recorded cast_sum cases cover such rows
+        x = [t[0].float().cpu().numpy() for t in (q8, k8, v8)]
+        run = KernelRun(
+            q=x[0],
+            k=x[1],
+            v=x[2],
+            dtype="e4m3",
+            causal=causal,
+            sm_scale=1 / math.sqrt(d),
+            softmax=kernel_variant("cast_sum", "e4m3"),
+            policy=kernel_policy_ref("e4m3", d, causal),
+            outputs={"o": bits_of(o[0]), "lse": bits_of(lse[0])},
+        )
+        rep = crosscheck(run)
+        assert rep.identical, (kind, nq, nk, str(rep))
+    assert differ >= 2
 
 
 @pytest.mark.gpu
@@ -717,7 +756,7 @@ def test_live_causal_rows_never_see_later_keys(d):
     bad = x[1].clone()
     bad[0, 1, 150, 5] = float("nan")
     for kernel in kernels:
-        for softmax in ("standard", "stabilised", "robust"):
+        for softmax in flash.SOFTMAX_IDS:
             o = flash.forward(q, k, v, causal=True, softmax=softmax, kernel=kernel)[0]
             assert o[0, 0, 0, 0] == 0.0, (kernel, softmax)
             want = flash.forward(*x, causal=True, softmax=softmax, kernel=kernel)

@@ -1,12 +1,14 @@
 """Build the kept subset of a GPU recording: gpu/data/recorded.npz and the 'record' entry of
-gpu/data/recorded.json; or, for FP8, fp8.npz and the 'fp8' entry.
+gpu/data/recorded.json; for FP8, fp8.npz and the 'fp8' entry; for the cast_sum softmax, cast_sum.npz and
+cast_sum.json.
 
     PYTHONPATH=. python tools/keep_recording.py DIR
 
-DIR holds what ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (or ``--sections fp8``) wrote.  Kept:
-forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m, l, P, acc for n_q*n_k <= 64^2) and
-all backward cases; FP8: O and LSE of the cases with n_q*n_k <= 333^2.  Prints how many kept arrays differ
-from the file they replace.
+DIR holds what ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (or ``--sections fp8``, or
+``--sections cast_sum``) wrote.  Kept: forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m,
+l, P, acc for n_q*n_k <= 64^2) and all backward cases; FP8: O and LSE of the cases with n_q*n_k <= 333^2;
+cast_sum: every case (all at most 333^2), with the device's own check against the emulator and its timings.
+Prints how many kept arrays differ from the file they replace.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emufloat.console import ArgumentParser  # noqa: E402
-from gpu.crosscheck import DATA, load_device_folder  # noqa: E402
+from gpu.crosscheck.recorded import CAST_SUM_FILES, CAST_SUM_PREFIXES, DATA, load_device_folder  # noqa: E402
 
 
 def _area(case_key: str) -> int:
@@ -36,6 +38,28 @@ def _replace(path: Path, kept: dict[str, np.ndarray]) -> list[str]:
         with np.load(path) as z:
             changed = [k for k in kept if k not in z.files or not np.array_equal(z[k], kept[k])]
     np.savez_compressed(path, **kept)
+    return changed
+
+
+def _keep_cast_sum(run: dict, arrays: dict[str, np.ndarray]) -> list[str]:
+    """gpu/data/cast_sum.npz (every array of the cast_sum section) and cast_sum.json (its cases, provenance, the
+    device's check against the emulator and its timings); the keys of arrays new or changed."""
+    kept = {k: a for k, a in arrays.items() if k.split("/")[0] in CAST_SUM_PREFIXES}
+    changed = _replace(DATA / CAST_SUM_FILES[1], kept)
+    check = run.get("cast_sum_check", {})
+    meta = run["cast_sum"] | {
+        "command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections cast_sum --seconds 400",
+        "env": run["env"],
+        "check": check,
+        "bench": run.get("cast_sum_bench", []),
+        "kept": f"{CAST_SUM_FILES[1]}: outputs as bits (o bf16/fp16, lse and delta fp32, dq dk dv) of every case; "
+        "keys 'cs/<case>/<output>' (forward) and 'csb/<case>/<output>' (forward + backward)",
+    }
+    (DATA / CAST_SUM_FILES[0]).write_text(json.dumps(meta, indent=1))
+    print(
+        f"kept {len(kept)} cast_sum arrays ({len(meta['forward'])} forward, {len(meta['backward'])} backward cases); "
+        f"the device's check: {check.get('identical')} / {check.get('total')} identical"
+    )
     return changed
 
 
@@ -69,7 +93,10 @@ def main(argv: list[str] | None = None) -> int:
             "kept": f"fp8.npz: outputs (o bf16 bits, lse fp32 bits) of the {n} cases with n_q * n_k <= 333^2",
         }
         print(f"kept {len(kept)} FP8 arrays ({n} cases)")
-    (DATA / "recorded.json").write_text(json.dumps(res, indent=1))
+    if "record" in run or "fp8" in run:
+        (DATA / "recorded.json").write_text(json.dumps(res, indent=1))
+    if "cast_sum" in run:
+        changed += _keep_cast_sum(run, arrays)
     print(f"{len(changed)} arrays differ from the previous files")
     for k in changed[:40]:
         print("  changed:", k)

@@ -18,7 +18,7 @@ from flashsim.inputs import draw_head
 from ..policies import kernel_format
 
 KINDS = ("random", "repeated", "sink", "large", "tiny")  # the kinds of the recorded grid, in the grid's order
-SOFTMAXES = ("standard", "stabilised", "robust")
+SOFTMAXES = ("standard", "stabilised", "robust")  # the variants of the original recorded grid
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,38 @@ def fp8_cases() -> list[Case]:
     return out
 
 
+def cast_sum_cases() -> list[Case]:
+    """Forward cases of the ``cast_sum`` softmax: FP8 E4M3 (its default) at every size, each input also with the
+    standard softmax (the same seed), so the recording shows where they differ; bf16 or fp16 beside it; ragged
+    lengths, d 64/128, causal or not; sharp rows ('large', where an E4M3 P underflows), 'random', and ties
+    ('repeated', 'sink')."""
+    out = []
+    seed = 9000
+    kinds = ("large", "random", "repeated", "sink")
+    for i, (nq, nk) in enumerate([(64, 64), (77, 130), (200, 200), (333, 150), (333, 333)]):
+        for d in (64, 128):
+            for causal in (False, True):
+                for dtype in ("e4m3", ("bf16", "fp16")[(i + d // 64 + int(causal)) % 2]):
+                    seed += 1
+                    kind = kinds[(i + int(causal) + d // 64) % len(kinds)] if dtype != "e4m3" or i % 2 else "large"
+                    variants = ("cast_sum", "standard") if dtype == "e4m3" else ("cast_sum",)
+                    out += [Case(nq, nk, d, dtype, causal, sm, kind, seed) for sm in variants]
+    return out
+
+
+def cast_sum_backward_cases() -> list[Case]:
+    """Forward with ``cast_sum`` then the backward (bf16, fp16): the backward sees the variant only through the
+    forward's O and LSE = m + log2 l, with l summed from the cast P."""
+    out = []
+    seed = 9500
+    for i, (nq, nk) in enumerate([(100, 100), (77, 130), (200, 200)]):
+        for d in (64, 128):
+            seed += 1
+            dtype = ("bf16", "fp16")[(i + d // 64) % 2]
+            out.append(Case(nq, nk, d, dtype, bool((i + d // 64) % 2), "cast_sum", ("large", "random")[i % 2], seed))
+    return out
+
+
 def backward_cases() -> list[Case]:
     """The recorded backward cases (the variant changes only the forward's O and LSE that feed it)."""
     out = []
@@ -141,4 +173,15 @@ def backward_cases() -> list[Case]:
     return out
 
 
-__all__ = ["Case", "KINDS", "SOFTMAXES", "batch", "inputs", "forward_cases", "backward_cases", "fp8_cases"]
+__all__ = [
+    "Case",
+    "KINDS",
+    "SOFTMAXES",
+    "backward_cases",
+    "batch",
+    "cast_sum_backward_cases",
+    "cast_sum_cases",
+    "forward_cases",
+    "fp8_cases",
+    "inputs",
+]

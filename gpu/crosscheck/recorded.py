@@ -17,6 +17,10 @@ from .cases import Case, inputs
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # package data (gpu/data): the recorded cases and runs
 RECORDED_FILES = ("recorded.json", "recorded.npz", "fp8.npz")  # the case grid, its outputs, FP8's outputs
+#: the cast_sum recording (its cases and provenance, its outputs), read where present
+CAST_SUM_FILES = ("cast_sum.json", "cast_sum.npz")
+#: array key prefixes of the cast_sum section (forward, backward), beside 'f', 'b' (record) and 'f8' (fp8)
+CAST_SUM_PREFIXES = ("cs", "csb")
 
 
 def case_run(
@@ -57,9 +61,23 @@ def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
+def load_cast_sum(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
+    """(cast_sum.json: the cases, 'forward' and 'backward', and how they were recorded; the recorded arrays
+    keyed 'cs/<case key>/<output>' and 'csb/...')."""
+    meta = json.loads((path / CAST_SUM_FILES[0]).read_text())
+    with np.load(path / CAST_SUM_FILES[1]) as z:
+        arrays = {k: z[k] for k in z.files}
+    return meta, arrays
+
+
+def has_cast_sum(path: Path = DATA) -> bool:
+    """Whether ``path`` holds the cast_sum recording."""
+    return all((path / name).is_file() for name in CAST_SUM_FILES)
+
+
 def load_device_folder(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """What ``gpu/scripts/run_attention.sh --sections record[,fp8]`` wrote into ``folder``, as :func:`load_recorded`
-    returns the kept copy (every case, not only the kept subset)."""
+    """What ``gpu/scripts/run_attention.sh --sections record[,fp8][,cast_sum]`` wrote into ``folder``, as
+    :func:`load_recorded` returns the kept copy (every case, not only the kept subset)."""
     meta = json.loads((Path(folder) / "attention.json").read_text())
     arrays: dict[str, np.ndarray] = {}
     for part in sorted(Path(folder).glob("*_cases_*.npz")):
@@ -69,17 +87,23 @@ def load_device_folder(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelRun]:
-    """Every recorded case (forward, backward, FP8) as a KernelRun: the kept copy in ``path`` (with the runs
-    saved whole in ``path/runs``), or a device run's output ``folder``."""
+    """Every recorded case (forward, backward, FP8, cast_sum) as a KernelRun: the kept copy in ``path`` (with
+    the runs saved whole in ``path/runs``; cast_sum where recorded), or a device run's output ``folder``."""
     meta, arrays = load_recorded(path) if folder is None else load_device_folder(folder)
+    cast_sum = meta.get("cast_sum", {})
     if folder is None:
         with np.load(path / "fp8.npz") as z:
             arrays.update({k: z[k] for k in z.files})
+        if has_cast_sum(path):
+            cast_sum, more = load_cast_sum(path)
+            arrays.update(more)
     runs = []
     sources = (
         ("f", meta.get("record", {}).get("forward", [])),
         ("b", meta.get("record", {}).get("backward", [])),
         ("f8", meta.get("fp8", {}).get("cases", [])),
+        (CAST_SUM_PREFIXES[0], cast_sum.get("forward", [])),
+        (CAST_SUM_PREFIXES[1], cast_sum.get("backward", [])),
     )
     for kind, cases in sources:
         for c in cases:
@@ -93,4 +117,16 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
     return runs
 
 
-__all__ = ["DATA", "RECORDED_FILES", "case_run", "compare", "load_device_folder", "load_recorded", "recorded_runs"]
+__all__ = [
+    "CAST_SUM_FILES",
+    "CAST_SUM_PREFIXES",
+    "DATA",
+    "RECORDED_FILES",
+    "case_run",
+    "compare",
+    "has_cast_sum",
+    "load_cast_sum",
+    "load_device_folder",
+    "load_recorded",
+    "recorded_runs",
+]

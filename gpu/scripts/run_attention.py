@@ -1,11 +1,13 @@
 """GPU work of the attention kernels in one call: smoke test, tile search, accuracy, recorded cases (bf16,
-fp16, FP8) for the emulator, and a short training check (throughput: benchmarks/bench_gpu.py).
+fp16, FP8, the cast_sum softmax) for the emulator, and a short training check (throughput:
+benchmarks/bench_gpu.py).
 
     OUT=/path bash gpu/scripts/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
 
 Writes ``$OUT/attention.json`` (everything measured, with versions), ``$OUT/attention_cases.npz``
-(recorded cases: outputs as bits) and ``$OUT/log2.npz``.  Sections stop early when ``--seconds`` runs out
-and say so in the JSON.
+(recorded cases: outputs as bits) and ``$OUT/log2.npz``; ``--sections cast_sum`` records its cases and
+checks them against the emulator on the spot.  Sections stop early when ``--seconds`` runs out and say so in
+the JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import json
 import math
 import platform
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +35,16 @@ except ImportError as exc:  # one line, not a traceback, without the gpu extra
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
 from .. import flash
-from ..crosscheck.cases import backward_cases, batch, forward_cases, fp8_cases, inputs
+from ..crosscheck.cases import (
+    Case,
+    backward_cases,
+    batch,
+    cast_sum_backward_cases,
+    cast_sum_cases,
+    forward_cases,
+    fp8_cases,
+    inputs,
+)
 from ..crosscheck.live import bits_of, same_bits
 from ..kernels.steps import log2_fma
 from .device_cli import positive, require_gpu, sections
@@ -380,6 +392,137 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
     print(f"fp8: {len(done)} cases", flush=True)
 
 
+def cast_sum(res: dict, out: Path, deadline: float) -> None:
+    """The cast_sum softmax: the cases of gpu.crosscheck.cases.cast_sum_cases (FP8 inputs with the standard
+    softmax too) and cast_sum_backward_cases run by the default kernel, outputs as bits
+    (``cast_sum_cases_*.npz``, keys 'cs/<case>/<output>' and 'csb/...'); the tl and overlap forward kernels
+    held to those bits where they run; then every case emulated and compared bit for bit on the spot, and
+    the forward's time, standard against cast_sum."""
+    from ..crosscheck.recorded import CAST_SUM_PREFIXES
+
+    fwd_prefix, bwd_prefix = CAST_SUM_PREFIXES
+    arrays: dict[str, np.ndarray] = {}
+    done_f, done_b, kernels_differ, failed = [], [], [], []
+    for case in cast_sum_cases():
+        if time.time() > deadline:
+            res["cast_sum_stopped"] = "time (recording)"
+            break
+        x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items() if n != "do"}
+        try:
+            o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
+        except Exception as exc:  # noqa: BLE001 - record the failure, go on with the other cases
+            failed.append([case.key, repr(exc)[:300]])
+            continue
+        for kern in ("triton", "overlap"):
+            try:
+                got = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax, kernel=kern)
+            except Exception as exc:  # noqa: BLE001 - e.g. no overlap kernel on this GPU: said in the JSON
+                failed.append([f"{case.key} ({kern})", repr(exc)[:300]])
+                continue
+            if not same_bits((o, lse), got[:2]):
+                kernels_differ.append([case.key, kern])
+        arrays[f"{fwd_prefix}/{case.key}/o"] = bits_of(o)
+        arrays[f"{fwd_prefix}/{case.key}/lse"] = bits_of(lse)
+        done_f.append(case.to_dict())
+    for case in cast_sum_backward_cases():
+        if time.time() > deadline:
+            res["cast_sum_stopped"] = "time (recording)"
+            break
+        x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
+        o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
+        dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=case.causal)
+        for name, t in (("o", o), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)):
+            arrays[f"{bwd_prefix}/{case.key}/{name}"] = bits_of(t)
+        done_b.append(case.to_dict())
+    res["cast_sum_files"] = save_parts(arrays, out, "cast_sum_cases")
+    res["cast_sum"] = {
+        "forward": done_f,
+        "backward": done_b,
+        "kernels_differ": kernels_differ,
+        "failed": failed,
+        "fwd_config": {f"{d}_{'causal' if c else 'full'}": cfg.__dict__ for (d, c), cfg in flash.FWD_CONFIGS.items()},
+    }
+    print(
+        f"cast_sum: recorded {len(done_f)} forward, {len(done_b)} backward cases, {len(failed)} failed; the tl or "
+        f"overlap kernel differs from the recorded bits on {len(kernels_differ)}",
+        flush=True,
+    )
+    _cast_sum_check(res, arrays, done_f, done_b, deadline)
+    _cast_sum_bench(res, deadline)
+
+
+def _cast_sum_check(res: dict, arrays: dict, done_f: list, done_b: list, deadline: float) -> None:
+    """Every recorded case of the cast_sum section against the emulator, and how many FP8 inputs' O cast_sum
+    changes (against the standard softmax's on the same inputs)."""
+    from ..crosscheck.recorded import CAST_SUM_PREFIXES, compare
+
+    identical, differ, checked = 0, [], 0
+    total = len(done_f) + len(done_b)
+    for prefix, cases in zip(CAST_SUM_PREFIXES, (done_f, done_b), strict=True):
+        for c in cases:
+            if time.time() > deadline:
+                res["cast_sum_check_stopped"] = "time"
+                break
+            case = Case(**c)
+            head = f"{prefix}/{case.key}/"
+            rec = {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
+            bad = [
+                f"{r.name}: {r.n - r.identical} of {r.n} differ, {r.ulp_hist}"
+                for r in compare(case, rec)
+                if r.identical != r.n
+            ]
+            checked += 1
+            identical += not bad
+            if bad:
+                differ.append([head, bad])
+    fp8 = [Case(**c) for c in done_f if c["dtype"] == "e4m3" and c["softmax"] == "cast_sum"]
+    pairs = [(c, Case(**{**c.to_dict(), "softmax": "standard"})) for c in fp8]
+    key = CAST_SUM_PREFIXES[0]
+    changed = sum(
+        not np.array_equal(arrays[f"{key}/{a.key}/o"], arrays[f"{key}/{b.key}/o"])
+        for a, b in pairs
+        if f"{key}/{b.key}/o" in arrays
+    )
+    res["cast_sum_check"] = {
+        "identical": identical,
+        "checked": checked,
+        "total": total,
+        "differ": differ,
+        "fp8_o_changed_by_cast_sum": [changed, len(pairs)],
+    }
+    print(
+        f"cast_sum against the emulator: {identical} / {total} cases identical in every output ({checked} checked, "
+        f"{len(differ)} differ); FP8 inputs whose O cast_sum changes: {changed} / {len(pairs)}",
+        flush=True,
+    )
+    for head, bad in differ[:10]:
+        print("  differs:", head, bad[:3], flush=True)
+
+
+def _cast_sum_bench(res: dict, deadline: float) -> None:
+    """Forward milliseconds, standard against cast_sum, on the default kernel (B=4, H=32, N=4096)."""
+    rows = []
+    for dtype in ("bf16", "e4m3"):
+        for d in (128,):
+            for causal in (False, True):
+                if time.time() + 10 > deadline:
+                    res["cast_sum_bench_stopped"] = "time"
+                    break
+                q, k, v = rand((4, 32, 4096, d), torch.bfloat16)
+                q, k, v = (x.to(DT[dtype]) for x in (q, k, v))
+                row = {"dtype": dtype, "d": d, "causal": causal}
+                for sm in ("standard", "cast_sum"):
+                    row[sm] = bench_one(flash.forward, q, k, v, causal=causal, softmax=sm)
+                row["ratio"] = row["cast_sum"] / row["standard"]
+                rows.append(row)
+                print(
+                    f"cast_sum bench {dtype} d={d} causal={causal}: standard {row['standard']:.3f} ms, cast_sum "
+                    f"{row['cast_sum']:.3f} ms ({row['ratio']:.3f}x)",
+                    flush=True,
+                )
+    res["cast_sum_bench"] = rows
+
+
 def overlap(res: dict, deadline: float) -> None:
     """The Gluon forward (kernel="overlap") against the tl forward (kernel="triton"): bits of O and LSE on
     every recorded forward case and on large adversarial batches, then both kernels' TFLOP/s."""
@@ -483,7 +626,7 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
     )
 
 
-SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train")
+SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train", "cast_sum")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -510,6 +653,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.time()
     deadline = t0 + args.seconds
     res: dict = {"env": env(), "sections": args.sections}
+    # the sections run the robust variant on purpose (recordings, comparisons): its FutureWarning is for users
+    warnings.filterwarnings("ignore", message="softmax 'robust' leans O", category=FutureWarning)
     for name in wanted:
         t = time.time()
         if t > deadline:
@@ -520,7 +665,7 @@ def run(args: argparse.Namespace) -> int:
                 log2(res, out)
             elif name == "replay":
                 replay(res, deadline, args.replay_from)
-            elif name in ("record", "fp8"):
+            elif name in ("record", "fp8", "cast_sum"):
                 globals()[name](res, out, deadline)
             else:
                 globals()[name](res, deadline)

@@ -385,7 +385,7 @@ def test_sweep_with_an_engine_on_a_local_cluster_then_a_mismatch_keeps_what_fini
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1, err
     assert "--engine flip-e2e: O differs from the emulator's in cell " in err
-    assert re.search(r"rows (1|7) \(1 of 6 confirmed\) differ; row (1|7): element \(0, 0\)", err), err
+    assert re.search(r"rows (1|7) \(1 of 6 confirmed\) differ; row (1|7), element \(0, 0\): engine 0x", err), err
     assert "finished cells are kept" in err
     store = open_store(out2, spec)
     left = plan(spec, store)

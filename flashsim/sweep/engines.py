@@ -199,7 +199,7 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 def compare_o(got: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, str] | None:
     """None when ``got`` has ``want``'s dtype, shape and bits (-0 is not +0, NaN payloads count); else (the row
-    indices that differ, a description of the first difference)."""
+    indices that differ, the first differing element of the first of them and both its encodings)."""
     got, want = np.asarray(got), np.asarray(want)
     if got.dtype != want.dtype or got.shape != want.shape:
         return np.arange(want.shape[0]), f"O is {got.dtype} {got.shape}, the emulator's {want.dtype} {want.shape}"
@@ -211,8 +211,8 @@ def compare_o(got: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, str] | Non
     width = got.dtype.itemsize * 2
     g, w = int(_bits(got)[first]), int(_bits(want)[first])
     return bad_rows, (
-        f"element {first[1:]} of the first: engine 0x{g:0{width}x} ({got[first]!r}), "
-        f"emulator 0x{w:0{width}x} ({want[first]!r})"
+        f"element {first[1:]}: engine 0x{g:0{width}x} ({float(got[first])!r}), "
+        f"emulator 0x{w:0{width}x} ({float(want[first])!r})"
     )
 
 

@@ -4,7 +4,9 @@ A LocalCluster of processes by default (one per core, one thread each, ``NUMBA_N
 workers do not contend for the cores), or an existing cluster by its scheduler's address.  The client (this
 process) plans the tasks from what the output folder already holds, writes every finished task and cell
 (:mod:`flashsim.sweep.store`), and shows cells done, rows per second and the time left.  The workers only
-compute (:func:`flashsim.sweep.work.compute_task`): they need the same Python packages, not the folder.
+compute (:func:`flashsim.sweep.work.compute_task`): they need the same Python packages, not the folder.  An
+engine other than the emulator (:mod:`flashsim.sweep.engines`) travels with each task; where every worker is on
+one machine, a Dask semaphore keeps its users to the engine's ``local_slots``.
 """
 
 from __future__ import annotations
@@ -266,9 +268,10 @@ def run_sweep(
             try:
                 results = fut.result()
             except ConfirmationError as exc:
+                msg, _, where = str(exc).partition("; the cell: ")
                 raise MismatchError(
-                    f"{exc}; finished cells are kept (run with --engine {EMULATOR.name} to compute this cell on "
-                    "the emulator)"
+                    f"{msg}; finished cells are kept (--engine {EMULATOR.name} goes on, on the emulator); the cell: "
+                    f"{where}"
                 ) from exc
             except EngineError:
                 raise

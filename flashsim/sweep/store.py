@@ -4,7 +4,8 @@ Layout of the output folder::
 
     spec.json                      the normalised spec; a run with a different spec is refused
     spec.toml                      the spec file as first given (for the reader)
-    cells/<cell id>.parquet        a finished cell: every row, its parameters as columns and as metadata
+    cells/<cell id>.parquet        a finished cell: every row (with the engine that computed it and whether the
+                                   emulator confirmed it), its parameters as columns and as metadata
     chunks/<group id>/<row>.parquet  a finished task (rows of every cell of the group), until the group's
                                    cells are written; then removed
 

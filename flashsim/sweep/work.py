@@ -114,10 +114,10 @@ def confirm(task: Task, rows: BiasRows, o: dict[str, np.ndarray]) -> dict[str, n
                 bad, first = found
                 global_rows = tuple(int(task.first_row + idx[i]) for i in bad)
                 raise ConfirmationError(
-                    f"--engine {task.engine.name}: O differs from the emulator's in cell {cell.id} "
-                    f"({describe_cell(cell)}): rows {', '.join(map(str, global_rows[:5]))}"
-                    f"{' ...' if len(global_rows) > 5 else ''} ({len(global_rows)} of {idx.size} confirmed) "
-                    f"differ; row {global_rows[0]}: {first}",
+                    f"--engine {task.engine.name}: O differs from the emulator's in cell {cell.id}: rows "
+                    f"{', '.join(map(str, global_rows[:5]))}{' ...' if len(global_rows) > 5 else ''} "
+                    f"({len(global_rows)} of {idx.size} confirmed) differ; row {global_rows[0]}, {first}; the cell: "
+                    f"{describe_cell(cell)}",
                     cell=cell.id,
                     rows=global_rows,
                 )

@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--live", action="store_true", help="run the kernels on this machine's GPU (needs the gpu extra)")
     ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
     ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust"))
+    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust", "cast_sum"))
     ap.add_argument(
         "--causal",
         action="store_true",
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--folder",
         metavar="DIR",
         help="recorded: the output folder of gpu/scripts/run_attention.sh "
-        "--sections record[,fp8] (every case) instead of the copy installed with the package",
+        "--sections record[,fp8,cast_sum] (every case) instead of the copy installed with the package",
     )
     ap.add_argument(
         "--kernel",

@@ -24,9 +24,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import emufloat as ef  # noqa: E402
 from emufloat.console import ArgumentParser  # noqa: E402
-from flashsim.analysis.experiments import BiasRows, Reference, reference, row_errors  # noqa: E402
+from flashsim.analysis.experiments import BiasRows, Reference, reference, row_errors, rows_in_format  # noqa: E402
 from flashsim.analysis.families import get_family  # noqa: E402
 from flashsim.analysis.stats import summarize, summary_table  # noqa: E402
 from flashsim.console import UsageError, run_command  # noqa: E402
@@ -117,12 +116,7 @@ VARIANT_ORDER = ("standard", "stabilised", "robust", "dithered", "cast_sum")
 def cell_rows(case: Case, n_rows: int, inputs: str) -> BiasRows:
     """The case's rows, q, k and v rounded to ``inputs`` (all three: the FP8 kernel casts q too)."""
     rows = get_family(case.family).make(n_rows, seed=SEED, n_keys=case.n_keys, d=D, **case.params)
-    if inputs == "bf16":
-        return rows
-    q, k, v = (ef.quantize(x, inputs).astype(np.float32) for x in (rows.q, rows.k, rows.v))
-    s = np.einsum("rqd,rkd->rqk", q.astype(np.float64), k.astype(np.float64))[:, 0]
-    ties = np.count_nonzero(s == s.max(axis=1, keepdims=True), axis=1).astype(np.int64)
-    return BiasRows(q, k, v, rows.do, ties, f"{rows.description}; q, k, v rounded to {inputs}")
+    return rows if inputs == "bf16" else rows_in_format(rows, inputs)
 
 
 def _cell_inputs(pname: str, cname: str, n_rows: int, cache: Path) -> tuple[BiasRows, Reference]:

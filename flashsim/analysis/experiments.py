@@ -119,10 +119,13 @@ def repeated_maxima_rows(
 
 
 def rows_in_format(rows: BiasRows, fmt: str) -> BiasRows:
-    """``rows`` with K and V rounded (RNE) to ``fmt``, e.g. 'e4m3fn' for an FP8 kernel's inputs; q (e_0) and
-    dO stay.  Tied scores round alike, so each row keeps its maxima; the others stay at least 8.8 below."""
-    k, v = (ef.quantize(x, fmt).astype(np.float32) for x in (rows.k, rows.v))
-    return BiasRows(rows.q, k, v, rows.do, rows.ties, f"{rows.description}; K, V rounded to {fmt}")
+    """``rows`` with q, K and V rounded (RNE) to ``fmt``, e.g. 'e4m3fn' for an FP8 kernel's inputs (it casts q too),
+    so the FP64 reference sees the values the kernel computes with; dO stays.  ``ties`` is counted again on the
+    rounded scores (for the tie rows q = e_0 and tied scores round alike, so each row keeps its maxima)."""
+    q, k, v = (ef.quantize(x, fmt).astype(np.float32) for x in (rows.q, rows.k, rows.v))
+    s = np.einsum("rqd,rkd->rqk", q.astype(np.float64), k.astype(np.float64))[:, 0]
+    ties = np.count_nonzero(s == s.max(axis=1, keepdims=True), axis=1).astype(np.int64)
+    return BiasRows(q, k, v, rows.do, ties, f"{rows.description}; q, K, V rounded to {fmt}")
 
 
 @dataclass(frozen=True)

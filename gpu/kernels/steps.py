@@ -267,6 +267,21 @@ def masked_block(
 
 
 @triton.jit
+def widen(p_cast, P_DTYPE: tl.constexpr):
+    """The cast P as float32, exactly.  E4M3 through float16: its bits moved into a float16's (exponent field and
+    mantissa in place, so the value is 2^-8 times E4M3's, subnormals included), widened, times 256.  Triton
+    3.6's own fp8 -> fp32 conversion of a tensor in the tl kernel's dot layout gave wrong values on an H200,
+    NaN in some runs, where the overlap kernel's was right (docs/fix.md)."""
+    if P_DTYPE == tl.float8e4nv:
+        b = p_cast.to(tl.uint8, bitcast=True).to(tl.uint16)
+        h = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
+        w = h.to(tl.float32) * 256.0
+    else:
+        w = p_cast.to(tl.float32)
+    return w
+
+
+@triton.jit
 def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
     alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
@@ -277,7 +292,7 @@ def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     p_cast = p.to(P_DTYPE)
     alpha = tl.math.exp2(m_i - m_new)
     if SOFTMAX == 3:
-        l_ij = tl.sum(p_cast.to(tl.float32), 1)
+        l_ij = tl.sum(widen(p_cast, P_DTYPE), 1)
     else:
         l_ij = tl.sum(p, 1)
     return p, p_cast, alpha, tl.fma(l_i, alpha, l_ij)

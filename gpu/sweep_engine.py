@@ -7,9 +7,10 @@ launches, for the cell's head dimension and input format, and its K/V tile is th
 - our Triton kernels (:func:`gpu.flash.forward`) at their default tiles (:func:`gpu.policies.kernel_policy`,
   not causal): bf16 and fp16, and e4m3fn under the FP8 kernel's policy; any softmax variant
   :mod:`gpu.flash` accepts when the engine runs (its ``SOFTMAX_IDS`` and ``softmax_constants``);
-- PyTorch SDPA's flash, memory-efficient and cuDNN backends (:func:`gpu.policies.sdpa_flash_policy` without
-  a K/V split, :func:`~gpu.policies.sdpa_efficient_policy`, :func:`~gpu.policies.sdpa_cudnn_policy`), bf16
-  and fp16, standard softmax only, and only with the torch version those models were calibrated on.
+- PyTorch SDPA's flash and memory-efficient backends (:func:`gpu.policies.sdpa_flash_policy` without a K/V
+  split, :func:`~gpu.policies.sdpa_efficient_policy`), bf16 and fp16, standard softmax only, and only with the
+  torch version those models were calibrated on.  Not cuDNN: with one query a head it runs another kernel than
+  the one :func:`~gpu.policies.sdpa_cudnn_policy` models (1-ulp differences in O on sampled rows).
 
 Each row is one head: q, k, v of shape (1, rows, 1 query, n_keys) with ``sm_scale`` 1.  The mapping
 (:func:`plan_cell`) needs no torch; computing does.
@@ -41,13 +42,12 @@ from .policies import (
     KERNEL_FORMATS,
     calibration_mismatch,
     kernel_policy,
-    sdpa_cudnn_policy,
     sdpa_efficient_policy,
     sdpa_flash_policy,
 )
 
 #: the launches the engine runs: our Triton forward and PyTorch SDPA's backends
-KERNELS = ("triton", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn")
+KERNELS = ("triton", "sdpa_flash", "sdpa_efficient")
 SDPA_DTYPES = ("bf16", "fp16")
 #: heads the model of SDPA's flash backend is made for: enough that FA2 never splits the keys
 #: (:func:`gpu.policies.fa2_num_splits`); the engine pads smaller launches to that many heads of the GPU
@@ -86,7 +86,6 @@ def launches(fmt: str, head_dim: int, n_keys: int) -> tuple[tuple[KernelPlan, Po
         if head_dim in FA2_BWD_TILES:
             flash = sdpa_flash_policy(dtype, head_dim, n_q=1, n_k=n_keys, batch_heads=FA2_UNSPLIT_HEADS)
             out.append((KernelPlan("sdpa_flash", dtype), flash))
-            out.append((KernelPlan("sdpa_cudnn", dtype), sdpa_cudnn_policy(dtype, head_dim)))
         if head_dim in EFFICIENT_TILES:
             out.append((KernelPlan("sdpa_efficient", dtype), sdpa_efficient_policy(dtype, head_dim)))
     return tuple(out)

@@ -97,7 +97,7 @@ def test_sdpa_backends_standard_softmax_unsplit_and_calibrated_torch_only(monkey
     flash_c, eff_c, cudnn_c = _cells([FLASH, EFFICIENT, CUDNN])
     assert _plan(flash_c) == se.KernelPlan("sdpa_flash", "bf16")
     assert _plan(eff_c) == se.KernelPlan("sdpa_efficient", "bf16")
-    assert _plan(cudnn_c) == se.KernelPlan("sdpa_cudnn", "bf16")
+    assert _plan(cudnn_c).startswith("policy gpu.policies:sdpa_cudnn_policy")  # N_q = 1 runs another cuDNN kernel
     for cell in _cells([FLASH], ["stabilised"]):
         assert _plan(cell) == "softmax stabilised: SDPA has the standard softmax only"
     # the model of a launch whose keys FA2 splits (one head, 4096 keys) is not what the engine launches

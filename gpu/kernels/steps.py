@@ -267,18 +267,16 @@ def masked_block(
 
 
 @triton.jit
-def widen(p_cast, P_DTYPE: tl.constexpr):
-    """The cast P as float32, exactly.  E4M3 through float16: its bits moved into a float16's (exponent field and
-    mantissa in place, so the value is 2^-8 times E4M3's, subnormals included), widened, times 256.  Triton
-    3.6's own fp8 -> fp32 conversion of a tensor in the tl kernel's dot layout gave wrong values on an H200,
-    NaN in some runs, where the overlap kernel's was right (docs/fix.md)."""
-    if P_DTYPE == tl.float8e4nv:
-        b = p_cast.to(tl.uint8, bitcast=True).to(tl.uint16)
-        h = (((b & 0x80) << 8) | ((b & 0x7F) << 7)).to(tl.float16, bitcast=True)
-        w = h.to(tl.float32) * 256.0
-    else:
-        w = p_cast.to(tl.float32)
-    return w
+def e4m3_values(p):
+    """P >= 0 (float32, at most 1) rounded to E4M3 (RNE) as float32, in float32 arithmetic: below 2^-6, the
+    subnormals' step 2^-9 (P * 512 rounded to an integer by the 1.5 * 2^23 constant, exact); above, the
+    significand's 3 fraction bits by an integer round-half-even on the bits.  The values ``p.to(float8e4nv)``
+    holds, computed beside that cast instead of from it: in Triton 3.6 a cast P read both by the dot and by
+    another use gave wrong, run-to-run different values on an H200 (docs/fix.md)."""
+    sub = (p * 512.0 + 12582912.0 - 12582912.0) * 0.001953125
+    bits = p.to(tl.int32, bitcast=True)
+    nrm = ((bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576).to(tl.float32, bitcast=True)
+    return tl.where(p < 0.015625, sub, nrm)
 
 
 @triton.jit
@@ -291,8 +289,10 @@ def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     p = tl.math.exp2(x)
     p_cast = p.to(P_DTYPE)
     alpha = tl.math.exp2(m_i - m_new)
-    if SOFTMAX == 3:
-        l_ij = tl.sum(widen(p_cast, P_DTYPE), 1)
+    if SOFTMAX == 3 and P_DTYPE == tl.float8e4nv:
+        l_ij = tl.sum(e4m3_values(p), 1)
+    elif SOFTMAX == 3:
+        l_ij = tl.sum(p_cast.to(tl.float32), 1)
     else:
         l_ij = tl.sum(p, 1)
     return p, p_cast, alpha, tl.fma(l_i, alpha, l_ij)

@@ -45,7 +45,6 @@ SDPA = [
         "kwargs": {"head_dim": 64, "n_q": 1, "n_k": 128, "batch_heads": 10000},
     },
     {"target": "gpu.policies:sdpa_efficient_policy", "kwargs": {"head_dim": 64}},
-    {"target": "gpu.policies:sdpa_cudnn_policy", "kwargs": {"head_dim": 64}},
 ]
 FAMILIES = [{"name": "ties", "label": "ties 2-8", "ties": [2, 3, 4, 5, 6, 7, 8]}, {"name": "dense"}, {"name": "single"}]
 COLUMNS = ("row", "o_err", "delta_err", "ties", "o_ulp", "delta_ulp")

@@ -155,6 +155,27 @@ def test_narrow_operands_and_results_are_copies(fmt):
         assert np.array_equal(chunk.rounded.view(np.uint8), want_res.view(np.uint8)), name
 
 
+@pytest.mark.parametrize("op", ["add", "sub", "mul"])
+def test_exact_parts_of_far_apart_operands(op):
+    """exact_hi + exact_lo is the exact result, checked with Fractions, where the low part is as small as FP32
+    operands make it: exponents 0 to 277 apart (subnormal FP32 included), every sign, both orders."""
+    rng = np.random.default_rng(7)
+    big = (rng.integers(1 << 23, 1 << 24, 400) * 2.0 ** rng.integers(-23, 104, 400)).astype(np.float32)
+    small = (rng.integers(1, 1 << 24, 400) * 2.0 ** rng.integers(-149, -40, 400)).astype(np.float32)
+    small[:40] = np.float32(2.0**-149) * rng.integers(1, 50, 40)  # FP32 subnormals
+    sign = rng.choice([-1.0, 1.0], (2, 400)).astype(np.float32)
+    a = np.concatenate([big * sign[0], small * sign[1]])
+    b = np.concatenate([small * sign[1], big * sign[0]])
+    for fmt in ("fp32", "bf16"):
+        tr = ef.Trace()
+        getattr(ef, op)(a, b, fmt, trace=tr)
+        fa = [Fraction(float(x)) for x in a]
+        fb = [Fraction(float(x)) for x in b]
+        want = [x + y if op == "add" else x - y if op == "sub" else x * y for x, y in zip(fa, fb, strict=True)]
+        got = [Fraction(float(h)) + Fraction(float(lo)) for h, lo in zip(tr.exact_hi, tr.exact_lo, strict=True)]
+        assert got == want, (op, fmt)
+
+
 def test_summary_counts_and_tests():
     rng = np.random.default_rng(0)
     x = rng.standard_normal(20000).astype(np.float32)

@@ -6,7 +6,8 @@
 Why not bench_gpu's numbers: there each implementation gets its own do_bench rounds, and on the H100 the
 standard softmax alone moved between such rounds by more than a fix costs, so one pass could put a fix's
 cost almost anywhere (docs/tried.md, "How the GPU numbers are measured").  Here a round runs standard,
-stabilised and robust back to back (the order rotated from round to round), each as one CUDA-graph replay of
+stabilised, robust and cast_sum (the variants of ``gpu.flash.SOFTMAX_IDS``) back to back (the order
+rotated from round to round), each as one CUDA-graph replay of
 enough forward launches to last ~3 ms (no host time inside), timed by its own CUDA events; neighbouring
 replays see the same clocks and power state.  A round's cost is 1 - t_standard / t_fix; the table gives the
 median over the rounds and the 10th-90th percentile range, so a reader sees both the cost and how sure it
@@ -116,7 +117,7 @@ def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
 def summarise(ms: dict, flops: float) -> dict:
     """Median TFLOP/s per softmax; per fix the median and 10-90% range of the rounds' paired costs (%)."""
     out = {"tflops": {sm: flops / statistics.median(t) / 1e9 for sm, t in ms.items()}}
-    for sm in SOFTMAXES[1:]:
+    for sm in (x for x in ms if x != "standard"):
         costs = [100 * (1 - a / b) for a, b in zip(ms["standard"], ms[sm], strict=True)]
         p10, p90 = np.quantile(costs, [0.1, 0.9])
         out[f"{sm}_cost"] = {"median": statistics.median(costs), "p10": float(p10), "p90": float(p90)}
@@ -155,8 +156,15 @@ def main(argv: list[str] | None = None) -> None:
         f"# {env_line(res['env'])}; B={B} H={H} bf16; "
         f"{a.rounds} paired rounds ({a.mode}); cost = 1 - t_standard / t_fix per round: median [10%, 90%]"
     )
-    print("| input | d | N | causal | kernel | standard | stabilised | robust | stabilised cost | robust cost |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    fixes = SOFTMAXES[1:]
+    print(
+        "| input | d | N | causal | kernel | "
+        + " | ".join(SOFTMAXES)
+        + " | "
+        + " | ".join(f"{sm} cost" for sm in fixes)
+        + " |"
+    )
+    print("|---" * (5 + len(SOFTMAXES) + len(fixes)) + "|")
     for kind in kinds:
         for d in map(int, a.d.split(",")):
             for n in map(int, a.n.split(",")):
@@ -192,8 +200,10 @@ def _report(res: dict, row: dict, json_path: str | None) -> None:
     cost = {sm: "{median:+.1f}% [{p10:+.1f}, {p90:+.1f}]".format(**row[f"{sm}_cost"]) for sm in SOFTMAXES[1:]}
     print(
         f"| {row['input']} | {row['d']} | {row['n']} | {'yes' if row['causal'] else 'no'} | {row['kernel']} | "
-        f"{t['standard']:.0f} | {t['stabilised']:.0f} | {t['robust']:.0f} | {cost['stabilised']} | "
-        f"{cost['robust']} |",
+        + " | ".join(f"{t[sm]:.0f}" for sm in SOFTMAXES)
+        + " | "
+        + " | ".join(cost[sm] for sm in SOFTMAXES[1:])
+        + " |",
         flush=True,
     )
     if json_path:

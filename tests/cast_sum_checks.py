@@ -34,9 +34,12 @@ import numpy as np
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
 import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from flashsim.stepper import step_rows  # noqa: E402
 from gpu import flash  # noqa: E402
+from gpu.kernels.steps import e4m3_values  # noqa: E402
 from gpu.policies import kernel_policy, kernel_variant  # noqa: E402
 
 N, D = 150, 64
@@ -164,7 +167,43 @@ def check_api() -> None:
         flash.forward(q, k, v, softmax=fs.get_softmax("dithered"))
 
 
+@triton.jit
+def _e4m3_kernel(X, Y, N: tl.constexpr):
+    offs = tl.arange(0, N)
+    tl.store(Y + offs, e4m3_values(tl.load(X + offs)))
+
+
+def check_e4m3_values() -> None:
+    """gpu.kernels.steps.e4m3_values (the FP8 kernel's l summands) equal to ml_dtypes' RNE cast to E4M3: every
+    E4M3 value, its neighbours one float32 ulp away and the midpoints between E4M3 values with theirs, powers
+    of two down to 2^-30, and 2^18 random float32 in [0, 1]."""
+    import ml_dtypes
+
+    grid = np.arange(0, 127, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)  # 0 .. 448
+    grid = grid[grid <= 1.0]
+    mids = ((grid[1:].astype(np.float64) + grid[:-1]) / 2).astype(np.float32)
+    pts = np.concatenate([grid, mids, 2.0 ** -np.arange(31.0)]).astype(np.float32)
+    near = np.concatenate([pts, np.nextafter(pts, np.float32(0)), np.nextafter(pts, np.float32(2))])
+    rng = np.random.default_rng(5)
+    x = np.concatenate([near, rng.random(1 << 18, dtype=np.float32)])
+    x = x[(x >= 0) & (x <= 1)]
+    n = 1 << int(np.ceil(np.log2(x.size)))
+    xs = np.zeros(n, np.float32)
+    xs[: x.size] = x
+    y = torch.empty(n, dtype=torch.float32)
+    _e4m3_kernel[(1,)](torch.from_numpy(xs), y, N=n)
+    want = xs.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+    bad = np.flatnonzero(y.numpy().view(np.uint32) != want.view(np.uint32))
+    assert bad.size == 0, (
+        f"{bad.size} of {n} differ, first x = {xs[bad[0]]!r}: {y.numpy()[bad[0]]!r} vs {want[bad[0]]!r}"
+    )
+
+
 if __name__ == "__main__":
+    if sys.argv[1] == "e4m3":
+        check_e4m3_values()
+        print("ok")
+        sys.exit(0)
     if sys.argv[1] == "api":
         check_api()
     else:

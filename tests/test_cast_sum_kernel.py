@@ -38,6 +38,13 @@ def test_cast_sum_kernel_equals_the_model_under_the_interpreter(masking):
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-4000:]
 
 
+def test_e4m3_values_equal_the_rne_cast_under_the_interpreter():
+    """The FP8 kernel's l summands, computed beside the cast in float32 arithmetic, are the E4M3 values of P
+    (ml_dtypes' RNE cast as the oracle; tests/cast_sum_checks.py e4m3)."""
+    run = _interpreted("e4m3")
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-4000:]
+
+
 def test_defaults_follow_the_evidence():
     """docs/fix.md: the standard softmax where P is BF16 or FP16, cast_sum for an FP8 P."""
     assert DEFAULT_SOFTMAX == {"bf16": "standard", "fp16": "standard", "e4m3": "cast_sum"}

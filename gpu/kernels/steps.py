@@ -284,8 +284,9 @@ def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
     alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
     and the P V product.  The row sum is of P as computed, or with ``cast_sum`` (SOFTMAX 3) of the cast P
-    (widened back, exactly), the weights P V is made with: O = acc / l is then their weighted mean, and a
-    rounding of P (an E4M3 P underflows on sharp rows) cannot lean O through l (docs/fix.md)."""
+    (widened back, exactly; E4M3: the same values from :func:`e4m3_values`), the weights P V is made with:
+    O = acc / l is then their weighted mean, and a rounding of P (an E4M3 P underflows on sharp rows) cannot
+    lean O through l (docs/fix.md)."""
     p = tl.math.exp2(x)
     p_cast = p.to(P_DTYPE)
     alpha = tl.math.exp2(m_i - m_new)

@@ -6,16 +6,11 @@
 #
 # Every backend gets the same arguments (steps, learning rate, --seconds, ...), so the same initial weights
 # and batches. A backend that fails is reported and the next one still runs; the exit status is then 1.
-# Needs torch, Triton, numpy, numba, ml_dtypes (no install: PYTHONPATH=.), and Qiu & Yao's attention.py in
-# .upstream/ for the paper's backends.
+# Each run goes through run_module.sh (this tree on PYTHONPATH, no install). Needs torch, Triton, numpy, numba,
+# ml_dtypes, and Qiu & Yao's attention.py in .upstream/ for the paper's backends.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+here="$(dirname "$0")"
 : "${OUT:?set OUT to the output folder}"
-mkdir -p "$OUT"
-export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
-PY="${PYTHON:-python}"
-command -v "$PY" >/dev/null 2>&1 || PY=python3
 attns="paper,ours,ours_fix,sdpa"
 if [ "${1:-}" = "--attns" ]; then
   attns="${2:?--attns needs a comma list}"
@@ -24,7 +19,7 @@ fi
 status=0
 for attn in ${attns//,/ }; do
   start=$(date +%s)
-  if ! "$PY" -m gpu.train.train --attn "$attn" --out "$OUT" "$@"; then
+  if ! bash "$here/run_module.sh" gpu.train.train --attn "$attn" "$@"; then
     echo "run_training: $attn failed" >&2
     status=1
   fi

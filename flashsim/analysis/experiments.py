@@ -195,18 +195,29 @@ def row_errors(
     gold = reference(rows) if ref is None else ref
     if gold.o.shape[0] != n or gold.delta.shape != (n,):
         raise ValueError(f"ref: a reference of {gold.o.shape[0]} rows for {n} rows; pass reference(rows)")
-    o_ulp = np.asarray(pol.output.fmt.ulp(gold.o), np.float64).mean(axis=-1).ravel()
-    delta_ulp = np.asarray(pol.delta.fmt.ulp(gold.delta), np.float64).ravel()
-    ties = np.asarray(rows.ties, np.int64)
-    out = {}
-    for variant in variants:
-        o = flash_forward(rows.q, rows.k, rows.v, pol, softmax=variant, sm_scale=1.0, block_n=block_n).o
-        delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, o.shape[-1]), pol.delta)
-        with np.errstate(invalid="ignore"):
-            err_o = (arith.f64(o) - gold.o).mean(axis=-1).ravel()
-            err_d = arith.f64(delta).ravel() - gold.delta
-        out[variant.name] = RowErrors(err_o, err_d, ties, o_ulp, delta_ulp)
-    return out
+    return {
+        v.name: errors_of_o(
+            rows, pol, flash_forward(rows.q, rows.k, rows.v, pol, softmax=v, sm_scale=1.0, block_n=block_n).o, gold
+        )
+        for v in variants
+    }
+
+
+def errors_of_o(rows: BiasRows, policy: Policy, o: np.ndarray, ref: Reference) -> RowErrors:
+    """The per-row errors of an O computed for ``rows`` under ``policy`` (by the emulator or by a kernel it models):
+    O's mean error over the head dimension, delta = rowsum(dO * O) under the policy's delta step minus FP64's,
+    and the reference's ulps (:class:`RowErrors`)."""
+    delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, o.shape[-1]), policy.delta)
+    with np.errstate(invalid="ignore"):
+        err_o = (arith.f64(o) - ref.o).mean(axis=-1).ravel()
+        err_d = arith.f64(delta).ravel() - ref.delta
+    return RowErrors(
+        err_o,
+        err_d,
+        np.asarray(rows.ties, np.int64),
+        np.asarray(policy.output.fmt.ulp(ref.o), np.float64).mean(axis=-1).ravel(),
+        np.asarray(policy.delta.fmt.ulp(ref.delta), np.float64).ravel(),
+    )
 
 
 def bias_rows(
@@ -286,6 +297,7 @@ __all__ = [
     "rows_in_format",
     "reference",
     "row_errors",
+    "errors_of_o",
     "bias_rows",
     "format_bias_table",
 ]

@@ -16,9 +16,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from .. import arith
-from ..analysis.experiments import BiasRows, Reference, reference, rows_in_format
-from ..backward import delta_rowsum
+from ..analysis.experiments import BiasRows, Reference, errors_of_o, reference, rows_in_format
 from .engines import EMULATOR, ConfirmationError, RowEngine, compare_o, confirm_rows, take_rows
 from .spec import Cell, Group
 
@@ -72,20 +70,9 @@ def errors_from_o(rows: BiasRows, cell: Cell, o: np.ndarray, ref: Reference) -> 
     """A cell's per-row columns (:data:`ROW_COLUMNS` but ``row``) from its O, as
     :func:`~flashsim.analysis.experiments.row_errors` computes them: O's mean error over the head dimension,
     delta = rowsum(dO * O) under the policy's delta step minus FP64's, the count of maxima and the ulps of the
-    reference.  NaN or infinite errors are kept as they are."""
-    pol = cell.policy.resolve()
-    d = o.shape[-1]
-    delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, d), pol.delta)
-    with np.errstate(invalid="ignore"):
-        err_o = (arith.f64(o) - ref.o).mean(axis=-1).ravel()
-        err_d = arith.f64(delta).ravel() - ref.delta
-    return {
-        "o_err": err_o,
-        "delta_err": err_d,
-        "ties": np.asarray(rows.ties, np.int64),
-        "o_ulp": np.asarray(pol.output.fmt.ulp(ref.o), np.float64).mean(axis=-1).ravel(),
-        "delta_ulp": np.asarray(pol.delta.fmt.ulp(ref.delta), np.float64).ravel(),
-    }
+    reference (:func:`~flashsim.analysis.experiments.errors_of_o`).  NaN or infinite errors are kept as they are."""
+    e = errors_of_o(rows, cell.policy.resolve(), o, ref)
+    return {"o_err": e.o, "delta_err": e.delta, "ties": e.ties, "o_ulp": e.o_ulp, "delta_ulp": e.delta_ulp}
 
 
 def describe_cell(cell: Cell) -> str:

@@ -53,10 +53,10 @@ def _cells(out: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in finished_files(d)} if d.is_dir() else {}
 
 
-def _wait(cond, what: str, proc: subprocess.Popen, timeout: float = TIMEOUT) -> None:
+def _wait(cond, what: str, proc: subprocess.Popen | None, timeout: float = TIMEOUT) -> None:
     end = time.monotonic() + timeout
     while not cond():
-        if proc.poll() is not None:
+        if proc is not None and proc.poll() is not None:
             pytest.fail(f"the sweep ended (status {proc.returncode}) before {what}")
         if time.monotonic() > end:
             pytest.fail(f"timed out waiting for {what}")
@@ -74,15 +74,6 @@ def _gone(w) -> bool:
         return not w.is_running() or w.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def _wait_gone(workers: list, timeout: float = 30) -> None:
-    end = time.monotonic() + timeout
-    while not all(_gone(w) for w in workers):
-        if time.monotonic() > end:
-            alive = [w.pid for w in workers if not _gone(w)]
-            pytest.fail(f"workers {alive} still running {timeout} s after the sweep's process group was killed")
-        time.sleep(0.05)
 
 
 def _direct(spec) -> dict[str, dict[str, np.ndarray]]:
@@ -130,7 +121,7 @@ def test_sweep_killed_and_resumed_loses_and_repeats_nothing(tmp_path):
                 os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     # SIGKILL is delivered at once but a process takes a moment to exit: wait for every worker to be gone
-    _wait_gone(workers)
+    _wait(lambda: all(_gone(w) for w in workers), "the killed workers to exit", None, timeout=30)
 
     kept = _cells(out)
     assert 0 < len(kept) < n_cells, f"{len(kept)} of {n_cells} cells at the kill: the kill was not mid-sweep"

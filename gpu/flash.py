@@ -43,7 +43,7 @@ from .kernels.fwd import DebugOutputs, attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
 from .kernels.steps import SoftmaxConstants
 from .launch import Launcher
-from .policies import KERNEL_FORMATS, kernel_variant
+from .policies import KERNEL_FORMATS, default_promote_pv, kernel_variant
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (gpu.policies.KERNEL_FORMATS) -> torch dtypes
@@ -259,6 +259,7 @@ def forward(
     debug: bool = False,
     kernel: str = "auto",
     v_transposed: bool | None = None,
+    promote_pv: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
@@ -271,14 +272,24 @@ def forward(
     bfloat16 (P in e4m3 has 4 significand bits: the shifting fixes cost accuracy there, see docs/fix.md).
     ``kernel``: one of :data:`KERNELS`.  ``v_transposed``: whether the kernels read V from a transposed copy,
     (B, H, d, N), rather than as given; None: for the dtypes in :data:`V_TRANSPOSED` (FP8).  The bits are the
-    same either way.  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's convention (flashsim refuses empty
-    inputs)."""
+    same either way.  ``promote_pv`` (float8_e4m3fn only): P V's partial sums added to the FP32 accumulator
+    every 32 keys (Triton's ``max_num_imprecise_acc=32``) instead of accumulated by the FP8 tensor cores in 13
+    truncated bits, which lean O on dense rows (docs/fix.md); None: the dtype's default
+    (:data:`gpu.policies.DEFAULT_PROMOTE_PV`: on for FP8).  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's
+    convention (flashsim refuses empty inputs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     _check(q, k, v, fp8=True)
     scale = _scale(sm_scale, q.shape[-1])
     causal, debug = _flag(causal, "causal"), _flag(debug, "debug")
     v_t = q.dtype in V_TRANSPOSED if v_transposed is None else _flag(v_transposed, "v_transposed")
+    if promote_pv is not None:
+        promote_pv = _flag(promote_pv, "promote_pv")
+        if promote_pv and q.dtype != FP8:
+            raise ValueError(
+                f"promote_pv: only for float8_e4m3fn inputs (BF16 and FP16 tensor cores accumulate in FP32), got "
+                f"{q.dtype}; pass False or None"
+            )
     if softmax is not None and not isinstance(softmax, (str, SoftmaxVariant)):
         raise TypeError(
             f"softmax: expected a name ({', '.join(map(repr, SOFTMAX_IDS))}), a flashsim variant or None (the "
@@ -289,16 +300,27 @@ def forward(
             f"softmax: expected one of {tuple(SOFTMAX_IDS)} or None (the dtype's default), got {softmax!r}"
         )
     with _on(q):
-        return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel, v_t)
+        return _forward(q, k, v, causal, scale, softmax, _config(config), debug, kernel, v_t, promote_pv)
 
 
 def _forward(
-    q, k, v, causal: bool, scale: float, softmax, config: Config | None, debug: bool, kernel: str, v_t: bool
+    q,
+    k,
+    v,
+    causal: bool,
+    scale: float,
+    softmax,
+    config: Config | None,
+    debug: bool,
+    kernel: str,
+    v_t: bool,
+    promote_pv: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
     """:func:`forward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     dtype = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)
+    promote = default_promote_pv(dtype) if promote_pv is None else promote_pv
     variant = kernel_variant(softmax, dtype)
     consts = softmax_constants(variant, scale)
     if isinstance(variant, RobustSoftmax):
@@ -340,7 +362,7 @@ def _forward(
     if v_t:  # both kernels read this copy: (B, H, d, N') with N' a multiple of 16
         v = _keys_contiguous(v)
     if overlap_ok and (kernel == "overlap" or auto):
-        _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name], v_t)
+        _forward_overlap(q, k, v, o, lse, consts, cfg, causal, SOFTMAX_IDS[variant.name], v_t, promote)
         return o, lse, None
     stages = 1 if debug else cfg.num_stages  # the debug stores need shared memory; stages do not change results
     sizes = (n_q, n_k, n_blk, v.shape[-1] if v_t else n_k)
@@ -353,6 +375,7 @@ def _forward(
         DEBUG=debug,
         STAGES=stages,
         V_T=v_t,
+        PROMOTE_PV=promote,
     )
     for heads, (q_, k_, v_, o_, lse_, *dbg_) in _by_heads(b * h, q, k, v, o, lse, *ptrs):
         _FWD(
@@ -430,7 +453,7 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
 
 
 def _forward_overlap(
-    q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int, v_t: bool
+    q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int, v_t: bool, promote: bool
 ) -> None:
     """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
     K and V by 3-D ones over (B*H, N, d) (zeros past N); with ``v_t`` V is :func:`_keys_contiguous`'s
@@ -455,6 +478,7 @@ def _forward_overlap(
         SOFTMAX=softmax,
         STAGES=cfg.num_stages,
         V_T=v_t,
+        PROMOTE_PV=promote,
     )
     options = overlap_options(cfg, d, q.element_size())
     for heads, (q_, k_, v_, o_, lse_) in _by_heads(b * h, q, k, v, o, lse):

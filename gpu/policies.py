@@ -63,6 +63,7 @@ def triton_policy(
     num_warps: int = 4,
     bwd_block_m: int = 64,
     bwd_block_n: int = 64,
+    promote_pv: bool = False,
     name: str | None = None,
 ) -> Policy:
     """The policy of our Triton kernels (gpu/kernels) on the H100, for one launch configuration.
@@ -75,18 +76,24 @@ def triton_policy(
     the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
     (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
     'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
-    steps stay BF16, as the kernels have no FP8 backward).
+    steps stay BF16, as the kernels have no FP8 backward).  ``promote_pv`` ('e4m3' only): P V as the kernels
+    compute it with ``PROMOTE_PV``, each 32 keys' products summed from zero and added to the FP32 accumulator
+    (``h100.WGMMA_FP8_PROMOTED``), not accumulated by the FP8 tensor cores (13 bits, truncated).
     """
     fmt, out = kernel_format(dtype), kernel_output_format(dtype)
+    if promote_pv and fmt != E4M3FN:
+        raise ValueError(f"promote_pv: only for dtype 'e4m3' (FP8 tensor cores), got dtype {dtype!r}")
     model, gfmt = WGMMA_OF[fmt], out  # the backward's products are in O's format (no FP8 backward)
+    pv_model = h100.WGMMA_FP8_PROMOTED if promote_pv else model
     gmodel = WGMMA_OF[gfmt]
     # NaN results leave the kernels as the PTX canonical NaN 0x7FFFFFFF (fp32 arithmetic: delta), and a cvt to a
     # 16-bit format keeps its payload bits (0x7FFF: O, dQ, dK, dV), where emufloat writes a canonical quiet NaN
     grad = Grad(Dot(gfmt, gmodel, into_acc=True), Op(FP32), Op(gfmt, nan_bits=0x7FFF))
+    promoted = "_pv32" if promote_pv else ""
     return Policy(
-        name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}",
-        note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps; "
-        f"backward {bwd_block_m}x{bwd_block_n})",
+        name=name or f"triton_h100_{dtype}_{block_m}x{block_n}w{num_warps}{promoted}",
+        note=f"the project's Triton kernels on the H100 ({dtype}; forward {block_m}x{block_n}, {num_warps} warps"
+        f"{', P V promoted to FP32 every 32 keys' if promote_pv else ''}; backward {bwd_block_m}x{bwd_block_n})",
         scores=Dot(fmt, model),
         scale=Scale("max", FP32),
         mask=Mask(-math.inf, "select"),
@@ -95,7 +102,7 @@ def triton_policy(
         exp=Func("h100_ex2", FP32),
         row_sum=RowSum("h100_tl_sum", FP32, fused=True, num_warps=num_warps),
         p_cast=Op(fmt),
-        pv=Dot(fmt, model, into_acc=True),
+        pv=Dot(fmt, pv_model, into_acc=True),
         rescale=Op(FP32),
         o_accum=Op(FP32),
         normalize=Norm("divide", "div_full", FP32),
@@ -381,13 +388,19 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
 
 # ---- the policy of one launch -----------------------------------------------------------------------------
 def kernel_policy_args(
-    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    fwd: Config | None = None,
+    bwd: Config | None = None,
+    promote_pv: bool | None = None,
 ) -> dict:
     """Keyword arguments of :func:`triton_policy` for our kernels launched with these configs (defaults: the
-    tables of :mod:`gpu.configs`)."""
+    tables of :mod:`gpu.configs`) and ``promote_pv`` (None: the dtype's default, :func:`default_promote_pv`;
+    named only when True, so that the references runs saved before it existed keep their meaning)."""
     f = fwd or fwd_config(dtype, head_dim, causal)
     b = bwd or BWD_CONFIGS[head_dim]
-    return dict(
+    args = dict(
         dtype=dtype,
         block_m=f.block_m,
         block_n=f.block_n,
@@ -395,21 +408,34 @@ def kernel_policy_args(
         bwd_block_m=b.block_m,
         bwd_block_n=b.block_n,
     )
+    if default_promote_pv(dtype) if promote_pv is None else promote_pv:
+        args["promote_pv"] = True
+    return args
 
 
 def kernel_policy(
-    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    fwd: Config | None = None,
+    bwd: Config | None = None,
+    promote_pv: bool | None = None,
 ) -> Policy:
     """flashsim's policy for our kernels launched with these configs (defaults: the tables of gpu.configs)."""
-    return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
+    return triton_policy(**kernel_policy_args(dtype, head_dim, causal, fwd, bwd, promote_pv))
 
 
 def kernel_policy_ref(
-    dtype: str, head_dim: int, causal: bool, fwd: Config | None = None, bwd: Config | None = None
+    dtype: str,
+    head_dim: int,
+    causal: bool,
+    fwd: Config | None = None,
+    bwd: Config | None = None,
+    promote_pv: bool | None = None,
 ) -> PolicyRef:
     """:func:`kernel_policy` as a reference a saved run keeps (``gpu.policies:triton_policy`` and its
     arguments)."""
-    return PolicyRef(f"{__name__}:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd))
+    return PolicyRef(f"{__name__}:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd, promote_pv))
 
 
 #: the forward kernels' softmax when none is named, per dtype (docs/fix.md, "Which softmax with which kernel"):
@@ -422,6 +448,18 @@ def default_softmax(dtype: str) -> str:
     """The kernels' softmax for ``dtype`` when none is named (:data:`DEFAULT_SOFTMAX`)."""
     kernel_format(dtype)  # refuses an unknown dtype, naming the accepted ones
     return DEFAULT_SOFTMAX[dtype]
+
+
+#: whether the forward kernels promote P V's partial sums to FP32 every 32 keys when not told, per dtype
+#: (docs/fix.md): for FP8, whose tensor cores otherwise accumulate in 13 truncated bits, which leans O on
+#: dense rows even with cast_sum; BF16 and FP16 tensor cores accumulate in FP32 and have no such option
+DEFAULT_PROMOTE_PV = {"bf16": False, "fp16": False, "e4m3": True}
+
+
+def default_promote_pv(dtype: str) -> bool:
+    """Whether the kernels promote P V's partial sums for ``dtype`` when not told (:data:`DEFAULT_PROMOTE_PV`)."""
+    kernel_format(dtype)
+    return DEFAULT_PROMOTE_PV[dtype]
 
 
 def kernel_variant(softmax: str | SoftmaxVariant | None, dtype: str) -> SoftmaxVariant:
@@ -450,9 +488,11 @@ __all__ = [
     "efficient_key_splits",
     "EFFICIENT_TILES",
     "EFFICIENT_BWD_TILES",
+    "DEFAULT_PROMOTE_PV",
     "DEFAULT_SOFTMAX",
     "KERNEL_FORMATS",
     "TRITON_H100",
+    "default_promote_pv",
     "default_softmax",
     "kernel_format",
     "kernel_output_format",

@@ -5,7 +5,8 @@ A cell runs on the GPU only when its policy's forward steps and tiles are exactl
 launches, for the cell's head dimension and input format, and its K/V tile is the kernel's:
 
 - our Triton kernels (:func:`gpu.flash.forward`) at their default tiles (:func:`gpu.policies.kernel_policy`,
-  not causal): bf16 and fp16, and e4m3fn under the FP8 kernel's policy; any softmax variant
+  not causal): bf16 and fp16, and e4m3fn under the FP8 kernel's policy with or without P V promoted to FP32
+  (``promote_pv``); any softmax variant
   :mod:`gpu.flash` accepts when the engine runs (its ``SOFTMAX_IDS`` and ``softmax_constants``);
 - PyTorch SDPA's flash and memory-efficient backends (:func:`gpu.policies.sdpa_flash_policy` without a K/V
   split, :func:`~gpu.policies.sdpa_efficient_policy`), bf16 and fp16, standard softmax only, and only with the
@@ -59,10 +60,12 @@ SDPA_HEADS_PER_LAUNCH = 32768
 @dataclass(frozen=True)
 class KernelPlan:
     """How the engine computes a cell: which launch (:data:`KERNELS`) with inputs of which dtype
-    (:data:`gpu.policies.KERNEL_FORMATS`)."""
+    (:data:`gpu.policies.KERNEL_FORMATS`); ``promote_pv``: our FP8 kernel's P V promoted to FP32 every 32 keys
+    (:func:`gpu.flash.forward`'s argument)."""
 
     kernel: str
     dtype: str
+    promote_pv: bool = False
 
 
 def forward_steps(policy: Policy) -> tuple:
@@ -80,7 +83,9 @@ def launches(fmt: str, head_dim: int, n_keys: int) -> tuple[tuple[KernelPlan, Po
         if f.name != fmt:
             continue
         if (head_dim, False) in FWD_CONFIGS:
-            out.append((KernelPlan("triton", dtype), kernel_policy(dtype, head_dim, False)))
+            for promote in (False, True) if dtype == "e4m3" else (False,):
+                plan = KernelPlan("triton", dtype, promote)
+                out.append((plan, kernel_policy(dtype, head_dim, False, promote_pv=promote)))
         if dtype not in SDPA_DTYPES:
             continue
         if head_dim in FA2_BWD_TILES:
@@ -231,7 +236,9 @@ class GpuEngine(RowEngine):
                     if plan.kernel == "triton":
                         with warnings.catch_warnings():  # a cell asks for its variant: no advice on which to use
                             warnings.simplefilter("ignore", FutureWarning)
-                            o, _, _ = flash.forward(q, k, v, sm_scale=1.0, softmax=cell.softmax.variant())
+                            o, _, _ = flash.forward(
+                                q, k, v, sm_scale=1.0, softmax=cell.softmax.variant(), promote_pv=plan.promote_pv
+                            )
                     else:
                         o = _sdpa(plan.kernel, q, k, v, min_heads)
                     fmt = cell.policy.resolve().output.fmt

@@ -2,7 +2,8 @@
 tests/test_cast_sum_kernel.py as ``python tests/cast_sum_checks.py {full,causal}`` with ``TRITON_INTERPRET=1``
 (it prints "ok" or raises AssertionError).
 
-``python tests/cast_sum_checks.py api`` checks gpu.flash's defaults, names and the robust variant's warning.
+``python tests/cast_sum_checks.py api`` checks gpu.flash's defaults, names, the robust variant's warning and
+``promote_pv``'s refusals.
 The interpreter is not the H100 (gpu/kernels/interpreter.py): fp16 only, its sums and dots are numpy's, its
 FMA rounds twice.  The inputs are built so that none of that shows: with sm_scale = ln 2 the kernel's
 qk_scale is exactly 1, the scores are integers, so every P is a power of two (exp2 is exact there on both),
@@ -165,6 +166,13 @@ def check_api() -> None:
 
     with pytest.raises(ValueError, match="softmax: the kernels implement standard, stabilised, robust, cast_sum"):
         flash.forward(q, k, v, softmax=fs.get_softmax("dithered"))
+    # promote_pv: FP8 only; False is fp16's default (the same bits), True refused naming the argument
+    no = flash.forward(q, k, v, kernel="triton", promote_pv=False)
+    assert all(torch.equal(a, b) for a, b in zip(no[:2], flash.forward(q, k, v, kernel="triton")[:2], strict=True))
+    with pytest.raises(ValueError, match=r"promote_pv: only for float8_e4m3fn inputs .*got torch\.float16"):
+        flash.forward(q, k, v, promote_pv=True)
+    with pytest.raises((TypeError, ValueError), match="promote_pv"):
+        flash.forward(q, k, v, promote_pv="yes")
 
 
 @triton.jit

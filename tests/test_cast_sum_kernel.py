@@ -12,7 +12,7 @@ import pytest
 
 from flashsim.softmax import CastSumSoftmax, StandardSoftmax
 from gpu.crosscheck.cases import Case, cast_sum_backward_cases, cast_sum_cases
-from gpu.crosscheck.recorded import CAST_SUM_PREFIXES, compare, has_cast_sum, load_cast_sum
+from gpu.crosscheck.recorded import KEPT_SECTIONS, compare, has_section, load_section
 from gpu.policies import DEFAULT_SOFTMAX, default_softmax, kernel_variant
 
 SCRIPT = Path(__file__).with_name("cast_sum_checks.py")
@@ -107,7 +107,7 @@ def test_cast_sum_cases_cover_the_grid():
 
 
 recorded = pytest.mark.skipif(
-    not has_cast_sum(),
+    not has_section("cast_sum"),
     reason="gpu/data/cast_sum.npz/.json not recorded yet: run OUT=$OUT bash gpu/scripts/run_attention.sh "
     "--sections cast_sum on a GPU, then PYTHONPATH=. python tools/keep_recording.py $OUT (docs/crosscheck.md)",
 )
@@ -117,8 +117,8 @@ recorded = pytest.mark.skipif(
 @pytest.mark.parametrize("chunk", range(4))
 def test_recorded_cast_sum_cases_equal_the_emulator(chunk):
     """Every recorded output (O, LSE; dQ, dK, dV, delta for the backward cases) bit for bit."""
-    meta, arrays = load_cast_sum()
-    fwd, bwd = CAST_SUM_PREFIXES
+    meta, arrays = load_section("cast_sum")
+    fwd, bwd = KEPT_SECTIONS["cast_sum"]
     runs = [(fwd, Case(**c)) for c in meta["forward"]] + [(bwd, Case(**c)) for c in meta["backward"]]
     assert len(runs) >= 40 and len(meta["backward"]) >= 3
     for kind, case in runs[chunk::4]:
@@ -133,12 +133,12 @@ def test_recorded_cast_sum_cases_equal_the_emulator(chunk):
 def test_recorded_fp8_cast_sum_differs_from_standard():
     """Not vacuous: on the recorded FP8 cases cast_sum's O differs from the standard softmax's on the same
     inputs (the E4M3 P rounds, so l summed from it is another number), in most cases."""
-    meta, arrays = load_cast_sum()
+    meta, arrays = load_section("cast_sum")
     fp8 = [Case(**c) for c in meta["forward"] if c["dtype"] == "e4m3" and c["softmax"] == "cast_sum"]
     assert fp8
     differ = 0
     for case in fp8:
         std = Case(**{**case.to_dict(), "softmax": "standard"})
-        prefix = CAST_SUM_PREFIXES[0]
+        prefix = KEPT_SECTIONS["cast_sum"][0]
         differ += not np.array_equal(arrays[f"{prefix}/{case.key}/o"], arrays[f"{prefix}/{std.key}/o"])
     assert differ >= len(fp8) // 2, (differ, len(fp8))

@@ -19,6 +19,7 @@ from gpu.configs import BWD_CONFIGS, FWD_CONFIGS, Config, fwd_config  # noqa: E4
 from gpu.kernels.bwd import attn_bwd_dkdv, attn_bwd_dq  # noqa: E402
 from gpu.kernels.fwd import DebugOutputs, attn_fwd, transpose_keys  # noqa: E402
 from gpu.kernels.steps import SoftmaxConstants  # noqa: E402
+from gpu.policies import default_promote_pv  # noqa: E402
 
 H100 = GPUTarget("cuda", 90, 32)
 BACKEND = make_backend(H100)
@@ -47,10 +48,11 @@ def _ptr(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.empty(16, dtype=dtype)
 
 
-def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False):
+def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False, promote=None):
     """The tl forward kernel for tiles ``key`` = (d, causal) with N_Q = N_K = ``n``, as gpu.flash launches it
     (``n = 1``: N_K and N_BLK made constants, N_Q not, as the kernel asks).  ``dtype``: 'bf16' or 'fp8'
-    (e4m3, O in bf16); ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V)."""
+    (e4m3, O in bf16); ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V);
+    ``promote``: PROMOTE_PV (None: gpu.flash's default for the dtype)."""
     d, causal = key
     cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
     x = _ptr(DTYPES[dtype])
@@ -78,8 +80,14 @@ def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False):
         DEBUG=False,
         STAGES=cfg.num_stages,
         V_T=v_t,
+        PROMOTE_PV=_promote(dtype, promote),
     )
     return _compile(attn_fwd, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _promote(dtype: str, promote: bool | None) -> bool:
+    """PROMOTE_PV as gpu.flash passes it for this test's dtype name ('fp8' is 'e4m3' there)."""
+    return default_promote_pv("e4m3" if dtype == "fp8" else dtype) if promote is None else promote
 
 
 @pytest.mark.parametrize("key", sorted(FWD_CONFIGS))
@@ -174,9 +182,10 @@ def test_backward_compiles_for_one_query(d):
             assert [name for name, t in k.src.signature.items() if t == "constexpr"][:2] == ["N_Q", "N_K"]
 
 
-def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000):
+def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000, promote=None):
     """The overlap kernel as gpu.flash launches it for ``dtype`` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
-    V transposed) and N_Q = N_K = ``n``, with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options."""
+    V transposed) and N_Q = N_K = ``n``, with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options;
+    ``promote``: PROMOTE_PV (None: gpu.flash's default)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -208,6 +217,7 @@ def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000):
         SOFTMAX=softmax,
         STAGES=cfg.num_stages,
         V_T=v_t,
+        PROMOTE_PV=_promote(dtype, promote),
     )
     return _compile(attn_fwd_overlap, args, const, **overlap_options(cfg, d, 1 if v_t else 2))
 
@@ -311,6 +321,31 @@ def test_cast_sum_sums_the_cast_p(dtype, kernel):
     for op in _P_WIDENS[dtype]:
         assert op not in ptx[0] and op in ptx[3], op
     assert "cvt.rn.f16x2.e4m3x2" not in ptx[3]  # Triton's own widening of an E4M3 tensor: wrong there
+
+
+def _e4m3_wgmmas(ptx: str) -> tuple[int, int]:
+    """(e4m3 wgmma instructions, those whose scale-d is the constant 0: D = A B, no accumulator read)."""
+    w = [re.sub(r"\s+", " ", x) for x in re.findall(r"wgmma\.mma_async[^;]*\.e4m3\.e4m3[^;]*;", ptx)]
+    return len(w), sum(x.endswith(", 0, 1, 1;") for x in w)
+
+
+@pytest.mark.parametrize("kernel", ["triton", "overlap"])
+def test_fp8_promotion_starts_every_pv_wgmma_from_zero(kernel):
+    """PROMOTE_PV (Triton's max_num_imprecise_acc=32), the emulator's h100.WGMMA_FP8_PROMOTED: every k32 wgmma
+    of P V computes its 32 keys' products from zero (scale-d the constant 0) and the result is added to acc
+    by an FP32 add; without it only the scores' first wgmma of a block starts from zero.  d = BLOCK_N = 64:
+    P V and the scores take two k32 steps each."""
+
+    def ptx(promote: bool) -> str:
+        if kernel == "triton":
+            return _compile_forward((64, False), 3, dtype="fp8", v_t=True, promote=promote).asm["ptx"]
+        return _compile_overlap(64, False, 3, "fp8", promote=promote).asm["ptx"]
+
+    plain, promoted = ptx(False), ptx(True)
+    (n_u, zero_u), (n_p, zero_p) = _e4m3_wgmmas(plain), _e4m3_wgmmas(promoted)
+    assert n_u == n_p > 0 and zero_u == n_u // 4  # half the wgmmas are the scores', half of those start at 0
+    assert zero_p == zero_u + n_u // 2  # and now every P V wgmma too
+    assert len(re.findall(r"\badd\.f32\b", promoted)) > len(re.findall(r"\badd\.f32\b", plain))
 
 
 def test_overlap_caps_registers_only_where_two_programs_fit():

@@ -75,7 +75,10 @@ def test_the_kernels_policy_must_be_the_launch_of_the_head_dim_and_format():
     assert _plan(f16) == se.KernelPlan("triton", "fp16")
     fp8 = {"target": KERNEL, "kwargs": {"dtype": "e4m3", "head_dim": 64, "causal": False}}
     (e4m3,) = _cells([fp8], formats=["e4m3fn"])
-    assert _plan(e4m3) == se.KernelPlan("triton", "e4m3")
+    assert _plan(e4m3) == se.KernelPlan("triton", "e4m3", promote_pv=True)  # the FP8 kernel's default
+    plain = {"target": KERNEL, "kwargs": {**fp8["kwargs"], "promote_pv": False}}
+    (e4m3_plain,) = _cells([plain], formats=["e4m3fn"])
+    assert _plan(e4m3_plain) == se.KernelPlan("triton", "e4m3", promote_pv=False)
     (on_bf16,) = _cells([fp8])
     assert "models no GPU launch at head_dim 64 with bf16 inputs" in _plan(on_bf16)
 

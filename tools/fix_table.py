@@ -73,10 +73,10 @@ class PolicyRow:
     all_variants: bool  # False: standard, dithered and cast_sum only
 
     def policy(self, n_rows: int, n_keys: int):
-        if self.name == "fp8_kernel":
+        if self.name in ("fp8_kernel", "fp8_kernel_tc"):  # P V promoted to FP32 (the default), or not
             from gpu.policies import kernel_policy
 
-            return kernel_policy("e4m3", D, False)
+            return kernel_policy("e4m3", D, False, promote_pv=self.name == "fp8_kernel")
         if self.name == "sdpa_flash":
             from gpu.policies import sdpa_flash_policy
 
@@ -104,6 +104,7 @@ POLICIES = {
     for p in (
         PolicyRow("triton_h100", "bf16", 8, True),
         PolicyRow("fp8_kernel", "e4m3fn", 4, True),
+        PolicyRow("fp8_kernel_tc", "e4m3fn", 4, False),
         PolicyRow("qiu_yao", "bf16", 8, True),
         PolicyRow("fa2", "bf16", 8, True),
         PolicyRow("sdpa_flash", "bf16", 8, False),

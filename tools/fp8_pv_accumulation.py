@@ -1,6 +1,7 @@
-"""Where the FP8 kernel's lean on dense rows comes from: the same rows under the FP8 kernel's policy, once with
-the FP8 tensor cores' P V accumulation (13 significand bits, truncated) and once with the BF16 tensor cores'
-(25 bits) in its place, standard and cast_sum softmax (docs/fix.md, "The table").
+"""Where the FP8 kernel's lean on dense rows came from: the same rows under the FP8 kernel's policy with the FP8
+tensor cores' P V accumulation (13 significand bits, truncated), with the BF16 tensor cores' (25 bits) in its
+place, and with P V promoted to FP32 every 32 keys (the kernel's default), standard and cast_sum softmax
+(docs/fix.md, "The table").
 
     PYTHONPATH=. python tools/fp8_pv_accumulation.py [--rows 600]
 """
@@ -30,11 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     def run() -> int:
         if args.rows < 2:
             raise UsageError(f"--rows: expected an integer >= 2, got {args.rows}")
-        fp8, bf16 = kernel_policy("e4m3", 64, False), kernel_policy("bf16", 64, False)
+        fp8, bf16 = kernel_policy("e4m3", 64, False, promote_pv=False), kernel_policy("bf16", 64, False)
         wide = dataclasses.replace(fp8, pv=dataclasses.replace(fp8.pv, model=bf16.pv.model))
+        promoted = kernel_policy("e4m3", 64, False, promote_pv=True)
         rows = rows_in_format(get_family("dense").make(args.rows, seed=1, n_keys=128, d=64), "e4m3fn")
         ref = reference(rows)
-        for label, pol in (("FP8 wgmma accumulation", fp8), ("BF16 wgmma accumulation", wide)):
+        runs = (("FP8 wgmma accumulation", fp8), ("BF16 wgmma accumulation", wide), ("promoted every 32", promoted))
+        for label, pol in runs:
             for name, e in row_errors(rows, pol, ["standard", "cast_sum"], ref=ref).items():
                 n_bad = int(np.count_nonzero(~np.isfinite(e.o)))
                 o = e.o[np.isfinite(e.o)]

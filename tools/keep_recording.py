@@ -1,13 +1,14 @@
 """Build the kept subset of a GPU recording: gpu/data/recorded.npz and the 'record' entry of
 gpu/data/recorded.json; for FP8, fp8.npz and the 'fp8' entry; for the cast_sum softmax, cast_sum.npz and
-cast_sum.json.
+cast_sum.json; for FP8 with P V promoted to FP32, promote_pv.npz and promote_pv.json.
 
     PYTHONPATH=. python tools/keep_recording.py DIR
 
-DIR holds what ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (or ``--sections fp8``, or
-``--sections cast_sum``) wrote.  Kept: forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m,
+DIR holds what ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (or ``--sections fp8``,
+``cast_sum`` or ``promote_pv``) wrote.  Kept: forward O and LSE of every case with n_q*n_k <= 333^2 (per-block debug m,
 l, P, acc for n_q*n_k <= 64^2) and all backward cases; FP8: O and LSE of the cases with n_q*n_k <= 333^2;
-cast_sum: every case (all at most 333^2), with the device's own check against the emulator and its timings.
+cast_sum and promote_pv: every case, with the device's own check against the emulator (if it ran) and its
+timings.
 Prints how many kept arrays differ from the file they replace.
 """
 
@@ -22,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from emufloat.console import ArgumentParser  # noqa: E402
-from gpu.crosscheck.recorded import CAST_SUM_FILES, CAST_SUM_PREFIXES, DATA, load_device_folder  # noqa: E402
+from gpu.crosscheck.recorded import DATA, KEPT_SECTIONS, load_device_folder, section_files  # noqa: E402
 
 
 def _area(case_key: str) -> int:
@@ -41,23 +42,25 @@ def _replace(path: Path, kept: dict[str, np.ndarray]) -> list[str]:
     return changed
 
 
-def _keep_cast_sum(run: dict, arrays: dict[str, np.ndarray]) -> list[str]:
-    """gpu/data/cast_sum.npz (every array of the cast_sum section) and cast_sum.json (its cases, provenance, the
+def _keep_section(name: str, run: dict, arrays: dict[str, np.ndarray]) -> list[str]:
+    """gpu/data/NAME.npz (every array of a section of KEPT_SECTIONS) and NAME.json (its cases, provenance, the
     device's check against the emulator and its timings); the keys of arrays new or changed."""
-    kept = {k: a for k, a in arrays.items() if k.split("/")[0] in CAST_SUM_PREFIXES}
-    changed = _replace(DATA / CAST_SUM_FILES[1], kept)
-    check = run.get("cast_sum_check", {})
-    meta = run["cast_sum"] | {
-        "command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections cast_sum --seconds 185 --no-check",
+    meta_file, arrays_file = section_files(name)
+    prefixes = KEPT_SECTIONS[name]
+    kept = {k: a for k, a in arrays.items() if k.split("/")[0] in prefixes}
+    changed = _replace(DATA / arrays_file, kept)
+    check = run.get(f"{name}_check", {})
+    meta = run[name] | {
+        "command": run[name].get("command", f"OUT=$OUT bash gpu/scripts/run_attention.sh --sections {name}"),
         "env": run["env"],
         "check": check,
-        "bench": run.get("cast_sum_bench", []),
-        "kept": f"{CAST_SUM_FILES[1]}: outputs as bits (o bf16/fp16, lse and delta fp32, dq dk dv) of every case; "
-        "keys 'cs/<case>/<output>' (forward) and 'csb/<case>/<output>' (forward + backward)",
+        "bench": run.get(f"{name}_bench", []),
+        "kept": f"{arrays_file}: outputs as bits (o bf16/fp16, lse and delta fp32, dq dk dv) of every case; keys "
+        f"'{prefixes[0]}/<case>/<output>' (forward) and '{prefixes[1]}/<case>/<output>' (forward + backward)",
     }
-    (DATA / CAST_SUM_FILES[0]).write_text(json.dumps(meta, indent=1))
+    (DATA / meta_file).write_text(json.dumps(meta, indent=1))
     print(
-        f"kept {len(kept)} cast_sum arrays ({len(meta['forward'])} forward, {len(meta['backward'])} backward cases); "
+        f"kept {len(kept)} {name} arrays ({len(meta['forward'])} forward, {len(meta['backward'])} backward cases); "
         f"the device's check: {check.get('identical')} / {check.get('total')} identical"
     )
     return changed
@@ -95,8 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kept {len(kept)} FP8 arrays ({n} cases)")
     if "record" in run or "fp8" in run:
         (DATA / "recorded.json").write_text(json.dumps(res, indent=1))
-    if "cast_sum" in run:
-        changed += _keep_cast_sum(run, arrays)
+    for name in KEPT_SECTIONS:
+        if name in run:
+            changed += _keep_section(name, run, arrays)
     print(f"{len(changed)} arrays differ from the previous files")
     for k in changed[:40]:
         print("  changed:", k)

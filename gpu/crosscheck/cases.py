@@ -1,9 +1,10 @@
 """Attention inputs by seed, for the GPU recordings and the emulator cross-check (numpy only).
 
 A :class:`Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
-variant, input kind and seed.  :func:`inputs` builds q, k, v (and dO) from the seed with numpy and
-rounds them to the dtype (RNE, as ``torch.Tensor.to`` does), so the CPU regenerates exactly the tensors
-the GPU ran on; the kinds are :mod:`flashsim.inputs`' (``repeated`` with pairs of identical keys).
+variant, input kind, seed and (FP8) whether P V's partial sums are promoted to FP32.  :func:`inputs` builds
+q, k, v (and dO) from the seed with numpy and rounds them to the dtype (RNE, as ``torch.Tensor.to`` does),
+so the CPU regenerates exactly the tensors the GPU ran on; the kinds are :mod:`flashsim.inputs`' (``repeated``
+with pairs of identical keys).
 """
 
 from __future__ import annotations
@@ -31,12 +32,13 @@ class Case:
     softmax: str
     kind: str
     seed: int
+    promote_pv: bool = False  # FP8: the kernel's PROMOTE_PV (recordings made before it existed ran without)
 
     @property
     def key(self) -> str:
         return (
             f"{self.dtype}_d{self.d}_q{self.n_q}_k{self.n_k}_{'causal' if self.causal else 'full'}_"
-            f"{self.softmax}_{self.kind}_s{self.seed}"
+            f"{self.softmax}_{self.kind}_s{self.seed}{'_pv32' if self.promote_pv else ''}"
         )
 
     def to_dict(self) -> dict:
@@ -134,6 +136,22 @@ def cast_sum_cases() -> list[Case]:
     return out
 
 
+def promote_pv_cases() -> list[Case]:
+    """FP8 forward cases with P V promoted to FP32 every 32 keys (the FP8 default), cast_sum and the standard
+    softmax on the same inputs, at the sizes of :func:`cast_sum_cases` and two with many key blocks (1024 and
+    2000 keys, where the 13-bit accumulation loses most); every kind but 'tiny' (mostly zeros in E4M3)."""
+    out = []
+    seed = 9700
+    sizes = [(64, 64), (77, 130), (200, 200), (333, 333), (333, 150), (128, 1024), (100, 2000)]
+    for i, (nq, nk) in enumerate(sizes):
+        for d in (64, 128):
+            for causal in (False, True):
+                seed += 1
+                kind = KINDS[(i + d // 64 + int(causal)) % 4]
+                out += [Case(nq, nk, d, "e4m3", causal, sm, kind, seed, True) for sm in ("cast_sum", "standard")]
+    return out
+
+
 def cast_sum_backward_cases() -> list[Case]:
     """Forward with ``cast_sum`` then the backward (bf16, fp16): the backward sees the variant only through the
     forward's O and LSE = m + log2 l, with l summed from the cast P."""
@@ -184,4 +202,5 @@ __all__ = [
     "forward_cases",
     "fp8_cases",
     "inputs",
+    "promote_pv_cases",
 ]

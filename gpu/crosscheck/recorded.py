@@ -17,10 +17,17 @@ from .cases import Case, inputs
 
 DATA = Path(__file__).resolve().parents[1] / "data"  # package data (gpu/data): the recorded cases and runs
 RECORDED_FILES = ("recorded.json", "recorded.npz", "fp8.npz")  # the case grid, its outputs, FP8's outputs
-#: the cast_sum recording (its cases and provenance, its outputs), read where present
-CAST_SUM_FILES = ("cast_sum.json", "cast_sum.npz")
-#: array key prefixes of the cast_sum section (forward, backward), beside 'f', 'b' (record) and 'f8' (fp8)
-CAST_SUM_PREFIXES = ("cs", "csb")
+#: recordings kept whole, one pair of files each (NAME.json: cases and provenance; NAME.npz: outputs), read where
+#: present: section name (run_attention.sh's) -> array key prefixes of its forward and forward + backward
+#: cases, beside 'f', 'b' (record) and 'f8' (fp8)
+KEPT_SECTIONS = {"cast_sum": ("cs", "csb"), "promote_pv": ("pv", "pvb")}
+
+
+def section_files(name: str) -> tuple[str, str]:
+    """The kept files of a section of :data:`KEPT_SECTIONS` (NAME.json, NAME.npz)."""
+    if name not in KEPT_SECTIONS:
+        raise ValueError(f"name: expected one of {sorted(KEPT_SECTIONS)}, got {name!r}")
+    return f"{name}.json", f"{name}.npz"
 
 
 def case_run(
@@ -40,7 +47,7 @@ def case_run(
         causal=case.causal,
         sm_scale=1.0 / math.sqrt(case.d),
         softmax=kernel_variant(case.softmax, case.dtype),
-        policy=kernel_policy_ref(case.dtype, case.d, case.causal, fwd, bwd),
+        policy=kernel_policy_ref(case.dtype, case.d, case.causal, fwd, bwd, case.promote_pv),
         outputs={k: v[0] for k, v in recorded.items() if not k.startswith("dbg_")},  # drop the batch axis
         debug={k[4:]: v for k, v in recorded.items() if k.startswith("dbg_")},
         note=case.key,
@@ -61,22 +68,23 @@ def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
     return meta, arrays
 
 
-def load_cast_sum(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
-    """(cast_sum.json: the cases, 'forward' and 'backward', and how they were recorded; the recorded arrays
-    keyed 'cs/<case key>/<output>' and 'csb/...')."""
-    meta = json.loads((path / CAST_SUM_FILES[0]).read_text())
-    with np.load(path / CAST_SUM_FILES[1]) as z:
+def load_section(name: str, path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
+    """(NAME.json of a kept section: the cases, 'forward' and 'backward', and how they were recorded; the
+    recorded arrays keyed '<prefix>/<case key>/<output>', prefixes as :data:`KEPT_SECTIONS` names them)."""
+    meta_file, arrays_file = section_files(name)
+    meta = json.loads((path / meta_file).read_text())
+    with np.load(path / arrays_file) as z:
         arrays = {k: z[k] for k in z.files}
     return meta, arrays
 
 
-def has_cast_sum(path: Path = DATA) -> bool:
-    """Whether ``path`` holds the cast_sum recording."""
-    return all((path / name).is_file() for name in CAST_SUM_FILES)
+def has_section(name: str, path: Path = DATA) -> bool:
+    """Whether ``path`` holds the kept section ``name``."""
+    return all((path / f).is_file() for f in section_files(name))
 
 
 def load_device_folder(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """What ``gpu/scripts/run_attention.sh --sections record[,fp8][,cast_sum]`` wrote into ``folder``, as
+    """What ``gpu/scripts/run_attention.sh --sections record[,fp8][,cast_sum][,promote_pv]`` wrote into ``folder``, as
     :func:`load_recorded` returns the kept copy (every case, not only the kept subset)."""
     meta = json.loads((Path(folder) / "attention.json").read_text())
     arrays: dict[str, np.ndarray] = {}
@@ -87,24 +95,26 @@ def load_device_folder(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelRun]:
-    """Every recorded case (forward, backward, FP8, cast_sum) as a KernelRun: the kept copy in ``path`` (with
-    the runs saved whole in ``path/runs``; cast_sum where recorded), or a device run's output ``folder``."""
+    """Every recorded case (forward, backward, FP8 and the kept sections) as a KernelRun: the kept copy in
+    ``path`` (with the runs saved whole in ``path/runs``; each of :data:`KEPT_SECTIONS` where recorded), or a
+    device run's output ``folder``."""
     meta, arrays = load_recorded(path) if folder is None else load_device_folder(folder)
-    cast_sum = meta.get("cast_sum", {})
+    kept = {name: meta.get(name, {}) for name in KEPT_SECTIONS}
     if folder is None:
         with np.load(path / "fp8.npz") as z:
             arrays.update({k: z[k] for k in z.files})
-        if has_cast_sum(path):
-            cast_sum, more = load_cast_sum(path)
-            arrays.update(more)
+        for name in KEPT_SECTIONS:
+            if has_section(name, path):
+                kept[name], more = load_section(name, path)
+                arrays.update(more)
     runs = []
-    sources = (
+    sources = [
         ("f", meta.get("record", {}).get("forward", [])),
         ("b", meta.get("record", {}).get("backward", [])),
         ("f8", meta.get("fp8", {}).get("cases", [])),
-        (CAST_SUM_PREFIXES[0], cast_sum.get("forward", [])),
-        (CAST_SUM_PREFIXES[1], cast_sum.get("backward", [])),
-    )
+    ]
+    for name, (fwd_prefix, bwd_prefix) in KEPT_SECTIONS.items():
+        sources += [(fwd_prefix, kept[name].get("forward", [])), (bwd_prefix, kept[name].get("backward", []))]
     for kind, cases in sources:
         for c in cases:
             case = Case(**c)
@@ -118,15 +128,15 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
 
 
 __all__ = [
-    "CAST_SUM_FILES",
-    "CAST_SUM_PREFIXES",
     "DATA",
+    "KEPT_SECTIONS",
     "RECORDED_FILES",
     "case_run",
     "compare",
-    "has_cast_sum",
-    "load_cast_sum",
+    "has_section",
     "load_device_folder",
     "load_recorded",
+    "load_section",
     "recorded_runs",
+    "section_files",
 ]

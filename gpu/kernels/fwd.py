@@ -4,7 +4,8 @@
 K/V blocks in two loops (:func:`_kv_loop`), the full blocks (pipelined), then the masked ones (ragged end,
 causal diagonal); per block S = Q K^T (``tl.dot``: wgmma, fp32), the online-softmax update of
 :mod:`gpu.kernels.steps` (shift m, P and its cast to V's dtype, alpha, l), acc = acc * alpha, then
-acc = ``tl.dot(P cast, V, acc)``.  At the
+acc = ``tl.dot(P cast, V, acc)`` (FP8 with PROMOTE_PV: each 32 keys' products from zero, added to acc in
+FP32, Triton's ``max_num_imprecise_acc=32``, rather than the FP8 tensor cores' 13-bit accumulation).  At the
 end O = acc / l (div.full), rounded to O's dtype, and LSE = m + log2(l) in base 2.  :func:`transpose_keys`
 copies FP8's V with the keys contiguous.  Every rounding is pinned down so that flashsim's ``triton_h100``
 policy repeats it bit for bit: every FMA is an explicit ``tl.fma`` and no product feeds an addition
@@ -63,6 +64,7 @@ def _kv_loop(
     DEBUG: tl.constexpr,
     STAGES: tl.constexpr,
     V_T: tl.constexpr,
+    PROMOTE_PV: tl.constexpr,
 ):
     """acc, l, m after the K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the
     pipelined loop), MASKED=True for the last few (ragged columns, causal diagonal), not pipelined.  K, V:
@@ -97,7 +99,10 @@ def _kv_loop(
             v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :], mask=col_ok[:, None], other=0.0)
         else:
             v = tl.load(V + v_base + cols[:, None] * HEAD_DIM + offs_d[None, :])
-        acc = tl.dot(p_cast, v, acc)
+        if PROMOTE_PV:  # FP8: each 32 keys' products summed from zero, then added to acc in FP32 (RNE)
+            acc = tl.dot(p_cast, v, acc, max_num_imprecise_acc=32)
+        else:
+            acc = tl.dot(p_cast, v, acc)
         m_i = m_new
         if DEBUG:
             row_ok = offs_m < N_Q
@@ -134,13 +139,15 @@ def attn_fwd(
     DEBUG: tl.constexpr,
     STAGES: tl.constexpr,
     V_T: tl.constexpr,
+    PROMOTE_PV: tl.constexpr,
 ):
     """O and LSE (base 2) of one BLOCK_M slice of queries of one (batch, head).
 
     Q, K, O contiguous (B*H, N, HEAD_DIM); V the same, or with V_T its transpose (B*H, HEAD_DIM, N_VT), keys
     past N_K unread.  FP8 takes the transpose: e4m3 wgmma reads P V's B operand only with the keys
     contiguous, which Triton otherwise arranges by transposing every V tile in shared memory, outside the
-    pipeline; the products and their order are the same either way.  DBG: :class:`DebugOutputs`; consts:
+    pipeline; the products and their order are the same either way.  PROMOTE_PV (FP8 only): P V's partial
+    sums promoted to FP32 every 32 keys.  DBG: :class:`DebugOutputs`; consts:
     :class:`gpu.kernels.steps.SoftmaxConstants`."""
     start_m, hz, lo, hi = program_blocks(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
@@ -187,6 +194,7 @@ def attn_fwd(
         DEBUG,
         STAGES,
         V_T,
+        PROMOTE_PV,
     )
     acc, l_i, m_i = _kv_loop(
         acc,
@@ -218,6 +226,7 @@ def attn_fwd(
         DEBUG,
         1,
         V_T,
+        PROMOTE_PV,
     )
     # LSE = m + log2(l), O = acc / l
     lse = m_i + log2_fma(l_i)

@@ -121,6 +121,15 @@ def _softmax(
 
 
 @gluon.jit
+def _pv(p, v, acc, IS_ASYNC: gl.constexpr, PROMOTE_PV: gl.constexpr):
+    """acc + P V on the tensor cores, as the tl kernel's ``tl.dot(p, v, acc)``; PROMOTE_PV (FP8): each 32
+    keys' products summed from zero, then added to acc in FP32."""
+    if PROMOTE_PV:
+        return warpgroup_mma(p, v, acc, max_num_imprecise_acc=32, is_async=IS_ASYNC)
+    return warpgroup_mma(p, v, acc, is_async=IS_ASYNC)
+
+
+@gluon.jit
 def _compute(
     smem,
     O,
@@ -139,6 +148,7 @@ def _compute(
     SOFTMAX: gl.constexpr,
     STAGES: gl.constexpr,
     V_T: gl.constexpr,
+    PROMOTE_PV: gl.constexpr,
 ):
     """A compute warpgroup: O and LSE of the query rows first_row + HALF*64 ... + 63 of the program, from
     every K/V block of the rings in ``smem`` (:class:`Shared`)."""
@@ -175,7 +185,7 @@ def _compute(
         )
         acc = acc * alpha[:, None]
         mbarrier.wait(smem.v_full.index(s), (j // STAGES) & 1)
-        acc = warpgroup_mma(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, is_async=True)
+        acc = _pv(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, True, PROMOTE_PV)
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
         mbarrier.arrive(smem.k_empty.index(s1), count=1)
         p, alpha, l_i, m_i = _softmax(
@@ -186,7 +196,7 @@ def _compute(
     s = (n_blocks - 1) % STAGES
     acc = acc * alpha[:, None]
     mbarrier.wait(smem.v_full.index(s), ((n_blocks - 1) // STAGES) & 1)
-    acc = warpgroup_mma(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc)
+    acc = _pv(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, False, PROMOTE_PV)
 
     # LSE = m + log2(l), O = acc / l
     row_ok = offs_m < N_Q
@@ -215,6 +225,7 @@ def attn_fwd_overlap(
     SOFTMAX: gl.constexpr,
     STAGES: gl.constexpr,
     V_T: gl.constexpr,
+    PROMOTE_PV: gl.constexpr,
 ):
     """One BLOCK_M slice of queries of one (batch, head).  q_desc: 2-D over (B*H*N_Q, d) (rows past N_Q
     read the next head's queries or zeros; their outputs are not stored); k_desc: 3-D (B*H, N_K, d); v_desc
@@ -271,6 +282,7 @@ def attn_fwd_overlap(
                         SOFTMAX,
                         STAGES,
                         V_T,
+                        PROMOTE_PV,
                     ),
                 ),
                 (
@@ -293,6 +305,7 @@ def attn_fwd_overlap(
                         SOFTMAX,
                         STAGES,
                         V_T,
+                        PROMOTE_PV,
                     ),
                 ),
                 (
@@ -326,6 +339,7 @@ def attn_fwd_overlap(
                         SOFTMAX,
                         STAGES,
                         V_T,
+                        PROMOTE_PV,
                     ),
                 ),
                 (

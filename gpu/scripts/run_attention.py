@@ -1,12 +1,12 @@
 """GPU work of the attention kernels in one call: smoke test, tile search, accuracy, recorded cases (bf16,
-fp16, FP8, the cast_sum softmax) for the emulator, and a short training check (throughput:
-benchmarks/bench_gpu.py).
+fp16, FP8, the cast_sum softmax, FP8 with P V promoted to FP32) for the emulator, and a short training check
+(throughput: benchmarks/bench_gpu.py).
 
     OUT=/path bash gpu/scripts/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
 
 Writes ``$OUT/attention.json`` (everything measured, with versions), ``$OUT/attention_cases.npz``
-(recorded cases: outputs as bits) and ``$OUT/log2.npz``; ``--sections cast_sum`` records its cases and
-checks them against the emulator on the spot.  Sections stop early when ``--seconds`` runs out and say so in
+(recorded cases: outputs as bits) and ``$OUT/log2.npz``; ``--sections cast_sum`` (or ``promote_pv``) records its cases
+and checks them against the emulator on the spot.  Sections stop early when ``--seconds`` runs out and say so in
 the JSON.
 """
 
@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import platform
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -45,6 +46,7 @@ from ..crosscheck.cases import (
     forward_cases,
     fp8_cases,
     inputs,
+    promote_pv_cases,
 )
 from ..crosscheck.live import bits_of, same_bits
 from ..kernels.steps import log2_fma
@@ -393,46 +395,53 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
     print(f"fp8: {len(done)} cases", flush=True)
 
 
-def cast_sum(res: dict, out: Path, deadline: float, check: bool = True) -> None:
-    """The cast_sum softmax: the cases of gpu.crosscheck.cases.cast_sum_cases (FP8 inputs with the standard
-    softmax too) and cast_sum_backward_cases run by the default kernel, outputs as bits
-    (``cast_sum_cases_*.npz``, keys 'cs/<case>/<output>' and 'csb/...'); the tl and overlap forward kernels
-    held to those bits where they run; then every case emulated and compared bit for bit on the spot, and
-    the forward's time, standard against cast_sum.  ``check=False``: no emulator on the spot (the CPU test
-    suite holds the kept recording to it), so the recording may run until shortly before the deadline."""
-    from ..crosscheck.recorded import CAST_SUM_PREFIXES
+#: the kept sections (gpu.crosscheck.recorded.KEPT_SECTIONS): their forward cases and forward + backward cases
+KEPT_CASES = {"cast_sum": (cast_sum_cases, cast_sum_backward_cases), "promote_pv": (promote_pv_cases, list)}
 
-    fwd_prefix, bwd_prefix = CAST_SUM_PREFIXES
+
+def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool = True) -> None:
+    """A section kept whole (``cast_sum``: the cast_sum softmax, FP8 inputs with the standard softmax too, and
+    forward + backward cases in bf16 and fp16; ``promote_pv``: FP8 with P V promoted to FP32, cast_sum and
+    standard): every case run by the default kernel, outputs as bits (``NAME_cases_*.npz``, keys
+    '<prefix>/<case>/<output>', prefixes as KEPT_SECTIONS names them); the tl and overlap forward kernels held
+    to those bits where they run; then every case emulated and compared bit for bit on the spot, and the
+    section's timings.  ``check=False``: no emulator on the spot (the CPU test suite holds the kept recording to
+    it), so the recording may run until shortly before the deadline."""
+    from ..crosscheck.recorded import KEPT_SECTIONS
+
+    fwd_prefix, bwd_prefix = KEPT_SECTIONS[name]
+    fwd_cases, bwd_cases = KEPT_CASES[name]
     # the recording stops early enough to leave the emulator its share (cold: its kernels compile first)
     record_until = time.time() + (0.6 if check else 0.8) * max(0.0, deadline - time.time())
     arrays: dict[str, np.ndarray] = {}
     done_f, done_b, kernels_differ, failed = [], [], [], []
     t0 = time.time()
-    for case in cast_sum_backward_cases():  # first: few, and the forward's cases may run out of time
+    for case in bwd_cases():  # first: few, and the forward's cases may run out of time
         if time.time() > record_until:
-            res["cast_sum_stopped"] = "time (recording)"
+            res[f"{name}_stopped"] = "time (recording)"
             break
         x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items()}
         o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
         dq, dk, dv, delta = flash.backward(x["q"], x["k"], x["v"], o, lse, x["do"], causal=case.causal)
-        for name, t in (("o", o), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)):
-            arrays[f"{bwd_prefix}/{case.key}/{name}"] = bits_of(t)
+        for out_name, t in (("o", o), ("lse", lse), ("dq", dq), ("dk", dk), ("dv", dv), ("delta", delta)):
+            arrays[f"{bwd_prefix}/{case.key}/{out_name}"] = bits_of(t)
         done_b.append(case.to_dict())
-    for i, case in enumerate(cast_sum_cases()):
+    for i, case in enumerate(fwd_cases()):
         if time.time() > record_until:
-            res["cast_sum_stopped"] = "time (recording)"
+            res[f"{name}_stopped"] = "time (recording)"
             break
         if i % 20 == 0:
-            print(f"cast_sum: recording forward case {i} ({time.time() - t0:.0f} s)", flush=True)
+            print(f"{name}: recording forward case {i} ({time.time() - t0:.0f} s)", flush=True)
         x = {n: torch.from_numpy(a).cuda().to(DT[case.dtype]) for n, a in inputs(case).items() if n != "do"}
+        kw = dict(causal=case.causal, softmax=case.softmax, promote_pv=case.promote_pv)
         try:
-            o, lse, _ = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax)
+            o, lse, _ = flash.forward(x["q"], x["k"], x["v"], **kw)
         except Exception as exc:  # noqa: BLE001 - record the failure, go on with the other cases
             failed.append([case.key, repr(exc)[:300]])
             continue
         for kern in ("triton", "overlap"):
             try:
-                got = flash.forward(x["q"], x["k"], x["v"], causal=case.causal, softmax=case.softmax, kernel=kern)
+                got = flash.forward(x["q"], x["k"], x["v"], kernel=kern, **kw)
             except Exception as exc:  # noqa: BLE001 - e.g. no overlap kernel on this GPU: said in the JSON
                 failed.append([f"{case.key} ({kern})", repr(exc)[:300]])
                 continue
@@ -441,8 +450,9 @@ def cast_sum(res: dict, out: Path, deadline: float, check: bool = True) -> None:
         arrays[f"{fwd_prefix}/{case.key}/o"] = bits_of(o)
         arrays[f"{fwd_prefix}/{case.key}/lse"] = bits_of(lse)
         done_f.append(case.to_dict())
-    res["cast_sum_files"] = save_parts(arrays, out, "cast_sum_cases")
-    res["cast_sum"] = {
+    res[f"{name}_files"] = save_parts(arrays, out, f"{name}_cases")
+    res[name] = {
+        "command": f"OUT=$OUT bash gpu/scripts/run_attention.sh {res['argv']}",
         "forward": done_f,
         "backward": done_b,
         "kernels_differ": kernels_differ,
@@ -456,26 +466,29 @@ def cast_sum(res: dict, out: Path, deadline: float, check: bool = True) -> None:
         "seconds_recording": round(time.time() - t0, 1),
     }
     print(
-        f"cast_sum: recorded {len(done_f)} forward, {len(done_b)} backward cases, {len(failed)} failed; the tl or "
+        f"{name}: recorded {len(done_f)} forward, {len(done_b)} backward cases, {len(failed)} failed; the tl or "
         f"overlap kernel differs from the recorded bits on {len(kernels_differ)}",
         flush=True,
     )
     if check:
-        _cast_sum_check(res, arrays, done_f, done_b, deadline - 0.1 * max(0.0, deadline - time.time()))
-    _cast_sum_bench(res, deadline)
+        _section_check(name, res, arrays, done_f, done_b, deadline - 0.1 * max(0.0, deadline - time.time()))
+    if name == "cast_sum":
+        _cast_sum_bench(res, deadline)
+    else:
+        _promote_pv_bench(res, deadline)
 
 
-def _cast_sum_check(res: dict, arrays: dict, done_f: list, done_b: list, deadline: float) -> None:
-    """Every recorded case of the cast_sum section against the emulator, and how many FP8 inputs' O cast_sum
-    changes (against the standard softmax's on the same inputs)."""
-    from ..crosscheck.recorded import CAST_SUM_PREFIXES, compare
+def _section_check(name: str, res: dict, arrays: dict, done_f: list, done_b: list, deadline: float) -> None:
+    """Every recorded case of a kept section against the emulator, and how many FP8 inputs' O cast_sum changes
+    (against the standard softmax's on the same inputs)."""
+    from ..crosscheck.recorded import KEPT_SECTIONS, compare
 
     identical, differ, checked = 0, [], 0
     total = len(done_f) + len(done_b)
-    for prefix, cases in zip(CAST_SUM_PREFIXES, (done_f, done_b), strict=True):
+    for prefix, cases in zip(KEPT_SECTIONS[name], (done_f, done_b), strict=True):
         for c in cases:
             if time.time() > deadline:
-                res["cast_sum_check_stopped"] = "time"
+                res[f"{name}_check_stopped"] = "time"
                 break
             case = Case(**c)
             head = f"{prefix}/{case.key}/"
@@ -491,13 +504,13 @@ def _cast_sum_check(res: dict, arrays: dict, done_f: list, done_b: list, deadlin
                 differ.append([head, bad])
     fp8 = [Case(**c) for c in done_f if c["dtype"] == "e4m3" and c["softmax"] == "cast_sum"]
     pairs = [(c, Case(**{**c.to_dict(), "softmax": "standard"})) for c in fp8]
-    key = CAST_SUM_PREFIXES[0]
+    key = KEPT_SECTIONS[name][0]
     changed = sum(
         not np.array_equal(arrays[f"{key}/{a.key}/o"], arrays[f"{key}/{b.key}/o"])
         for a, b in pairs
         if f"{key}/{b.key}/o" in arrays
     )
-    res["cast_sum_check"] = {
+    res[f"{name}_check"] = {
         "identical": identical,
         "checked": checked,
         "total": total,
@@ -505,7 +518,7 @@ def _cast_sum_check(res: dict, arrays: dict, done_f: list, done_b: list, deadlin
         "fp8_o_changed_by_cast_sum": [changed, len(pairs)],
     }
     print(
-        f"cast_sum against the emulator: {identical} / {total} cases identical in every output ({checked} checked, "
+        f"{name} against the emulator: {identical} / {total} cases identical in every output ({checked} checked, "
         f"{len(differ)} differ); FP8 inputs whose O cast_sum changes: {changed} / {len(pairs)}",
         flush=True,
     )
@@ -535,6 +548,32 @@ def _cast_sum_bench(res: dict, deadline: float) -> None:
                     flush=True,
                 )
     res["cast_sum_bench"] = rows
+
+
+def _promote_pv_bench(res: dict, deadline: float) -> None:
+    """FP8 forward milliseconds with P V promoted to FP32 every 32 keys against without, standard and cast_sum,
+    on each kernel (B=4, H=32, N=4096)."""
+    rows = []
+    for d in (64, 128):
+        for causal in (False, True):
+            q, k, v = (x.to(DT["e4m3"]) for x in rand((4, 32, 4096, d), torch.bfloat16))
+            for kern in ("triton", "overlap"):
+                if time.time() + 15 > deadline:
+                    res["promote_pv_bench_stopped"] = "time"
+                    res["promote_pv_bench"] = rows
+                    return
+                row = {"d": d, "causal": causal, "kernel": kern}
+                try:
+                    for sm in ("standard", "cast_sum"):
+                        for p in (False, True):
+                            row[f"{sm}{'_pv32' if p else ''}"] = bench_one(
+                                flash.forward, q, k, v, causal=causal, softmax=sm, kernel=kern, promote_pv=p
+                            )
+                except Exception as exc:  # noqa: BLE001 - e.g. no overlap kernel for these tiles
+                    row["error"] = repr(exc)[:300]
+                rows.append(row)
+                print(f"promote_pv bench: {row}", flush=True)
+    res["promote_pv_bench"] = rows
 
 
 def overlap(res: dict, deadline: float) -> None:
@@ -640,7 +679,19 @@ def train(res: dict, deadline: float, steps: int = 300) -> None:
     )
 
 
-SECTIONS = ("smoke", "configs", "log2", "record", "accuracy", "fp8", "overlap", "replay", "train", "cast_sum")
+SECTIONS = (
+    "smoke",
+    "configs",
+    "log2",
+    "record",
+    "accuracy",
+    "fp8",
+    "overlap",
+    "replay",
+    "train",
+    "cast_sum",
+    "promote_pv",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -657,8 +708,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-check",
         action="store_true",
-        help="section cast_sum: record and time only, no emulator on the spot (tools/keep_recording.py keeps the "
-        "bits; the CPU tests hold them to the emulator)",
+        help="sections cast_sum and promote_pv: record and time only, no emulator on the spot "
+        "(tools/keep_recording.py keeps the bits; the CPU tests hold them to the emulator)",
     )
     return ap
 
@@ -672,7 +723,7 @@ def run(args: argparse.Namespace) -> int:
     require_gpu("python -m gpu.scripts.run_attention")
     t0 = time.time()
     deadline = t0 + args.seconds
-    res: dict = {"env": env(), "sections": args.sections}
+    res: dict = {"env": env(), "sections": args.sections, "argv": " ".join(sys.argv[1:])}
     # the sections run the robust variant on purpose (recordings, comparisons): its FutureWarning is for users
     warnings.filterwarnings("ignore", message="softmax 'robust' leans O", category=FutureWarning)
     for name in wanted:
@@ -685,8 +736,8 @@ def run(args: argparse.Namespace) -> int:
                 log2(res, out)
             elif name == "replay":
                 replay(res, deadline, args.replay_from)
-            elif name == "cast_sum":
-                cast_sum(res, out, deadline, check=not args.no_check)
+            elif name in KEPT_CASES:
+                kept_section(name, res, out, deadline, check=not args.no_check)
             elif name in ("record", "fp8"):
                 globals()[name](res, out, deadline)
             else:

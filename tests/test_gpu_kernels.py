@@ -333,7 +333,8 @@ def _e4m3_wgmmas(ptx: str) -> tuple[int, int]:
 def test_fp8_promotion_starts_every_pv_wgmma_from_zero(kernel):
     """PROMOTE_PV (Triton's max_num_imprecise_acc=32), the emulator's h100.WGMMA_FP8_PROMOTED: every k32 wgmma
     of P V computes its 32 keys' products from zero (scale-d the constant 0) and the result is added to acc
-    by an FP32 add; without it only the scores' first wgmma of a block starts from zero.  d = BLOCK_N = 64:
+    by an FP32 add, with no FMA more than without; without it only the scores' first wgmma of a block starts
+    from zero.  d = BLOCK_N = 64:
     P V and the scores take two k32 steps each."""
 
     def ptx(promote: bool) -> str:
@@ -346,6 +347,11 @@ def test_fp8_promotion_starts_every_pv_wgmma_from_zero(kernel):
     assert n_u == n_p > 0 and zero_u == n_u // 4  # half the wgmmas are the scores', half of those start at 0
     assert zero_p == zero_u + n_u // 2  # and now every P V wgmma too
     assert len(re.findall(r"\badd\.f32\b", promoted)) > len(re.findall(r"\badd\.f32\b", plain))
+    # the rescale acc * alpha stays its own rounding (mul.rn): not fused into the first chunk's add as an FMA,
+    # which the emulator would not model (what the H200 showed before the kernel said mul.rn)
+    fmas = {p: len(re.findall(r"\bfma\.rn\.f32\b", x)) for p, x in (("plain", plain), ("promoted", promoted))}
+    assert fmas["plain"] == fmas["promoted"], fmas
+    assert "mul.rn.f32" in promoted
 
 
 def test_overlap_caps_registers_only_where_two_programs_fit():

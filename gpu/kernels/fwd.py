@@ -20,7 +20,7 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from .steps import log2_fma, masked_block, plain_block, program_blocks, weights
+from .steps import log2_fma, masked_block, plain_block, program_blocks, rescale, weights
 
 
 class DebugOutputs(NamedTuple):
@@ -88,7 +88,7 @@ def _kv_loop(
         # P = exp2(x) and its cast to V's dtype, alpha = exp2(m_i - m_new), l = l * alpha + rowsum(P or the
         # cast P); acc = acc * alpha + P V with the cast P
         p, p_cast, alpha, l_i = weights(x, m_i, m_new, l_i, V.dtype.element_ty, SOFTMAX)
-        acc = acc * alpha[:, None]
+        acc = rescale(acc, alpha)
         if V_T:
             vt_ptrs = V + v_base + offs_d[:, None] * N_VT + cols[None, :]
             if MASKED:

@@ -30,7 +30,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 
-from .steps import log2_fma, masked_block, plain_block, program_blocks, weights
+from .steps import log2_fma, masked_block, plain_block, program_blocks, rescale, weights
 
 ROWS = gl.constexpr(64)  # query rows per compute warpgroup (wgmma's M)
 
@@ -183,7 +183,7 @@ def _compute(
         qk = warpgroup_mma(
             q, smem.k.index(s1).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), zero, use_acc=False, is_async=True
         )
-        acc = acc * alpha[:, None]
+        acc = rescale(acc, alpha)
         mbarrier.wait(smem.v_full.index(s), (j // STAGES) & 1)
         acc = _pv(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, True, PROMOTE_PV)
         qk = warpgroup_mma_wait(1, deps=(qk,))  # block j+1's scores are done: its K buffer may be refilled
@@ -194,7 +194,7 @@ def _compute(
         acc = warpgroup_mma_wait(0, deps=(acc,))  # P_j V_j is done: V buffer j may be refilled
         mbarrier.arrive(smem.v_empty.index(s), count=1)
     s = (n_blocks - 1) % STAGES
-    acc = acc * alpha[:, None]
+    acc = rescale(acc, alpha)
     mbarrier.wait(smem.v_full.index(s), ((n_blocks - 1) // STAGES) & 1)
     acc = _pv(gl.convert_layout(p, p_op), _v_tile(smem.v, s, BLOCK_N, HEAD_DIM, V_T), acc, False, PROMOTE_PV)
 

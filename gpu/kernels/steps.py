@@ -179,6 +179,20 @@ def count_at_least(s, thr, FOLD: tl.constexpr):
 
 
 @triton.jit
+def rescale(acc, alpha):
+    """acc * alpha[:, None], rounded on its own: PTX ``mul.rn.f32``, which no compiler contracts.  With P V
+    promoted to FP32 (FP8's PROMOTE_PV) the product feeds the first 32 keys' FP32 add, and a plain multiply was
+    fused into it as one FMA, a rounding the emulator's separate rescale step does not take (1-ulp differences
+    in O on the H200).  Under Triton's CPU interpreter, which runs no PTX, the plain product."""
+    if PTX:
+        a = tl.broadcast_to(alpha[:, None], acc.shape)
+        return tl.inline_asm_elementwise(
+            "mul.rn.f32 $0, $1, $2;", "=f,f,f", [acc, a], dtype=tl.float32, is_pure=True, pack=1
+        )
+    return acc * alpha[:, None]
+
+
+@triton.jit
 def _shift(s, r, m_i, r_m, consts, RAW: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     """The block's shift candidate in the units of ``s``: raw scores (RAW) or scaled ones; r = rowmax(s),
     r_m: r in m's (scaled) units."""

@@ -16,7 +16,6 @@ import argparse
 import json
 import math
 import platform
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -452,7 +451,7 @@ def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool =
         done_f.append(case.to_dict())
     res[f"{name}_files"] = save_parts(arrays, out, f"{name}_cases")
     res[name] = {
-        "command": f"OUT=$OUT bash gpu/scripts/run_attention.sh {res['argv']}",
+        "command": f"OUT=$OUT bash gpu/scripts/run_attention.sh {res['options']}",
         "forward": done_f,
         "backward": done_b,
         "kernels_differ": kernels_differ,
@@ -723,7 +722,8 @@ def run(args: argparse.Namespace) -> int:
     require_gpu("python -m gpu.scripts.run_attention")
     t0 = time.time()
     deadline = t0 + args.seconds
-    res: dict = {"env": env(), "sections": args.sections, "argv": " ".join(sys.argv[1:])}
+    options = f"--sections {args.sections} --seconds {args.seconds:g}" + (" --no-check" if args.no_check else "")
+    res: dict = {"env": env(), "sections": args.sections, "options": options}
     # the sections run the robust variant on purpose (recordings, comparisons): its FutureWarning is for users
     warnings.filterwarnings("ignore", message="softmax 'robust' leans O", category=FutureWarning)
     for name in wanted:

@@ -1,7 +1,9 @@
 """Checks of the Triton kernels' logic under Triton's CPU interpreter; run by tests/test_kernels_interpreter.py.
 
-Each check runs in its own process with ``TRITON_INTERPRET=1`` (Triton reads it at import), as
-``python tests/interpreter_checks.py CHECK [args]``; it raises AssertionError on a failure and prints "ok".
+The checks run with ``TRITON_INTERPRET=1`` (Triton reads it at import): one as
+``python tests/interpreter_checks.py CHECK [args]``, which raises AssertionError on a failure and prints "ok",
+or several in one process as ``python tests/interpreter_checks.py --batch "CHECK ARGS" ...`` (one RESULT line
+each, what the tests run).
 The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the checks are:
 
 - ``forward``: O and LSE of the tl forward kernel against FP64 attention within fp16 tolerances, on
@@ -234,7 +236,8 @@ def check_causality(causal: bool) -> None:
             assert torch.isnan(got[0][:, :, 10:]).all(), (d, softmax)
 
 
-def main(argv: list[str]) -> None:
+def run_check(argv: list[str]) -> None:
+    """One check: ``argv`` = [CHECK, 'full' or 'causal', softmax if the check takes one]."""
     check, *args = argv
     causal = args[0] == "causal"
     if check == "forward":
@@ -258,7 +261,25 @@ def main(argv: list[str]) -> None:
             f"unknown check {check!r}; accepted: forward, shifts, backward, heads, empty, arguments, "
             "causality, v_transposed"
         )
-    print("ok")
+
+
+def main(argv: list[str]) -> None:
+    """``CHECK ARGS...``: one check, then "ok".  ``--batch "CHECK ARGS" ...``: each check in turn in this one
+    process (the interpreter's start-up paid once), a line "RESULT <check args>: ok" or "RESULT <check args>:
+    FAIL" followed by its traceback for each, then "done"."""
+    if argv[:1] != ["--batch"]:
+        run_check(argv)
+        print("ok")
+        return
+    import traceback
+
+    for spec in argv[1:]:
+        try:
+            run_check(spec.split())
+            print(f"RESULT {spec}: ok", flush=True)
+        except Exception:  # noqa: BLE001 - every check reports; the test of that check fails with this
+            print(f"RESULT {spec}: FAIL\n{traceback.format_exc()}", flush=True)
+    print("done")
 
 
 if __name__ == "__main__":

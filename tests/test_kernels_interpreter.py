@@ -1,5 +1,7 @@
 """The Triton kernels' logic on the CPU, under Triton's interpreter (tests/interpreter_checks.py says what
-each check compares and why the interpreter is held to the logic, not the H100's rounding)."""
+each check compares and why the interpreter is held to the logic, not the H100's rounding).  The checks run
+in two interpreter processes at once (each pays the interpreter's start-up once), and each check is its own
+test here, failing with its own traceback."""
 
 import os
 import subprocess
@@ -19,19 +21,39 @@ CASES = (
     + [(check, c) for check in ("backward", "heads", "empty", "arguments", "v_transposed") for c in ("full", "causal")]
     + [("causality", "causal")]
 )
+PROCESSES = 2
 
 
-@pytest.mark.parametrize("args", CASES, ids=["-".join(a) for a in CASES])
-def test_kernel_logic_under_the_interpreter(args):
+@pytest.fixture(scope="module")
+def outcomes() -> dict[str, str]:
+    """Each check's report ("ok", or "FAIL" and its traceback), from ``PROCESSES`` batches run side by side."""
     root = str(SCRIPT.parent.parent)  # importable without an install (the script's own folder is tests/)
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
-    run = subprocess.run(
-        [sys.executable, str(SCRIPT), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=SCRIPT.parent.parent,
-    )
-    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-4000:]
+    specs = [" ".join(c) for c in CASES]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), "--batch", *specs[i::PROCESSES]],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=root,
+        )
+        for i in range(PROCESSES)
+    ]
+    found: dict[str, str] = {}
+    for i, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=1800)
+        for block in out.split("RESULT ")[1:]:
+            spec, _, report = block.partition(": ")
+            found[spec] = report.removesuffix("done\n").strip()
+        for spec in specs[i::PROCESSES]:  # a process that died leaves its remaining checks without a report
+            found.setdefault(spec, f"no report (the batch exited with {proc.returncode}):\n{err[-4000:]}")
+    return found
+
+
+@pytest.mark.parametrize("args", CASES, ids=["-".join(a) for a in CASES])
+def test_kernel_logic_under_the_interpreter(args, outcomes):
+    report = outcomes[" ".join(args)]
+    assert report == "ok", report

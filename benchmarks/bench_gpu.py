@@ -4,9 +4,11 @@
 
 B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median),
 the best of ``--rounds`` (2) rounds over all implementations of a shape.
-Rows: ours standard / stabilised (Qiu & Yao) / robust (``flash.attention``: the forward kernel "auto"
+Rows: ours standard / stabilised (Qiu & Yao) / robust / cast_sum (``flash.attention``: the forward kernel "auto"
 picks, gpu.configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
-bits); our FP8 E4M3 forward (O in bf16). Ratios in the same run: fix on against SDPA flash and cuDNN,
+bits); our FP8 E4M3 forward (O in bf16): ``fp8_standard`` (the standard softmax, the FP8 tensor cores' own
+accumulation: the fast one) and ``fp8_default`` (cast_sum with P V promoted to FP32: the accurate one,
+docs/fix.md). Ratios in the same run: fix on against SDPA flash and cuDNN,
 and the cost of each fix against our kernel without it (from unpaired timings, so it moves by several points
 between passes: benchmarks/fix_cost.py measures it by paired launches). Needs a CUDA GPU (torch, Triton); on
 the lent H100:
@@ -49,8 +51,9 @@ def measure(d: int, n: int, causal: bool, fp8: bool = True, rounds: int = 2) -> 
         runs[f"tl_{sm}"] = (partial(flash.forward, q, k, v, causal=causal, softmax=sm, kernel="triton"), None)
     if fp8:
         q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))
-        for sm in ("standard", "robust"):
-            runs[f"ours_fp8_{sm}"] = (partial(flash.forward, q8, k8, v8, causal=causal, softmax=sm), None)
+        fast = partial(flash.forward, q8, k8, v8, causal=causal, softmax="standard", promote_pv=False)
+        runs["ours_fp8_standard"] = (fast, None)
+        runs["ours_fp8_default"] = (partial(flash.forward, q8, k8, v8, causal=causal), None)
     out: dict = {"d": d, "n": n, "causal": causal}
     for _ in range(rounds):
         for name, (fwd, bwd) in runs.items():
@@ -88,14 +91,16 @@ def table(rows: list[dict]) -> str:
         "ours_standard",
         "ours_stabilised",
         "ours_robust",
+        "ours_cast_sum",
         "sdpa_cudnn",
         "sdpa_flash",
         "sdpa_efficient",
         "tl_standard",
         "tl_stabilised",
         "tl_robust",
+        "tl_cast_sum",
         "ours_fp8_standard",
-        "ours_fp8_robust",
+        "ours_fp8_default",
     ]
     head = [
         "pass",

@@ -1,4 +1,4 @@
-"""Shared test configuration: hypothesis profile and the GPU marker."""
+"""Shared test configuration: the hypothesis profile, and the GPU kernels compiled ahead in the background."""
 
 import os
 import sys
@@ -16,3 +16,36 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+#: files whose tests compile the GPU kernels for the H100 on the CPU (Triton and ptxas: minutes with a cold cache).
+#: When a run collects them among other files, a second process runs them at once, in the background, so that
+#: their compiles fill Triton's on-disk cache on the other core while the earlier files run; the session's own run
+#: of these files then finds most kernels compiled.  The background run's results are discarded: the session's
+#: run is the test.  ``LOWPREC_COMPILE_AHEAD=0`` turns it off.
+COMPILE_AHEAD = ("test_gpu_kernels.py",)
+_ahead: list = []
+
+
+def pytest_collection_finish(session) -> None:
+    import importlib.util
+    import subprocess
+
+    files = {Path(str(item.fspath)) for item in session.items}
+    ahead = sorted(f for f in files if f.name in COMPILE_AHEAD)
+    if not ahead or len(files) == len(ahead) or os.environ.get("LOWPREC_COMPILE_AHEAD") == "0":
+        return
+    if importlib.util.find_spec("triton") is None or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    env = {**os.environ, "LOWPREC_COMPILE_AHEAD": "0"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, ahead)]
+    _ahead.append(subprocess.Popen(cmd, env=env, cwd=_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    for proc in _ahead:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except Exception:  # noqa: BLE001 - a process that will not stop is killed
+                proc.kill()

@@ -14,7 +14,7 @@ from flashsim.analysis.stats import summarize
 from flashsim.crosscheck import crosscheck
 from flashsim.policy import PolicyRef
 from gpu.crosscheck.cases import Case, promote_pv_cases
-from gpu.crosscheck.recorded import KEPT_SECTIONS, case_run, compare, has_section, load_section
+from gpu.crosscheck.recorded import case_run, compare, has_section, load_section, section_cases
 from gpu.policies import (
     DEFAULT_PROMOTE_PV,
     default_promote_pv,
@@ -93,13 +93,9 @@ recorded = pytest.mark.skipif(
 @pytest.mark.parametrize("chunk", range(2))
 def test_recorded_promote_pv_cases_equal_the_emulator(chunk):
     """Every recorded O and LSE bit for bit under the promoted policy."""
-    meta, arrays = load_section("promote_pv")
-    prefix = KEPT_SECTIONS["promote_pv"][0]
-    cases = [Case(**c) for c in meta["forward"]]
-    assert len(cases) >= 40 and all(c.promote_pv for c in cases)
-    for case in cases[chunk::2]:
-        head = f"{prefix}/{case.key}/"
-        rec = {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
+    runs = section_cases("promote_pv")
+    assert len(runs) >= 40 and all(case.promote_pv for case, _ in runs)
+    for case, rec in runs[chunk::2]:
         assert rec, case.key
         for res in compare(case, rec):
             assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
@@ -109,16 +105,12 @@ def test_recorded_promote_pv_cases_equal_the_emulator(chunk):
 def test_recorded_promotion_changes_o_and_the_kernels_agree():
     """Not vacuous: the promoted kernel's O differs from the plain policy's emulation in many recorded cases
     (the 13-bit accumulation is another computation), and the tl and overlap kernels gave the same bits."""
-    meta, arrays = load_section("promote_pv")
+    meta, _ = load_section("promote_pv")
     assert meta["kernels_differ"] == []
-    prefix = KEPT_SECTIONS["promote_pv"][0]
-    cases = [Case(**c) for c in meta["forward"] if c["n_k"] >= 1024]
-    assert cases
+    long = [(case, rec) for case, rec in section_cases("promote_pv") if case.n_k >= 1024]
+    assert long
     differ = 0
-    for case in cases:
-        head = f"{prefix}/{case.key}/"
-        rec = {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
-        plain = replace(case, promote_pv=False)
-        checks = crosscheck(case_run(plain, rec)).checks
+    for case, rec in long:
+        checks = crosscheck(case_run(replace(case, promote_pv=False), rec)).checks
         differ += any(c.identical != c.n for c in checks if c.name == "o")
-    assert differ >= len(cases) // 2, (differ, len(cases))
+    assert differ >= len(long) // 2, (differ, len(long))

@@ -78,6 +78,22 @@ def load_section(name: str, path: Path = DATA) -> tuple[dict, dict[str, np.ndarr
     return meta, arrays
 
 
+def section_cases(name: str, path: Path = DATA) -> list[tuple[Case, dict[str, np.ndarray]]]:
+    """Each case of the kept section ``name`` with its recorded outputs (forward cases, then forward +
+    backward), as :func:`compare` takes them."""
+    meta, arrays = load_section(name, path)
+    return [
+        (Case(**c), _outputs(arrays, f"{prefix}/{Case(**c).key}/"))
+        for prefix, part in zip(KEPT_SECTIONS[name], ("forward", "backward"), strict=True)
+        for c in meta.get(part, [])
+    ]
+
+
+def _outputs(arrays: dict[str, np.ndarray], head: str) -> dict[str, np.ndarray]:
+    """The arrays under key prefix ``head`` ('<prefix>/<case key>/'), by output name."""
+    return {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
+
+
 def has_section(name: str, path: Path = DATA) -> bool:
     """Whether ``path`` holds the kept section ``name``."""
     return all((path / f).is_file() for f in section_files(name))
@@ -118,8 +134,7 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
     for kind, cases in sources:
         for c in cases:
             case = Case(**c)
-            prefix = f"{kind}/{case.key}/"
-            rec = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+            rec = _outputs(arrays, f"{kind}/{case.key}/")
             if rec:
                 runs.append(case_run(case, rec))
     if folder is None:
@@ -138,5 +153,6 @@ __all__ = [
     "load_recorded",
     "load_section",
     "recorded_runs",
+    "section_cases",
     "section_files",
 ]

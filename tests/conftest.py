@@ -30,15 +30,15 @@ def pytest_collection_finish(session) -> None:
     import importlib.util
     import subprocess
 
-    files = {Path(str(item.fspath)) for item in session.items}
-    ahead = sorted(f for f in files if f.name in COMPILE_AHEAD)
-    if not ahead or len(files) == len(ahead) or os.environ.get("LOWPREC_COMPILE_AHEAD") == "0":
+    ahead = [item.nodeid for item in session.items if Path(str(item.fspath)).name in COMPILE_AHEAD]
+    if not ahead or len(ahead) == len(session.items) or os.environ.get("LOWPREC_COMPILE_AHEAD") == "0":
         return
     if importlib.util.find_spec("triton") is None or os.environ.get("PYTEST_XDIST_WORKER"):
         return
     env = {**os.environ, "LOWPREC_COMPILE_AHEAD": "0"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *map(str, ahead)]
-    _ahead.append(subprocess.Popen(cmd, env=env, cwd=_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ahead]  # the selected tests only
+    root = session.config.rootpath
+    _ahead.append(subprocess.Popen(cmd, env=env, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

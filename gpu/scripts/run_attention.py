@@ -394,10 +394,6 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
     print(f"fp8: {len(done)} cases", flush=True)
 
 
-#: the kept sections (gpu.crosscheck.recorded.KEPT_SECTIONS): their forward cases and forward + backward cases
-KEPT_CASES = {"cast_sum": (cast_sum_cases, cast_sum_backward_cases), "promote_pv": (promote_pv_cases, list)}
-
-
 def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool = True) -> None:
     """A section kept whole (``cast_sum``: the cast_sum softmax, FP8 inputs with the standard softmax too, and
     forward + backward cases in bf16 and fp16; ``promote_pv``: FP8 with P V promoted to FP32, cast_sum and
@@ -409,7 +405,7 @@ def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool =
     from ..crosscheck.recorded import KEPT_SECTIONS
 
     fwd_prefix, bwd_prefix = KEPT_SECTIONS[name]
-    fwd_cases, bwd_cases = KEPT_CASES[name]
+    fwd_cases, bwd_cases, bench = KEPT_CASES[name]
     # the recording stops early enough to leave the emulator its share (cold: its kernels compile first)
     record_until = time.time() + (0.6 if check else 0.8) * max(0.0, deadline - time.time())
     arrays: dict[str, np.ndarray] = {}
@@ -471,10 +467,7 @@ def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool =
     )
     if check:
         _section_check(name, res, arrays, done_f, done_b, deadline - 0.1 * max(0.0, deadline - time.time()))
-    if name == "cast_sum":
-        _cast_sum_bench(res, deadline)
-    else:
-        _promote_pv_bench(res, deadline)
+    bench(res, deadline)
 
 
 def _section_check(name: str, res: dict, arrays: dict, done_f: list, done_b: list, deadline: float) -> None:
@@ -573,6 +566,14 @@ def _promote_pv_bench(res: dict, deadline: float) -> None:
                 rows.append(row)
                 print(f"promote_pv bench: {row}", flush=True)
     res["promote_pv_bench"] = rows
+
+
+#: the kept sections (gpu.crosscheck.recorded.KEPT_SECTIONS): their forward cases, forward + backward cases and
+#: timings
+KEPT_CASES = {
+    "cast_sum": (cast_sum_cases, cast_sum_backward_cases, _cast_sum_bench),
+    "promote_pv": (promote_pv_cases, list, _promote_pv_bench),
+}
 
 
 def overlap(res: dict, deadline: float) -> None:

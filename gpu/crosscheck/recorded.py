@@ -59,6 +59,16 @@ def compare(case: Case, recorded: dict[str, np.ndarray]) -> list[OutputCheck]:
     return crosscheck(case_run(case, recorded)).checks
 
 
+def differences(case: Case, recorded: dict[str, np.ndarray]) -> list[str]:
+    """The recorded outputs of ``case`` that differ from the emulator, a line each ('<output>: n of N differ,
+    ulps {...}'); empty when every output is bit-identical."""
+    return [
+        f"{r.name}: {r.n - r.identical} of {r.n} differ, ulps {str(r.ulp_hist)[:200]}"
+        for r in compare(case, recorded)
+        if r.identical != r.n
+    ]
+
+
 def load_recorded(path: Path = DATA) -> tuple[dict, dict[str, np.ndarray]]:
     """(recorded.json as a dict: the cases and how they were recorded, the recorded arrays keyed
     'f/<case key>/<output>' and 'b/...')."""
@@ -83,14 +93,15 @@ def section_cases(name: str, path: Path = DATA) -> list[tuple[Case, dict[str, np
     backward), as :func:`compare` takes them."""
     meta, arrays = load_section(name, path)
     return [
-        (Case(**c), _outputs(arrays, f"{prefix}/{Case(**c).key}/"))
+        (case, outputs_of(arrays, prefix, case))
         for prefix, part in zip(KEPT_SECTIONS[name], ("forward", "backward"), strict=True)
-        for c in meta.get(part, [])
+        for case in (Case(**c) for c in meta.get(part, []))
     ]
 
 
-def _outputs(arrays: dict[str, np.ndarray], head: str) -> dict[str, np.ndarray]:
-    """The arrays under key prefix ``head`` ('<prefix>/<case key>/'), by output name."""
+def outputs_of(arrays: dict[str, np.ndarray], prefix: str, case: Case) -> dict[str, np.ndarray]:
+    """A case's recorded arrays, keyed '<prefix>/<case key>/<output>' in ``arrays``, by output name."""
+    head = f"{prefix}/{case.key}/"
     return {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
 
 
@@ -134,7 +145,7 @@ def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[KernelR
     for kind, cases in sources:
         for c in cases:
             case = Case(**c)
-            rec = _outputs(arrays, f"{kind}/{case.key}/")
+            rec = outputs_of(arrays, kind, case)
             if rec:
                 runs.append(case_run(case, rec))
     if folder is None:
@@ -148,10 +159,12 @@ __all__ = [
     "RECORDED_FILES",
     "case_run",
     "compare",
+    "differences",
     "has_section",
     "load_device_folder",
     "load_recorded",
     "load_section",
+    "outputs_of",
     "recorded_runs",
     "section_cases",
     "section_files",

@@ -473,7 +473,7 @@ def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool =
 def _section_check(name: str, res: dict, arrays: dict, done_f: list, done_b: list, deadline: float) -> None:
     """Every recorded case of a kept section against the emulator, and how many FP8 inputs' O cast_sum changes
     (against the standard softmax's on the same inputs)."""
-    from ..crosscheck.recorded import KEPT_SECTIONS, compare
+    from ..crosscheck.recorded import KEPT_SECTIONS, differences, outputs_of
 
     identical, differ, checked = 0, [], 0
     total = len(done_f) + len(done_b)
@@ -483,17 +483,11 @@ def _section_check(name: str, res: dict, arrays: dict, done_f: list, done_b: lis
                 res[f"{name}_check_stopped"] = "time"
                 break
             case = Case(**c)
-            head = f"{prefix}/{case.key}/"
-            rec = {k[len(head) :]: a for k, a in arrays.items() if k.startswith(head)}
-            bad = [
-                f"{r.name}: {r.n - r.identical} of {r.n} differ, ulps {str(r.ulp_hist)[:200]}"
-                for r in compare(case, rec)
-                if r.identical != r.n
-            ]
+            bad = differences(case, outputs_of(arrays, prefix, case))
             checked += 1
             identical += not bad
             if bad:
-                differ.append([head, bad])
+                differ.append([f"{prefix}/{case.key}", bad])
     fp8 = [Case(**c) for c in done_f if c["dtype"] == "e4m3" and c["softmax"] == "cast_sum"]
     pairs = [(c, Case(**{**c.to_dict(), "softmax": "standard"})) for c in fp8]
     key = KEPT_SECTIONS[name][0]

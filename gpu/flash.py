@@ -314,9 +314,9 @@ def _forward(
     debug: bool,
     kernel: str,
     v_t: bool,
-    promote_pv: bool | None = None,
+    promote_pv: bool | None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
-    """:func:`forward` on checked arguments, on q's device."""
+    """:func:`forward` on checked arguments, on q's device (``promote_pv`` None: the dtype's default)."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     dtype = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)

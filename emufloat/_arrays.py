@@ -289,14 +289,21 @@ def check_no_nan_format(count: int, fmt: Format, argname: str) -> None:
         raise ValueError(f"{argname}: {count} NaN result(s) cannot be represented in {fmt.name}, a format without NaN")
 
 
-_NO_TRACE = (np.empty(0, np.float64), np.empty(0, np.float64), np.empty(0, np.uint16))  # kernels write none
+_NO_TRACE = {  # kernels write none; one per dtype of the low half, so that a kernel compiles once per dtype
+    lo: (np.empty(0, np.float64), np.empty(0, lo), np.empty(0, np.uint16)) for lo in (np.float64, np.float32)
+}
 
 
-def empty_trace_columns(n: int, tracing: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The exact results' and flags' columns a kernel fills when tracing (shared empty ones otherwise)."""
+def empty_trace_columns(
+    n: int, tracing: bool, lo_dtype: type = np.float64
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The exact results' and flags' columns a kernel fills when tracing (shared empty ones otherwise).
+
+    ``lo_dtype``: float32 where every low half of the call's exact results is a float32 value (narrow
+    operands' sums and products: 4 bytes an event fewer to write), float64 otherwise."""
     if not tracing:
-        return _NO_TRACE
-    return np.empty(n, np.float64), np.empty(n, np.float64), np.empty(n, np.uint16)
+        return _NO_TRACE[lo_dtype]
+    return np.empty(n, np.float64), np.empty(n, lo_dtype), np.empty(n, np.uint16)
 
 
 NO_CARRY_REF = _core.NO_CARRY_REF

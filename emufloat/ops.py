@@ -395,6 +395,27 @@ def _small_apply(call: _SmallCall, operands) -> np.ndarray:
     return out if len(shape) == 1 else out.reshape(shape)
 
 
+def _lo_dtype(narrow: bool) -> type:
+    """The dtype of a call's low halves: float32 for narrow calls (the kernel compiles once per result
+    dtype, not once more for tracing), float64 otherwise."""
+    return np.float32 if narrow else np.float64
+
+
+def _lo_is_float32(code: int, f: Format) -> bool:
+    """Whether every exact result of ``code`` on values of the narrow format ``f`` has a float32 low half.
+
+    The low half of TwoSum of two float32 values is a float32 value, and a product of two narrow values is
+    exact in float64 (low half 0); fma's is TwoSum's when the product is a float32 value.  Quotients and
+    roots have inexact low halves: those traced calls take the float64 path.
+    """
+    if code == DIV or code == SQRT:
+        return False
+    if code != FMA:
+        return True
+    tiny = f.min_subnormal if f.subnormals else f.min_normal
+    return 2 * f.precision <= 24 and f.max**2 <= float(np.finfo(np.float32).max) and tiny**2 >= 2.0**-149
+
+
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
     key = None
     if trace is None and out is None:  # float64 operands' values need a per-call check: not through the lane
@@ -415,16 +436,17 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     into = _arrays.check_out(out, f, shape)
     # operands and result of one 8- or 16-bit format: their encodings as they are, no widening or narrowing
     narrow = f.width <= 16 and f.dtype is not None and all(a.dtype == f.dtype for a in arrays.values())
+    code = op_code if extra_code is None else extra_code
+    tracing = trace is not None
+    narrow &= not tracing or _lo_is_float32(code, f)  # a narrow call's trace keeps its low halves as float32
     flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
     while len(flat) < 3:
         flat.append(flat[0])
     n = math.prod(shape)
     out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow)
-    tracing = trace is not None
-    ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing)
+    ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing, _lo_dtype(narrow))
     # narrow operands are the result's dtype: the kernel copies them and the result for the trace
     keep = np.empty((len(arrays) + 1, n) if tracing and narrow else (0, 0), out.dtype)
-    code = op_code if extra_code is None else extra_code
     with _arrays.threads_for(n):
         bad = _arith_kernel(
             code,
@@ -472,7 +494,8 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
 def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _SmallCall:
     """The :class:`_SmallCall` of a call the general path has just run (so the block function is compiled)."""
     no_keep = np.empty((0, 0), out_dtype)
-    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *_arrays.empty_trace_columns(0, False), False, no_keep)
+    no_trace = _arrays.empty_trace_columns(0, False, _lo_dtype(narrow))
+    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *no_trace, False, no_keep)
     args = (code, *flat[0], *flat[1], *flat[2], np.empty(0, out_dtype), *tail, 0, 0)
     return _SmallCall(
         kernel=_arrays.entry_point(_arith_block, args),

@@ -4,7 +4,9 @@ A kernel called with ``trace=`` writes three columns per element (the exact
 result as a double-double ``exact_hi + exact_lo`` and the flags); operands and
 results are kept as compact copies of the arrays involved, and everything else
 (rounded value, signed error) is derived on demand.  Tracing therefore costs
-about 18 bytes per element and nothing at all when off.
+14 bytes per element beyond those copies (a float32 low half where it holds
+every value exactly: narrow formats' sums and products), 18 otherwise, and
+nothing at all when off.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ class Chunk:
     operands: tuple[np.ndarray, ...]  # flat copies, in the dtype they were given
     rounded: np.ndarray  # flat copy of the result, in its carrier dtype
     exact_hi: np.ndarray
-    exact_lo: np.ndarray
+    exact_lo: np.ndarray  # float64, or float32 where every low half is a float32 value
     flags: np.ndarray  # uint16
     shape: tuple[int, ...]
     label: str = ""
@@ -138,7 +140,7 @@ class Trace:
                         )
                     cols["rounded"].append(ch.rounded.astype(np.float64))
                 cols["exact_hi"].append(ch.exact_hi)
-                cols["exact_lo"].append(ch.exact_lo)
+                cols["exact_lo"].append(ch.exact_lo.astype(np.float64, copy=False))
                 cols["flags"].append(ch.flags)
             empty = {"op": np.uint8, "call": np.int32, "index": np.int64, "flags": np.uint16}
             out = {k: (np.concatenate(v) if v else np.empty(0, empty.get(k, np.float64))) for k, v in cols.items()}

@@ -331,6 +331,7 @@ def cmd_bias_rows(args: argparse.Namespace) -> int:
     _positive(args.rows, "--rows")
     _positive(args.n_keys, "--n-keys", minimum=2)
     _positive(args.chunk, "--chunk")
+    _positive(args.jobs, "--jobs")
     try:
         rows = repeated_maxima_rows(args.rows, _ties_arg(args.ties), n_keys=args.n_keys, v=args.v, seed=args.seed)
     except ValueError as exc:
@@ -344,6 +345,7 @@ def cmd_bias_rows(args: argparse.Namespace) -> int:
         policy,
         variants,
         chunk=args.chunk,
+        jobs=args.jobs,
         progress=lambda it, n, what: progress(it, n, what, quiet=args.quiet, unit="chunk"),
     )
     print(format_bias_table(results, f"flashsim bias-rows, policy {policy.name}: {rows.description}"))
@@ -598,6 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1000,
         metavar="N",
         help="rows per step of the progress bar (same results for any value); default 1000",
+    )
+    br.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes computing the chunks side by side (same results for any value); default 1",
     )
     br.add_argument("--quiet", action="store_true", help="no progress bar")
     br.set_defaults(func=cmd_bias_rows)

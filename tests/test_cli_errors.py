@@ -194,6 +194,7 @@ TABLE = [
     ("flashsim", ["bias-rows", "--policy", "nope"], "--policy"),
     ("flashsim", ["bias-rows", "--softmax", "nope"], "--softmax"),
     ("flashsim", ["bias-rows", "--chunk", "0"], "--chunk"),
+    ("flashsim", ["bias-rows", "--jobs", "0"], "--jobs"),
     ("flashsim", ["crosscheck", "{t}/missing.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/garbage.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/truncated.npz"], "RUN"),

@@ -3,18 +3,21 @@ under the reference policy (qiu_yao); O's mean signed error against FP64 leans n
 ours remove the lean, rows with a single max do not lean.  2000 rows in the default run; the 10^4 rows of the
 documented experiment with ``pytest -m slow`` (the same assertions: they hold at both sizes)."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from flashsim.analysis.experiments import bias_rows, format_bias_table, repeated_maxima_rows
+from flashsim.analysis.experiments import bias_rows, format_bias_table, repeated_maxima_rows, row_errors
 
 SIZES = [2000, pytest.param(10_000, marks=pytest.mark.slow)]
+JOBS = {2000: 1, 10_000: 2}  # worker processes: the 10^4 rows on both cores
 
 
 @pytest.fixture(scope="module", params=SIZES, ids=lambda n: f"{n}rows")
 def tied(request):
     rows = repeated_maxima_rows(request.param, (2, 3, 4, 5, 6, 7, 8), seed=1)
-    res = {r.softmax: r for r in bias_rows(rows, "qiu_yao")}
+    res = {r.softmax: r for r in bias_rows(rows, "qiu_yao", jobs=JOBS[request.param])}
     print(format_bias_table(list(res.values()), rows.description))
     return request.param, res
 
@@ -49,9 +52,32 @@ def test_robust_at_least_as_good_as_the_paper_fix(tied):
 def test_rows_without_repeated_maxima_do_not_lean(n_rows):
     rows = repeated_maxima_rows(n_rows, 1, seed=1)
     assert (rows.ties == 1).all()
-    (res,) = bias_rows(rows, "qiu_yao", ["standard"])
+    (res,) = bias_rows(rows, "qiu_yao", ["standard"], jobs=JOBS[n_rows])
     assert res.o.mean_p > 0.01
     assert abs(res.o.mean_error) < 1e-5
+
+
+def test_worker_processes_give_the_same_rows():
+    """Rows split across worker processes (row_errors' parts, bias_rows' chunks) give the same per-row errors,
+    bit for bit, as one process, NaN rows included (a row of NaN V)."""
+    rows = repeated_maxima_rows(40, (2, 3), n_keys=32, d=16, seed=4)
+    rows.v[5, 3, 0] = np.nan
+    one = row_errors(rows, "qiu_yao", ["standard", "robust"])
+    two = row_errors(rows, "qiu_yao", ["standard", "robust"], jobs=2)
+    assert one.keys() == two.keys() and np.isnan(one["standard"].o[5])
+    for name in one:
+        for f in dataclasses.fields(one[name]):
+            assert np.array_equal(getattr(one[name], f.name), getattr(two[name], f.name), equal_nan=True), f.name
+    chunked = bias_rows(rows, "qiu_yao", ["standard"], chunk=7, jobs=2)
+    assert chunked == bias_rows(rows, "qiu_yao", ["standard"])
+
+
+@pytest.mark.parametrize("jobs", [0, -1, True, 1.5, "2"])
+def test_jobs_must_be_a_positive_integer(jobs):
+    rows = repeated_maxima_rows(4, 2, n_keys=8, d=4, seed=0)
+    for run in (bias_rows, row_errors):
+        with pytest.raises(ValueError, match="jobs"):
+            run(rows, "qiu_yao", ["standard"], jobs=jobs)
 
 
 def test_inputs_have_the_requested_maxima():

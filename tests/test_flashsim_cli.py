@@ -221,11 +221,16 @@ def test_python_m_flashsim(tmp_path):
 
 
 def test_bias_rows_command_prints_the_table(capsys):
-    assert cli.main(["bias-rows", "--rows", "40", "--softmax", "standard,robust", "--ties", "2-3"]) == 0
-    out = capsys.readouterr().out
-    assert "policy qiu_yao: 40 rows" in out and "maxima per row [2, 3]" in out
-    lines = [ln for ln in out.splitlines() if ln.startswith(("standard", "robust"))]
-    assert len(lines) == 2 and float(lines[0].split()[1]) < 0
+    """The table, and the same table from chunks computed by two worker processes (--jobs 2)."""
+    tables = []
+    for extra in ([], ["--chunk", "15", "--jobs", "2"]):
+        argv = ["bias-rows", "--rows", "40", "--softmax", "standard,robust", "--ties", "2-3", "--quiet", *extra]
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "policy qiu_yao: 40 rows" in out and "maxima per row [2, 3]" in out
+        tables.append([ln for ln in out.splitlines() if ln.startswith(("standard", "robust"))])
+    assert len(tables[0]) == 2 and float(tables[0][0].split()[1]) < 0
+    assert tables[1] == tables[0]
 
 
 def nan_output_data(path):

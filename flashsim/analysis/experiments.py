@@ -16,6 +16,7 @@ sign); ``v="normal"`` shows it (docs/flashsim.md, "Bias on many rows").
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ from ..policy import Policy, get_policy
 from ..presets import FP64_GOLDEN
 from ..softmax import SoftmaxVariant, get_softmax
 from .bias import Bias, bias
+from .processes import in_processes
 
 V_DISTRIBUTIONS = ("uniform", "normal")
 
@@ -179,28 +181,62 @@ def row_errors(
     *,
     block_n: int | None = None,
     ref: Reference | None = None,
+    jobs: int = 1,
 ) -> dict[str, RowErrors]:
     """Per-row errors of O and delta for each variant (by name) under ``policy`` against FP64.
 
     ``block_n``: the K/V tile width (default: the policy's); ``ref``: :func:`reference` of ``rows`` when it is
     already at hand (it must be of the same rows).  Rows are independent heads: any split of the rows gives
-    the same per-row values.
+    the same per-row values, so ``jobs`` worker processes (:func:`~flashsim.analysis.processes.in_processes`)
+    each compute a consecutive part.
     """
     pol = get_policy(policy)
     variants = [get_softmax(sm) for sm in softmaxes]
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"softmaxes: two variants share a name ({', '.join(names)}); run them in separate calls")
+    _check_jobs(jobs)
     n = rows.q.shape[0]
+    if ref is not None and (ref.o.shape[0] != n or ref.delta.shape != (n,)):
+        raise ValueError(f"ref: a reference of {ref.o.shape[0]} rows for {n} rows; pass reference(rows)")
+    if jobs > 1 and n > 1:
+        step = -(-n // jobs)
+        calls = [
+            (
+                _rows_slice(rows, sl),
+                pol,
+                variants,
+                block_n,
+                None if ref is None else Reference(ref.o[sl], ref.delta[sl]),
+            )
+            for sl in (slice(i, min(i + step, n)) for i in range(0, n, step))
+        ]
+        return joined_errors(list(in_processes(_row_errors_of, calls, jobs)))
     gold = reference(rows) if ref is None else ref
-    if gold.o.shape[0] != n or gold.delta.shape != (n,):
-        raise ValueError(f"ref: a reference of {gold.o.shape[0]} rows for {n} rows; pass reference(rows)")
     return {
         v.name: errors_of_o(
             rows, pol, flash_forward(rows.q, rows.k, rows.v, pol, softmax=v, sm_scale=1.0, block_n=block_n).o, gold
         )
         for v in variants
     }
+
+
+def _row_errors_of(rows: BiasRows, pol: Policy, variants: list, block_n: int | None, ref: Reference | None) -> dict:
+    return row_errors(rows, pol, variants, block_n=block_n, ref=ref)
+
+
+def joined_errors(parts: Sequence[dict[str, RowErrors]]) -> dict[str, RowErrors]:
+    """The per-variant errors of consecutive parts of the rows, as those of all the rows."""
+    fields = [f.name for f in dataclasses.fields(RowErrors)]
+    return {
+        name: RowErrors(*(np.concatenate([getattr(part[name], f) for part in parts]) for f in fields))
+        for name in parts[0]
+    }
+
+
+def _check_jobs(jobs: object) -> None:
+    if isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or jobs < 1:
+        raise ValueError(f"jobs: expected an integer >= 1, got {jobs!r}")
 
 
 def errors_of_o(rows: BiasRows, policy: Policy, o: np.ndarray, ref: Reference) -> RowErrors:
@@ -226,33 +262,33 @@ def bias_rows(
     softmaxes: Sequence[str | SoftmaxVariant] = ("standard", "stabilised", "robust"),
     *,
     chunk: int | None = None,
+    jobs: int = 1,
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
 ) -> list[BiasResult]:
     """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs
     (:func:`row_errors`, summarised by :func:`~flashsim.analysis.bias.bias`).
 
-    Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once;
-    ``progress(iterable, total, description)`` wraps the loop over chunks (e.g. a progress bar).
+    Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once, and so do
+    ``jobs`` worker processes computing the chunks side by side (fresh interpreters, the policy and variants
+    pickled: :func:`~flashsim.analysis.processes.in_processes`); ``progress(iterable, total, description)``
+    wraps the loop over chunks (e.g. a progress bar).
     """
     pol = get_policy(policy)
     variants = [get_softmax(sm) for sm in softmaxes]
+    _check_jobs(jobs)
     n = rows.q.shape[0]
-    step = n if chunk is None else max(1, int(chunk))
+    step = (n if jobs == 1 else -(-n // jobs)) if chunk is None else max(1, int(chunk))
     parts = [slice(i, min(i + step, n)) for i in range(0, n, step)]
-    found: list[dict[str, RowErrors]] = []
     wrap = progress or (lambda it, _n, _what: it)
-    for sl in wrap(parts, len(parts), f"{pol.name}: rows in chunks of {step}"):
-        found.append(row_errors(_rows_slice(rows, sl), pol, variants))
-
-    def joined(name: str, what: str) -> np.ndarray:
-        return np.concatenate([getattr(part[name], what) for part in found])
-
+    title = f"{pol.name}: rows in chunks of {step}" + (f", {jobs} processes" if jobs > 1 else "")
+    if jobs == 1 or len(parts) == 1:
+        found = [row_errors(_rows_slice(rows, sl), pol, variants) for sl in wrap(parts, len(parts), title)]
+    else:
+        calls = [(_rows_slice(rows, sl), pol, variants) for sl in parts]
+        found = list(wrap(in_processes(row_errors, calls, jobs), len(parts), title))
+    errs = joined_errors(found)
     return [
-        BiasResult(
-            v.name,
-            bias(joined(v.name, "o"), joined(v.name, "o_ulp")),
-            bias(joined(v.name, "delta"), joined(v.name, "delta_ulp")),
-        )
+        BiasResult(v.name, bias(errs[v.name].o, errs[v.name].o_ulp), bias(errs[v.name].delta, errs[v.name].delta_ulp))
         for v in variants
     ]
 

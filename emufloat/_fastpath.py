@@ -3,7 +3,8 @@
 Casts and arithmetic work in blocks of :data:`BLOCK` elements: a vectorizable pass rounds every element
 whose rounding needs no special case (:func:`fast_round` on a :class:`FastPlan`), and a fix-up pass sends
 the elements it declined through :func:`emufloat._core.round_pack`, which gives the same answer for every
-input.  The plans are loop-invariant named records, made once per kernel call.
+input (untraced casts first try :func:`fast_round_tiny`, for results below the normal range).  The plans
+are loop-invariant named records, made once per kernel call.
 """
 
 from __future__ import annotations
@@ -48,13 +49,23 @@ class FastPlan(NamedTuple):
     signed_zero: int  # 1: a zero keeps its sign (not FNUZ)
     ok_base: int  # 0: this mode and format pair always takes the general path
     src_fnuz: int  # 1: the source's negative-zero pattern is NaN
+    tiny_ok: int  # 1: results below the normal range may take fast_round_tiny
+
+
+@nb.njit(inline="always", cache=True)
+def declined_flags(n: int) -> np.ndarray:
+    """A block's declined flags (1 = the element needs the general path), padded with zeros to whole
+    eight-byte words, which the fix-up pass reads a word at a time to skip what the fast path took."""
+    flags = np.empty((n + 7) // 8 * 8, np.uint8)
+    flags[n:] = 0
+    return flags
 
 
 @nb.njit(inline="always", cache=True)
 def fast_plan(src_params, params, mode, srbits) -> FastPlan:
     """The :class:`FastPlan` of :func:`fast_round` for one (source, target, mode)."""
     eb_s, mb_s, bias_s, _sp, _sb, _so = src_params
-    eb, mb, bias, spec, _subn, _ovf = params
+    eb, mb, bias, spec, subn, _ovf = params
     sh = mb_s - mb
     shp = max(sh, 0)
     low_mask = (np.int64(1) << shp) - 1
@@ -68,6 +79,7 @@ def fast_plan(src_params, params, mode, srbits) -> FastPlan:
         ok_base = np.int64(0)  # fewer discarded bits than random bits: general path
     inc_lsb = np.int64(mode == RNE and sh > 0)  # (Numba takes no control flow inside a call's keywords)
     stochastic = np.int64(mode == SR and sh > 0)
+    tiny_ok = np.int64(sh > 0 and subn != 0 and mode != SR and mode != RTO)
     return FastPlan(
         src_sign_pos=np.int64(eb_s + mb_s),
         src_man_bits=np.int64(mb_s),
@@ -90,6 +102,7 @@ def fast_plan(src_params, params, mode, srbits) -> FastPlan:
         signed_zero=np.int64(spec != SPEC_FNUZ),
         ok_base=ok_base,
         src_fnuz=np.int64(_sp == SPEC_FNUZ),
+        tiny_ok=tiny_ok,
     )
 
 
@@ -126,6 +139,41 @@ def fast_round(bits, plan, rnd) -> tuple:
     s_bits = sign << plan.dst_sign_pos
     enc = s_bits * plan.signed_zero if zero else r | s_bits
     return ok | zero, enc
+
+
+@nb.njit(inline="always", cache=True)
+def fast_round_tiny(bits, plan, mode) -> tuple:
+    """(ok, encoding) for a normal source whose result lies below the target's normal range: a subnormal,
+    a zero, or the smallest normal after a carry.  Narrowing casts into formats with subnormals, in the
+    deterministic modes but round-to-odd (``plan.tiny_ok``).  For the elements :func:`fast_round` declined
+    (its ``ok`` is 0 on these): a few integer operations instead of the general rounding's call.
+
+    The significand with its leading bit, ``sig``, is cut at the target's subnormal lsb: ``drop`` bits
+    (capped at 62: beyond that the quotient is 0 and the remainder below half, as for any larger cut).
+    """
+    top = plan.src_sign_pos
+    sign = (bits >> top) & 1
+    mag = bits & ((np.int64(1) << top) - 1)
+    mb_s = plan.src_man_bits
+    e_s = mag >> mb_s
+    e_t = (mag + plan.rebias) >> mb_s  # the target exponent field the value would have
+    cut = min(max(plan.shift + 1 - e_t, np.int64(1)), np.int64(62))
+    sig = (mag & ((np.int64(1) << mb_s) - 1)) | (np.int64(1) << mb_s)
+    half = np.int64(1) << (cut - 1)
+    rem = sig & ((half << 1) - 1)
+    q = sig >> cut
+    nz = np.int64(rem != 0)
+    up = (
+        np.int64(mode == RNE) * (np.int64(rem > half) | (np.int64(rem == half) & (q & 1)))
+        + np.int64(mode == RNA) * np.int64(rem >= half)
+        + np.int64(mode == RUP) * nz * (1 - sign)
+        + np.int64(mode == RDOWN) * nz * sign
+    )
+    r = q + up
+    ok = plan.tiny_ok & np.int64(e_s >= 1) & np.int64(e_s < plan.src_exp_all) & np.int64(e_t < 1)
+    s_bits = sign << plan.dst_sign_pos
+    enc = r | s_bits if r != 0 else s_bits * plan.signed_zero
+    return ok, enc
 
 
 @nb.njit(inline="always", cache=True)

@@ -148,8 +148,8 @@ def fast_round_tiny(bits, plan, mode) -> tuple:
     deterministic modes but round-to-odd (``plan.tiny_ok``).  For the elements :func:`fast_round` declined
     (its ``ok`` is 0 on these): a few integer operations instead of the general rounding's call.
 
-    The significand with its leading bit, ``sig``, is cut at the target's subnormal lsb: ``drop`` bits
-    (capped at 62: beyond that the quotient is 0 and the remainder below half, as for any larger cut).
+    The significand with its leading bit, ``sig``, is cut at the target's subnormal lsb: its low ``cut``
+    bits go (at most 62: beyond that the quotient is 0 and the remainder below half, as for any larger cut).
     """
     top = plan.src_sign_pos
     sign = (bits >> top) & 1

@@ -53,15 +53,6 @@ class FastPlan(NamedTuple):
 
 
 @nb.njit(inline="always", cache=True)
-def declined_flags(n: int) -> np.ndarray:
-    """A block's declined flags (1 = the element needs the general path), padded with zeros to whole
-    eight-byte words, which the fix-up pass reads a word at a time to skip what the fast path took."""
-    flags = np.empty((n + 7) // 8 * 8, np.uint8)
-    flags[n:] = 0
-    return flags
-
-
-@nb.njit(inline="always", cache=True)
 def fast_plan(src_params, params, mode, srbits) -> FastPlan:
     """The :class:`FastPlan` of :func:`fast_round` for one (source, target, mode)."""
     eb_s, mb_s, bias_s, _sp, _sb, _so = src_params
@@ -141,12 +132,12 @@ def fast_round(bits, plan, rnd) -> tuple:
     return ok | zero, enc
 
 
-@nb.njit(inline="always", cache=True)
+@nb.njit(cache=True)  # called, not inlined: compiled once, shared by every cast specialisation
 def fast_round_tiny(bits, plan, mode) -> tuple:
     """(ok, encoding) for a normal source whose result lies below the target's normal range: a subnormal,
     a zero, or the smallest normal after a carry.  Narrowing casts into formats with subnormals, in the
     deterministic modes but round-to-odd (``plan.tiny_ok``).  For the elements :func:`fast_round` declined
-    (its ``ok`` is 0 on these): a few integer operations instead of the general rounding's call.
+    (its ``ok`` is 0 on these): a few integer operations instead of the general rounding routine.
 
     The significand with its leading bit, ``sig``, is cut at the target's subnormal lsb: its low ``cut``
     bits go (at most 62: beyond that the quotient is 0 and the remainder below half, as for any larger cut).

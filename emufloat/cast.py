@@ -21,10 +21,10 @@ def _cast_block(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, 
     compile time, sees only the loop over blocks."""
     bad = 0
     plan = _fastpath.fast_plan(src_params, params, mode, srbits)
-    declined = _fastpath.declined_flags(hi - lo)
+    declined = np.empty(hi - lo, np.uint8)
     n_declined = hi - lo
     if tracing:
-        declined[: hi - lo] = 1
+        declined[:] = 1
     else:
         n_declined = 0
         base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
@@ -45,34 +45,30 @@ def _cast_block(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, 
                 n_declined += 1 - ok
     if n_declined == 0:
         return bad
-    words = declined.view(np.uint64)  # eight elements at a time: most blocks decline a few
-    for w in range(words.size):
-        if words[w] == 0:
+    for i in range(lo, hi):
+        if declined[i - lo] == 0:
             continue
-        for i in range(lo + 8 * w, min(lo + 8 * w + 8, hi)):
-            if declined[i - lo] == 0:
+        bits = np.int64(src[i])
+        if not tracing:  # a result below the normal range: no call of the general rounding
+            ok, enc = _fastpath.fast_round_tiny(bits, plan, mode)
+            if ok:
+                out[i] = enc
                 continue
-            bits = np.int64(src[i])
-            if not tracing:  # a result below the normal range: no call of the general rounding
-                ok, enc = _fastpath.fast_round_tiny(bits, plan, mode)
-                if ok:
-                    out[i] = enc
-                    continue
-            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
-            cls, sign, sig, exp = _core.decode_parts(bits, src_params)
-            if cls == _core.CLS_FINITE:
-                enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
-            else:
-                enc, fl = _core.round_special(cls, sign, params)
-                if cls == _core.CLS_NAN and _core.is_snan(bits, src_params):
-                    fl |= _core.INVALID  # a signalling NaN source becomes the target's quiet NaN
-            if enc == _core.NO_NAN:
-                bad += 1
-                enc = 0
-            out[i] = enc
-            if tracing:
-                ex_hi[i] = _core.parts_f64(cls, sign, sig, exp)
-                flags[i] = fl
+        rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+        cls, sign, sig, exp = _core.decode_parts(bits, src_params)
+        if cls == _core.CLS_FINITE:
+            enc, fl = _core.round_pack(sign, sig, exp, False, _core.NO_CARRY_REF, params, mode, rnd, srbits)
+        else:
+            enc, fl = _core.round_special(cls, sign, params)
+            if cls == _core.CLS_NAN and _core.is_snan(bits, src_params):
+                fl |= _core.INVALID  # a signalling NaN source becomes the target's quiet NaN
+        if enc == _core.NO_NAN:
+            bad += 1
+            enc = 0
+        out[i] = enc
+        if tracing:
+            ex_hi[i] = _core.parts_f64(cls, sign, sig, exp)
+            flags[i] = fl
     return bad
 
 

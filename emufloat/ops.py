@@ -149,10 +149,10 @@ def _arith_block(
     adp = _fastpath.decode_plan(ap)
     bdp = _fastpath.decode_plan(bp)
     cdp = _fastpath.decode_plan(cp)
-    declined = _fastpath.declined_flags(hi - lo)
+    declined = np.empty(hi - lo, np.uint8)
     n_declined = hi - lo
     if not fast_op:
-        declined[: hi - lo] = 1
+        declined[:] = 1
     elif tracing:  # the fast path with the trace's columns: exact result and flags
         n_declined = 0
         base = np.uint64(lo)
@@ -198,96 +198,92 @@ def _arith_block(
     if n_declined == 0:
         _keep_block(keep, a, b, c, out, lo, hi)
         return bad
-    words = declined.view(np.uint64)  # eight elements at a time: most blocks decline a few
-    for w in range(words.size):
-        if words[w] == 0:
+    for i in range(lo, hi):
+        if declined[i - lo] == 0:
             continue
-        for i in range(lo + 8 * w, min(lo + 8 * w + 8, hi)):
-            if declined[i - lo] == 0:
-                continue
-            x = _core.load(a, alut, i)
-            y = _core.load(b, blut, i)
-            z = _core.load(c, clut, i)
-            rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
-            s = 0.0  # the exact result is s + t (s alone when not finite or zero)
-            t = 0.0
-            fl = np.int64(0)
-            ref = np.int64(_core.NO_CARRY_REF)
-            finite = False  # set when (sign, sig, exp, sticky) hold the exact result
-            sign = np.int64(0)
-            sig = np.int64(0)
-            exp = np.int64(0)
-            sticky = False
-            if fast_op:
-                u, v = _exact_sum_operands(op, x, y, z)
-                s, t = _core.two_sum(u, v)
-                if s == 0.0 and t == 0.0 and not (np.isnan(u) or np.isnan(v)):
-                    if op == MUL:
-                        s = u
-                    else:
-                        s = -0.0 if _core.zero_sum_sign(u, v, mode) else 0.0
-                elif np.isfinite(s):
-                    if op != MUL and tracing:
-                        ref = max(_core.ilogb(u), _core.ilogb(v))
-                    sign, sig, exp, sticky = _core.dd_parts(s, t)
-                    finite = True
+        x = _core.load(a, alut, i)
+        y = _core.load(b, blut, i)
+        z = _core.load(c, clut, i)
+        rnd = random_bits(seed, i, srbits) if mode == SR else np.int64(0)
+        s = 0.0  # the exact result is s + t (s alone when not finite or zero)
+        t = 0.0
+        fl = np.int64(0)
+        ref = np.int64(_core.NO_CARRY_REF)
+        finite = False  # set when (sign, sig, exp, sticky) hold the exact result
+        sign = np.int64(0)
+        sig = np.int64(0)
+        exp = np.int64(0)
+        sticky = False
+        if fast_op:
+            u, v = _exact_sum_operands(op, x, y, z)
+            s, t = _core.two_sum(u, v)
+            if s == 0.0 and t == 0.0 and not (np.isnan(u) or np.isnan(v)):
+                if op == MUL:
+                    s = u
                 else:
-                    t = 0.0
-            elif op == DIV:
-                if y != 0.0:
-                    s = x / y
-                elif x == 0.0 or np.isnan(x):
-                    s = np.nan
-                else:
-                    s = math.copysign(np.inf, x) * math.copysign(1.0, y)
-                    fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
-                if np.isfinite(s) and s != 0.0:
-                    sign, sig, exp, sticky = _div_parts(x, y)
-                    ph, pl = _core.two_prod(s, y)
-                    t = ((x - ph) - pl) / y
-                    finite = True
-            elif op == SQRT:
-                if x > 0.0 and np.isfinite(x):
-                    s = math.sqrt(x)
-                    sig, exp, sticky = _sqrt_parts(x)
-                    ph, pl = _core.two_prod(s, s)
-                    t = ((x - ph) - pl) / (2.0 * s)
-                    finite = True
-                else:
-                    s = x if (x == 0.0 or np.isnan(x) or x > 0.0) else np.nan
-            elif op == NEG:
-                s = -x
-            elif op == ABS:
-                s = math.fabs(x)
+                    s = -0.0 if _core.zero_sum_sign(u, v, mode) else 0.0
+            elif np.isfinite(s):
+                if op != MUL and tracing:
+                    ref = max(_core.ilogb(u), _core.ilogb(v))
+                sign, sig, exp, sticky = _core.dd_parts(s, t)
+                finite = True
             else:
-                s = minmax(op, x, y)
-            cls = CLS_FINITE
-            nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
-            if not finite:
-                cls, sign, sig, exp = _core.f64_parts(s)
-                finite = cls == CLS_FINITE
-                if cls == CLS_NAN:
-                    # invalid on numbers; a quiet NaN operand suppresses it, except for fma(0, inf, qNaN)
-                    if not nan_in or (op == FMA and ((x == 0.0 and np.isinf(y)) or (np.isinf(x) and y == 0.0))):
-                        fl |= _core.INVALID
-                    sign = 0
-            if nan_in and op != NEG and op != ABS:  # neg and abs are quiet operations (IEEE 754 5.5.1)
-                # the values are quiet NaNs by now: the encodings say which operand was signalling
-                if _core.is_snan(a[i], ap) or _core.is_snan(b[i], bp) or _core.is_snan(c[i], cp):
+                t = 0.0
+        elif op == DIV:
+            if y != 0.0:
+                s = x / y
+            elif x == 0.0 or np.isnan(x):
+                s = np.nan
+            else:
+                s = math.copysign(np.inf, x) * math.copysign(1.0, y)
+                fl = np.int64(_core.DIVZERO) if np.isfinite(x) else np.int64(0)
+            if np.isfinite(s) and s != 0.0:
+                sign, sig, exp, sticky = _div_parts(x, y)
+                ph, pl = _core.two_prod(s, y)
+                t = ((x - ph) - pl) / y
+                finite = True
+        elif op == SQRT:
+            if x > 0.0 and np.isfinite(x):
+                s = math.sqrt(x)
+                sig, exp, sticky = _sqrt_parts(x)
+                ph, pl = _core.two_prod(s, s)
+                t = ((x - ph) - pl) / (2.0 * s)
+                finite = True
+            else:
+                s = x if (x == 0.0 or np.isnan(x) or x > 0.0) else np.nan
+        elif op == NEG:
+            s = -x
+        elif op == ABS:
+            s = math.fabs(x)
+        else:
+            s = minmax(op, x, y)
+        cls = CLS_FINITE
+        nan_in = np.isnan(x) or np.isnan(y) or np.isnan(z)
+        if not finite:
+            cls, sign, sig, exp = _core.f64_parts(s)
+            finite = cls == CLS_FINITE
+            if cls == CLS_NAN:
+                # invalid on numbers; a quiet NaN operand suppresses it, except for fma(0, inf, qNaN)
+                if not nan_in or (op == FMA and ((x == 0.0 and np.isinf(y)) or (np.isinf(x) and y == 0.0))):
                     fl |= _core.INVALID
-            if finite:
-                enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
-            else:
-                enc, fl2 = _core.round_special(cls, sign, params)
-            fl |= fl2
-            if enc == _core.NO_NAN:
-                bad += 1
-                enc = 0
-            out[i] = enc
-            if tracing:
-                ex_hi[i] = s
-                ex_lo[i] = t
-                flags[i] = fl
+                sign = 0
+        if nan_in and op != NEG and op != ABS:  # neg and abs are quiet operations (IEEE 754 5.5.1)
+            # the values are quiet NaNs by now: the encodings say which operand was signalling
+            if _core.is_snan(a[i], ap) or _core.is_snan(b[i], bp) or _core.is_snan(c[i], cp):
+                fl |= _core.INVALID
+        if finite:
+            enc, fl2 = _core.round_pack(sign, sig, exp, sticky, ref, params, mode, rnd, srbits)
+        else:
+            enc, fl2 = _core.round_special(cls, sign, params)
+        fl |= fl2
+        if enc == _core.NO_NAN:
+            bad += 1
+            enc = 0
+        out[i] = enc
+        if tracing:
+            ex_hi[i] = s
+            ex_lo[i] = t
+            flags[i] = fl
     _keep_block(keep, a, b, c, out, lo, hi)
     return bad
 

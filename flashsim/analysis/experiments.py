@@ -200,7 +200,6 @@ def row_errors(
     if ref is not None and (ref.o.shape[0] != n or ref.delta.shape != (n,)):
         raise ValueError(f"ref: a reference of {ref.o.shape[0]} rows for {n} rows; pass reference(rows)")
     if jobs > 1 and n > 1:
-        step = -(-n // jobs)
         calls = [
             (
                 _rows_slice(rows, sl),
@@ -209,7 +208,7 @@ def row_errors(
                 block_n,
                 None if ref is None else Reference(ref.o[sl], ref.delta[sl]),
             )
-            for sl in (slice(i, min(i + step, n)) for i in range(0, n, step))
+            for sl in _row_parts(n, -(-n // jobs))
         ]
         return joined_errors(list(in_processes(_row_errors_of, calls, jobs)))
     gold = reference(rows) if ref is None else ref
@@ -222,7 +221,13 @@ def row_errors(
 
 
 def _row_errors_of(rows: BiasRows, pol: Policy, variants: list, block_n: int | None, ref: Reference | None) -> dict:
+    """:func:`row_errors` in one process, its arguments by position (a worker's call)."""
     return row_errors(rows, pol, variants, block_n=block_n, ref=ref)
+
+
+def _row_parts(n: int, step: int) -> list[slice]:
+    """Rows 0..n in consecutive parts of ``step`` rows (the last may be shorter)."""
+    return [slice(i, min(i + step, n)) for i in range(0, n, step)]
 
 
 def joined_errors(parts: Sequence[dict[str, RowErrors]]) -> dict[str, RowErrors]:
@@ -278,14 +283,14 @@ def bias_rows(
     _check_jobs(jobs)
     n = rows.q.shape[0]
     step = (n if jobs == 1 else -(-n // jobs)) if chunk is None else max(1, int(chunk))
-    parts = [slice(i, min(i + step, n)) for i in range(0, n, step)]
+    parts = _row_parts(n, step)
     wrap = progress or (lambda it, _n, _what: it)
     title = f"{pol.name}: rows in chunks of {step}" + (f", {jobs} processes" if jobs > 1 else "")
     if jobs == 1 or len(parts) == 1:
         found = [row_errors(_rows_slice(rows, sl), pol, variants) for sl in wrap(parts, len(parts), title)]
     else:
-        calls = [(_rows_slice(rows, sl), pol, variants) for sl in parts]
-        found = list(wrap(in_processes(row_errors, calls, jobs), len(parts), title))
+        calls = [(_rows_slice(rows, sl), pol, variants, None, None) for sl in parts]
+        found = list(wrap(in_processes(_row_errors_of, calls, jobs), len(parts), title))
     errs = joined_errors(found)
     return [
         BiasResult(v.name, bias(errs[v.name].o, errs[v.name].o_ulp), bias(errs[v.name].delta, errs[v.name].delta_ulp))

@@ -188,3 +188,19 @@ def test_traces_record_the_hardware_error():
     q = h100.div_full(np.float32(1.0), np.float32(3.0), trace=t)
     assert t.op_names[0] == "div" and float(t.exact_hi[0]) == pytest.approx(1 / 3, rel=1e-15)
     assert q.dtype == np.float32
+
+
+def test_model_traces_flag_exact_infinite_and_nan_results_as_exact():
+    """ex2.approx(+-inf) and div.full(x, 0) are exact (+inf, +0, +-inf), a NaN result of a NaN input is no
+    rounding: no INEXACT, as the correctly rounded references flag them; finite inexact results keep it."""
+    z = np.array([np.inf, -np.inf, np.nan, 0.0, 0.5, 200.0], np.float32)
+    t, ref = ef.Trace(), ef.Trace()
+    with np.errstate(all="raise"):  # and no RuntimeWarning from inf - inf
+        h100.ex2_approx(z, trace=t)
+    ef.exp2(z, "fp32", trace=ref)
+    inexact = (t.chunks[0].flags & ef.Flag.INEXACT) != 0
+    assert inexact.tolist() == [False, False, False, False, True, True]
+    assert inexact.tolist() == ((ref.chunks[0].flags & ef.Flag.INEXACT) != 0).tolist()
+    t = ef.Trace()
+    h100.div_full(np.float32([1.0, -1.0, 1.0]), np.float32([0.0, 0.0, 3.0]), trace=t)
+    assert ((t.chunks[0].flags & ef.Flag.INEXACT) != 0).tolist() == [False, False, True]

@@ -44,9 +44,14 @@ def record_vs_exact(
 ) -> None:
     """Trace event per element: the model's float32 result against the exact value ``exact_hi + exact_lo``."""
     flat = out.reshape(-1)
-    err = flat.astype(np.float64) - exact_hi - exact_lo
+    wide = flat.astype(np.float64)
+    with np.errstate(invalid="ignore"):  # inf - inf, NaN - NaN: handled below
+        err = wide - exact_hi - exact_lo
+    # an infinite or NaN result equal to the exact value (inf for inf, NaN for NaN) is exact
+    same_special = (wide == exact_hi) | (np.isnan(wide) & np.isnan(exact_hi))
+    inexact = (err != 0) & ~(same_special & ~np.isfinite(exact_hi))
     away = np.abs(flat) > np.abs(exact_hi + exact_lo)
-    flags = (err != 0) * Flag.INEXACT | away * Flag.AWAY
+    flags = inexact * Flag.INEXACT | away * Flag.AWAY
     trace.record(
         Chunk(
             op=op,

@@ -65,7 +65,7 @@ def _c_term(c, cut):
     return -q if sign else q
 
 
-@nb.njit(cache=True)
+@nb.njit(nb.float64(nb.float64, nb.float64, _core.PARAMS_TYPE, nb.int64), cache=True)  # one copy for every caller
 def _round_into(s, t, params, mode):
     """The double-double s + t rounded once into the format (specials and zero pass through)."""
     if s == 0.0 or not np.isfinite(s):
@@ -412,8 +412,8 @@ def _block_kernel(
                         acc_params,
                         mode,
                         no_steps,
-                        0,
-                        False,
+                        np.int64(0),  # typed, not literal, constants: the traced kernel's compiled copy serves
+                        np.bool_(False),
                     )
                 elif chunk:
                     out[i, j] = _promote(promoted[jj], acc[jj], params)
@@ -470,30 +470,27 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
     )
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(cache=True)
 def lead_exps(x, emin):
-    """The unnormalised exponent of every element of x (:func:`_lead_exp`)."""
+    """The unnormalised exponent of every element of x (:func:`_lead_exp`); serial: a matmul's inputs are a
+    vanishing part of its work, and a serial loop compiles in a fraction of a parallel one's time."""
     out = np.empty(x.shape, np.int64)
     flat = x.reshape(-1)
     o = out.reshape(-1)
-    for k in nb.prange(flat.size):
+    for k in range(flat.size):
         o[k] = _lead_exp(flat[k], emin)
     return out
 
 
-@nb.njit(parallel=True, cache=True)
-def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
-    """Every output element's dot product under the model whose :class:`ModelParams` are ``mp``.
-
-    ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
-    exponents of a and bt.
-    """
-    m, kk = a.shape
+@nb.njit(cache=True)
+def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, hi):
+    """Output elements ``lo:hi`` (flat, row-major) of :func:`matmul_kernel`, serially."""
+    kk = a.shape[1]
     n = bt.shape[0]
     kind = mp.kind
     fused = mp.fused != 0
     base = max(mp.base, 1)
-    for ij in nb.prange(m * n):
+    for ij in range(lo, hi):
         i = ij // n
         j = ij % n
         c0 = c[i, j] if have_c else 0.0
@@ -547,3 +544,21 @@ def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, s
                 else:
                     enc, _fl = _core.round_pack(sg, sig, e, sticky, _core.NO_CARRY_REF, params, mode, 0, 0)
                     out[i, j] = _core.decode(enc, params)
+
+
+MATMUL_CHUNK = 4  # output elements per parallel work item (each a whole dot product)
+
+
+@nb.njit(parallel=True, cache=True)
+def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
+    """Every output element's dot product under the model whose :class:`ModelParams` are ``mp``.
+
+    ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
+    exponents of a and bt.
+    """
+    mn = a.shape[0] * bt.shape[0]
+    for w in nb.prange((mn + MATMUL_CHUNK - 1) // MATMUL_CHUNK):
+        lo = np.int64(w) * MATMUL_CHUNK
+        matmul_range(
+            a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, min(lo + MATMUL_CHUNK, mn)
+        )

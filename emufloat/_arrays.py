@@ -43,6 +43,16 @@ def threads_for(n: int):
         set_(before)
 
 
+def run_blocks(kernel, block, n: int, *args, work: int | None = None):
+    """``kernel(*args)`` on ``n`` elements, where ``kernel`` runs ``block(*args, lo, hi)`` over blocks of them
+    in parallel.  When the work (``n`` elements, or ``work``) is below :data:`SERIAL_BELOW`:
+    ``block(*args, 0, n)``, the same computation without a parallel launch, so a program whose calls are all
+    small never compiles the parallel kernel."""
+    if (n if work is None else work) < SERIAL_BELOW:
+        return block(*args, 0, n)
+    return kernel(*args)
+
+
 # dtypes a small call takes as they are, and their encodings' unsigned dtypes
 UINT_OF: dict[np.dtype, np.dtype] = {dt: f.uint for dt, f in _FORMAT_OF_DTYPE.items()}
 
@@ -194,10 +204,11 @@ def lut(fmt: Format) -> np.ndarray:
     return _decode_kernel(np.arange(1 << fmt.width, dtype=np.int64), fmt.params)
 
 
-@nb.njit(parallel=True, cache=True)
+@nb.njit(cache=True)
 def _decode_kernel(bits, params):
+    """float64 values of encodings; serial (a table is built once; a serial loop compiles fast)."""
     out = np.empty(bits.size, np.float64)
-    for i in nb.prange(bits.size):
+    for i in range(bits.size):
         out[i] = _core.decode(np.int64(bits[i]), params)
     return out
 

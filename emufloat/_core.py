@@ -189,7 +189,17 @@ def enc_max(sign: np.int64, params) -> np.int64:
 
 
 # ---- the one rounding routine ------------------------------------------------
-@nb.njit(cache=True)
+# One signature, compiled once: without it, each caller passing a constant (a literal 0 or False) compiles a
+# copy of its own.
+PARAMS_TYPE = nb.types.UniTuple(nb.int64, 6)  # Numba's type of Format.params
+
+
+@nb.njit(
+    nb.types.UniTuple(nb.int64, 2)(
+        nb.int64, nb.int64, nb.int64, nb.boolean, nb.int64, PARAMS_TYPE, nb.int64, nb.int64, nb.int64
+    ),
+    cache=True,
+)
 def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> tuple:
     """Round (-1)**sign * (sig + f) * 2**exp to the format; return (encoding, flags).
 

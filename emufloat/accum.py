@@ -33,6 +33,7 @@ from ._accum_kernels import (
     block_matmul,
     lead_exps,
     matmul_kernel,
+    matmul_range,
 )
 from .formats import FP32, Format, as_format
 from .rounding import Rounding, as_rounding
@@ -233,11 +234,12 @@ def matmul(
     else:
         ea = eb = np.zeros((0, 0), np.int64)
     mp = model.params
-    with _arrays.threads_for(m * n * av.shape[1]):
-        if block and not tracing:
+    if block and not tracing:
+        with _arrays.threads_for(m * n * av.shape[1]):
             block_matmul(av, bt, ea, eb, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
-        else:
-            matmul_kernel(av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
+    else:
+        args = (av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
+        _arrays.run_blocks(matmul_kernel, matmul_range, m * n, *args, work=m * n * av.shape[1])
     if tracing:
         st = steps.reshape(-1, 4)
         for op, exact_hi, exact_lo, rounded in (

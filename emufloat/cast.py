@@ -140,19 +140,21 @@ def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
     out = _arrays.new_output(fmt, n, into, (src,), narrow=8 < fmt.width <= 16)
     tracing = trace is not None
     ex_hi, _lo, flags = _arrays.empty_trace_columns(n, tracing)
-    with _arrays.threads_for(n):
-        bad = _cast_kernel(
-            bits,
-            sfmt.params,
-            out,
-            fmt.params,
-            rnd.code,
-            np.uint64(rnd.seed),
-            rnd.bits,
-            ex_hi,
-            flags,
-            tracing,
-        )
+    bad = _arrays.run_blocks(
+        _cast_kernel,
+        _cast_block,
+        n,
+        bits,
+        sfmt.params,
+        out,
+        fmt.params,
+        rnd.code,
+        np.uint64(rnd.seed),
+        rnd.bits,
+        ex_hi,
+        flags,
+        tracing,
+    )
     _arrays.check_no_nan_format(bad, fmt, "x")
     if as_bits:
         result = _arrays.output_bits(out, fmt).reshape(src.shape)

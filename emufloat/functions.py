@@ -15,7 +15,7 @@ from fractions import Fraction
 import numba as nb
 import numpy as np
 
-from . import _arrays, _core
+from . import _arrays, _core, _fastpath
 from .formats import FP64, Format
 from .rounding import Rounding, as_rounding
 from .trace import Chunk, Trace, check_trace
@@ -67,8 +67,7 @@ def _exp2_dd(x, invf_hi, invf_lo):
 
 @nb.njit(cache=True)
 def _exp2_one(v, params, mode, invf_hi, invf_lo):
-    """(encoding, flags, exact value as hi + lo) of 2**v rounded into ``params``.  Serial, called per element
-    by :func:`_exp2_kernel`, so that Numba's parallel lowering sees only the loop."""
+    """(encoding, flags, exact value as hi + lo) of 2**v rounded into ``params``."""
     fl = np.int64(0)
     hi = v
     lo = 0.0
@@ -97,19 +96,31 @@ def _exp2_one(v, params, mode, invf_hi, invf_lo):
     return enc, fl, hi, lo
 
 
-@nb.njit(parallel=True, cache=True)
-def _exp2_kernel(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo):
+@nb.njit(cache=True)
+def _exp2_range(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo, lo, hi):
+    """Elements ``lo:hi`` of :func:`_exp2_kernel`, serially; the count of NaN results the format cannot hold."""
     nan_count = 0
-    for i in nb.prange(x.size):
-        enc, fl, hi, lo = _exp2_one(x[i], params, mode, invf_hi, invf_lo)
+    for i in range(lo, hi):
+        enc, fl, e_hi, e_lo = _exp2_one(x[i], params, mode, invf_hi, invf_lo)
         if enc == _core.NO_NAN:
             nan_count += 1
             enc = 0
         out[i] = enc
         if tracing:
-            ex_hi[i] = hi
-            ex_lo[i] = lo
+            ex_hi[i] = e_hi
+            ex_lo[i] = e_lo
             flags[i] = fl
+    return nan_count
+
+
+@nb.njit(parallel=True, cache=True)
+def _exp2_kernel(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo):
+    n = x.size
+    nan_count = 0
+    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
+        lo = np.int64(blk) * _fastpath.BLOCK
+        hi = min(lo + _fastpath.BLOCK, n)
+        nan_count += _exp2_range(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo, lo, hi)
     return nan_count
 
 
@@ -141,8 +152,8 @@ def exp2(
     out = _arrays.new_output(f, flat.size)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(flat.size, tracing)
-    with _arrays.threads_for(flat.size):
-        bad = _exp2_kernel(flat, out, f.params, rnd.code, ex_hi, ex_lo, flags, tracing, _INVF_HI, _INVF_LO)
+    args = (flat, out, f.params, rnd.code, ex_hi, ex_lo, flags, tracing, _INVF_HI, _INVF_LO)
+    bad = _arrays.run_blocks(_exp2_kernel, _exp2_range, flat.size, *args)
     _arrays.check_no_nan_format(bad, f, "exp2")
     result = _arrays.finish_output(out, f, arr.shape)
     if tracing:

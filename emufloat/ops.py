@@ -447,23 +447,25 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing, _lo_dtype(narrow))
     # narrow operands are the result's dtype: the kernel copies them and the result for the trace
     keep = np.empty((len(arrays) + 1, n) if tracing and narrow else (0, 0), out.dtype)
-    with _arrays.threads_for(n):
-        bad = _arith_kernel(
-            code,
-            *flat[0],
-            *flat[1],
-            *flat[2],
-            out,
-            f.params,
-            rnd.code,
-            np.uint64(rnd.seed),
-            rnd.bits,
-            ex_hi,
-            ex_lo,
-            flags,
-            tracing,
-            keep,
-        )
+    bad = _arrays.run_blocks(
+        _arith_kernel,
+        _arith_block,
+        n,
+        code,
+        *flat[0],
+        *flat[1],
+        *flat[2],
+        out,
+        f.params,
+        rnd.code,
+        np.uint64(rnd.seed),
+        rnd.bits,
+        ex_hi,
+        ex_lo,
+        flags,
+        tracing,
+        keep,
+    )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape, into)
     if key is not None and f.dtype is not None and f.width <= 32:

@@ -90,10 +90,11 @@ def _to_f64(zero, sign, sig, exp, sticky):
     return _core.bits_f64(enc)
 
 
-@nb.njit(parallel=True, cache=True)
-def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
-    """Row r of the k-column term matrix ``x`` (encodings of format params ``xp``) summed exactly, rounded once."""
-    for r in nb.prange(rows):
+@nb.njit(cache=True)
+def _sum_rows(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, r0, r1):
+    """Rows ``r0:r1`` of the k-column term matrix ``x`` (encodings of format params ``xp``), serially: each
+    summed exactly, rounded once."""
+    for r in range(r0, r1):
         acc = np.zeros(NLIMB, np.int64)
         nan = False
         snan = False
@@ -152,6 +153,13 @@ def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_
             flags[r] = fl
 
 
+@nb.njit(parallel=True, cache=True)
+def _sum_kernel(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing):
+    for r in nb.prange(rows):
+        r0 = np.int64(r)  # int64, as from Python: one compiled copy of the row function
+        _sum_rows(x, lut, xp, rows, k, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, r0, r0 + 1)
+
+
 def sum(  # noqa: A001 - numpy-style name on purpose
     x: np.ndarray,
     fmt: Format | str | None = None,
@@ -187,10 +195,8 @@ def sum(  # noqa: A001 - numpy-style name on purpose
     out = _arrays.new_output(f, rows)
     tracing = trace is not None
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(rows, tracing)
-    with _arrays.threads_for(rows * k):
-        _sum_kernel(
-            flat, lut, xp, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags, tracing
-        )
+    args = (flat, lut, xp, rows, k, out, f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, ex_hi, ex_lo, flags)
+    _arrays.run_blocks(_sum_kernel, _sum_rows, rows, *args, tracing, work=rows * k)
     if not f.has_nan and rows:
         with np.errstate(invalid="ignore"):  # signalling NaN terms widen to quiet ones
             vals = moved.astype(np.float64)

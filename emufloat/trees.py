@@ -250,16 +250,16 @@ def _cast(v, params, mode, rnd, srbits):
     return enc, _core.decode(enc, params)
 
 
-@nb.njit(parallel=True, cache=True)
-def _tree_sum_kernel(
-    x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing
+@nb.njit(cache=True)
+def _tree_sum_rows(
+    x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing, lo, hi
 ):
-    """Row by row along the tree; when tracing, step k of row r writes event r * nsteps + k (its two
-    addends, its exact sum and flags) and the rounded values stay in ``ops[2]``.  A step whose addend is a
-    signalling-NaN leaf (encodings ``x`` of format params ``xp``) raises INVALID, as ``emufloat.add`` does;
-    sums are never signalling."""
+    """Rows ``lo:hi`` of :func:`_tree_sum_kernel`, serially, each along the tree.  When tracing, step k of
+    row r writes event r * nsteps + k (its two addends, its exact sum and flags) and the rounded values stay
+    in ``ops[2]``.  A step whose addend is a signalling-NaN leaf (encodings ``x`` of format params ``xp``)
+    raises INVALID, as ``emufloat.add`` does; sums are never signalling."""
     nsteps = prog.shape[0]
-    for r in nb.prange(rows):
+    for r in range(lo, hi):
         buf = np.empty(n + nsteps)
         snan = np.zeros(n if tracing else 0, np.bool_)
         for j in range(n):
@@ -293,9 +293,39 @@ def _tree_sum_kernel(
 
 
 @nb.njit(parallel=True, cache=True)
-def _tree_max_kernel(x, lut, rows, n, prog, out, op):
-    nsteps = prog.shape[0]
+def _tree_sum_kernel(
+    x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing
+):
     for r in nb.prange(rows):
+        lo = np.int64(r)  # int64, as from Python: one compiled copy of the row function
+        _tree_sum_rows(
+            x,
+            lut,
+            xp,
+            rows,
+            n,
+            prog,
+            out,
+            bad,
+            params,
+            mode,
+            seed,
+            srbits,
+            ops,
+            ex_hi,
+            ex_lo,
+            flags,
+            tracing,
+            lo,
+            lo + 1,
+        )
+
+
+@nb.njit(cache=True)
+def _tree_max_rows(x, lut, rows, n, prog, out, op, lo, hi):
+    """Rows ``lo:hi`` of :func:`_tree_max_kernel`, serially."""
+    nsteps = prog.shape[0]
+    for r in range(lo, hi):
         buf = np.empty(n + nsteps)
         for j in range(n):
             buf[j] = _core.load(x, lut, r * n + j)
@@ -303,6 +333,13 @@ def _tree_max_kernel(x, lut, rows, n, prog, out, op):
             buf[n + k] = minmax(op, buf[prog[k, 0]], buf[prog[k, 1]])
         v = buf[n + nsteps - 1]
         out[r] = np.nan if np.isnan(v) else v  # canonical NaN
+
+
+@nb.njit(parallel=True, cache=True)
+def _tree_max_kernel(x, lut, rows, n, prog, out, op):
+    for r in nb.prange(rows):
+        lo = np.int64(r)
+        _tree_max_rows(x, lut, rows, n, prog, out, op, lo, lo + 1)
 
 
 def _rows_of(x, tree: ReductionTree, argname: str = "x"):
@@ -356,26 +393,9 @@ def tree_sum(
     n_ev = rows * nsteps if trace is not None else 0
     ops = np.empty((3, n_ev))
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n_ev, trace is not None)
-    with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_sum_kernel(
-            flat,
-            lut,
-            xp,
-            rows,
-            tree.n_leaves,
-            tree.program,
-            out,
-            bad,
-            f.params,
-            rnd.code,
-            np.uint64(rnd.seed),
-            rnd.bits,
-            ops,
-            ex_hi,
-            ex_lo,
-            flags,
-            trace is not None,
-        )
+    args = (flat, lut, xp, rows, tree.n_leaves, tree.program, out, bad, f.params, rnd.code, np.uint64(rnd.seed))
+    args += (rnd.bits, ops, ex_hi, ex_lo, flags, trace is not None)
+    _arrays.run_blocks(_tree_sum_kernel, _tree_sum_rows, rows, *args, work=rows * tree.n_leaves)
     _arrays.check_no_nan_format(int(np.count_nonzero(bad)), f, "x")
     result = _arrays.finish_output(out, f, shape)
     if trace is not None:
@@ -406,6 +426,6 @@ def tree_max(x, tree: ReductionTree, *, propagate_nan: bool = False) -> np.ndarr
     """
     arr, shape, rows, flat, lut, _params = _rows_of(x, tree)
     out = np.empty(rows, np.float64)
-    with _arrays.threads_for(rows * tree.n_leaves):
-        _tree_max_kernel(flat, lut, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)
+    args = (flat, lut, rows, tree.n_leaves, tree.program, out, MAX if propagate_nan else MAXNUM)
+    _arrays.run_blocks(_tree_max_kernel, _tree_max_rows, rows, *args, work=rows * tree.n_leaves)
     return out.astype(_arrays.source_format(arr).carrier).reshape(shape)

@@ -16,11 +16,11 @@ from collections.abc import Iterator
 
 
 def cache_is_cold() -> bool:
-    """True when the arithmetic kernel has no compiled code in Numba's cache (a first run on this machine)."""
+    """True when the arithmetic block function has no compiled code in Numba's cache (a first run on this machine)."""
     from emufloat import ops
 
     try:
-        index = ops._arith_kernel._cache._cache_file._index_path
+        index = ops._arith_block._cache._cache_file._index_path
     except AttributeError:  # a Numba without this cache layout: assume warm, start nothing
         return False
     import os

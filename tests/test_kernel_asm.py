@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import numpy as np, emufloat as ef
-from emufloat import cast, ops
+from emufloat import _arrays, cast, ops
 
 def asm(lib, seen):
     if id(lib) in seen:
@@ -29,7 +29,7 @@ def asm(lib, seen):
     return lib.get_asm_str() + "".join(asm(sub, seen) for sub in getattr(lib, "_linking_libraries", []))
 
 import ml_dtypes
-x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+x = np.random.default_rng(0).standard_normal(_arrays.SERIAL_BELOW).astype(np.float32)  # parallel kernels
 bf = x.astype(ml_dtypes.bfloat16)
 ef.quantize(x, "bf16")
 ef.quantize(x, "fp32")

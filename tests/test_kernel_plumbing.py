@@ -28,18 +28,19 @@ ef.add(bf, x.astype(ml_dtypes.float8_e4m3fn), "fp32")
 ef.mul(ro, 2.0, "e5m2")
 ef.fma(x.astype(np.float16), bf, x.astype(np.float64), "fp32")
 ef.div(ro[None, :], x[:, None], "fp16")
-print(sorted(str(sig[1].dtype) for sig in ops._arith_kernel.signatures))
+print(sorted(str(sig[1].dtype) for sig in ops._arith_block.signatures))
 ef.add(bf, bf)
 ef.mul(bf[None, :], bf[:, None])
 ef.sub(e5, e5)
-print(sorted(str(sig[1].dtype) for sig in ops._arith_kernel.signatures))
+print(sorted(str(sig[1].dtype) for sig in ops._arith_block.signatures))
 """
 
 
 def test_every_format_combination_shares_one_arithmetic_kernel():
-    """Mixed formats share the uint32 specialisation; only operations whose operands and result all share one
-    8- or 16-bit format take the narrow ones (uint8, uint16 throughout): three in all.  In a fresh process,
-    since a test process accumulates the specialisations other tests compiled."""
+    """Mixed formats share the uint32 specialisation of the block function (which every call runs, directly
+    or through the parallel kernel); only operations whose operands and result all share one 8- or 16-bit
+    format take the narrow ones (uint8, uint16 throughout): three in all.  In a fresh process, since a test
+    process accumulates the specialisations other tests compiled."""
     import os
     import subprocess
     import sys
@@ -57,11 +58,11 @@ def test_casts_compile_once_per_source_and_output_width():
     for src in (x, ro, x.astype(ml_dtypes.bfloat16), x.astype(ml_dtypes.float8_e5m2), x.astype(np.float64)):
         for fmt in ("e4m3fn", "fp16", "fp64"):
             ef.quantize(src, fmt, "rtz")
-    kinds = {(str(sig[0].dtype), str(sig[2].dtype)) for sig in cast._cast_kernel.signatures}
+    kinds = {(str(sig[0].dtype), str(sig[2].dtype)) for sig in cast._cast_block.signatures}
     # sources uint32 or uint64; targets uint32/uint64, and uint16 for 9- to 16-bit formats (fp16 here)
     assert kinds <= {(a, b) for a in ("uint32", "uint64") for b in ("uint16", "uint32", "uint64")}, kinds
     assert {b for _a, b in kinds} >= {"uint16", "uint32", "uint64"}, kinds
-    assert len(cast._cast_kernel.signatures) == len(kinds)  # read-only sources compile nothing new
+    assert len(cast._cast_block.signatures) == len(kinds)  # read-only sources compile nothing new
 
 
 def test_read_only_and_broadcast_operands_give_the_same_bits():

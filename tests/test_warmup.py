@@ -11,10 +11,10 @@ from flashsim import warmup
 
 KERNELS = " ".join(
     [
-        "emufloat.ops._arith_kernel",
-        "emufloat.hw.h100.ex2._ex2_kernel",
-        "emufloat.functions._exp2_kernel",
-        "emufloat.trees._tree_sum_kernel",
+        "emufloat.ops._arith_block",
+        "emufloat.hw.h100.ex2._ex2_range",
+        "emufloat.functions._exp2_range",
+        "emufloat.trees._tree_sum_rows",
     ]
 )
 

@@ -17,7 +17,7 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays, _core
+from ... import _arrays, _core, _fastpath
 from ...formats import FP32
 from ...functions import exp2
 from ...ops import mul
@@ -112,10 +112,19 @@ def _ex2_one(zb, ftz, tneg, tpos):
     return np.float32(_ex2_core(zb, tneg, tpos)).view(np.uint32)
 
 
+@nb.njit(cache=True)
+def _ex2_range(zbits, out, ftz, tneg, tpos, lo, hi):
+    """Elements ``lo:hi`` of :func:`_ex2_kernel`, serially."""
+    for i in range(lo, hi):
+        out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
+
+
 @nb.njit(parallel=True, cache=True)
 def _ex2_kernel(zbits, out, ftz, tneg, tpos):
-    for i in nb.prange(zbits.size):
-        out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
+    n = zbits.size
+    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
+        lo = np.int64(blk) * _fastpath.BLOCK
+        _ex2_range(zbits, out, ftz, tneg, tpos, lo, min(lo + _fastpath.BLOCK, n))
 
 
 def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
@@ -128,8 +137,7 @@ def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     arr, zb = fp32_bits(x, "x")
     tneg, tpos = ex2_tables()
     out = np.empty(zb.size, np.uint32)
-    with _arrays.threads_for(zb.size):
-        _ex2_kernel(zb, out, bool(ftz), tneg, tpos)
+    _arrays.run_blocks(_ex2_kernel, _ex2_range, zb.size, zb, out, bool(ftz), tneg, tpos)
     res = out.view(np.float32).reshape(arr.shape)
     if trace is not None:
         z = zb.view(np.float32)

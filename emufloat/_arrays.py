@@ -78,19 +78,19 @@ def small_operands(values, limit: int = SERIAL_BELOW) -> tuple | None:
     return (shape, *key)
 
 
-def small_key(values, parts: tuple, *, float64: bool = True) -> tuple | None:
-    """The cache key of a small call's lane: ``parts`` (what the call resolves: operation, formats, rounding)
-    and :func:`small_operands`; None for a call the lane does not take, float64 operands too unless
-    ``float64``, or an unhashable argument (the general path then says what is wrong with it)."""
+def small_lane(lanes: dict, values, parts: tuple, *, float64: bool = True) -> tuple[tuple | None, object]:
+    """(key, resolved lane or None) of a small call in ``lanes``.  The key: ``parts`` (what the call resolves:
+    operation, formats, rounding) and :func:`small_operands`; None for a call the lane does not take, float64
+    operands too unless ``float64``, or an unhashable argument (the general path then says what is wrong
+    with it)."""
     arrays = small_operands(values)
     if arrays is None or (not float64 and np.float64 in arrays[1:]):
-        return None
+        return None, None
     key = (*parts, *arrays)
     try:
-        hash(key)
+        return key, lanes.get(key)
     except TypeError:
-        return None
-    return key
+        return None, None
 
 
 def entry_point(dispatcher, args: tuple):

@@ -125,8 +125,7 @@ def _small_cast(call: _SmallCast, src: np.ndarray) -> np.ndarray:
 def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
     key = None
     if trace is None and out is None:
-        key = _arrays.small_key((x,), (fmt, rounding, as_bits))
-        call = _SMALL_CASTS.get(key) if key is not None else None
+        key, call = _arrays.small_lane(_SMALL_CASTS, (x,), (fmt, rounding, as_bits))
         if call is not None:
             return _small_cast(call, x)
     src = _arrays.as_float_array(x, "x")

@@ -367,6 +367,7 @@ class _SmallCall(NamedTuple):
     widen: bool  # the operands' encodings widened to uint32 (else passed as they are)
     tables: tuple[tuple, ...]  # per operand (decode table, format params), padded to three operands
     out_dtype: np.dtype
+    narrow_to: np.dtype | None  # the format's unsigned dtype when the kernel writes wider encodings
     tail: tuple  # the block function's arguments after the output, up to its element range
 
 
@@ -391,7 +392,9 @@ def _small_apply(call: _SmallCall, operands) -> np.ndarray:
     bad = call.kernel(call.code, a, ta, pa, b, tb, pb, c, tc, pc, out, *call.tail, 0, n)
     if bad:
         _arrays.check_no_nan_format(bad, call.fmt, call.name)
-    out = _arrays.output_bits(out, call.fmt).view(call.fmt.dtype)
+    if call.narrow_to is not None:
+        out = out.astype(call.narrow_to)
+    out = out.view(call.fmt.dtype)
     return out if len(shape) == 1 else out.reshape(shape)
 
 
@@ -419,8 +422,8 @@ def _lo_is_float32(code: int, f: Format) -> bool:
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
     key = None
     if trace is None and out is None:  # float64 operands' values need a per-call check: not through the lane
-        key = _arrays.small_key(operands.values(), (op_code, extra_code, fmt, rounding), float64=False)
-        call = _SMALL_CALLS.get(key) if key is not None else None
+        parts = (op_code, extra_code, fmt, rounding)
+        key, call = _arrays.small_lane(_SMALL_CALLS, operands.values(), parts, float64=False)
         if call is not None:
             return _small_apply(call, operands)
     arrays = {k: _arrays.as_float_array(v, k) for k, v in operands.items()}
@@ -508,6 +511,7 @@ def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _S
         widen=flat[0][0].dtype == np.uint32 and any(a.dtype.itemsize < 4 for a in arrays.values()),
         tables=tuple(x[1:] for x in flat),
         out_dtype=out_dtype,
+        narrow_to=None if np.dtype(out_dtype) == f.uint else f.uint,
         tail=tail,
     )
 

@@ -100,7 +100,7 @@ def _exp2_one(v, params, mode, invf_hi, invf_lo):
 def _exp2_range(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo, lo, hi):
     """Elements ``lo:hi`` of :func:`_exp2_kernel`, serially; the count of NaN results the format cannot hold."""
     nan_count = 0
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound, hence no gathers or scatters
         enc, fl, e_hi, e_lo = _exp2_one(x[i], params, mode, invf_hi, invf_lo)
         if enc == _core.NO_NAN:
             nan_count += 1

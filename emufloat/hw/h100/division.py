@@ -16,7 +16,7 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays, _core, _fastpath
+from ... import _arrays, _core
 from ...formats import FP32
 from ...ops import div
 from ...trace import Trace
@@ -76,34 +76,16 @@ def _div_one(ab, bb, table):
     return np.float32(q).view(np.uint32)
 
 
-@nb.njit(cache=True)
-def _rcp_range(bbits, out, table, lo, hi):
-    """Elements ``lo:hi`` of :func:`_rcp_kernel`, serially."""
-    for i in range(lo, hi):
+@nb.njit(parallel=True, cache=True)
+def _rcp_kernel(bbits, out, table):
+    for i in nb.prange(bbits.size):
         out[i] = _rcp_one(bbits[i], table)
 
 
 @nb.njit(parallel=True, cache=True)
-def _rcp_kernel(bbits, out, table):
-    n = out.size
-    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
-        lo = np.int64(blk) * _fastpath.BLOCK
-        _rcp_range(bbits, out, table, lo, min(lo + _fastpath.BLOCK, n))
-
-
-@nb.njit(cache=True)
-def _div_range(abits, bbits, out, table, lo, hi):
-    """Elements ``lo:hi`` of :func:`_div_kernel`, serially."""
-    for i in range(lo, hi):
-        out[i] = _div_one(abits[i], bbits[i], table)
-
-
-@nb.njit(parallel=True, cache=True)
 def _div_kernel(abits, bbits, out, table):
-    n = out.size
-    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
-        lo = np.int64(blk) * _fastpath.BLOCK
-        _div_range(abits, bbits, out, table, lo, min(lo + _fastpath.BLOCK, n))
+    for i in nb.prange(abits.size):
+        out[i] = _div_one(abits[i], bbits[i], table)
 
 
 def rcp_approx(x: np.ndarray | float) -> np.ndarray:
@@ -111,7 +93,8 @@ def rcp_approx(x: np.ndarray | float) -> np.ndarray:
     arr, bb = fp32_bits(x, "x")
     table = rcp_table()
     out = np.empty(bb.size, np.uint32)
-    _arrays.run_blocks(_rcp_kernel, _rcp_range, bb.size, bb, out, table)
+    with _arrays.threads_for(bb.size):
+        _rcp_kernel(bb, out, table)
     return out.view(np.float32).reshape(arr.shape)
 
 
@@ -130,7 +113,8 @@ def div_full(
     _, bb = fp32_bits(b_arr, "b")
     table = rcp_table()
     out = np.empty(ab.size, np.uint32)
-    _arrays.run_blocks(_div_kernel, _div_range, ab.size, ab, bb, out, table)
+    with _arrays.threads_for(ab.size):
+        _div_kernel(ab, bb, out, table)
     res = out.view(np.float32).reshape(shape)
     if trace is not None:
         af, bf = ab.view(np.float32), bb.view(np.float32)

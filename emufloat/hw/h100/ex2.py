@@ -115,7 +115,7 @@ def _ex2_one(zb, ftz, tneg, tpos):
 @nb.njit(cache=True)
 def _ex2_range(zbits, out, ftz, tneg, tpos, lo, hi):
     """Elements ``lo:hi`` of :func:`_ex2_kernel`, serially."""
-    for i in range(lo, hi):
+    for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound, hence no gathers or scatters
         out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
 
 

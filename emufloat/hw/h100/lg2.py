@@ -19,7 +19,7 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays, _fastpath
+from ... import _arrays
 from ...formats import FP32
 from ...ops import mul
 from ...trace import Trace
@@ -96,19 +96,10 @@ def _lg2_one(xb, ftz, table, m1, sub, flag):
     return b | np.uint32(0x80000000)
 
 
-@nb.njit(cache=True)
-def _lg2_range(xbits, out, ftz, table, m1, sub, flag, lo, hi):
-    """Elements ``lo:hi`` of :func:`_lg2_kernel`, serially."""
-    for i in range(lo, hi):
-        out[i] = _lg2_one(xbits[i], ftz, table, m1, sub, flag)
-
-
 @nb.njit(parallel=True, cache=True)
 def _lg2_kernel(xbits, out, ftz, table, m1, sub, flag):
-    n = out.size
-    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
-        lo = np.int64(blk) * _fastpath.BLOCK
-        _lg2_range(xbits, out, ftz, table, m1, sub, flag, lo, min(lo + _fastpath.BLOCK, n))
+    for i in nb.prange(xbits.size):
+        out[i] = _lg2_one(xbits[i], ftz, table, m1, sub, flag)
 
 
 def lg2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
@@ -121,7 +112,8 @@ def lg2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     arr, xb = fp32_bits(x, "x")
     table, m1, sub, flag = lg2_tables()
     out = np.empty(xb.size, np.uint32)
-    _arrays.run_blocks(_lg2_kernel, _lg2_range, xb.size, xb, out, bool(ftz), table, m1, sub, flag)
+    with _arrays.threads_for(xb.size):
+        _lg2_kernel(xb, out, bool(ftz), table, m1, sub, flag)
     res = out.view(np.float32).reshape(arr.shape)
     if trace is not None:
         xf = xb.view(np.float32)

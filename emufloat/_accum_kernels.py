@@ -65,8 +65,16 @@ def _c_term(c, cut):
     return -q if sign else q
 
 
-@nb.njit(nb.float64(nb.float64, nb.float64, _core.PARAMS_TYPE, nb.int64), cache=True)  # one copy for every caller
-def _round_into(s, t, params, mode):
+@nb.njit(inline="always", cache=True)
+def _round_sum(a, b, params, mode):
+    """a + b rounded once into the format (the mode typed: :func:`_round_dd` compiles once, whether callers
+    pass a variable or RNE)."""
+    s, t = _core.two_sum(a, b)
+    return _round_dd(s, t, params, np.int64(mode))
+
+
+@nb.njit(cache=True)
+def _round_dd(s, t, params, mode):
     """The double-double s + t rounded once into the format (specials and zero pass through)."""
     if s == 0.0 or not np.isfinite(s):
         return s
@@ -87,16 +95,14 @@ def _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_ov
         if inf_on_overflow and fl & _core.OVERFLOW:
             res = -np.inf if sign else np.inf
     if use_c and not early_c:  # late C: added to the step's result with a second rounding
-        s, t = _core.two_sum(res, c)
-        return _round_into(s, t, acc_params, final_mode)
+        return _round_sum(res, c, acc_params, final_mode)
     return res
 
 
 @nb.njit(cache=True)
 def _promote(promoted, acc, params):
     """FP8 chunk promotion: the chunk's result added to the running FP32 sum, rounded to nearest."""
-    s, t = _core.two_sum(promoted, acc)
-    return _round_into(s, t, params, RNE)
+    return _round_sum(promoted, acc, params, RNE)
 
 
 @nb.njit(cache=True)
@@ -503,8 +509,8 @@ def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, st
             for k in range(kk):
                 p = a[i, k] * bt[j, k]
                 if not fused:
-                    p = _round_into(p, 0.0, params, mode)
-                acc = _round_into(*_core.two_sum(acc, p), params, mode)
+                    p = _round_sum(p, 0.0, params, mode)
+                acc = _round_sum(acc, p, params, mode)
             out[i, j] = acc
         elif kind == KIND_PAIRWISE:
             nleaf = max((kk + base - 1) // base, 1)
@@ -512,16 +518,16 @@ def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, st
             for leaf in range(nleaf):
                 s = 0.0
                 for k in range(leaf * base, min((leaf + 1) * base, kk)):
-                    s = _round_into(*_core.two_sum(s, _round_into(a[i, k] * bt[j, k], 0.0, params, mode)), params, mode)
+                    s = _round_sum(s, _round_sum(a[i, k] * bt[j, k], 0.0, params, mode), params, mode)
                 buf[leaf] = s
             width = nleaf
             while width > 1:
                 for q in range(width // 2):
-                    buf[q] = _round_into(*_core.two_sum(buf[2 * q], buf[2 * q + 1]), params, mode)
+                    buf[q] = _round_sum(buf[2 * q], buf[2 * q + 1], params, mode)
                 if width % 2:
                     buf[width // 2] = buf[width - 1]
                 width = (width + 1) // 2
-            out[i, j] = _round_into(*_core.two_sum(buf[0], c0), params, mode) if have_c else buf[0]
+            out[i, j] = _round_sum(buf[0], c0, params, mode) if have_c else buf[0]
         else:  # exact, then one rounding
             limbs = np.zeros(reduce.NLIMB, np.int64)
             special = c0 if not np.isfinite(c0) else 0.0

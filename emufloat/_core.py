@@ -189,18 +189,26 @@ def enc_max(sign: np.int64, params) -> np.int64:
 
 
 # ---- the one rounding routine ------------------------------------------------
-# One signature, compiled once: without it, each caller passing a constant (a literal 0 or False) compiles a
-# copy of its own.
-PARAMS_TYPE = nb.types.UniTuple(nb.int64, 6)  # Numba's type of Format.params
-
-
-@nb.njit(
-    nb.types.UniTuple(nb.int64, 2)(
-        nb.int64, nb.int64, nb.int64, nb.boolean, nb.int64, PARAMS_TYPE, nb.int64, nb.int64, nb.int64
-    ),
-    cache=True,
-)
+@nb.njit(inline="always", cache=True)
 def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> tuple:
+    """:func:`_round_pack` with its arguments typed: Numba compiles a called function again for every caller
+    that passes a literal constant (a ``0`` or ``False``) where others pass variables, so the routine is
+    compiled once (lazily, not at import) whatever its callers pass."""
+    return _round_pack(
+        np.int64(sign),
+        np.int64(sig),
+        np.int64(exp),
+        np.bool_(sticky),
+        np.int64(carry_ref),
+        params,
+        np.int64(mode),
+        np.int64(rnd),
+        np.int64(srbits),
+    )
+
+
+@nb.njit(cache=True)
+def _round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> tuple:
     """Round (-1)**sign * (sig + f) * 2**exp to the format; return (encoding, flags).
 
     ``sig`` is a non-negative int64 below 2**62; ``f`` in [0, 1) is non-zero

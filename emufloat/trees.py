@@ -211,7 +211,7 @@ def _add_round(a, b, params, mode, rnd, srbits):
 
     Exact zeros take their sign from IEEE 754 6.3 (``-0`` only for ``-0 + -0``, or under round-down);
     otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (The dot kernels'
-    ``_round_into`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
+    ``_accum_kernels._round_sum`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
     The flags are those :func:`emufloat.add` traces for the same operands.
     """
     s, t = _core.two_sum(a, b)

@@ -11,18 +11,18 @@ from emufloat import _accum_kernels, _core
 def _constant_arguments(params):
     """Callers that pass constants (literal 0, False) where other callers pass variables."""
     enc, _fl = _core.round_pack(0, np.int64(3), 0, False, _core.NO_CARRY_REF, params, 0, 0, 0)
-    return enc, _accum_kernels._round_into(3.0, 0.0, params, 0)
+    return enc, _accum_kernels._round_sum(3.0, 0.0, params, 0)
 
 
 def test_shared_routines_compile_once_for_constant_arguments():
     params = _core.FP32_PARAMS
     by_python = (  # called from Python: int64 arguments
         _core.round_pack(0, 3, 0, False, _core.NO_CARRY_REF, params, 0, 0, 0)[0],
-        _accum_kernels._round_into(3.0, 0.0, params, 0),
+        _accum_kernels._round_sum(3.0, 0.0, params, 0),
     )
     assert _constant_arguments(params) == by_python == (np.float32(3.0).view(np.uint32), 3.0)
-    assert len(_core.round_pack.signatures) == 1, _core.round_pack.signatures
-    assert len(_accum_kernels._round_into.signatures) == 1, _accum_kernels._round_into.signatures
+    assert len(_core._round_pack.signatures) == 1, _core._round_pack.signatures
+    assert len(_accum_kernels._round_dd.signatures) == 1, _accum_kernels._round_dd.signatures
 
 
 def test_the_matmul_models_share_one_general_chain():

@@ -28,6 +28,7 @@ from .backward import flash_backward
 from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
+from .trust import AllowImport
 
 FORWARD_OUTPUTS = ("o", "lse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
@@ -179,9 +180,10 @@ class KernelRun:
         """Whether the run recorded the gradients (dQ, dK, dV; delta where the kernel gives it)."""
         return all(n in self.outputs for n in ("dq", "dk", "dv"))
 
-    def resolve_policy(self) -> Policy:
-        """The flashsim policy that repeats the kernel's launch (a reference resolved: a ValueError if it fails)."""
-        return self.policy if isinstance(self.policy, Policy) else self.policy.resolve()
+    def resolve_policy(self, allow_import: AllowImport = False) -> Policy:
+        """The flashsim policy that repeats the kernel's launch (a reference resolved: a ValueError if it fails;
+        ``allow_import`` as :meth:`PolicyRef.resolve`: a file's reference imports no code unless allowed)."""
+        return self.policy if isinstance(self.policy, Policy) else self.policy.resolve(allow_import)
 
 
 def stored_formats(policy: Policy) -> dict[str, Format | None]:
@@ -310,9 +312,9 @@ def _emulate(run: KernelRun, pol: Policy) -> dict[str, np.ndarray]:
     return out
 
 
-def emulate(run: KernelRun) -> dict[str, np.ndarray]:
+def emulate(run: KernelRun, allow_import: AllowImport = False) -> dict[str, np.ndarray]:
     """The run's outputs as the emulator computes them, as bits (the backward too when it was recorded)."""
-    return _emulate(run, run.resolve_policy())
+    return _emulate(run, run.resolve_policy(allow_import))
 
 
 @dataclass(frozen=True)
@@ -348,12 +350,13 @@ class Divergence:
         )
 
 
-def first_divergence(run: KernelRun, head: int, row: int) -> Divergence:
+def first_divergence(run: KernelRun, head: int, row: int, policy: Policy | None = None) -> Divergence:
     """Step the emulator through ``row`` of ``head`` and compare each K/V step's m, P (before its cast), l and
-    acc with the instrumented kernel's, in that order; the first element that differs in its bits."""
+    acc with the instrumented kernel's, in that order; the first element that differs in its bits.
+    ``policy``: the run's, resolved (default: the run's own Policy, or its reference resolved)."""
     if not run.debug:
         raise ValueError("run: no per-block intermediates recorded (run the kernel with debug=True)")
-    pol = run.resolve_policy()
+    pol = run.resolve_policy() if policy is None else policy
     steps = step_rows(
         run.q[head],
         run.k[head],
@@ -423,10 +426,16 @@ class CrosscheckReport:
         return "\n".join(lines)
 
 
-def crosscheck(run: KernelRun) -> CrosscheckReport:
-    """Rerun ``run`` under its policy and compare every recorded output; locate the first differing row's
-    first divergent step when per-block intermediates were recorded."""
-    pol = run.resolve_policy()
+def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -> CrosscheckReport:
+    """Rerun ``run`` (a :class:`KernelRun`, or the path of one saved by :func:`save_run`) under its policy and
+    compare every recorded output; locate the first differing row's first divergent step when per-block
+    intermediates were recorded.  ``allow_import``: modules the run's policy reference may import
+    (:meth:`PolicyRef.resolve`; by default a file's reference resolves only to registered policies)."""
+    if isinstance(run, (str, Path)):
+        run = load_run(run)
+    if not isinstance(run, KernelRun):
+        raise TypeError(f"run: expected a KernelRun or the path of a saved run, got {type(run).__name__}")
+    pol = run.resolve_policy(allow_import)
     emu, fmts = _emulate(run, pol), stored_formats(pol)
     checks = [
         check_bits(name, emu[name], run.outputs[name], fmts[name] or "fp32") for name in emu if name in run.outputs
@@ -440,7 +449,7 @@ def crosscheck(run: KernelRun) -> CrosscheckReport:
         h, r = (int(i) for i in np.argwhere(o_bad)[0])
         first = (h, r)
         if run.debug:
-            div = first_divergence(run, h, r)
+            div = first_divergence(run, h, r, pol)
     return CrosscheckReport(checks, first, div, run.note)
 
 

@@ -9,18 +9,21 @@ flashsim is imported) and looked up with :func:`get_policy`.  Other packages pro
 ``flashsim.policies`` entry-point group (name -> a Policy, or a function of no arguments returning one),
 loaded when a name is first asked for: so ``get_policy("triton_h100")`` finds the project's Triton kernels'
 policy in ``gpu.policies`` without flashsim importing gpu.  A :class:`PolicyRef` names a policy in a file
-(a registered name, or ``"module:function"`` with keyword arguments) and resolves it again.
+(a registered name, or ``"module:function"`` with keyword arguments) and resolves it again; a file can name
+only registered policies and policy functions (:func:`register_policy_function`, or the
+``flashsim.policy_functions`` entry-point group), and other code only where the user allows its module
+(:mod:`flashsim.trust`).
 """
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata
 
 import emufloat as ef
 
-from . import plugins
+from . import trust
 from .functions import get_function
 from .specs import (
     NUMPY,
@@ -290,7 +293,7 @@ class PolicyPluginError(ValueError):
 
 def _plugins() -> dict[str, metadata.EntryPoint]:
     """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
-    return plugins.entry_points(ENTRY_POINT_GROUP)
+    return trust.entry_points(ENTRY_POINT_GROUP)
 
 
 def _load_plugin(name: str) -> Policy | None:
@@ -298,7 +301,7 @@ def _load_plugin(name: str) -> Policy | None:
     ep = _plugins().get(name)
     if ep is None:
         return None
-    policy = plugins.load_entry_point(ep, Policy, "policy", PolicyPluginError)
+    policy = trust.load_entry_point(ep, Policy, "policy", PolicyPluginError)
     _REGISTRY[name] = policy
     return policy
 
@@ -336,6 +339,43 @@ def get_policy(name: str | Policy) -> Policy:
     return found
 
 
+# ---- policy functions: what a file may name with arguments ------------------------------------------
+#: the entry-point group through which installed packages declare policy functions files may name
+FUNCTIONS_GROUP = "flashsim.policy_functions"
+_FUNCTIONS: dict[str, Callable[..., Policy]] = {}
+
+
+def _target_of(fn: Callable) -> str:
+    return f"{fn.__module__}:{fn.__qualname__}"
+
+
+def register_policy_function(fn: Callable[..., Policy]) -> Callable[..., Policy]:
+    """Let files name ``fn`` as ``"module:function"`` with keyword arguments (a :class:`PolicyRef`); returns
+    ``fn``, so that it serves as a decorator.  Installed packages may declare theirs in the
+    ``flashsim.policy_functions`` entry-point group instead, which needs no import until one is named."""
+    if not callable(fn) or "<" in getattr(fn, "__qualname__", "<"):
+        raise TypeError(f"fn: expected a module-level function returning a Policy, got {fn!r}")
+    _FUNCTIONS[_target_of(fn)] = fn
+    return fn
+
+
+def policy_function_targets() -> list[str]:
+    """The ``"module:function"`` targets files may name: registered in this process or declared by packages."""
+    return sorted(set(_FUNCTIONS) | {ep.value.replace(" ", "") for ep in trust.entry_points(FUNCTIONS_GROUP).values()})
+
+
+def _named_object(target: str, allow_import: trust.AllowImport) -> object:
+    """What ``"module:attribute"`` names: a registered or declared policy function, an entry point's policy, or,
+    only where ``allow_import`` covers the module, whatever the module holds."""
+    if target in _FUNCTIONS:
+        return _FUNCTIONS[target]
+    for group in (FUNCTIONS_GROUP, ENTRY_POINT_GROUP):
+        ep = trust.declared(group, target)
+        if ep is not None:
+            return trust.load_declared(ep, "policy", PolicyPluginError)
+    return trust.import_target(target, allow_import, "policy")
+
+
 # ---- references, for files --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PolicyRef:
@@ -343,7 +383,9 @@ class PolicyRef:
 
     ``target``: a registered name (``"fa2"``, an entry-point plugin's ``"triton_h100"``), or
     ``"module:attribute"``, a Policy or a function returning one, called with ``kwargs`` (JSON values:
-    ``PolicyRef("gpu.policies:triton_policy", {"dtype": "fp16", "block_m": 64})``).
+    ``PolicyRef("gpu.policies:triton_policy", {"dtype": "fp16", "block_m": 64})``).  A ``"module:attribute"``
+    resolves when it is a registered policy function (:func:`register_policy_function`, the
+    ``flashsim.policy_functions`` entry-point group) or when the caller allows its module (``allow_import``).
     """
 
     target: str
@@ -360,17 +402,15 @@ class PolicyRef:
                 "is a registered name"
             )
 
-    def resolve(self) -> Policy:
-        """The Policy referred to; a ValueError saying why when there is none."""
+    def resolve(self, allow_import: trust.AllowImport = False) -> Policy:
+        """The Policy referred to; a ValueError saying why when there is none.
+
+        ``allow_import``: modules whose unregistered ``"module:attribute"`` targets may be imported (True: any);
+        by default only registered names and policy functions resolve, so a file cannot make this import code.
+        """
         if ":" not in self.target:
             return get_policy(self.target)
-        module, attr = self.target.split(":")
-        try:
-            obj = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"policy: cannot import {self.target!r} ({type(exc).__name__}: {exc})") from None
+        obj = _named_object(self.target, allow_import)
         if isinstance(obj, Policy) and not self.kwargs:
             return obj
         if isinstance(obj, Policy) or not callable(obj):
@@ -411,7 +451,10 @@ __all__ = [
     "PolicyPluginError",
     "get_policy",
     "register_policy",
+    "register_policy_function",
+    "policy_function_targets",
     "policy_names",
     "ALIASES",
     "ENTRY_POINT_GROUP",
+    "FUNCTIONS_GROUP",
 ]

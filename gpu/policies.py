@@ -5,7 +5,9 @@ launch's tiles; :func:`kernel_policy` picks the tiles from :mod:`gpu.configs` as
 :func:`kernel_policy_ref` names that policy for a file (:class:`flashsim.crosscheck.KernelRun`).
 ``TRITON_H100`` (the default launch) is registered with flashsim through the ``flashsim.policies`` entry
 point in pyproject.toml, so ``flashsim.get_policy("triton_h100")`` and ``flashsim trace-row --policy
-triton_h100`` find it.  numpy and the emulator only: no torch needed.
+triton_h100`` find it; the policy functions are registered for files (and declared in the
+``flashsim.policy_functions`` entry-point group), so a saved run may name them with their arguments.  numpy and
+the emulator only: no torch needed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import emufloat as ef
 from emufloat import BF16, E4M3FN, FP16, FP32
 from emufloat.hw import h100
-from flashsim.policy import Policy, PolicyRef, get_policy
+from flashsim.policy import Policy, PolicyRef, get_policy, register_policy_function
 from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
 from flashsim.specs import (
     BwdTiling,
@@ -55,6 +57,7 @@ def kernel_output_format(dtype: str) -> ef.Format:
     return BF16 if dtype == "e4m3" else kernel_format(dtype)
 
 
+@register_policy_function
 def triton_policy(
     dtype: str = "bf16",
     *,
@@ -123,6 +126,7 @@ def triton_policy(
 TRITON_H100 = triton_policy(name="triton_h100")
 
 
+@register_policy_function
 def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -> Policy:
     """Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the H100, for the
     forward tiles and warps its autotuner chose.
@@ -214,6 +218,7 @@ def _sdpa_format(dtype: str) -> ef.Format:
     return kernel_format(dtype)
 
 
+@register_policy_function
 def sdpa_flash_policy(
     dtype: str = "bf16",
     head_dim: int = 64,
@@ -289,6 +294,7 @@ def efficient_key_splits(n_k: int, head_dim: int, batch_heads: int = 1, determin
     return blocks
 
 
+@register_policy_function
 def sdpa_efficient_policy(
     dtype: str = "bf16",
     head_dim: int = 64,
@@ -356,6 +362,7 @@ def sdpa_efficient_policy(
     )
 
 
+@register_policy_function
 def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
     """PyTorch SDPA's cuDNN backend (cuDNN 9.19) on the H100/H200: the forward bit-exact, the backward the
     closest model found.
@@ -413,6 +420,7 @@ def kernel_policy_args(
     return args
 
 
+@register_policy_function
 def kernel_policy(
     dtype: str,
     head_dim: int,

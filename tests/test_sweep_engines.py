@@ -230,12 +230,14 @@ def test_engine_lookup_and_registration():
             register_engine(EmulatorTwin(name="twin-reg"))
     finally:
         unregister_engine("twin-reg")
-    got = get_engine(f"{__name__}:EmulatorTwin")  # module:attribute, a class made into an engine
+    with pytest.raises(EngineError, match="--engine: .* --allow-import"):  # code only where the user allows it
+        get_engine(f"{__name__}:EmulatorTwin")
+    got = get_engine(f"{__name__}:EmulatorTwin", allow_import=[__name__])  # a class made into an engine
     assert isinstance(got, EmulatorTwin)
-    with pytest.raises(EngineError, match="no_such_module:X failed to load: ModuleNotFoundError"):
-        get_engine("no_such_module:X")
+    with pytest.raises(EngineError, match="cannot import 'no_such_module:X' .ModuleNotFoundError"):
+        get_engine("no_such_module:X", allow_import=True)
     with pytest.raises(EngineError, match="gave a int; expected a flashsim RowEngine"):
-        get_engine(f"{__name__}:TIMEOUT")
+        get_engine(f"{__name__}:TIMEOUT", allow_import=True)
 
 
 TIMEOUT = 240

@@ -31,7 +31,7 @@ import numpy as np
 
 import emufloat as ef
 
-from .. import plugins
+from .. import trust
 from .experiments import V_DISTRIBUTIONS, BiasRows, repeated_maxima_rows
 
 #: the entry-point group through which other packages provide families (name -> "module:attribute")
@@ -451,7 +451,7 @@ class FamilyPluginError(ValueError):
 
 def _plugins() -> dict[str, metadata.EntryPoint]:
     """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
-    return plugins.entry_points(ENTRY_POINT_GROUP)
+    return trust.entry_points(ENTRY_POINT_GROUP)
 
 
 def _load_plugin(name: str) -> Family | None:
@@ -459,7 +459,7 @@ def _load_plugin(name: str) -> Family | None:
     ep = _plugins().get(name)
     if ep is None:
         return None
-    family = plugins.load_entry_point(ep, Family, "family", FamilyPluginError)
+    family = trust.load_entry_point(ep, Family, "family", FamilyPluginError)
     FAMILIES[name] = family
     return family
 

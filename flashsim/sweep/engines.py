@@ -18,11 +18,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from importlib import metadata
 
 import numpy as np
 
-from .. import plugins
+from .. import trust
 from ..analysis.experiments import BiasRows
 from .spec import Cell, SpecError
 
@@ -91,7 +90,7 @@ _REGISTERED: dict[str, RowEngine] = {CPU: EMULATOR}
 
 def engine_names() -> list[str]:
     """The built-in engine, those registered in this process and those of the entry-point group."""
-    return sorted(set(_REGISTERED) | set(plugins.entry_points(ENTRY_POINT_GROUP)))
+    return sorted(set(_REGISTERED) | set(trust.entry_points(ENTRY_POINT_GROUP)))
 
 
 def register_engine(engine: RowEngine, *, replace: bool = False) -> RowEngine:
@@ -112,46 +111,47 @@ def unregister_engine(name: str) -> None:
         _REGISTERED.pop(name, None)
 
 
-def get_engine(name: str | RowEngine) -> RowEngine:
+def get_engine(name: str | RowEngine, allow_import: trust.AllowImport = False) -> RowEngine:
     """The engine ``name`` (an engine passes through): built in, registered, from the entry-point group, or
-    ``module:attribute`` (an engine, or a class or function making one).  Unknown names and engines that fail
-    to load raise :class:`EngineError` listing the accepted names."""
+    ``module:attribute`` (an engine, or a class or function making one) where ``allow_import`` covers the
+    module (:mod:`flashsim.trust`).  Unknown names, refused imports and engines that fail to load raise
+    :class:`EngineError` listing the accepted names."""
     if isinstance(name, RowEngine):
         return name
     if isinstance(name, str) and name in _REGISTERED:
         return _REGISTERED[name]
     if isinstance(name, str) and ":" in name:  # module:attribute, for a package that is not installed
-        ep = metadata.EntryPoint(name=name, value=name, group=ENTRY_POINT_GROUP)
-        engine = _load(ep, check_name=False)
+        try:
+            engine = _made(trust.import_target(name, allow_import, "--engine"), name)
+        except trust.ImportRefused as exc:
+            raise EngineError(str(exc)) from None
         _REGISTERED[name] = engine
         return engine
-    ep = plugins.entry_points(ENTRY_POINT_GROUP).get(name) if isinstance(name, str) else None
+    ep = trust.entry_points(ENTRY_POINT_GROUP).get(name) if isinstance(name, str) else None
     if ep is None:
         raise EngineError(f"--engine: unknown engine {name!r}; accepted: {', '.join(engine_names())}")
-    engine = _load(ep)
+    try:
+        engine = trust.load_entry_point(ep, RowEngine, "engine", EngineError)
+    except EngineError as exc:
+        raise EngineError(f"--engine: {str(exc).removeprefix('engine: ')}") from exc.__cause__
     _REGISTERED[name] = engine
     return engine
 
 
-def _load(ep: metadata.EntryPoint, check_name: bool = True) -> RowEngine:
-    """The engine an entry point (or a ``module:attribute`` made into one) provides, or an EngineError."""
+def _made(obj: object, where: str) -> RowEngine:
+    """The engine ``obj`` is or makes (a class or function of no arguments), or an EngineError."""
     try:
-        if check_name:
-            return plugins.load_entry_point(ep, RowEngine, "engine", EngineError)
-        obj = ep.load()
         obj = obj if isinstance(obj, RowEngine) or not callable(obj) else obj()
-    except EngineError as exc:
-        raise EngineError(f"--engine: {str(exc).removeprefix('engine: ')}") from exc.__cause__
-    except Exception as exc:  # noqa: BLE001 - any failure of a third party's import or factory
-        raise EngineError(f"--engine: {ep.value} failed to load: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any failure of a third party's factory
+        raise EngineError(f"--engine: {where} failed to load: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, RowEngine):
-        raise EngineError(f"--engine: {ep.value} gave a {type(obj).__name__}; expected a flashsim RowEngine")
+        raise EngineError(f"--engine: {where} gave a {type(obj).__name__}; expected a flashsim RowEngine")
     return obj
 
 
-def usable_engine(name: str | RowEngine) -> RowEngine:
+def usable_engine(name: str | RowEngine, allow_import: trust.AllowImport = False) -> RowEngine:
     """:func:`get_engine`, refusing (:class:`EngineError`) an engine that cannot run in this process."""
-    engine = get_engine(name)
+    engine = get_engine(name, allow_import)
     why = engine.unavailable()
     if why:
         raise EngineError(f"--engine {engine.name}: unavailable here: {why}; accepted: {', '.join(engine_names())}")

@@ -23,6 +23,7 @@ import emufloat as ef
 
 from ..policy import PolicyRef
 from ..softmax import VARIANTS, get_softmax
+from ..trust import AllowImport, allowed_modules
 from ..userdata import InputError
 
 if sys.version_info >= (3, 11):
@@ -53,10 +54,15 @@ class SpecError(InputError):
 # ---- the axes' entries --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PolicyEntry:
-    """A policy of the grid: a registered name, or ``module:function`` with keyword arguments (JSON values)."""
+    """A policy of the grid: a registered name, or ``module:function`` with keyword arguments (JSON values).
+
+    ``allow_import``: the user's opt-in for importing the target's module (:mod:`flashsim.trust`), given to
+    :func:`parse_spec` in Python or on the command line, never read from the spec; not part of the entry's value.
+    """
 
     target: str
     kwargs_json: str = "{}"  # canonical JSON, so that the entry is hashable and compares by value
+    allow_import: bool | tuple[str, ...] = field(default=False, compare=False)
 
     @property
     def ref(self) -> PolicyRef:
@@ -68,7 +74,7 @@ class PolicyEntry:
 
     def resolve(self):
         """The :class:`~flashsim.policy.Policy` (made once per process)."""
-        return _resolved(self.target, self.kwargs_json)
+        return _resolved(self.target, self.kwargs_json, self.allow_import)
 
     def own_block_n(self) -> int:
         """The policy's own K/V tile width (the grid's ``block_n = "policy"``)."""
@@ -105,8 +111,8 @@ class FamilyEntry:
 
 
 @functools.lru_cache(maxsize=64)
-def _resolved(target: str, kwargs_json: str):
-    return PolicyRef(target, json.loads(kwargs_json)).resolve()
+def _resolved(target: str, kwargs_json: str, allow_import: bool | tuple[str, ...]):
+    return PolicyRef(target, json.loads(kwargs_json)).resolve(allow_import)
 
 
 # ---- cells and groups ---------------------------------------------------------------------------
@@ -249,7 +255,7 @@ def _params(table: dict, path: str, skip: Iterable[str]) -> dict:
     return out
 
 
-def _policy(value, path: str) -> PolicyEntry:
+def _policy(value, path: str, allow_import: bool | tuple[str, ...]) -> PolicyEntry:
     if isinstance(value, str):
         target, kwargs = value, {}
     elif isinstance(value, dict):
@@ -264,10 +270,10 @@ def _policy(value, path: str) -> PolicyEntry:
             path, f"expected a policy name or a table {{target = 'module:function', kwargs = {{...}}}}, got {value!r}"
         )
     try:
-        PolicyRef(target, _params(kwargs, f"{path}.kwargs", ())).resolve()
+        PolicyRef(target, _params(kwargs, f"{path}.kwargs", ())).resolve(allow_import)
     except (ValueError, TypeError) as exc:
         raise _fail(path, str(exc).removeprefix("policy: ")) from None
-    return PolicyEntry(target, json.dumps(kwargs, sort_keys=True))
+    return PolicyEntry(target, json.dumps(kwargs, sort_keys=True), allow_import)
 
 
 def _softmax(value, path: str) -> SoftmaxEntry:
@@ -350,9 +356,11 @@ def _block_n(value, path: str) -> int | None:
     return value
 
 
-def parse_spec(data: dict, source: str = "spec") -> SweepSpec:
+def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = False) -> SweepSpec:
     """A :class:`SweepSpec` from the TOML file's table, every key checked; a :class:`SpecError` naming the key path
-    otherwise (``source`` prefixes no message: the CLI adds the file's name)."""
+    otherwise (``source`` prefixes no message: the CLI adds the file's name).  ``allow_import``: modules whose
+    ``module:function`` policies the spec may name beyond the registered ones (:mod:`flashsim.trust`)."""
+    allow = allowed_modules(allow_import)
     if not isinstance(data, dict):
         raise _fail(source, f"expected a table of keys, got {type(data).__name__}")
     unknown = sorted(set(data) - set(KEYS))
@@ -368,7 +376,7 @@ def parse_spec(data: dict, source: str = "spec") -> SweepSpec:
     rows = _int(data["rows"], "rows", 1)
     chunk = _int(data["chunk_rows"], "chunk_rows", 1)
     seeds = tuple(_int(s, f"seeds[{i}]", 0) for i, s in enumerate(_list(data["seeds"], "seeds")))
-    policies = tuple(_policy(p, f"policies[{i}]") for i, p in enumerate(_list(data["policies"], "policies")))
+    policies = tuple(_policy(p, f"policies[{i}]", allow) for i, p in enumerate(_list(data["policies"], "policies")))
     softmaxes = tuple(_softmax(s, f"softmaxes[{i}]") for i, s in enumerate(_list(data["softmaxes"], "softmaxes")))
     labels = [s.label for s in softmaxes]
     n_keys = tuple(_int(n, f"n_keys[{i}]", 1) for i, n in enumerate(_list(data["n_keys"], "n_keys")))
@@ -407,8 +415,9 @@ def parse_spec(data: dict, source: str = "spec") -> SweepSpec:
     )
 
 
-def load_spec(path: str | Path) -> SweepSpec:
-    """Read and check a TOML sweep spec; errors are :class:`SpecError` lines starting with the file's name."""
+def load_spec(path: str | Path, allow_import: AllowImport = False) -> SweepSpec:
+    """Read and check a TOML sweep spec; errors are :class:`SpecError` lines starting with the file's name.
+    ``allow_import``: as for :func:`parse_spec`."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -419,7 +428,7 @@ def load_spec(path: str | Path) -> SweepSpec:
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(f"SPEC: {p} is not valid TOML ({exc})") from None
     try:
-        return parse_spec(data, source=p.name)
+        return parse_spec(data, source=p.name, allow_import=allow_import)
     except SpecError as exc:
         raise SpecError(f"{p}: {exc}") from None
 

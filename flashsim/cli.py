@@ -17,9 +17,9 @@ values in the inputs are refused unless ``--allow-nonfinite``, and non-finite ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,12 +31,22 @@ from .analysis import analyse_run, count_nonfinite, round_to_one_band
 from .analysis.experiments import V_DISTRIBUTIONS, bias_rows, format_bias_table, repeated_maxima_rows
 from .analysis.report import PLOT_FILES, format_report, have_matplotlib, report_dict, write_plots
 from .attention import CAUSAL_ALIGNMENTS, causal_offset
-from .console import ArgumentParser, UsageError, progress, run_command, writable_dir, writable_file
+from .console import (
+    ArgumentParser,
+    UsageError,
+    folder_lock,
+    physical_memory,
+    progress,
+    run_command,
+    writable_dir,
+    writable_file,
+)
 from .crosscheck import crosscheck, load_run
 from .examples import builtin_row
 from .policy import ALIASES, PolicyRef, get_policy, policy_names
 from .softmax import VARIANTS, StabilisedSoftmax, get_softmax
 from .stepper import step_rows
+from .trust import allowed_modules
 from .userdata import InputError, load_qkv, pick_head
 from .warmup import compiling_alongside
 
@@ -73,9 +83,11 @@ def _variants(spec: str, beta: float | None, eps: float | None) -> list:
     names = SOFTMAX_SETS.get(spec, tuple(x.strip() for x in spec.split(",") if x.strip()))
     if not names:
         raise UsageError(f"--softmax: expected standard, stabilised, robust, both, all or a comma list, got {spec!r}")
-    for n in names:
+    for i, n in enumerate(names):
         if n not in VARIANTS:
             raise UsageError(f"--softmax: unknown variant {n!r}; accepted: {', '.join(VARIANTS)}, both, all")
+        if n in names[:i]:
+            raise UsageError(f"--softmax: {n!r} is listed twice in {spec!r}")
     if "stabilised" not in names:
         for flag, val in (("--beta", beta), ("--eps", eps)):
             if val is not None:
@@ -98,8 +110,17 @@ def _variants(spec: str, beta: float | None, eps: float | None) -> list:
     return out
 
 
-def _policy_arg(name: str, args_json: str = "{}"):
-    """A registered policy, or ``module:function`` called with ``--policy-args`` (JSON keyword arguments)."""
+def _allow_import(args: argparse.Namespace) -> bool | tuple[str, ...]:
+    """The modules ``--allow-import`` names (checked): what a ``module:function`` target may import."""
+    try:
+        return allowed_modules(args.allow_import or (), "--allow-import")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _policy_arg(name: str, args_json: str = "{}", allow: bool | tuple[str, ...] = ()):
+    """A registered policy, or ``module:function`` called with ``--policy-args`` (JSON keyword arguments): a
+    registered policy function, or one of a module ``--allow-import`` names."""
     try:
         kwargs = json.loads(args_json)
     except json.JSONDecodeError as exc:
@@ -109,7 +130,7 @@ def _policy_arg(name: str, args_json: str = "{}"):
     if kwargs and ":" not in name:
         raise UsageError(f"--policy-args: only a 'module:function' --policy takes arguments; {name!r} is a name")
     try:
-        return PolicyRef(name, kwargs).resolve() if ":" in name else get_policy(name)
+        return PolicyRef(name, kwargs).resolve(allow) if ":" in name else get_policy(name)
     except (ValueError, TypeError) as exc:
         raise UsageError(f"--policy: {str(exc).removeprefix('policy: ')}") from None
 
@@ -160,13 +181,6 @@ def _causal_notes(causal: str | None, row: int, n_q: int, n_k: int) -> list[str]
     return [note]
 
 
-def _physical_memory() -> int | None:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
-
-
 def _estimate(n_keys: int, d: int, dv: int, n_variants: int) -> tuple[float, float]:
     """(bytes, seconds) a traced row with its FP64 reference will take, roughly."""
     size = n_keys * (d + dv)
@@ -174,12 +188,20 @@ def _estimate(n_keys: int, d: int, dv: int, n_variants: int) -> tuple[float, flo
 
 
 POLICY_ARGS_HELP = "with --policy module:function (e.g. gpu.policies:sdpa_flash_policy), its keyword arguments as JSON"
+ALLOW_IMPORT_HELP = (
+    "a module whose 'module:function' {what} may be imported (repeat for more); without it only registered policies "
+    "and policy functions resolve, so a file never makes flashsim import code (docs/flashsim.md, 'Code named in files')"
+)
+
+
+def _add_allow_import(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--allow-import", action="append", metavar="MODULE", help=ALLOW_IMPORT_HELP.format(what=what))
 
 
 # ---- trace-row --------------------------------------------------------------------------------------
 def cmd_trace_row(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policy = _policy_arg(args.policy, args.policy_args)
+    policy = _policy_arg(args.policy, args.policy_args, _allow_import(args))
     variants = _variants(args.softmax, args.beta, args.eps)
     for flag, val in (("--block-n", args.block_n), ("--block-m", args.block_m)):
         _positive(val, flag)
@@ -189,6 +211,11 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
         raise UsageError(f"--tol-ulps: expected a finite number >= 0, got {args.tol_ulps}")
     out = writable_dir(args.out, "--out")  # before any work, so that nothing computed is lost
     json_path = writable_file(args.json, "--json") if args.json else out / "report.json"
+    with folder_lock(out, "--out", "flashsim trace-row"):  # another run writing the same folder is refused
+        return _trace_row(args, policy, variants, out, json_path, t0)
+
+
+def _trace_row(args: argparse.Namespace, policy, variants: list, out: Path, json_path: Path, t0: float) -> int:
     notes: list[str] = []
     user = args.data is not None or any(x is not None for x in (args.q, args.k, args.v))
     sm_scale, block_n = args.sm_scale, args.block_n
@@ -228,7 +255,7 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
     notes += _causal_notes(args.causal, row, q.shape[0], k.shape[0])
     size, seconds = _estimate(k.shape[0], q.shape[1], v.shape[1], len(variants))
     if (seconds > ESTIMATE_ABOVE[0] or size > ESTIMATE_ABOVE[1]) and not args.quiet:
-        memory = _physical_memory()
+        memory = physical_memory()
         print(
             f"flashsim trace-row: {k.shape[0]} keys, d={q.shape[1]}, {len(variants)} variant(s): roughly "
             f"{seconds:.0f} s and {size / 2**30:.1f} GiB of memory for the traces"
@@ -292,17 +319,24 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
         "plots": [str(p) for p in plots] if isinstance(plots, list) else [],
         "seconds": round(t_run, 3),
     }
-    try:
-        (out / "report.txt").write_text(text + "\n")
-        json_path.write_text(json.dumps(report_dict(analyses, meta), indent=1) + "\n")
-        if isinstance(plots, list):
-            write_plots(analyses, out)
-    except OSError as exc:
-        if args.quiet:
-            print(text)  # the report is not lost
-        raise UsageError(
-            f"--out: writing the report failed after the run ({exc}); the report is printed above"
-        ) from None
+    writes = [
+        ("--out", lambda: (out / "report.txt").write_text(text + "\n")),
+        (
+            "--json" if args.json else "--out",
+            lambda: json_path.write_text(json.dumps(report_dict(analyses, meta), indent=1) + "\n"),
+        ),
+    ]
+    if isinstance(plots, list):
+        writes.append(("--out", lambda: write_plots(analyses, out)))
+    for flag, write in writes:
+        try:
+            write()
+        except OSError as exc:
+            if args.quiet:
+                print(text)  # the report is not lost
+            raise UsageError(
+                f"{flag}: writing the report failed after the run ({exc.strerror or exc}); the report is printed above"
+            ) from None
     if not args.quiet:
         print(f"\nreport: {out / 'report.txt'}  json: {json_path}  ({t_run:.2f} s)")
     return 0
@@ -326,20 +360,21 @@ def _ties_arg(value: str) -> list[int]:
 
 def cmd_bias_rows(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policy = _policy_arg(args.policy, args.policy_args)
+    policy = _policy_arg(args.policy, args.policy_args, _allow_import(args))
     variants = _variants(args.softmax, None, None)
     _positive(args.rows, "--rows")
     _positive(args.n_keys, "--n-keys", minimum=2)
     _positive(args.chunk, "--chunk")
     _positive(args.jobs, "--jobs")
+    _positive(args.seed, "--seed", minimum=0)
+    ties = _ties_arg(args.ties)
     try:
-        rows = repeated_maxima_rows(args.rows, _ties_arg(args.ties), n_keys=args.n_keys, v=args.v, seed=args.seed)
+        rows = repeated_maxima_rows(args.rows, ties, n_keys=args.n_keys, v=args.v, seed=args.seed)
     except ValueError as exc:
         msg = str(exc)
-        flag = {"n_rows": "--rows", "n_keys": "--n-keys", "ties": "--ties", "v": "--v", "seed": "--seed"}.get(
-            msg.split(":")[0], "--rows"
-        )
-        raise UsageError(f"{flag}: {msg}") from None
+        head = msg.split(":")[0]
+        flag = {"n_rows": "--rows", "n_keys": "--n-keys", "ties": "--ties", "v": "--v", "seed": "--seed"}.get(head)
+        raise UsageError(f"{flag}: {msg.removeprefix(head + ':').strip()}" if flag else msg) from None
     results = bias_rows(
         rows,
         policy,
@@ -376,14 +411,19 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
             )
         else:
             paths.append(p)
+    allow = _allow_import(args)
     runs = []
-    for p in paths:  # all files are read before any is emulated: a bad one fails at once
+    for p in paths:  # all files are read, and their policies resolved, before any is emulated
         try:
-            runs.append((p, load_run(p)))
+            run = load_run(p)
         except (OSError, ValueError) as exc:
             raise UsageError(f"RUN: {exc}") from None
+        try:
+            runs.append((p, dataclasses.replace(run, policy=run.resolve_policy(allow))))
+        except ValueError as exc:  # an unknown policy, or code the user did not allow
+            raise UsageError(f"RUN: {p}: {exc}") from None
     n_exact = 0
-    for p, run in progress(runs, len(runs), "runs", unit="run"):
+    for p, run in progress(runs, len(runs), "runs", quiet=args.quiet, unit="run"):
         try:
             rep = crosscheck(run)
         except ValueError as exc:  # settings the emulator has no model for (tiles, dtype)
@@ -391,8 +431,12 @@ def cmd_crosscheck(args: argparse.Namespace) -> int:
         n_exact += rep.identical
         if not (args.quiet and rep.identical):
             print(f"== {p.name}\n{rep}\n", flush=True)
-    print(f"{len(paths)} runs: {n_exact} bit-identical in every output")
+    print(f"{_plural(len(paths), 'run')}: {n_exact} bit-identical in every output")
     return 0 if n_exact == len(paths) else 1
+
+
+def _plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
 
 
 # ---- sweep ------------------------------------------------------------------------------------------
@@ -402,7 +446,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep.engines import CPU, DEFAULT_CONFIRM, usable_engine
     from .sweep.run import run_sweep
 
-    spec = load_spec(args.spec)
+    allow = _allow_import(args)
+    spec = load_spec(args.spec, allow)
     _positive(args.workers, "--workers")
     if args.workers is not None and args.scheduler is not None:
         raise UsageError("--workers: only for the local cluster; with --scheduler the cluster's workers are used")
@@ -410,7 +455,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"--confirm: only with an --engine other than {CPU} (the emulator's rows need no check)")
     if args.confirm is not None and args.confirm < 0:
         raise UsageError(f"--confirm: expected an integer >= 0, got {args.confirm}")
-    engine = usable_engine(args.engine)
+    engine = usable_engine(args.engine, allow)
     out = writable_dir(args.out if args.out else Path("sweeps") / spec.name, "--out")
     res = run_sweep(
         spec,
@@ -501,6 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"precision policy ({names}); default qiu_yao (the reference)",
     )
     tr.add_argument("--policy-args", default="{}", metavar="JSON", help=POLICY_ARGS_HELP)
+    _add_allow_import(tr, "--policy")
     tr.add_argument(
         "--softmax",
         default="both",
@@ -580,6 +626,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     br.add_argument("--policy", default="qiu_yao", metavar="NAME", help=f"precision policy ({names}); default qiu_yao")
     br.add_argument("--policy-args", default="{}", metavar="JSON", help=POLICY_ARGS_HELP)
+    _add_allow_import(br, "--policy")
     br.add_argument("--softmax", default="all", metavar="VARIANTS", help="as for trace-row; default all")
     br.add_argument("--rows", type=int, default=10_000, metavar="N", help="rows (one query each); default 10000")
     br.add_argument(
@@ -621,6 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cc.add_argument("runs", nargs="+", metavar="RUN", help="run files, or folders of them")
     cc.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical; no progress bar")
+    _add_allow_import(cc, "policy a run file names")
     cc.set_defaults(func=cmd_crosscheck)
 
     sw = sub.add_parser(
@@ -660,6 +708,7 @@ def build_parser() -> argparse.ArgumentParser:
         "compares bit for bit (default 8); a difference stops the sweep",
     )
     sw.add_argument("--quiet", action="store_true", help="no progress bar or messages")
+    _add_allow_import(sw, "policies of the spec, or --engine,")
     sw.set_defaults(func=cmd_sweep)
     sub.add_parser(
         "golden",

@@ -7,6 +7,7 @@ the work, progress on long work, and a word when Numba compiles.
   ``LOWPREC_TRACEBACK=1`` to see the traceback); never a traceback for a user's mistake.
 - :func:`writable_dir`: the folder exists (made if needed) and a file can be written in it, checked before
   anything is computed.
+- :func:`folder_lock`: one run at a time writes an output folder; another one is refused naming the first.
 - :func:`progress`: a tqdm bar on stderr that appears only for work longer than a second.
 """
 
@@ -16,6 +17,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import TypeVar
@@ -55,6 +57,51 @@ def writable_file(path: str | Path, arg: str) -> Path:
     if p.exists() and not os.access(p, os.W_OK):
         raise UsageError(f"{arg}: {p} exists and is read-only")
     return p
+
+
+def physical_memory() -> int | None:
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+#: the file in an output folder whose lock a run holds while it writes there (it says which run holds it)
+LOCK_FILE = ".flashsim.lock"
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | Path, arg: str, who: str) -> Iterator[None]:
+    """Hold ``folder``'s lock while the body runs, so that two runs never write one folder at once; when another
+    process holds it, a UsageError naming ``arg`` and that run (its command, process id and start).
+
+    An advisory lock (``fcntl.flock``) on ``folder/.flashsim.lock``: the system releases it when the holder
+    ends, even by kill -9, so a stale lock never blocks.  Where ``fcntl`` is missing (Windows) nothing is locked.
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    path = Path(folder) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise UsageError(f"{arg}: cannot create the lock file {path} ({exc.strerror or exc})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 400, 0).decode(errors="replace").strip() or "another run"
+            raise UsageError(
+                f"{arg}: {folder} is being written by {holder}; wait for it to end or choose another folder"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{who} (process {os.getpid()}, started {time.strftime('%Y-%m-%d %H:%M:%S')})".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def progress(
@@ -113,6 +160,9 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_USAGE",
     "UsageError",
+    "LOCK_FILE",
+    "folder_lock",
+    "physical_memory",
     "progress",
     "run_command",
     "writable_dir",

@@ -71,9 +71,14 @@ def qkv(m=6, n=10, d=4, dv=3, seed=0):
 
 
 def tiny_run(**policy_args) -> KernelRun:
+    return tiny_run_of(
+        PolicyRef("gpu.policies:triton_policy", {"dtype": "bf16", "block_m": 64, "block_n": 64} | policy_args)
+    )
+
+
+def tiny_run_of(policy: PolicyRef) -> KernelRun:
     q, k, v = (x[None] for x in qkv(m=4, n=4, d=4, dv=4))
     outputs = {"o": np.zeros((1, 4, 4), np.uint16), "lse": np.zeros((1, 4), np.uint32)}
-    policy = PolicyRef("gpu.policies:triton_policy", {"dtype": "bf16", "block_m": 64, "block_n": 64} | policy_args)
     return KernelRun(
         q=q,
         k=k,
@@ -120,6 +125,37 @@ def files(tmp_path_factory) -> Path:
     (t / "empty_dir").mkdir()
     save_run(t / "run.npz", tiny_run())
     save_run(t / "no_model.npz", tiny_run(block_m=16))  # no tl.sum tree for 16-row tiles (no wgmma)
+    save_run(t / "os_system.npz", tiny_run_of(PolicyRef("os:system", {"command": f"touch {t}/system-ran"})))
+    save_run(t / "planted.npz", tiny_run_of(PolicyRef("planted_mod:make")))
+    (t / "planted_mod.py").write_text(f"open({str(t / 'imported')!r}, 'w').close()\n")
+    (t / "runs").mkdir()
+    save_run(t / "runs" / "a_good.npz", tiny_run())
+    save_run(t / "runs" / "b_evil.npz", tiny_run_of(PolicyRef("os:system", {"command": f"touch {t}/system-ran"})))
+    sweeps = {
+        "ok": "",
+        "evil_name": 'name = "../../escape"',
+        "slash_name": 'name = "a/b"',
+        "huge_rows": "rows = 1000000000000",
+        "huge_keys": "n_keys = [1000000000000]",
+        "huge_chunk": "chunk_rows = 100000000\nn_keys = [65536]",
+        "zero_rows": "rows = 0",
+        "os_system": f'policies = [{{target = "os:system", kwargs = {{command = "touch {t}/system-ran"}}}}]',
+        "planted": 'policies = [{target = "planted_mod:make", kwargs = {x = 1}}]',
+        "bad_softmax": 'softmaxes = ["improved"]',
+        "bad_format": 'formats = ["fp99"]',
+        "bad_block": "block_n = [0]",
+        "twice": 'softmaxes = ["standard", "standard"]',
+        "unknown_key": "colour = 1",
+    }
+    for name, extra in sweeps.items():
+        keys = {line.split(" =")[0] for line in extra.splitlines()}
+        base = {"name": '"t"', "rows": "4", "seeds": "[1]", "policies": '["fp32"]', "softmaxes": '["standard"]'}
+        lines = [f"{k} = {v}" for k, v in base.items() if k not in keys] + ([extra] if extra else [])
+        (t / f"{name}.toml").write_text("\n".join(lines) + '\n[[families]]\nname = "single"\n')
+    (t / "bad_family.toml").write_text(
+        'name = "t"\nrows = 4\nseeds = [1]\npolicies = ["fp32"]\n[[families]]\nname = "x"\n'
+    )
+    (t / "not_toml.toml").write_text("rows = [\n")
     np.savez(t / "no_meta.npz", q=q)
     np.savez(t / "bad_meta.npz", q=q, meta=np.array("{not json"))
     with zipfile.ZipFile(t / "run.npz") as z:
@@ -205,6 +241,60 @@ TABLE = [
     ("flashsim", ["crosscheck", "{t}/no_o.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/run.npz", "{t}/garbage.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/no_model.npz"], "RUN"),
+    # code named by files and arguments, without the user's --allow-import (test_trust.py checks nothing ran)
+    ("flashsim", TR + ["--policy", "os:system", "--policy-args", '{{"command": "touch {t}/system-ran"}}'], "--policy"),
+    ("flashsim", TR + ["--policy", "planted_mod:make"], "--policy"),
+    ("flashsim", TR + ["--policy", "fp32", "--allow-import", "os;touch"], "--allow-import"),
+    ("flashsim", TR + ["--allow-import", ""], "--allow-import"),
+    ("flashsim", TR + ["--policy", "gpu.policies:triton_policy", "--policy-args", '{{"dtype": "fp99"}}'], "--policy"),
+    ("flashsim", TR + ["--policy", "fp32", "--policy-args", '{{"a": 1}}'], "--policy-args"),
+    ("flashsim", TR + ["--softmax", "standard,standard"], "--softmax"),
+    ("flashsim", TR + ["--beta", "1"], "--beta"),
+    ("flashsim", TR + ["--eps", "nan"], "--eps"),
+    ("flashsim", TR + ["--row", "1.5"], "--row"),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--row", "-99"], "--row"),
+    ("flashsim", TR + ["--tol-ulps", "nan"], "--tol-ulps"),
+    ("flashsim", TR + ["--sm-scale", "inf"], "--sm-scale"),
+    ("flashsim", TR + ["--kv-order="], "--kv-order"),
+    ("flashsim", TR + ["--q", "{t}/q.npy", "--k", "{t}/q.npy", "--v", "{t}/missing.npy"], "--v"),
+    ("flashsim", ["bias-rows", "--seed", "-1"], "--seed"),
+    ("flashsim", ["bias-rows", "--ties", "2-"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties=-2"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties", "3-3-3"], "--ties"),
+    ("flashsim", ["bias-rows", "--ties", "1,500"], "--ties"),
+    ("flashsim", ["bias-rows", "--n-keys", "0"], "--n-keys"),
+    ("flashsim", ["bias-rows", "--rows", "abc"], "--rows"),
+    ("flashsim", ["bias-rows", "--jobs", "-1"], "--jobs"),
+    ("flashsim", ["bias-rows", "--policy", "os:system", "--policy-args", '{{"command": "true"}}'], "--policy"),
+    ("flashsim", ["bias-rows", "--allow-import", "9bad"], "--allow-import"),
+    ("flashsim", ["crosscheck", "{t}/os_system.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/planted.npz"], "RUN"),
+    ("flashsim", ["crosscheck", "{t}/runs"], "RUN"),
+    ("flashsim", ["crosscheck", "--allow-import", "a b", "{t}/run.npz"], "--allow-import"),
+    ("flashsim", ["sweep", "{t}/missing.toml"], "SPEC"),
+    ("flashsim", ["sweep", "{t}/not_toml.toml"], "SPEC"),
+    ("flashsim", ["sweep", "{t}/evil_name.toml"], "name"),
+    ("flashsim", ["sweep", "{t}/slash_name.toml"], "name"),
+    ("flashsim", ["sweep", "{t}/huge_rows.toml", "--out", "{t}/sw"], "rows"),
+    ("flashsim", ["sweep", "{t}/huge_keys.toml", "--out", "{t}/sw"], "n_keys[0]"),
+    ("flashsim", ["sweep", "{t}/huge_chunk.toml", "--out", "{t}/sw"], "chunk_rows"),
+    ("flashsim", ["sweep", "{t}/zero_rows.toml"], "rows"),
+    ("flashsim", ["sweep", "{t}/os_system.toml"], "policies[0]"),
+    ("flashsim", ["sweep", "{t}/planted.toml"], "policies[0]"),
+    ("flashsim", ["sweep", "{t}/bad_softmax.toml"], "softmaxes[0]"),
+    ("flashsim", ["sweep", "{t}/bad_format.toml"], "formats[0]"),
+    ("flashsim", ["sweep", "{t}/bad_block.toml"], "block_n[0]"),
+    ("flashsim", ["sweep", "{t}/twice.toml"], "softmaxes[1]"),
+    ("flashsim", ["sweep", "{t}/unknown_key.toml"], "colour"),
+    ("flashsim", ["sweep", "{t}/bad_family.toml"], "families[0].name"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--workers", "0"], "--workers"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--engine", "nosuch"], "--engine"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--engine", "planted_mod:make"], "--engine"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--confirm", "3"], "--confirm"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--out", "{t}/file"], "--out"),
+    ("flashsim", ["sweep", "{t}/ok.toml", "--allow-import", "a b"], "--allow-import"),
+    ("flashsim", ["sweep", "report", "{t}/missing"], "DIR"),
+    ("flashsim", ["sweep", "report", "{t}/empty_dir", "--correction", "none"], "--correction"),
     ("flashsim", ["no-such-command"], "invalid choice"),
     ("emufloat", ["--rows", "0"], "--rows"),
     ("emufloat", ["--tokens", "1"], "--tokens"),
@@ -309,8 +399,12 @@ def test_the_table_covers_every_command():
 def test_bad_input_fails_in_one_line_naming_the_argument(files, command, argv, argument, monkeypatch):
     main = _main(command)
     monkeypatch.setattr(cli, "step_rows", _no_computation)
+    monkeypatch.setattr("flashsim.sweep.run._start_client", _no_computation)
+    monkeypatch.chdir(files / "empty_dir")  # default output folders would land here
     code, _out, err = invoke(main, [a.format(t=files) for a in argv])
     assert_clean_failure(code, err, argument)
+    assert not (files / "system-ran").exists() and not (files / "imported").exists(), "a file's code ran"
+    assert not any((files / "empty_dir").iterdir()), "bad input wrote a folder"
 
 
 def _no_computation(*args, **kwargs):

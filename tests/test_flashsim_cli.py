@@ -401,7 +401,7 @@ def test_bias_rows_takes_a_policy_by_module_and_function(capsys):
         ("gpu.policies:sdpa_efficient_policy", "{nope", "--policy-args: not JSON"),
         ("gpu.policies:sdpa_efficient_policy", "[1]", "--policy-args: expected a JSON object"),
         ("gpu.policies:sdpa_efficient_policy", '{"head_dim": 80}', "--policy: head_dim"),
-        ("gpu.policies:nothing_here", "{}", "--policy: cannot import"),
+        ("gpu.policies:nothing_here", "{}", "--policy: 'gpu.policies:nothing_here' is not registered"),
     ],
 )
 def test_bad_policy_arguments_are_named(policy, args, message, capsys):

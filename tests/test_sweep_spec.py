@@ -67,7 +67,10 @@ BAD = [
     (dict(seeds=[1, 1]), "seeds[1]: 1 is listed twice"),
     (dict(seeds=[]), "seeds: expected at least one value"),
     (dict(policies=["fp64", "nope"]), "policies[1]: unknown policy 'nope'; accepted: "),
-    (dict(policies=[{"target": "flashsim.presets:NOTHING"}]), "policies[0]: cannot import"),
+    (
+        dict(policies=[{"target": "flashsim.presets:NOTHING"}]),
+        "policies[0]: 'flashsim.presets:NOTHING' is not registered",
+    ),
     (dict(softmaxes=["standard", "bogus"]), "softmaxes[1]: unknown softmax variant 'bogus'; accepted: standard"),
     (dict(softmaxes=[{"name": "stabilised", "beta": -1}]), "softmaxes[0]: stabilised: beta:"),
     (dict(n_keys=[0]), "n_keys[0]: expected an integer >= 1"),

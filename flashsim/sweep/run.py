@@ -23,10 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..console import folder_lock, physical_memory
 from .engines import DEFAULT_CONFIRM, EMULATOR, ConfirmationError, EngineError, RowEngine, usable_engine
-from .spec import Cell, Group, SpecError, SweepSpec, describe
+from .spec import Cell, Group, SpecError, SweepSpec, describe, estimate
 from .store import Store, open_store
 from .work import Task, compute_task
+
+#: a sweep estimated to take longer than this (seconds) says how long before it starts
+LONG_SECONDS = 60.0
 
 
 class MismatchError(SpecError):
@@ -217,7 +221,32 @@ def run_sweep(
     if workers is not None and (isinstance(workers, bool) or not isinstance(workers, int) or workers < 1):
         raise SpecError(f"--workers: expected an integer >= 1, got {workers!r}")
     say = say or ((lambda _m: None) if quiet else (lambda m: print(m, file=sys.stderr, flush=True)))
-    store = open_store(out, spec, spec_text)
+    est = estimate(spec, workers or (os.cpu_count() or 1) if scheduler is None and client is None else 1)
+    memory = physical_memory()
+    if memory is not None and est.plan_bytes > memory // 2:
+        raise SpecError(
+            f"rows: {spec.rows} rows a cell in chunks of {spec.chunk_rows} make {est}, more than half this "
+            f"machine's memory; lower rows or raise chunk_rows"
+        )
+    if est.seconds > LONG_SECONDS:
+        say(f"flashsim sweep {spec.name}: {est}")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    with folder_lock(out, "--out", f"flashsim sweep {spec.name}"):  # one run at a time writes a sweep's folder
+        return _run(spec, open_store(out, spec, spec_text), eng, confirm, say, quiet, scheduler, workers, client)
+
+
+def _run(
+    spec: SweepSpec,
+    store: Store,
+    eng: RowEngine,
+    confirm: int,
+    say: Callable[[str], None],
+    quiet: bool,
+    scheduler: str | None,
+    workers: int | None,
+    client,
+) -> SweepResult:
+    """:func:`run_sweep`'s work, in its locked output folder."""
     todo = plan(spec, store, eng, confirm)
     say(f"flashsim sweep {spec.name}: {describe(spec)}; {todo.done_before} finished before, in {store.root}")
     for line in describe_routing(eng, todo.routing, confirm):
@@ -238,7 +267,7 @@ def run_sweep(
     lease = _lease(client, eng) if any(t.engine_cells for t in todo.tasks) else None
     startup = time.perf_counter() - t0
     n_workers = len(client.scheduler_info().get("workers", {}))
-    say(f"flashsim sweep {spec.name}: dashboard {dashboard} ({n_workers} workers, {len(todo.tasks)} tasks)")
+    say(f"flashsim sweep {spec.name}: {len(todo.tasks)} tasks on {n_workers} workers; dashboard {dashboard}")
     groups = {g.id: i for i, g in enumerate(spec.groups())}
     pending: dict[str, set[int]] = {}
     for t in todo.tasks:

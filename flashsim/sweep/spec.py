@@ -45,6 +45,12 @@ DEFAULTS = {
 REQUIRED = ("rows", "seeds", "policies", "families")
 KEYS = ("name", *REQUIRED, *DEFAULTS)
 POLICY_OWN = "policy"  # block_n: the policy's own tile width
+# The scale of a sweep, roughly, on one worker (one core) of a 2-core machine: cell-rows a second at 128 keys and
+# head dimension 64 (time grows with keys x head dimension); bytes a task holds in the client and the scheduler;
+# bytes of one row of keys a task holds per key and dimension (inputs, FP64 reference, intermediates).
+CELL_ROWS_PER_SECOND = 250.0
+TASK_BYTES = 8 << 10
+ROW_BYTES_PER_KEY_DIM = 200
 
 
 class SpecError(InputError):
@@ -356,6 +362,73 @@ def _block_n(value, path: str) -> int | None:
     return value
 
 
+def _check_row_size(chunk_rows: int, n_keys: Sequence[int], head_dim: Sequence[int]) -> None:
+    """Refuse, before any row is made, keys and chunks whose rows cannot fit in this machine's memory."""
+    from ..console import physical_memory
+
+    memory = physical_memory()
+    if memory is None:
+        return
+    for i, n in enumerate(n_keys):
+        for d in head_dim:
+            row = n * d * ROW_BYTES_PER_KEY_DIM
+            if row > memory // 2:
+                raise _fail(
+                    f"n_keys[{i}]",
+                    f"a row of {n} keys at head_dim = {d} needs about {_size(row)}, more than half this machine's "
+                    f"{_size(memory)}",
+                )
+            if chunk_rows * row > memory // 2:
+                raise _fail(
+                    "chunk_rows",
+                    f"{chunk_rows} rows a task of {n} keys at head_dim = {d} need about {_size(chunk_rows * row)}, "
+                    f"more than half this machine's {_size(memory)}; take fewer rows a task",
+                )
+
+
+def _size(n: float) -> str:
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "bytes" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A sweep's scale, roughly: its tasks, cell-rows, the seconds on ``workers`` workers and the bytes its plan
+    holds in the client and the scheduler (constants measured on a 2-core machine: :data:`CELL_ROWS_PER_SECOND`,
+    :data:`TASK_BYTES`)."""
+
+    tasks: int
+    cell_rows: int
+    seconds: float
+    plan_bytes: int
+    workers: int
+
+    def __str__(self) -> str:
+        s = self.seconds
+        when = f"{s:.0f} s" if s < 120 else f"{s / 60:.0f} min" if s < 7200 else f"{s / 3600:.1f} h"
+        if s >= 2 * 86400:
+            when = f"{s / 86400:.0f} days" if s < 2 * 365 * 86400 else f"{s / (365 * 86400):.2g} years"
+        return (
+            f"{self.tasks} tasks, {self.cell_rows} cell-rows: roughly {when} on {self.workers} worker(s) and "
+            f"{_size(self.plan_bytes)} for the plan"
+        )
+
+
+def estimate(spec: SweepSpec, workers: int = 1) -> Estimate:
+    """How long ``spec`` takes on ``workers`` one-core workers and how much memory its plan needs, roughly; from
+    the grid's sizes alone, so that a sweep too large for the machine is refused before any work."""
+    n_groups = len(spec.families) * len(spec.seeds) * len(spec.n_keys) * len(spec.head_dim) * len(spec.formats)
+    per_group = len(spec.policies) * len(spec.block_n) * len(spec.softmaxes)  # cells, before merging equal tiles
+    tasks = n_groups * -(-spec.rows // spec.chunk_rows)
+    work = sum(n * d for n in spec.n_keys for d in spec.head_dim) / (len(spec.n_keys) * len(spec.head_dim))
+    cell_rows = n_groups * per_group * spec.rows
+    seconds = cell_rows * (work / (128 * 64)) / CELL_ROWS_PER_SECOND / max(1, workers)
+    return Estimate(tasks, cell_rows, seconds, tasks * TASK_BYTES, max(1, workers))
+
+
 def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = False) -> SweepSpec:
     """A :class:`SweepSpec` from the TOML file's table, every key checked; a :class:`SpecError` naming the key path
     otherwise (``source`` prefixes no message: the CLI adds the file's name).  ``allow_import``: modules whose
@@ -371,8 +444,11 @@ def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = Fal
         raise _fail(missing[0], "required (a sweep needs rows, seeds, policies and [[families]])")
     data = {**DEFAULTS, **data}
     name = data.get("name", Path(source).stem)
-    if not isinstance(name, str):
-        raise _fail("name", f"expected a string, got {name!r}")
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\\0:"):
+        raise _fail(
+            "name",
+            f"expected a folder name (it names ./sweeps/NAME; no '/', '\\', ':' and not '.' or '..'), got {name!r}",
+        )
     rows = _int(data["rows"], "rows", 1)
     chunk = _int(data["chunk_rows"], "chunk_rows", 1)
     seeds = tuple(_int(s, f"seeds[{i}]", 0) for i, s in enumerate(_list(data["seeds"], "seeds")))
@@ -394,6 +470,7 @@ def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = Fal
                 raise _fail(f"{what}[{i}]", f"{lab!r} is listed twice{hint}")
     if len({(f.name, f.params_json) for f in families}) != len(families):
         raise _fail("families", "the same family with the same parameters is listed twice")
+    _check_row_size(chunk, n_keys, head_dim)
     for i, fam in enumerate(families):
         for n, d in itertools.product(n_keys, head_dim):
             _try_family(fam, f"families[{i}]", n, d, seeds[0])
@@ -459,7 +536,9 @@ __all__ = [
     "SoftmaxEntry",
     "SpecError",
     "SweepSpec",
+    "Estimate",
     "describe",
+    "estimate",
     "load_spec",
     "parse_spec",
 ]

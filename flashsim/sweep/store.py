@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..console import LOCK_FILE
 from .spec import Cell, Group, SpecError, SweepSpec
 from .work import CONFIRMED_COLUMN, ENGINE_COLUMN, ROW_COLUMNS
 
@@ -229,7 +230,7 @@ def open_store(out: str | Path, spec: SweepSpec, spec_text: str | None = None) -
                 f"--out: {root} holds the results of a different sweep ({_first_difference(old, spec.normalised)}); "
                 "resume it with the same spec, or choose another --out"
             )
-    elif root.exists() and any(root.iterdir()):
+    elif root.exists() and any(p.name != LOCK_FILE for p in root.iterdir()):
         raise SpecError(f"--out: {root} is not empty and holds no sweep (no spec.json); choose an empty or new folder")
     root.mkdir(parents=True, exist_ok=True)
     if not stored.exists():

@@ -31,6 +31,7 @@ from .policy import (
     get_policy,
     policy_names,
     register_policy,
+    register_policy_function,
 )
 from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN, QIU_YAO
 from .softmax import (
@@ -80,6 +81,7 @@ __all__ = [
     "get_policy",
     "policy_names",
     "register_policy",
+    "register_policy_function",
     "FunctionModel",
     "function_names",
     "get_function",

@@ -1,4 +1,6 @@
-"""Shared test configuration: the hypothesis profile, and the GPU kernels compiled ahead in the background."""
+"""Shared test configuration: the hypothesis profile, the GPU kernels compiled ahead in the background, and the list
+of test files that skipped for want of torch or Triton (``LOWPREC_SKIPPED_FILES``: .ci/run runs them again once it
+has installed both)."""
 
 import os
 import sys
@@ -49,3 +51,29 @@ def pytest_sessionfinish(session, exitstatus) -> None:
                 proc.wait(timeout=10)
             except Exception:  # noqa: BLE001 - a process that will not stop is killed
                 proc.kill()
+
+
+#: skip reasons that say a test needs torch or Triton (the ``gpu`` extra)
+_NEEDS_GPU_STACK = ("torch", "triton")
+_skipped_files: set[str] = set()
+
+
+def _note_skip(report) -> None:
+    if os.environ.get("LOWPREC_SKIPPED_FILES") and report.skipped and isinstance(report.longrepr, tuple):
+        if any(word in str(report.longrepr[2]).lower() for word in _NEEDS_GPU_STACK):
+            _skipped_files.add(report.nodeid.split("::")[0])
+
+
+def pytest_runtest_logreport(report) -> None:
+    _note_skip(report)
+
+
+def pytest_collectreport(report) -> None:
+    _note_skip(report)
+
+
+def pytest_unconfigure(config) -> None:
+    path = os.environ.get("LOWPREC_SKIPPED_FILES")
+    if path and _skipped_files:
+        with open(path, "a") as f:
+            f.writelines(f"{name}\n" for name in sorted(_skipped_files))

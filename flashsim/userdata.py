@@ -12,8 +12,15 @@ Every problem raises :class:`InputError` naming the argument (``--data``, ``--q`
 
 from __future__ import annotations
 
+import ast
+import math
+import re
+import struct
+import zipfile
 from pathlib import Path
+from typing import BinaryIO
 
+import ml_dtypes
 import numpy as np
 
 from emufloat.formats import as_format, format_of_dtype
@@ -43,51 +50,151 @@ def raw_dtype(input_format: str | None, arg: str = "--input-format") -> np.dtype
     return np.dtype(fmt.dtype)
 
 
+# ml_dtypes' integer types are numpy dtypes of kind 'V', like its floats: refused as integers, not read as raw bytes
+_ML_INT_TYPES = tuple(
+    getattr(ml_dtypes, n) for n in ("int1", "int2", "int4", "uint1", "uint2", "uint4") if hasattr(ml_dtypes, n)
+)
+
+
+def is_raw_bytes(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is untyped bytes (numpy's void, what ``np.save`` leaves of an ml_dtypes array) rather
+    than a real type: ml_dtypes' bfloat16 and most float8/6/4 dtypes have kind 'V' too, but their own type."""
+    return dtype.type is np.void and dtype.names is None and dtype.subdtype is None
+
+
+def _format_name(dtype: np.dtype) -> str:
+    fmt = format_of_dtype(dtype)
+    return f"{fmt.name} ({dtype})" if fmt is not None and fmt.name != str(dtype) else str(dtype)
+
+
 def as_float(x: object, arg: str, name: str, raw: np.dtype | None = None) -> np.ndarray:
-    """``x`` (numpy, ml_dtypes or torch) as a float array of the same bits, or an InputError."""
+    """``x`` (numpy, ml_dtypes or torch) as a float array of the same bits, or an InputError.
+
+    Raw bytes take the format ``raw`` names (``--input-format``; without it 2-byte raw is bfloat16); a typed
+    array keeps its own, and is refused when ``raw`` names another: reinterpreting typed bits is never right."""
     try:
         x = to_numpy(x, name)
     except TypeError as exc:
         raise InputError(f"{arg}: {exc}") from None
     arr = np.asarray(x)
-    if arr.dtype.kind == "V" and not arr.dtype.names:  # ml_dtypes values saved by np.save lose their dtype
-        if raw is not None and raw.itemsize == arr.dtype.itemsize:
+    dtype = arr.dtype
+    if is_raw_bytes(dtype):  # ml_dtypes values saved by np.save lose their dtype
+        if raw is not None and raw.itemsize == dtype.itemsize:
             return arr.view(raw)
-        if raw is None and arr.dtype.itemsize == 2:
-            import ml_dtypes
-
+        if raw is not None:
+            raise InputError(
+                f"--input-format: {name} in {arg} holds raw {dtype.itemsize}-byte values, but --input-format "
+                f"{_format_name(raw)} is a {raw.itemsize}-byte format"
+            )
+        if dtype.itemsize == 2:
             return arr.view(ml_dtypes.bfloat16)
         raise InputError(
-            f"{arg}: {name} holds raw {arr.dtype.itemsize}-byte values (an ml_dtypes array saved with "
-            f"np.save loses its type); name their format with --input-format (1-byte: "
+            f"{arg}: {name} holds raw {dtype.itemsize}-byte values (an ml_dtypes array saved with "
+            f"np.save/np.savez loses its type); name their format with --input-format (1-byte: "
             f"{', '.join(RAW_1BYTE_FORMATS)})"
         )
-    if arr.dtype.kind in "iub":
+    if dtype.kind in "iub" or dtype.type in _ML_INT_TYPES:
         raise InputError(
-            f"{arg}: {name} holds {arr.dtype} values; flashsim takes floating-point arrays (numpy, "
+            f"{arg}: {name} holds {dtype} values; flashsim takes floating-point arrays (numpy, "
             "ml_dtypes or torch floats), as its API does: convert them first, e.g. x.astype(np.float32)"
         )
-    if format_of_dtype(arr.dtype) is None:
+    fmt = format_of_dtype(dtype) if dtype.names is None else None
+    if fmt is None:
         raise InputError(
-            f"{arg}: {name} has dtype {arr.dtype}; expected a real floating-point array (float16/32/64, "
+            f"{arg}: {name} has dtype {dtype}; expected a real floating-point array (float16/32/64, "
             "an ml_dtypes float such as bfloat16 or float8_e4m3fn, or a torch float tensor)"
+        )
+    if raw is not None and fmt != format_of_dtype(raw):
+        raise InputError(
+            f"--input-format: {name} in {arg} is a typed {_format_name(dtype)} array, not raw bytes, and "
+            f"--input-format {_format_name(raw)} differs; --input-format only names the format of arrays "
+            "saved as raw bytes: drop it (a typed array keeps its format)"
         )
     return arr
 
 
-def _read_npz(path: Path, arg: str) -> dict[str, np.ndarray]:
+_NPY_HEADER_MAX = 10000  # numpy's own limit on the header of a file it does not trust
+_NPY_LENGTH = {(1, 0): ("<H", "latin1"), (2, 0): ("<I", "latin1"), (3, 0): ("<I", "utf8")}
+
+
+def _unknown_float_width(descr: object) -> int | None:
+    """The width of a descr numpy has no dtype for but ml_dtypes writes (``'<f1'``: float8_e5m2), or None."""
+    if not isinstance(descr, str):
+        return None
+    m = re.fullmatch(r"[<>|=]?f(\d+)", descr)
+    if m is None:
+        return None
     try:
-        with np.load(path, allow_pickle=False) as z:
-            return {key: z[key] for key in z.files}
+        np.dtype(descr)
+    except TypeError:
+        return int(m.group(1))
+    return None
+
+
+def _raw_npy_header(fp: BinaryIO) -> tuple[tuple[int, ...], bool, int] | None:
+    """(shape, fortran_order, width) of a .npy header whose descr is a float numpy cannot build, with ``fp``
+    then at the data; None for every other header (numpy's reader takes those, and reports what is wrong)."""
+    try:
+        version = np.lib.format.read_magic(fp)
+        length_type, encoding = _NPY_LENGTH[version]
+        size = struct.calcsize(length_type)
+        (length,) = struct.unpack(length_type, fp.read(size))
+        if length > _NPY_HEADER_MAX:
+            return None
+        header = ast.literal_eval(fp.read(length).decode(encoding))  # literals only: never runs code
+    except (ValueError, KeyError, SyntaxError, struct.error, UnicodeDecodeError, MemoryError, RecursionError):
+        return None
+    if not (isinstance(header, dict) and header.keys() == {"descr", "fortran_order", "shape"}):
+        return None
+    shape, fortran = header["shape"], header["fortran_order"]
+    width = _unknown_float_width(header["descr"])
+    if width is None or not isinstance(fortran, bool) or not isinstance(shape, tuple):
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return None
+    return shape, fortran, width
+
+
+def read_npy(fp: BinaryIO) -> np.ndarray:
+    """One array from an open, seekable .npy stream, never unpickling: numpy's reader with
+    ``allow_pickle=False``, except that a descr numpy has no dtype for (``'<f1'``, what ``np.save`` writes for
+    ml_dtypes' float8_e5m2) comes back as raw bytes of its width, for ``--input-format`` to name."""
+    start = fp.tell()
+    found = _raw_npy_header(fp)
+    if found is None:
+        fp.seek(start)
+        return np.lib.format.read_array(fp, allow_pickle=False)
+    shape, fortran, width = found
+    count = math.prod(shape)
+    data = fp.read(count * width)
+    if len(data) != count * width:
+        raise ValueError(f"the file holds {len(data)} data bytes; its header says {shape} x {width} bytes")
+    arr = np.frombuffer(bytearray(data), dtype=np.dtype(f"V{width}"))
+    return arr.reshape(shape[::-1]).T if fortran else arr.reshape(shape)
+
+
+def _read_npz(path: Path, arg: str, names: tuple[str, ...]) -> tuple[list[str], dict[str, np.ndarray]]:
+    """(every array name in the file, the arrays of ``names`` present, matched case-insensitively)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            members = {info.filename.removesuffix(".npy"): info for info in z.infolist() if not info.is_dir()}
+            keys = {key.lower(): key for key in members}
+            arrays = {}
+            for n in names:
+                if n in keys:
+                    with z.open(members[keys[n]]) as fp:
+                        arrays[n] = read_npy(fp)
     except Exception as exc:  # noqa: BLE001 - a parser of untrusted files fails in many ways: each means a bad file
         raise InputError(
             f"{arg}: cannot read {path} as .npz ({type(exc).__name__}: {exc}); expected a file written by numpy.savez"
         ) from None
+    return list(members), arrays
 
 
 def _read_npy(path: Path, arg: str) -> np.ndarray:
     try:
-        return np.load(path, allow_pickle=False)
+        with open(path, "rb") as fp:
+            return read_npy(fp)
     except Exception as exc:  # noqa: BLE001 - as for .npz
         raise InputError(
             f"{arg}: cannot read {path} as .npy ({type(exc).__name__}: {exc}); expected a file written "
@@ -129,17 +236,16 @@ def load_named(
     path, suffix = _file(name, arg, (".npz", ".npy", ".pt", ".pth"))
     names = wanted + optional
     if suffix == ".npz":
-        z = _read_npz(path, arg)
-        keys = {key.lower(): key for key in z}
-        missing = [n for n in wanted if n not in keys]
+        files, z = _read_npz(path, arg, names)
+        missing = [n for n in wanted if n not in z]
         if missing:
             raise InputError(
                 f"{arg}: {path.name} lacks array(s) {', '.join(missing)}; it has "
-                f"{', '.join(z) or 'none'} (expected {', '.join(wanted)}"
+                f"{', '.join(files) or 'none'} (expected {', '.join(wanted)}"
                 + (f", optionally {', '.join(optional)}" if optional else "")
                 + ")"
             )
-        return {n: as_float(z[keys[n]], arg, n, raw) for n in names if n in keys}
+        return {n: as_float(z[n], arg, n, raw) for n in names if n in z}
     obj = _read_npy(path, arg) if suffix == ".npy" else _read_pt(path, arg)
     if isinstance(obj, dict):
         keys = {str(key).lower(): key for key in obj}
@@ -241,9 +347,11 @@ __all__ = [
     "RAW_1BYTE_FORMATS",
     "as_float",
     "check_attention_shapes",
+    "is_raw_bytes",
     "load_named",
     "load_one",
     "load_qkv",
     "pick_head",
     "raw_dtype",
+    "read_npy",
 ]

@@ -102,6 +102,15 @@ class ErrorBudget:
     normaliser: Bias
     products: Bias
     errors: dict[str, np.ndarray] = field(repr=False, default_factory=dict)  # the per-element errors
+    l: float = math.nan  # the run's final row sum
+    weight_sum: float = math.nan  # the exact sum of the weights its P V applied (what l should be)
+
+    @property
+    def l_rel_error(self) -> float:
+        """l / weight_sum - 1: how far the run's l is off the weights it divides (the normaliser part's cause)."""
+        if not (math.isfinite(self.l) and math.isfinite(self.weight_sum)) or self.weight_sum == 0:
+            return math.nan
+        return self.l / self.weight_sum - 1.0
 
     def parts(self) -> dict[str, Bias]:
         return {"total": self.total, "weights": self.weights, "normaliser": self.normaliser, "products": self.products}
@@ -158,7 +167,7 @@ def error_budget(run: RowStepper, ref: RowStepper, row: int | None = None) -> Er
         o_l = num / l_run
     parts = {"total": o - o_ref, "weights": o_w - o_ref, "normaliser": o_l - o_w, "products": o - o_l}
     u = _ulps(run, o_ref)
-    return ErrorBudget(**{k: bias(e, u) for k, e in parts.items()}, errors=parts)
+    return ErrorBudget(**{k: bias(e, u) for k, e in parts.items()}, errors=parts, l=l_run, weight_sum=wsum)
 
 
 # ---- the fingerprint: P == 1 products rounded away from zero ----------------------------------------
@@ -188,6 +197,8 @@ class POneRounding:
     control_mean_ulps: float
     op: str  # which pv events: 'cast' (the stored result) or 'dot_step' (tensor-core steps)
     rounding: str = ""  # the rounding of those events
+    mean_p: float = math.nan  # z-test of "the P == 1 blocks' mean error (ulps) is 0"
+    diff_p: float = math.nan  # Welch z-test of "their mean error equals the other blocks'" (NaN: a side is empty)
 
     @property
     def frac_away(self) -> float:
@@ -239,7 +250,30 @@ def p_one_rounding(
         return int(n(sel)), int(n(sel & inexact)), int(n(sel & away)), int(n(sel & half)), mean
 
     rounding = next((c[2] for c in tr.calls if c[0] == op and c[4] == "pv"), "")
-    return POneRounding(min_ones, tuple(blocks), *stats(hit), *stats(ctl), op, rounding)
+    u_hit, u_ctl = ulps[hit], ulps[ctl]
+    u_hit, u_ctl = u_hit[np.isfinite(u_hit)], u_ctl[np.isfinite(u_ctl)]
+    return POneRounding(
+        min_ones,
+        tuple(blocks),
+        *stats(hit),
+        *stats(ctl),
+        op,
+        rounding,
+        mean_test(u_hit) if u_hit.size >= 2 else math.nan,
+        _welch_p(u_hit, u_ctl),
+    )
+
+
+def _welch_p(a: np.ndarray, b: np.ndarray) -> float:
+    """Two-sided p-value of "a and b have the same mean" (Welch's statistic, normal approximation); NaN with
+    fewer than two values on a side."""
+    if a.size < 2 or b.size < 2:
+        return math.nan
+    se = math.sqrt(float(np.var(a, ddof=1)) / a.size + float(np.var(b, ddof=1)) / b.size)
+    diff = float(np.mean(a)) - float(np.mean(b))
+    if se == 0.0:
+        return 1.0 if diff == 0.0 else 0.0
+    return math.erfc(abs(diff) / se / math.sqrt(2.0))
 
 
 __all__ = ["Bias", "ErrorBudget", "POneRounding", "bias", "error_budget", "p_one_rounding", "reference_run"]

@@ -35,16 +35,30 @@ class StepError:
     tie_sticky: int  # events with TIE and STICKY set (the paper's would-be ties)
     mean_ulps: float = math.nan  # mean signed error in ulps of each event's result format
     nonfinite: int = 0  # events whose error is NaN or infinite (a non-finite result): not in the means
+    # of ``nonfinite``, those computed exactly on a -inf the algorithm sets (expected_nonfinite: no rounding)
+    expected_nonfinite: int = 0
+
+    @property
+    def unexpected_nonfinite(self) -> int:
+        """Non-finite errors that no -inf of the algorithm explains: an overflow, or a NaN or infinite input."""
+        return self.nonfinite - self.expected_nonfinite
 
     def to_dict(self) -> dict:
         return jsonable(dataclasses.asdict(self))
 
 
-def step_error(trace: Trace, idx: np.ndarray, label: str, ulps: np.ndarray) -> StepError:
-    """The statistics of the events ``idx`` (indices into the trace) of one step."""
+def step_error(
+    trace: Trace, idx: np.ndarray, label: str, ulps: np.ndarray, expected: np.ndarray | None = None
+) -> StepError:
+    """The statistics of the events ``idx`` (indices into the trace) of one step.
+
+    ``expected``: per event of the trace, True where a non-finite error is expected
+    (:func:`expected_nonfinite`); those are still counted in :attr:`StepError.nonfinite`.
+    """
     s = trace.summary(idx)
     err = trace.error[idx]
-    fin = err[np.isfinite(err)]
+    ok = np.isfinite(err)
+    fin = err[ok]
     flags = trace.flags[idx]
     tie_sticky = np.uint16(Flag.TIE | Flag.STICKY)
     ts = int(np.count_nonzero((flags & tie_sticky) == tie_sticky))
@@ -66,6 +80,7 @@ def step_error(trace: Trace, idx: np.ndarray, label: str, ulps: np.ndarray) -> S
         ts,
         float(np.mean(u)) if u.size else nan,
         int(err.size - fin.size),
+        0 if expected is None else int(np.count_nonzero(expected[idx] & ~ok)),
     )
 
 
@@ -102,11 +117,64 @@ def step_of_events(run: RowStepper) -> np.ndarray:
     return step_of_call[tr.call]
 
 
-def _by_label(labels: np.ndarray, idx: np.ndarray, trace: Trace, ulps: np.ndarray) -> list[StepError]:
+def _by_label(
+    labels: np.ndarray, idx: np.ndarray, trace: Trace, ulps: np.ndarray, expected: np.ndarray | None = None
+) -> list[StepError]:
     """One StepError per label among the events ``idx``, in pipeline order."""
     present = set(labels[idx])
     order = [lab for lab in TRACE_LABELS if lab in present] + sorted(present - set(TRACE_LABELS))
-    return [step_error(trace, idx[labels[idx] == lab], lab, ulps) for lab in order]
+    return [step_error(trace, idx[labels[idx] == lab], lab, ulps, expected) for lab in order]
+
+
+def steps_before_any_key(run: RowStepper, row: int | None = None) -> list[int]:
+    """The processing indices of the K/V steps the row enters with its running max m = -inf (no key seen
+    yet): the first step, and any after steps where every key of the row was masked."""
+    run = finished(run)
+    _row, i = row_position(run, row)
+    out, m = [], -math.inf
+    for st in run.steps:
+        if m == -math.inf:
+            out.append(st.index)
+        m = float(np.ravel(arith.f64(st.m[i]))[0])
+    return out
+
+
+def expected_nonfinite(run: RowStepper, row: int | None = None) -> np.ndarray:
+    """Per event of the run's trace: True where the error is non-finite only because the event computes,
+    exactly, on a -inf that the algorithm itself sets.
+
+    Two such -inf: the running max before the row has seen a key (m_old = -inf, so alpha = exp(m_old - m)
+    = exp(-inf) = 0 at the first K/V step), and a masked score.  Such an event's exact value and result are
+    the same -inf, nothing is rounded, but rounded - exact is inf - inf = NaN.  Every other non-finite error
+    (an overflow, a NaN or infinite input, a -inf the mask does not explain) stays unexpected.
+    """
+    run = finished(run)
+    row, i = row_position(run, row)
+    tr = run.trace
+    if tr is None or len(tr) == 0:
+        return np.zeros(0 if tr is None else len(tr), bool)
+    labels, pos = event_rows(run)
+    ci = int(np.flatnonzero(np.asarray(run.computed_rows) == row)[0])  # the row among the trace's rows
+    with np.errstate(invalid="ignore"):
+        on_inf = (pos == ci) & ~np.isfinite(tr.error) & (tr.exact == -np.inf) & (tr.rounded == -np.inf)
+    out = np.zeros(len(tr), bool)
+    if not on_inf.any():
+        return out
+    step = step_of_events(run)
+    first = steps_before_any_key(run, row)
+    out |= on_inf & (labels == "alpha") & np.isin(step, first)
+    calls = tr.calls
+    for e in np.flatnonzero(on_inf & ~out & (step >= 0)):
+        st = run.steps[int(step[e])]
+        if st.visible is None:
+            continue
+        shape = calls[int(tr.call[e])][3]
+        n = len(st.keys)
+        if len(shape) == 2 and shape[1] == n:  # one event per (row, key) of the block
+            out[e] = not st.visible[i, int(tr.index[e]) % n]
+        elif len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):  # one per row: all its keys masked
+            out[e] = not st.visible[i].any()
+    return out
 
 
 def step_errors(
@@ -125,7 +193,7 @@ def step_errors(
     if calls is not None:
         mask &= (run.trace.call >= calls.start) & (run.trace.call < calls.stop)
     ulps = event_ulps(run.trace) if ulps is None else ulps
-    return _by_label(labels, np.flatnonzero(mask), run.trace, ulps)
+    return _by_label(labels, np.flatnonzero(mask), run.trace, ulps, expected_nonfinite(run, _row))
 
 
 def event_ulps(trace: Trace) -> np.ndarray:
@@ -264,10 +332,12 @@ __all__ = [
     "count_nonfinite",
     "event_rows",
     "event_ulps",
+    "expected_nonfinite",
     "input_nonfinite",
     "output_nonfinite",
     "refuse_nonfinite",
     "step_error",
     "step_errors",
     "step_of_events",
+    "steps_before_any_key",
 ]

@@ -7,22 +7,37 @@ optional extra ``plot``; :func:`have_matplotlib` says whether it is there).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import textwrap
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from ..attention import LOG2E
 from ..policy import TRACE_LABELS
 from ..specs import is_native
-from .bias import Bias
-from .errors import StepError
+from .bias import Bias, POneRounding
+from .common import jsonable
+from .errors import StepError, steps_before_any_key
 from .row import RowAnalysis
 
 SIGNIFICANCE = 0.01  # the level at which a lean is called significant in the verdict
+# A part of the error budget carries O's lean when it leans itself, the same way, with at least this share of
+# O's mean error; with no lean in O, a part's lean is mentioned when its mean is at least this share of O's
+# mean |error| (smaller ones are there, but move O by nothing a reader would see).
+CARRY_SHARE = 0.25  # of O's mean error
+NOTEWORTHY = 0.1  # of O's mean |error|
 WIDTH = 110  # text wrapped at this width
 PLOT_FILES = ("cumulative_error.png", "block_error.png", "step_error.png")
+PRODUCT_STEPS = ("pv_acc", "pv", "rescale", "o_accum", "normalize", "output")  # the products part's trace labels
+PARTS = {  # the parts of the error budget (flashsim.analysis.bias.ErrorBudget), as the report names them
+    "weights": "the weights (scores .. P cast)",
+    "normaliser": "the normaliser l (row_sum)",
+    "products": "the products (P V .. output)",
+}
 
 
 def fmt_p(p: float) -> str:
@@ -88,7 +103,9 @@ def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
 
 
 def nonfinite_lines(analyses: Sequence[RowAnalysis]) -> list[str]:
-    """What is NaN or infinite, per variant (inputs once): the first thing a report says."""
+    """What is NaN or infinite, per variant (inputs once): the first thing a report says.  Then the rounding
+    events whose error is non-finite for any reason but the expected -inf of a masked score or of the running
+    max before the first K/V block (:func:`flashsim.analysis.errors.expected_nonfinite`)."""
     seen, out = set(), []
     for a in analyses:
         for f in a.nonfinite:
@@ -99,17 +116,237 @@ def nonfinite_lines(analyses: Sequence[RowAnalysis]) -> list[str]:
             if key:
                 seen.add(key)
             out.append(("input " if is_input else f"{a.softmax}: ") + f.describe())
+    for a in analyses:
+        bad = [(s.label, s.unexpected_nonfinite) for s in a.steps if s.unexpected_nonfinite]
+        if bad:
+            out.append(
+                f"{a.softmax}: {sum(n for _, n in bad)} rounding event(s) with a NaN or infinite error that no "
+                "masked score or first K/V block explains: "
+                + ", ".join(f"{lab} {n}" for lab, n in bad)
+                + " (section 4)"
+            )
     return out
 
 
-def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
-    """A few sentences per variant: how large O's error is, whether its products part leans, and where."""
-    out = []
+def _direction(b: Bias, alpha: float = SIGNIFICANCE) -> int:
+    """-1 or +1 where ``b`` leans significantly (the z-test's sign first, then the sign test's), else 0."""
+    if b.n < 2:
+        return 0
+    if b.mean_p < alpha:
+        return -1 if b.mean_error < 0 else 1
+    if b.sign_p < alpha:
+        return -1 if b.negative > b.positive else 1
+    return 0
 
-    def size(b: Bias) -> str:
-        if b.n == 0:
-            return "nothing (no finite error)"
-        return f"{b.mean_error:+.3g}" + (f" ({b.mean_ulps:+.3f} ulp)" if not math.isnan(b.mean_ulps) else "")
+
+@dataclass(frozen=True)
+class Where:
+    """Where O's lean sits in the error budget (total = weights + normaliser + products), for one variant.
+
+    ``direction``: -1 or +1 when O - O_fp64 leans significantly (either test), else 0.  ``shares``: each
+    part's mean error over O's.  ``carriers``: the parts that carry the lean, largest share first: each leans
+    itself (either test) the same way and has at least :data:`CARRY_SHARE` of O's mean error.  ``noteworthy``:
+    with no lean in O, the parts that lean with a mean of at least :data:`NOTEWORTHY` of O's mean |error|.
+    ``blocks``: only when the products part carries the lean, the K/V blocks with P = 1 at >= 2 keys whose
+    P V results lean that way and more than the other blocks' (the repeated-maxima mechanism);
+    ``tied_blocks``: all blocks with P = 1 at >= 2 keys, whether or not they carry anything.  ``steps``: when
+    the products part carries the lean and no such block does, the steps of the products part whose own
+    rounding errors lean that way (section 4 of the report: a pointer, not a split of O's error).
+    """
+
+    softmax: str
+    direction: int
+    shares: dict[str, float]
+    part_direction: dict[str, int]
+    carriers: tuple[str, ...]
+    noteworthy: tuple[str, ...]
+    tied_blocks: tuple[int, ...]
+    blocks: tuple[int, ...]
+    steps: tuple[str, ...] = ()
+
+    @property
+    def leans(self) -> bool:
+        return self.direction != 0
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["leans"] = self.leans
+        return jsonable(d)
+
+
+def tied_blocks_carry(f: POneRounding, direction: int, alpha: float = SIGNIFICANCE) -> bool:
+    """Whether the P V results of the blocks with P = 1 at >= 2 keys lean ``direction`` (their mean error in
+    ulps, z-test) and more so than the other blocks' (Welch's test; skipped when there is no other block)."""
+    if not f.events or direction == 0 or not f.mean_p < alpha or math.copysign(1, f.mean_ulps) != direction:
+        return False
+    if not f.control_events:
+        return True
+    return f.diff_p < alpha and (f.mean_ulps - f.control_mean_ulps) * direction > 0
+
+
+def where(a: RowAnalysis, alpha: float = SIGNIFICANCE) -> Where:
+    """Which part of O's error budget carries its lean (see :class:`Where`), by the statistics the report shows:
+    each part's sign test, z-test, the sign of its mean and its share of O's mean error."""
+    parts = a.budget.parts()
+    t = parts.pop("total")
+    direction = _direction(t, alpha)
+    shares = {
+        k: (b.mean_error / t.mean_error if t.n and b.n and t.mean_error != 0 else math.nan) for k, b in parts.items()
+    }
+    part_dir = {k: _direction(b, alpha) for k, b in parts.items()}
+    carriers: tuple[str, ...] = ()
+    noteworthy: tuple[str, ...] = ()
+    if direction:
+        carriers = tuple(
+            sorted(
+                (k for k in parts if part_dir[k] == direction and shares[k] >= CARRY_SHARE),
+                key=lambda k: -shares[k],
+            )
+        )
+    elif t.n:
+        noteworthy = tuple(k for k, b in parts.items() if part_dir[k] and abs(b.mean_error) >= NOTEWORTHY * t.mean_abs)
+    f = a.p_one
+    blocks = tuple(f.blocks) if "products" in carriers and tied_blocks_carry(f, direction, alpha) else ()
+    steps: tuple[str, ...] = ()
+    if "products" in carriers and not blocks:
+        steps = tuple(
+            st.label
+            for st in a.steps
+            if st.label in PRODUCT_STEPS
+            and st.positive + st.negative >= 2
+            and (st.sign_p < alpha or st.mean_p < alpha)
+            and math.copysign(1, st.mean_error) == direction
+        )
+    return Where(a.softmax, direction, shares, part_dir, carriers, noteworthy, tuple(f.blocks), blocks, steps)
+
+
+def _size(b: Bias) -> str:
+    if b.n == 0:
+        return "nothing (no finite error)"
+    return f"{b.mean_error:+.3g}" + (f" ({b.mean_ulps:+.3f} ulp)" if not math.isnan(b.mean_ulps) else "")
+
+
+def _share(x: float) -> str:
+    """A share as a whole percentage ('-' when undefined; a tiny negative one as 0%, not -0%)."""
+    return "-" if math.isnan(x) else f"{x if round(x * 100) else 0.0:.0%}"
+
+
+def _where_text(a: RowAnalysis, w: Where) -> str:
+    """The Where: sentence(s) of the verdict for one variant."""
+    parts = a.budget.parts()
+    t = parts["total"]
+    f = a.p_one
+    name = {k: v.split(" (")[0] for k, v in PARTS.items()}  # 'the normaliser l', ...
+
+    def part(k: str) -> str:
+        b = parts[k]
+        return f"{name[k]} part: {_size(b)}, {_share(w.shares[k])} of O's mean error, {lean(b)}"
+
+    def shared(k: str) -> str:
+        """Why a part made of roundings shared by the whole row leans, and what its p-values mean."""
+        why = "roundings of P"
+        rel = a.budget.l_rel_error
+        if k == "normaliser" and not math.isnan(rel):
+            why = (
+                f"the run's l = {a.budget.l:.9g} is {'below' if rel < 0 else 'above'} the sum of the weights its "
+                f"P V applied ({a.budget.weight_sum:.9g}) by {abs(rel):.3g} relative, one factor"
+            )
+        elif k == "normaliser":
+            why = "one factor 1/l"
+        return f"{why} shared by every element of the row: a lean of this row, its p-values no test across rows"
+
+    def tied() -> str:
+        ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
+        return (
+            f"{f.half_ulp} of their {f.events} P V results are would-be ties ({f.half_ulp / f.events:.0%}; other "
+            f"blocks {ctl}), mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)}"
+            + (f", difference p = {fmt_p(f.diff_p)}" if not math.isnan(f.diff_p) else "")
+            + ")"
+        )
+
+    if not w.leans:
+        text = f"Where: nothing to place, O's error does not lean significantly at {SIGNIFICANCE:g}"
+        if w.noteworthy:
+            others = [k for k in PARTS if k not in w.noteworthy]
+            return (
+                text
+                + ", but a part of it does and the others offset it: "
+                + "; ".join(f"{name[k]} part {_size(parts[k])}, {lean(parts[k])}" for k in w.noteworthy)
+                + "; against "
+                + ", ".join(f"{name[k]} part {_size(parts[k])}" for k in others)
+                + "."
+            )
+        small = [k for k in PARTS if w.part_direction[k] and k != "products"]  # products: the next sentence
+        return (
+            text + f", nor does any part of it with a mean of {NOTEWORTHY:.0%} of O's mean |error| ({t.mean_abs:.3g}) "
+            "or more"
+            + (
+                " ("
+                + "; ".join(
+                    f"{name[k]} part: {parts[k].negative} < 0, {parts[k].positive} > 0, but {_size(parts[k])}"
+                    for k in small
+                )
+                + ")"
+                if small
+                else ""
+            )
+            + "."
+        )
+    if not w.carriers:
+        return (
+            "Where: no single part carries it (none leans itself that way with "
+            f">= {CARRY_SHARE:.0%} of O's mean error): "
+            + "; ".join(f"{name[k]} part {_size(parts[k])}, {_share(w.shares[k])}, {lean(parts[k])}" for k in PARTS)
+            + "."
+        )
+
+    def products_where() -> str:
+        """Where in the products part: the tied K/V blocks, or failing them the leaning steps."""
+        if w.blocks:
+            return f"; it arises in K/V block(s) {list(w.blocks)}, which have P = 1 at >= 2 keys: {tied()}"
+        text = ""
+        if w.tied_blocks and not f.events:
+            text = (
+                f"; K/V block(s) {list(w.tied_blocks)} have P = 1 at >= 2 keys, but no rounding event of their P V "
+                "results is traced to tell whether it arises there (section 3)"
+            )
+        elif w.tied_blocks:
+            ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
+            text = (
+                f"; not in K/V block(s) {list(w.tied_blocks)} where P = 1 at >= 2 keys, whose P V results lean no "
+                f"more than the other blocks': mean error {_ulp(f.mean_ulps)} ulp vs {_ulp(f.control_mean_ulps)}"
+                + (f" (difference p = {fmt_p(f.diff_p)})" if not math.isnan(f.diff_p) else "")
+                + f", would-be ties {f.half_ulp / f.events:.0%} vs {ctl}"
+            )
+        by = {st.label: st for st in a.steps}
+        if not w.steps:
+            return text + "; no step of the products part leans that way by itself (section 4)"
+        return (
+            text
+            + "; steps of the products part whose own roundings lean that way (section 4): "
+            + ", ".join(
+                f"{lab} (mean {_ulp(by[lab].mean_ulps)} ulp, sign p = {fmt_p(by[lab].sign_p)}, "
+                f"z p = {fmt_p(by[lab].mean_p)})"
+                for lab in w.steps
+            )
+        )
+
+    text = "Where: carried by " + "; and by ".join(
+        part(k) + (products_where() if k == "products" else f"; {shared(k)}") for k in w.carriers
+    )
+    if "products" not in w.carriers and w.tied_blocks:
+        text += (
+            f". K/V block(s) {list(w.tied_blocks)} have P = 1 at >= 2 keys, but the lean is not in the products "
+            "part, so not in their P V results"
+        )
+    return text + "."
+
+
+def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
+    """A few sentences per variant: how large O's error is, whether it leans, which part of the error budget
+    carries the lean (:func:`where`) and, for the products part, in which K/V block; and whether the products
+    part (the only one made of independent roundings) leans."""
+    out = []
 
     def excluded(b: Bias) -> str:
         return f" over {b.n} element(s), {b.excluded} non-finite excluded" if b.excluded else ""
@@ -122,18 +359,10 @@ def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
                 "element(s) (see NON-FINITE VALUES above)."
             )
             continue
-        line = (
-            f"{a.softmax}: O - O_fp64 averages {size(t)} per element{excluded(t)}: {lean(t)}. Its products "
-            f"part (P V .. output, independent roundings) averages {size(b)}: {lean(b)}."
-        )
-        f = a.p_one
-        if f.events:
-            ctl = f"{f.control_half_ulp / f.control_events:.0%}" if f.control_events else "-"
-            line += (
-                f" Where: K/V block(s) {list(f.blocks)} have P = 1 at >= 2 keys; {f.half_ulp} of their "
-                f"{f.events} P V results are would-be ties ({f.half_ulp / f.events:.0%}; other blocks {ctl}), "
-                f"mean error {_ulp(f.mean_ulps)} ulp (other blocks {_ulp(f.control_mean_ulps)})."
-            )
+        w = where(a)
+        line = f"{a.softmax}: O - O_fp64 averages {_size(t)} per element{excluded(t)}: {lean(t)}. {_where_text(a, w)}"
+        if "products" not in w.carriers:
+            line += f" Its products part (P V .. output, independent roundings) averages {_size(b)}: {lean(b)}."
         out.append(line)
     std = next((a for a in analyses if a.softmax == "standard"), None)
     if std is not None and std.budget.products.n and std.budget.products.mean_p < SIGNIFICANCE:
@@ -210,6 +439,7 @@ def format_report(
     ]
     rows = []
     out_fmt = run.policy.output.fmt.name
+    wheres = [where(a) for a in analyses]
     for part, label in (
         ("total", "O - O_fp64"),
         ("weights", "  from the weights (scores .. P cast)"),
@@ -224,6 +454,15 @@ def format_report(
                 *[f"{b.mean_ulps:+.3f}" if not math.isnan(b.mean_ulps) else "-" for b in bs],
             ]
         )
+        if part != "total":
+            rows.append(["    share of O's mean error", *[_share(w.shares[part]) for w in wheres]])
+        if part == "normaliser":
+            rows.append(
+                [
+                    "    l / sum of the weights - 1",
+                    *[_e(a.budget.l_rel_error) for a in analyses],
+                ]
+            )
         rows.append(["    errors < 0 / > 0", *[f"{b.negative} / {b.positive}" for b in bs]])
         if any(b.excluded for b in bs):
             rows.append(["    non-finite, excluded", *[str(b.excluded) for b in bs]])
@@ -232,7 +471,9 @@ def format_report(
     L += textwrap.wrap(
         "total = weights + normaliser + products, exactly.  Only the products part is a sum of independent "
         "per-element roundings; the other two come from roundings of P or l shared by every element of the "
-        "row, so their p-values over one row's elements do not measure a lean across rows.",
+        "row, so their p-values over one row's elements do not measure a lean across rows.  The summary's "
+        "'Where:' names the part that carries O's lean: one that leans itself (either test), the same way, "
+        f"with at least {CARRY_SHARE:.0%} of O's mean error.",
         WIDTH,
         initial_indent="  ",
         subsequent_indent="  ",
@@ -259,8 +500,10 @@ def format_report(
                     _pct(f.away, f.inexact),
                     _pct(f.half_ulp, f.events),
                     _ulp(f.mean_ulps),
+                    fmt_p(f.mean_p),
                     f"{_pct(f.control_away, f.control_inexact)}, {_pct(f.control_half_ulp, f.control_events)}, "
                     f"{_ulp(f.control_mean_ulps)}",
+                    fmt_p(f.diff_p),
                 ]
             )
         L += _table(
@@ -271,39 +514,53 @@ def format_report(
                 "away from 0",
                 "would-be ties",
                 "mean ulp",
+                "z p",
                 "other blocks: away, ties, mean ulp",
+                "diff p",
             ],
             rows,
         )
-        L.append(
-            f"  ({a0.p_one.op} events, {a0.p_one.rounding}; would-be tie: exact result within 1/32 ulp of a "
-            "midpoint, ~6% of random roundings)"
+        L += textwrap.wrap(
+            f"({a0.p_one.op} events, {a0.p_one.rounding}; would-be tie: exact result within 1/32 ulp of a "
+            "midpoint, ~6% of random roundings; z p: z-test of their mean error = 0; diff p: Welch z-test of "
+            "their mean error = the other blocks'.  These blocks are where O's lean arises only when the "
+            "products part carries it and their mean error leans its way, more than the other blocks')",
+            WIDTH,
+            initial_indent="  ",
+            subsequent_indent="   ",
         )
 
     for a in analyses:
         L += ["", f"4. Rounding error per step, row {a.row}, {a.softmax} (trace events of this row)"]
         L += _step_table(a.steps) if a.steps else ["  (no trace events: FP64 steps record nothing)"]
+        L += _step_notes(a)
 
     L += ["", "5. Per K/V block (processing order): P = 1 count, the block's P V rounding, O so far vs FP64"]
+    m_units, m_held = _m_units(run)
     rows = []
     for i, b0 in enumerate(a0.blocks):
         cells = [str(b0.index), f"{b0.block} [{b0.keys[0]},{b0.keys[1]})"]
         for a in analyses:
             b = a.blocks[i]
             pv = "-" if b.pv is None else f"{_e(b.pv.mean_error)} {b.pv.frac_away:.0%}"
-            cells += [
-                str(b.p_one),
-                f"{b.m:.6g}",
-                pv,
-                _e(b.out_error) + (f" [{b.out_nonfinite} NaN/inf]" if b.out_nonfinite else ""),
-            ]
+            nan = ""
+            if b.out_nonfinite:
+                nan = f" [{b.out_nonfinite} NaN/inf" + (": no key yet, 0/0]" if b.m == -math.inf else "]")
+            cells += [str(b.p_one), f"{b.m / m_units:.6g}", pv, _e(b.out_error) + nan]
         rows.append(cells)
     head = ["step", "block [keys)"]
     for n in names:
         s = n[:4]
         head += [f"{s} P=1", f"{s} m", f"{s} pv err, away", f"{s} O err"]
     L += _table(head, rows)
-    L.append("  O err: mean over elements of acc/l after the block minus the FP64 run's (shift invariant)")
+    L += textwrap.wrap(
+        "m: the running max (the variant's shift where it moves it) after the block, in the units of section 1 "
+        f"(scaled scores, natural log){'; the policy holds it ' + m_held if m_held else ''}.  O err: mean over "
+        "elements of acc/l after the block minus the FP64 run's (shift invariant).",
+        WIDTH,
+        initial_indent="  ",
+        subsequent_indent="  ",
+    )
 
     if plots:
         L += ["", "Plots"]
@@ -311,25 +568,45 @@ def format_report(
     return "\n".join(L)
 
 
+def _m_units(run) -> tuple[float, str]:
+    """(units of the policy's m per natural-log unit of the scaled scores, how the policy holds m ('' when in
+    those units)): raw q.k where the scale is applied in the exp (FA2), x log2 e for an exp2 pipeline."""
+    if run.policy.scale.where == "exp":
+        return 1.0 / run.sm_scale, f"as a raw score q.k (x {1.0 / run.sm_scale:.6g})"
+    if run.policy.exp_base == "2":
+        return LOG2E, "in log2 units (x log2 e)"
+    return 1.0, ""
+
+
+def _nonfinite_cell(s: StepError) -> str:
+    if not s.expected_nonfinite:
+        return str(s.nonfinite)
+    if s.expected_nonfinite == s.nonfinite:
+        return f"{s.nonfinite} expected"
+    return f"{s.nonfinite} ({s.unexpected_nonfinite} unexpected)"
+
+
 def _step_table(steps: Sequence[StepError]) -> list[str]:
     nonfinite = any(s.nonfinite for s in steps)
-    rows = [
-        [
-            s.label,
-            str(s.events),
-            str(s.inexact),
-            *([str(s.nonfinite)] if nonfinite else []),
-            _e(s.mean_error),
-            "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}",
-            _e(s.sum_error),
-            _e(s.max_abs, False),
-            f"{s.frac_away:.0%}" if s.inexact else "-",
-            str(s.tie_sticky),
-            fmt_p(s.sign_p),
-            fmt_p(s.mean_p),
-        ]
-        for s in steps
-    ]
+    rows = []
+    for s in steps:
+        tested = s.positive + s.negative > 0  # every result exact: no error to test, no p-value
+        rows.append(
+            [
+                s.label,
+                str(s.events),
+                str(s.inexact),
+                *([_nonfinite_cell(s)] if nonfinite else []),
+                _e(s.mean_error),
+                "-" if math.isnan(s.mean_ulps) else f"{s.mean_ulps:+.4f}",
+                _e(s.sum_error),
+                _e(s.max_abs, False),
+                f"{s.frac_away:.0%}" if s.inexact else "-",
+                str(s.tie_sticky),
+                fmt_p(s.sign_p) if tested else "-",
+                fmt_p(s.mean_p) if tested else "-",
+            ]
+        )
     return _table(
         [
             "step",
@@ -349,6 +626,43 @@ def _step_table(steps: Sequence[StepError]) -> list[str]:
     )
 
 
+def _step_notes(a: RowAnalysis) -> list[str]:
+    """What the per-step table's non-finite and '-' cells mean, for the steps that have them."""
+    notes = []
+    if any(s.nonfinite for s in a.steps):
+        notes.append(
+            "non-finite: events whose error is NaN or infinite, left out of the step's means and tests "
+            "(those are over the rest)."
+        )
+    expected = [s for s in a.steps if s.expected_nonfinite]
+    if expected:
+        first = [b for b in a.blocks if b.index in steps_before_any_key(a.run, a.row)]
+        where_ = ", ".join(f"step {b.index} (block {b.block})" for b in first) or "the first K/V step"
+        kinds = []
+        if any(s.label == "alpha" for s in expected):
+            kinds.append(
+                f"alpha = exp(m_old - m) at {where_}, where the running max m_old is still -inf (no key seen "
+                "yet), so alpha = exp(-inf) = 0"
+            )
+        masked = [s.label for s in expected if s.label != "alpha"]
+        if masked:
+            kinds.append(f"{', '.join(masked)} on masked scores (-inf)")
+        notes.append(
+            "expected: exact arithmetic on a -inf the algorithm sets, nothing rounded (result and exact value "
+            "both -inf, so rounded - exact = inf - inf = NaN): " + "; ".join(kinds) + "."
+        )
+    if any(s.unexpected_nonfinite for s in a.steps):
+        notes.append(
+            "unexpected: anything else (an overflow, a NaN or infinite input); also listed under NON-FINITE VALUES."
+        )
+    if any(s.events and not s.positive + s.negative for s in a.steps):
+        notes.append("sign p, z p '-': every result of the step is exact (or non-finite): nothing to test.")
+    out: list[str] = []
+    for n in notes:
+        out += textwrap.wrap(n, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    return out
+
+
 def describe_variant(variant) -> str:
     """'standard', 'stabilised (beta=2, eps=0.001)': the name and the parameters of a dataclass variant."""
     import dataclasses
@@ -360,13 +674,19 @@ def describe_variant(variant) -> str:
 
 
 def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> dict:
-    """Everything in the report, as plain JSON-ready values."""
+    """Everything in the report, as plain JSON-ready values: ``where`` per variant is the decision behind the
+    summary's 'Where:' (:class:`Where`, with the run's l and the sum of the weights it divides)."""
     return {
         "tool": "flashsim trace-row",
         "nonfinite": nonfinite_lines(analyses),
         **(meta or {}),
         "significance": SIGNIFICANCE,
+        "carry_share": CARRY_SHARE,
         "verdict": verdict(analyses),
+        "where": [
+            {**where(a).to_dict(), "l": jsonable(a.budget.l), "weight_sum": jsonable(a.budget.weight_sum)}
+            for a in analyses
+        ],
         "analyses": [a.to_dict() for a in analyses],
     }
 
@@ -486,7 +806,11 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
             text = (
                 "no events"
                 if st is None or not st.events
-                else (f"n={st.events}" + (f"\n{st.nonfinite} non-finite" if st.nonfinite else ""))
+                else (
+                    f"n={st.events}"
+                    + (f"\n{st.unexpected_nonfinite} non-finite" if st.unexpected_nonfinite else "")
+                    + (f"\n{st.expected_nonfinite} -inf, expected" if st.expected_nonfinite else "")
+                )
             )
             ax1.annotate(
                 text,
@@ -522,13 +846,19 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
 
 
 __all__ = [
+    "CARRY_SHARE",
+    "PARTS",
     "PLOT_FILES",
+    "PRODUCT_STEPS",
     "SIGNIFICANCE",
+    "Where",
     "format_report",
     "have_matplotlib",
     "lean",
     "nonfinite_lines",
     "report_dict",
+    "tied_blocks_carry",
     "verdict",
+    "where",
     "write_plots",
 ]

@@ -127,7 +127,8 @@ def analyse_run(
         order = np.argsort(step, kind="stable")
         idx, step = idx[order], step[order]
         starts = np.flatnonzero(np.r_[True, np.diff(step) != 0]) if idx.size else np.empty(0, np.int64)
-        for part, s0 in zip(np.split(idx, starts[1:]), step[starts], strict=True):
+        parts = np.split(idx, starts[1:]) if idx.size else []  # no P V events (not traced): no part
+        for part, s0 in zip(parts, step[starts], strict=True):
             if s0 >= 0:
                 pv_of_step[int(s0)] = step_error(run.trace, part, "pv", ulps)
     for st, st_ref in zip(run.steps, ref.steps, strict=True):

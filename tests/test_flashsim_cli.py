@@ -52,7 +52,8 @@ def test_trace_row_without_arguments(tmp_path, monkeypatch, capsys):
     # the total does not lean by either test; the products part leans by the sign test only, and says so
     assert "no lean significant at 0.01 by either test" in stab_summary
     assert "leans positive by the sign test (18 < 0, 46 > 0), not by the z-test" in stab_summary
-    assert "Where: K/V block(s) [2] have P = 1 at >= 2 keys" in summary
+    assert "Where: carried by the products part" in summary
+    assert "it arises in K/V block(s) [2], which have P = 1 at >= 2 keys" in summary
     rep = json.loads((folder / "report.json").read_text())
     std, stab = rep["analyses"]
     assert (std["softmax"], stab["softmax"]) == ("standard", "stabilised")

@@ -3,5 +3,11 @@ softmax), calibration probes, and the cross-check of emufloat/flashsim against t
 
 ``gpu.flash`` and ``gpu.kernels`` need torch and triton (the ``gpu`` extra); ``gpu.crosscheck.cases``,
 ``gpu.configs`` and ``gpu.crosscheck`` need only numpy and the emulator, so the CPU test suite checks the
-recorded GPU results with them.
+recorded GPU results with them.  Importing gpu compares the installed torch, Triton and CUDA with what the
+modelled kernels were calibrated on (:mod:`gpu.versions`) and warns once (:class:`gpu.versions.CalibrationWarning`)
+where a kernel that can run here was calibrated on another version.
 """
+
+from .versions import warn_once as _warn_once
+
+_warn_once()

@@ -74,8 +74,12 @@ DELTA_BLOCK = 64
 
 
 def fwd_config(dtype: str, head_dim: int, causal: bool) -> Config:
-    """The forward kernel's default tiles for inputs of ``dtype`` ('bf16', 'fp16' or 'e4m3')."""
+    """The forward kernel's default tiles for inputs of ``dtype`` ('bf16', 'fp16' or 'e4m3'); a ValueError naming
+    ``head_dim`` for a head dim the tables have no tiles for."""
     key = (head_dim, bool(causal))
+    if key not in FWD_CONFIGS:
+        heads = sorted({h for h, _ in FWD_CONFIGS})
+        raise ValueError(f"head_dim: the forward kernels' tiles are tabled for head dims {heads}, got {head_dim!r}")
     return FP8_FWD_CONFIGS.get(key, FWD_CONFIGS[key]) if dtype == "e4m3" else FWD_CONFIGS[key]
 
 

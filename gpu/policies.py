@@ -15,6 +15,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import numbers
+
+import numpy as np
 
 import emufloat as ef
 from emufloat import BF16, E4M3FN, FP16, FP32
@@ -38,6 +41,7 @@ from flashsim.specs import (
 )
 
 from .configs import BWD_CONFIGS, Config, fwd_config
+from .versions import CALIBRATED_ON, calibration_mismatch  # what each kernel's policy was calibrated on
 
 #: input dtype name -> the format of q, k, v and P
 KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
@@ -55,6 +59,19 @@ def kernel_format(dtype: str) -> ef.Format:
 def kernel_output_format(dtype: str) -> ef.Format:
     """The format the kernels write O (and gradients) in: BF16 for the FP8 forward, else the input format."""
     return BF16 if dtype == "e4m3" else kernel_format(dtype)
+
+
+def _positive_int(value: object, name: str) -> int:
+    """``value`` as an int >= 1, or a ValueError naming ``name`` (a launch's sizes: keys, heads, SMs)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def _flag(value: object, name: str) -> None:
+    """A ValueError naming ``name`` unless ``value`` is True or False (a string such as 'no' would be true)."""
+    if not isinstance(value, (bool, np.bool_)) and not (isinstance(value, numbers.Integral) and value in (0, 1)):
+        raise ValueError(f"{name}: expected True or False, got {value!r}")
 
 
 @register_policy_function
@@ -84,6 +101,14 @@ def triton_policy(
     (``h100.WGMMA_FP8_PROMOTED``), not accumulated by the FP8 tensor cores (13 bits, truncated).
     """
     fmt, out = kernel_format(dtype), kernel_output_format(dtype)
+    if (
+        isinstance(num_warps, bool)
+        or not isinstance(num_warps, numbers.Integral)
+        or not 1 <= num_warps <= 16
+        or (num_warps & (num_warps - 1))
+    ):
+        raise ValueError(f"num_warps: expected a power of two from 1 to 16, got {num_warps!r}")
+    _flag(promote_pv, "promote_pv")
     if promote_pv and fmt != E4M3FN:
         raise ValueError(f"promote_pv: only for dtype 'e4m3' (FP8 tensor cores), got dtype {dtype!r}")
     model, gfmt = WGMMA_OF[fmt], out  # the backward's products are in O's format (no FP8 backward)
@@ -152,35 +177,6 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     )
 
 
-#: what each model of another party's kernel was calibrated on: policy name prefix -> package -> version
-#: prefix (torch's and Triton's own ``__version__``); all on Hopper (H100, H200; sm_90)
-CALIBRATED_ON = {
-    "sdpa_flash": {"torch": "2.11."},
-    "sdpa_efficient": {"torch": "2.11."},
-    "sdpa_cudnn": {"torch": "2.11."},
-    "triton_tutorial": {"triton": "3.6."},
-    "qiu_yao": {"torch": "2.11."},
-}
-
-
-def calibration_mismatch(policy_name: str, versions: dict[str, str]) -> str | None:
-    """Why a match claimed under ``policy_name`` may not hold with these package ``versions`` ({"torch":
-    torch.__version__, ...}), or None (also for policies not in :data:`CALIBRATED_ON`)."""
-    for prefix, want in CALIBRATED_ON.items():
-        if policy_name.startswith(prefix):
-            off = [
-                f"{pkg} {versions.get(pkg)} (calibrated on {v}x)"
-                for pkg, v in want.items()
-                if not str(versions.get(pkg, "")).startswith(v)
-            ]
-            if off:
-                return (
-                    f"policy {policy_name!r} models the kernel as built in {', '.join(off)}; another build "
-                    "can compute other bits (re-record and re-check: docs/model-your-kernel.md)"
-                )
-    return None
-
-
 #: FlashAttention-2's forward tiles on the H100 and H200 (PyTorch's flash_fwd_launch_template.h, not sm8x): head dim
 #: -> (BLOCK_M, BLOCK_N) of the standard kernel; the split-KV kernel uses 64-row blocks and SPLIT_BLOCK_N keys
 FA2_TILES = {32: (128, 128), 64: (128, 128), 96: (128, 64), 128: (128, 64)}
@@ -241,6 +237,8 @@ def sdpa_flash_policy(
     """
     if head_dim not in FA2_BWD_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
+    for arg, value in (("n_q", n_q), ("n_k", n_k), ("batch_heads", batch_heads), ("num_sms", num_sms)):
+        _positive_int(value, arg)
     fmt = _sdpa_format(dtype)
     model = WGMMA_OF[fmt]
     splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, num_sms)
@@ -325,6 +323,10 @@ def sdpa_efficient_policy(
         raise ValueError(
             f"head_dim: the kernel's tiles are tabled here for {sorted(EFFICIENT_TILES)}, got {head_dim!r}"
         )
+    if n_k is not None:
+        _positive_int(n_k, "n_k")
+    _positive_int(batch_heads, "batch_heads")
+    _flag(deterministic, "deterministic")
     fmt = _sdpa_format(dtype)
     model = MMA_K8_OF[fmt]
     bm, bn = EFFICIENT_TILES[head_dim]
@@ -375,6 +377,8 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
     P = ``ex2.approx.ftz((S * sm_scale - LSE) * log2 e)``, dS = P (dP - delta) * sm_scale and the Q blocks in
     order (bf16: dV 99.99%, dK 99.7%, dQ 99.3% of elements; fp16 dQ and dK 94-97%).
     """
+    if head_dim not in FA2_BWD_TILES:
+        raise ValueError(f"head_dim: the cuDNN model is calibrated for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
     flash = sdpa_flash_policy(dtype, head_dim)  # its steps but eight, no split
     return dataclasses.replace(
         flash,
@@ -404,7 +408,21 @@ def kernel_policy_args(
 ) -> dict:
     """Keyword arguments of :func:`triton_policy` for our kernels launched with these configs (defaults: the
     tables of :mod:`gpu.configs`) and ``promote_pv`` (None: the dtype's default, :func:`default_promote_pv`;
-    named only when True, so that the references runs saved before it existed keep their meaning)."""
+    named only when True, so that the references runs saved before it existed keep their meaning).  Bad
+    arguments raise a ValueError naming the argument and what it accepts."""
+    kernel_format(dtype)
+    _flag(causal, "causal")
+    for arg, cfg in (("fwd", fwd), ("bwd", bwd)):
+        if cfg is not None and not isinstance(cfg, Config):
+            raise ValueError(f"{arg}: expected a gpu.configs.Config or None (the default tiles), got {cfg!r}")
+    if promote_pv is not None:
+        _flag(promote_pv, "promote_pv")
+    if bwd is None and (
+        isinstance(head_dim, bool) or not isinstance(head_dim, numbers.Integral) or head_dim not in BWD_CONFIGS
+    ):
+        raise ValueError(
+            f"head_dim: our kernels' tiles are tabled for head dims {sorted(BWD_CONFIGS)}, got {head_dim!r}"
+        )
     f = fwd or fwd_config(dtype, head_dim, causal)
     b = bwd or BWD_CONFIGS[head_dim]
     args = dict(

@@ -41,11 +41,11 @@ from .policies import (
     EFFICIENT_TILES,
     FA2_BWD_TILES,
     KERNEL_FORMATS,
-    calibration_mismatch,
     kernel_policy,
     sdpa_efficient_policy,
     sdpa_flash_policy,
 )
+from .versions import calibration_mismatch, torch_cuda
 
 #: the launches the engine runs: our Triton forward and PyTorch SDPA's backends
 KERNELS = ("triton", "sdpa_flash", "sdpa_efficient")
@@ -146,7 +146,7 @@ def plan_cell(cell: Cell) -> KernelPlan | str:
     if cell.softmax.variant() != StandardSoftmax():
         return f"softmax {cell.softmax.label}: SDPA has the standard softmax only"
     torch_version = _installed("torch")
-    if calibration_mismatch(model.name, {"torch": torch_version}):
+    if calibration_mismatch(model.name, {"torch": torch_version, "cuda": torch_cuda()}):
         return (
             f"{plan.kernel}: modelled on another torch build than the {torch_version} here (gpu.policies.CALIBRATED_ON)"
         )
@@ -197,17 +197,19 @@ class GpuEngine(RowEngine):
     local_slots: int | None = 2
 
     def unavailable(self) -> str | None:
+        """Everything the engine misses here (torch; Triton; a CUDA device), or None."""
         try:
             import torch
         except ImportError:
             return "torch is not installed (pip install 'lowprec-attention[gpu]')"
+        why = []
         if importlib.util.find_spec("triton") is None:
-            return "triton is not installed (pip install 'lowprec-attention[gpu]')"
+            why.append("triton is not installed (pip install 'lowprec-attention[gpu]')")
         if not torch.cuda.is_available():
-            return "torch sees no CUDA device"
-        if self.device >= torch.cuda.device_count():
-            return f"no CUDA device {self.device} (torch sees {torch.cuda.device_count()})"
-        return None
+            why.append("torch sees no CUDA device")
+        elif self.device >= torch.cuda.device_count():
+            why.append(f"no CUDA device {self.device} (torch sees {torch.cuda.device_count()})")
+        return "; ".join(why) or None
 
     def why_not(self, cell: Cell) -> str | None:
         found = plan_cell(cell)

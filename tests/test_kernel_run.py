@@ -62,13 +62,14 @@ def test_a_model_used_on_another_build_warns():
     """sdpa_flash_policy was calibrated on torch 2.11: a run on another torch says so (this machine's torch is
     the CPU build the project installs, 2.13); the fa2 style carries no such claim."""
     from gpu.policies import calibration_mismatch, sdpa_flash_policy
+    from gpu.versions import CalibrationWarning
 
     x = make_inputs("random", 16, 16, 64, "bf16", seed=7)
     pol = sdpa_flash_policy("bf16", 64, 16, 16)
     expected = calibration_mismatch(pol.name, {"torch": torch.__version__})
     if expected is None:
         pytest.skip("this torch is the calibrated one")
-    with pytest.warns(UserWarning, match="calibrated on 2.11"):
+    with pytest.warns(CalibrationWarning, match="calibrated on 2.11"):
         kernel_run(emulated_kernel(pol), x["q"], x["k"], x["v"], policy=pol, device="cpu")
     assert calibration_mismatch("fa2", {"torch": torch.__version__}) is None
     assert calibration_mismatch(pol.name, {"torch": "2.11.0+cu130"}) is None

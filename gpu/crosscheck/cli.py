@@ -6,21 +6,25 @@ or live on this machine's GPU.
     python -m gpu.crosscheck --live --save DIR   # run the kernels on this GPU (debug intermediates on)
     python -m gpu.crosscheck --live --data qkv.npz --softmax robust --causal
     python -m gpu.crosscheck --live --kernel sdpa:flash --policy fa2   # another kernel against a policy
+    python -m gpu.crosscheck --live --kernel mykernels:attn --allow-import mykernels --policy fa2
 
 Each run is checked by :func:`flashsim.crosscheck.crosscheck`; exit status 1 when some run is not
-bit-identical, 2 for a bad argument.  Only ``--live`` needs torch, Triton and a GPU.
+bit-identical, 2 for a bad argument (an option of the other mode included: :data:`LIVE_ONLY`,
+:data:`RECORDED_ONLY`).  Only ``--live`` needs torch, Triton and a GPU.  A ``module:function`` that
+``--kernel`` or ``--policy`` names is imported only when ``--allow-import`` names its module
+(:mod:`flashsim.trust`); registered kernels (``sdpa:BACKEND``) and policies need none.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from flashsim import trust
 from flashsim.console import ArgumentParser, UsageError, progress, run_command, writable_dir
 from flashsim.crosscheck import crosscheck, save_run
 from flashsim.policy import PolicyRef
@@ -43,8 +47,18 @@ def _live_data(path: str) -> dict[str, np.ndarray]:
     return arrs
 
 
-def _kernel(spec: str):
-    """The callable a --kernel names: 'sdpa:BACKEND' or 'module:function'."""
+def _allow_import(args: argparse.Namespace) -> tuple[str, ...]:
+    """The modules ``--allow-import`` names (checked): those a ``module:function`` of --kernel or --policy may
+    import."""
+    try:
+        allowed = trust.allowed_modules(args.allow_import or (), "--allow-import")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return allowed if isinstance(allowed, tuple) else ()
+
+
+def _kernel(spec: str, allow: tuple[str, ...]):
+    """The callable a --kernel names: 'sdpa:BACKEND', or 'module:function' of a module ``allow`` names."""
     mod, _, attr = spec.partition(":")
     if not mod or not attr:
         raise UsageError(f"--kernel: expected 'sdpa:BACKEND' or 'module:function', got {spec!r}")
@@ -53,36 +67,53 @@ def _kernel(spec: str):
             raise UsageError(f"--kernel: SDPA backends are {', '.join(SDPA_BACKENDS)}, got {attr!r}")
         return sdpa(attr)
     try:
-        fn = getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"--kernel: cannot load {spec!r} ({type(exc).__name__}: {exc})") from None
+        fn = trust.import_target(spec, allow, "--kernel")
+    except ValueError as exc:  # not allowed, not importable, or no such function
+        raise UsageError(str(exc)) from None
+    except Exception as exc:  # noqa: BLE001 - an allowed module of the user's failing as it is imported
+        raise UsageError(f"--kernel: importing {spec!r} failed ({type(exc).__name__}: {exc})") from None
     if not callable(fn):
         raise UsageError(f"--kernel: {spec!r} is not callable")
     return fn
 
 
-def _policy(target: str, kwargs: str) -> PolicyRef:
-    args = json_params(kwargs, "--policy-args")
+def _policy(target: str, kwargs: str | None, allow: tuple[str, ...]) -> PolicyRef:
+    args = json_params(kwargs or "{}", "--policy-args")
+    if args and ":" not in target:
+        raise UsageError(f"--policy-args: only a 'module:function' --policy takes arguments; {target!r} is a name")
     try:
         ref = PolicyRef(target, args)
-        ref.resolve()
-    except ValueError as exc:
+        ref.resolve(allow)
+    except (ValueError, TypeError) as exc:
         raise UsageError(f"--policy: {str(exc).removeprefix('policy: ')}") from None
+    except Exception as exc:  # noqa: BLE001 - an allowed module or policy function of the user's failing
+        raise UsageError(f"--policy: {target!r} failed ({type(exc).__name__}: {exc})") from None
     return ref
 
 
-def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef) -> tuple[list, int]:
+def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef, allow: tuple[str, ...]) -> tuple[list, int]:
     """--kernel: the user's kernel on --data, or on the fresh-input grid, against --policy."""
     if args.data:
         arrs = _live_data(args.data)
-        items = [(arrs, args.dtype, args.causal, Path(args.data).stem)]
+        items = [(arrs, args.dtype, args.causal, args.softmax, Path(args.data).stem)]
     else:
-        items = [(c.inputs(), c.dtype, c.causal, c.key) for c in grid("kernel") if c.n <= args.max_len]
+        items = [(c.inputs(), c.dtype, c.causal, c.softmax, c.key) for c in grid("kernel") if c.n <= args.max_len]
 
     def runs():
-        for x, dtype, causal, note in items:
+        for x, dtype, causal, softmax, note in items:
             try:
-                run = kernel_run(kernel, x["q"], x["k"], x["v"], policy=ref, dtype=dtype, causal=causal, note=note)
+                run = kernel_run(
+                    kernel,
+                    x["q"],
+                    x["k"],
+                    x["v"],
+                    policy=ref,
+                    dtype=dtype,
+                    causal=causal,
+                    softmax=softmax,
+                    note=note,
+                    allow_import=allow,
+                )
             except Exception as exc:  # noqa: BLE001 - the user's kernel failing on an input is reported, not a bug
                 raise UsageError(f"--kernel: {args.kernel} failed on {note} ({type(exc).__name__}: {exc})") from None
             yield run
@@ -90,25 +121,74 @@ def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef) -> tuple[list
     return runs(), len(items)
 
 
-def _main(args: argparse.Namespace) -> int:
-    t0 = time.time()
-    if args.data and not args.live:
-        raise UsageError("--data: only with --live (the recorded cases bring their own inputs)")
-    if args.kernel and not args.live:
-        raise UsageError("--kernel: only with --live (a kernel runs on this machine's GPU)")
+#: options that apply only with --live, and what they need besides (None: --live alone)
+LIVE_ONLY = {
+    "data": None,
+    "dtype": "data",
+    "softmax": "data",
+    "causal": "data",
+    "max_len": None,
+    "kernel": None,
+    "policy": "kernel",
+    "policy_args": "policy",
+    "allow_import": "kernel",
+}
+#: options that apply only without --live
+RECORDED_ONLY = ("folder",)
+#: why each option applies only there
+_WHERE = {
+    "data": "the recorded cases bring their own inputs",
+    "dtype": "the case grid and the recorded cases bring their own dtypes",
+    "softmax": "the case grid and the recorded cases bring their own softmax",
+    "causal": "the case grid and the recorded cases bring their own masking",
+    "max_len": "it bounds the live case grid; --data and the recorded cases bring their own lengths",
+    "kernel": "a kernel runs on this machine's GPU",
+    "policy": "our kernels' policies follow from their launches",
+    "policy_args": "the keyword arguments of a --policy module:function",
+    "allow_import": "what a --kernel or --policy module:function may import; recorded runs name only registered code",
+    "folder": "a device recording is read without --live; give one or the other",
+}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _check_modes(args: argparse.Namespace) -> None:
+    """Refuse, in one line naming it, every option given where it does not apply (before any other check)."""
+    given = {dest for dest in (*LIVE_ONLY, *RECORDED_ONLY) if getattr(args, dest) not in (None, False)}
+    for dest in RECORDED_ONLY:
+        if dest in given and args.live:
+            raise UsageError(f"{_flag(dest)}: {_WHERE[dest]}")
+    for dest, needs in LIVE_ONLY.items():
+        if dest not in given:
+            continue
+        if not args.live:
+            with_what = f" --{needs.replace('_', '-')}" if needs else ""
+            raise UsageError(f"{_flag(dest)}: only with --live{with_what} ({_WHERE[dest]})")
+        if needs and needs not in given:
+            raise UsageError(f"{_flag(dest)}: only with {_flag(needs)} ({_WHERE[dest]})")
     if args.kernel and not args.policy:
         raise UsageError("--kernel: give the --policy it is checked against (a registered name or module:function)")
-    if args.policy and not args.kernel:
-        raise UsageError("--policy: only with --kernel (our kernels' policies follow from their launches)")
-    if args.max_len < 1:
-        raise UsageError(f"--max-len: expected a positive integer, got {args.max_len}")
-    if args.folder and args.live:
-        raise UsageError("--folder: a device recording is read without --live; give one or the other")
+    if args.data and args.max_len is not None:
+        raise UsageError(f"--max-len: not with --data ({_WHERE['max_len']})")
+
+
+def _main(args: argparse.Namespace) -> int:
+    t0 = time.time()
+    _check_modes(args)
+    allow = _allow_import(args)
+    max_len = 512 if args.max_len is None else args.max_len
+    if max_len < 1:
+        raise UsageError(f"--max-len: expected a positive integer, got {max_len}")
+    args.max_len = max_len
+    args.dtype = args.dtype or "bf16"
+    args.softmax = args.softmax or "standard"
     save = writable_dir(args.save, "--save") if args.save else None  # before any work
     if args.live and args.kernel:
-        kernel, ref = _kernel(args.kernel), _policy(args.policy, args.policy_args)  # before any work
+        kernel, ref = _kernel(args.kernel, allow), _policy(args.policy, args.policy_args, allow)  # before any work
         require_gpu("--live")
-        generated, total = _kernel_runs(args, kernel, ref)
+        generated, total = _kernel_runs(args, kernel, ref, allow)
 
         def runs():
             yield from generated
@@ -168,7 +248,7 @@ def _main(args: argparse.Namespace) -> int:
 
     exact = 0
     for n, run in enumerate(progress(runs(), total, "runs", unit="run"), 1):
-        rep = crosscheck(run)
+        rep = crosscheck(run, allow_import=allow)
         exact += rep.identical
         if save is not None:
             save_run(save / f"{run.note or n}.npz", run)
@@ -182,14 +262,18 @@ def build_parser() -> argparse.ArgumentParser:
     ap = ArgumentParser(prog="python -m gpu.crosscheck", description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--live", action="store_true", help="run the kernels on this machine's GPU (needs the gpu extra)")
     ap.add_argument("--data", help="live: an .npz with q, k, v (N, d) or (H, N, d) [and do]; default: the case grid")
-    ap.add_argument("--dtype", default="bf16", choices=("bf16", "fp16"))
-    ap.add_argument("--softmax", default="standard", choices=("standard", "stabilised", "robust", "cast_sum"))
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), help="with --live --data: the inputs' dtype (default bf16)")
+    ap.add_argument(
+        "--softmax",
+        choices=("standard", "stabilised", "robust", "cast_sum"),
+        help="with --live --data: the softmax variant (default standard)",
+    )
     ap.add_argument(
         "--causal",
         action="store_true",
-        help="causal masking (top-left: key j hidden from query i when j > i, as the kernels mask)",
+        help="with --live --data: causal masking (top-left: key j hidden from query i when j > i, as the kernels mask)",
     )
-    ap.add_argument("--max-len", type=int, default=512, help="live grid: longest sequence (default 512)")
+    ap.add_argument("--max-len", type=int, help="live grid (--live without --data): longest sequence (default 512)")
     ap.add_argument("--save", metavar="DIR", help="write every run as DIR/<case>.npz (python -m flashsim crosscheck)")
     ap.add_argument(
         "--folder",
@@ -207,7 +291,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--policy", help="with --kernel: the policy to check it against (a registered name or module:function)"
     )
-    ap.add_argument("--policy-args", default="{}", help="with --policy module:function: its keyword arguments as JSON")
+    ap.add_argument("--policy-args", help="with --policy module:function: its keyword arguments as JSON")
+    ap.add_argument(
+        "--allow-import",
+        action="append",
+        metavar="MODULE",
+        help="with --kernel: a module whose 'module:function' --kernel or --policy may be imported (repeat for "
+        "more); without it only registered kernels (sdpa:BACKEND) and policies resolve",
+    )
     ap.add_argument("--quiet", action="store_true", help="print only runs that are not bit-identical")
     return ap
 

@@ -11,14 +11,17 @@ scaled_dot_product_attention with a chosen backend as such a kernel.  torch is i
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import numpy as np
 
+from flashsim import trust
 from flashsim.crosscheck import KernelRun
-from flashsim.policy import Policy, PolicyRef
+from flashsim.policy import Policy, PolicyRef, get_policy
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
+from ..versions import CalibrationWarning, calibration_mismatch, installed_versions
 from .live import bits_of, on_device
 
 #: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d) and (1, H, N)
@@ -69,16 +72,23 @@ def kernel_run(
     softmax: SoftmaxVariant | str = "standard",
     device: str = "cuda",
     note: str = "",
+    allow_import: trust.AllowImport = False,
 ) -> KernelRun:
     """Run ``kernel`` on heads q, k, v (N, d) or (H, N, d), rounded RNE to ``dtype`` first, and package its O
     (and LSE, where it gives one) as a run to be checked against ``policy`` (a Policy, a PolicyRef or a
-    registered name; the policy's ``lse`` step must give the LSE in the kernel's units)."""
-    import torch
+    registered name; the policy's ``lse`` step must give the LSE in the kernel's units).
 
+    ``allow_import``: modules whose unregistered ``"module:function"`` policy reference may be imported
+    (:mod:`flashsim.trust`; pass the same to :func:`flashsim.crosscheck.crosscheck`).  The arguments, the
+    policy and what ``device`` needs (torch; for 'cuda', a CUDA GPU) are checked before the kernel runs.
+    """
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: expected one of {TORCH_DTYPES}, got {dtype!r}")
     if not callable(kernel):
         raise ValueError(f"kernel: expected a callable kernel(q, k, v, causal, sm_scale), got {type(kernel).__name__}")
+    pol = _resolved(policy, allow_import)
+    variant = get_softmax(softmax)
+    torch = _require_device(device)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     x, rounded = on_device({"q": q, "k": k, "v": v}, tdt, device)
     scale = 1.0 / math.sqrt(rounded["q"].shape[-1]) if sm_scale is None else float(sm_scale)
@@ -88,7 +98,7 @@ def kernel_run(
         raise ValueError(
             f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"
         )
-    _warn_if_uncalibrated(policy)
+    _warn_if_uncalibrated(pol)
     outputs = {"o": bits_of(o[0])}
     if lse is not None:
         if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(x["q"].shape[:-1]):
@@ -103,30 +113,53 @@ def kernel_run(
         dtype=dtype,
         causal=causal,
         sm_scale=scale,
-        softmax=get_softmax(softmax),
+        softmax=variant,
         policy=policy,
         outputs=outputs,
         note=note or getattr(kernel, "__name__", "kernel"),
     )
 
 
-def _warn_if_uncalibrated(policy: Policy | PolicyRef | str) -> None:
-    """A warning when the policy models a kernel of another build than the one installed here."""
-    import importlib.metadata
-    import warnings
+def _resolved(policy: Policy | PolicyRef | str, allow_import: trust.AllowImport) -> Policy:
+    """The Policy ``policy`` names (a ValueError naming ``policy`` when none, or when it would import code that
+    ``allow_import`` does not cover)."""
+    if isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        return get_policy(policy)
+    if isinstance(policy, PolicyRef):
+        return policy.resolve(allow_import)
+    raise ValueError(f"policy: expected a Policy, a PolicyRef or a registered name, got {type(policy).__name__}")
 
-    from ..policies import calibration_mismatch
 
-    versions = {}
-    for pkg in ("torch", "triton"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = "not installed"
-    ref = PolicyRef(policy) if isinstance(policy, str) else policy
-    why = calibration_mismatch(ref.name if isinstance(ref, Policy) else ref.resolve().name, versions)
+def _require_device(device: str):
+    """torch, once it is known to be here and to reach ``device``: an ImportError naming torch where it is
+    missing, a ValueError naming ``device`` where it is no torch device or a CUDA GPU it needs is missing."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(
+            "kernel_run needs torch, which is not installed (pip install 'lowprec-attention[gpu]')"
+        ) from None
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device: expected a torch device such as 'cuda' or 'cpu', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        why = "this torch is a CPU build" if torch.version.cuda is None else "torch finds no NVIDIA driver or GPU"
+        raise ValueError(
+            f"device: {device!r} needs a CUDA GPU, and there is none here ({why}); run on a machine with one, "
+            "or pass device='cpu' for a kernel that runs on the CPU"
+        )
+    return torch
+
+
+def _warn_if_uncalibrated(policy: Policy) -> None:
+    """A :class:`gpu.versions.CalibrationWarning` when the policy models a kernel of another build than the one
+    installed here."""
+    why = calibration_mismatch(policy.name, installed_versions())
     if why:
-        warnings.warn(why, stacklevel=3)
+        warnings.warn(why, CalibrationWarning, stacklevel=3)
 
 
 __all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "sdpa"]

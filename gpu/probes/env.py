@@ -7,6 +7,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 
 
 def _cmd(args: list[str], timeout: float = 30) -> str | None:
@@ -26,11 +27,11 @@ def run(ctx) -> dict:
     import numpy
 
     env["numpy"] = numpy.__version__
-    for mod in ("numba", "ml_dtypes"):
+    for pkg in ("numba", "ml_dtypes"):
         try:
-            env[mod] = __import__(mod).__version__
-        except Exception:  # noqa: BLE001
-            env[mod] = None
+            env[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            env[pkg] = None
     import torch
 
     env["torch"] = torch.__version__

@@ -9,7 +9,6 @@ time limit per probe inside an overall budget; it streams the children's output 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import queue
@@ -22,8 +21,9 @@ import time
 import traceback
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 
-from flashsim.console import ArgumentParser, run_command, writable_dir
+from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
 from ..scripts.device_cli import json_params, positive, sections
 from . import PROBES
@@ -33,6 +33,28 @@ from .common import SCHEMA, ProbeContext, check_out_dir, summary_table, validate
 CAPS = {"env": (90, 30), "exp2": (120, 40), "division": (60, 20), "mma": (150, 45), "reduction": (80, 25)}
 GRACE = 25  # seconds past a child's own deadline before it is killed
 REPO = Path(__file__).resolve().parents[2]
+
+
+#: what a run records: the environment, then the probes
+NAMES = ("env", *PROBES)
+
+
+def probe_module(name: str) -> ModuleType:
+    """The module of the probe ``name`` (one of :data:`NAMES`), imported by a fixed mapping: a name from the
+    command line imports no other module.  The probes import torch and Triton, so only when run."""
+    if name == "env":
+        from . import env as mod
+    elif name == "exp2":
+        from . import exp2 as mod
+    elif name == "division":
+        from . import division as mod
+    elif name == "mma":
+        from . import mma as mod
+    elif name == "reduction":
+        from . import reduction as mod
+    else:
+        raise ValueError(f"probe: expected one of {', '.join(NAMES)}, got {name!r}")
+    return mod
 
 
 def _now() -> str:
@@ -63,8 +85,7 @@ def run_child(name: str, out: Path, result_file: Path, seconds: float, quick: bo
     t0 = time.monotonic()
     rec: dict = {}
     try:
-        mod = importlib.import_module(f"gpu.probes.{name}")
-        res = mod.run(ctx)
+        res = probe_module(name).run(ctx)
         rec = {"status": "ok", "result": res}
     except Exception as e:  # noqa: BLE001
         tb = traceback.format_exc()
@@ -150,7 +171,7 @@ def run_inprocess(name: str, args, seconds: float, log: Log) -> dict:
     ctx.params = args.params_obj  # type: ignore[attr-defined]
     t0 = time.monotonic()
     try:
-        res = importlib.import_module(f"gpu.probes.{name}").run(ctx)
+        res = probe_module(name).run(ctx)
         return {"status": "ok", "result": res, "seconds": time.monotonic() - t0}
     except Exception as e:  # noqa: BLE001
         tb = traceback.format_exc()
@@ -181,6 +202,8 @@ def _run(args: argparse.Namespace) -> int:
     positive(args.budget, "--budget")
     args.out = writable_dir(args.out, "--out").resolve()
     if args.child:
+        if args.child not in NAMES:
+            raise UsageError(f"--child: expected one of {', '.join(NAMES)}, got {args.child!r}")
         return run_child(args.child, args.out, args.result_file, args.seconds, args.quick, args.device, args.seed,
                          args.params_obj)  # fmt: skip
 

@@ -28,6 +28,16 @@ def gpu_stack_missing() -> str | None:
     return None
 
 
+def missing_extra(module: str, name: str, exc: ImportError, needs: str = "torch and Triton") -> Exception:
+    """What the device script ``module`` raises when its top-level import of the ``gpu`` extra fails (``raise
+    missing_extra("gpu.scripts.X", __name__, exc) from None``): run as a script (``name == "__main__"``), a
+    SystemExit that ends it in one line; imported, a ModuleNotFoundError naming what is missing, which a caller can
+    catch (``pytest.importorskip`` skips on it) instead of the whole process ending."""
+    missing = getattr(exc, "name", None) or str(exc)
+    message = f"{module}: needs {needs} ({missing} is not installed); pip install 'lowprec-attention[gpu]'"
+    return SystemExit(message) if name == "__main__" else ModuleNotFoundError(message, name=missing)
+
+
 def require_gpu(prog: str) -> None:
     """A UsageError unless torch, Triton and a CUDA GPU are here."""
     why = gpu_stack_missing()
@@ -82,4 +92,4 @@ def json_params(value: str, flag: str = "--params") -> dict:
     return obj
 
 
-__all__ = ["gpu_stack_missing", "json_params", "positive", "require_gpu", "sections"]
+__all__ = ["gpu_stack_missing", "json_params", "missing_extra", "positive", "require_gpu", "sections"]

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from flashsim import trust
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
 from ..crosscheck.others import KERNELS
@@ -43,17 +44,9 @@ class _Ctx:
         self.saved_tensors = tensors
 
 
-def _load_module(path: Path, name: str):
-    """A Python file that is not part of any package, as a module."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def load_tutorial(path: Path):
-    """The tutorial file as a module (its kernels and ``_attention``)."""
-    return _load_module(path, "triton_tutorial_fused_attention")
+    """The tutorial file the user names (``--tutorial``) as a module (its kernels and ``_attention``)."""
+    return trust.import_file(path, "triton_tutorial_fused_attention", "--tutorial")
 
 
 def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
@@ -73,15 +66,15 @@ def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
 
 
 def load_paper(path: Path):
-    """Qiu & Yao's attention.py as a module; einops (used only for masks, which these runs do not pass) is
-    stubbed where it is not installed."""
+    """Qiu & Yao's attention.py, the file the user names (``--paper``), as a module; einops (used only for masks,
+    which these runs do not pass) is stubbed where it is not installed."""
     import types
 
     if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
         stub = types.ModuleType("einops")  # a module, so that a later find_spec finds it (a namespace has no spec)
         stub.rearrange = None
         sys.modules["einops"] = stub
-    return _load_module(path, "qiu_yao_attention")
+    return trust.import_file(path, "qiu_yao_attention", "--paper")
 
 
 def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = None) -> dict:

@@ -27,10 +27,10 @@ try:
     import triton
     import triton.language as tl
     from triton.testing import do_bench
-except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(
-        f"gpu.scripts.run_attention: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
-    ) from None
+except ImportError as exc:  # one line when run, an ImportError when imported, without the gpu extra
+    from .device_cli import missing_extra
+
+    raise missing_extra("gpu.scripts.run_attention", __name__, exc) from None
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 

@@ -16,11 +16,12 @@ import time
 try:
     import torch
     import torch.nn.functional as F
+    import triton  # noqa: F401 - gpu.flash's kernels, imported below
     from torch import nn
-except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(
-        f"gpu.scripts.train_check: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
-    ) from None
+except ImportError as exc:  # one line when run, an ImportError when imported, without the gpu extra
+    from .device_cli import missing_extra
+
+    raise missing_extra("gpu.scripts.train_check", __name__, exc) from None
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 

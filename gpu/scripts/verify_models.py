@@ -39,10 +39,10 @@ try:
     import torch
     import triton
     import triton.language as tl
-except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(
-        f"gpu.scripts.verify_models: needs torch and Triton ({exc}); pip install 'lowprec-attention[gpu]'"
-    ) from None
+except ImportError as exc:  # one line when run, an ImportError when imported, without the gpu extra
+    from .device_cli import missing_extra
+
+    raise missing_extra("gpu.scripts.verify_models", __name__, exc) from None
 
 import emufloat as ef
 from emufloat.hw import calibration, h100, libdevice

@@ -13,6 +13,7 @@ tests; ``ours`` and ``ours_fix`` need ``TRITON_INTERPRET=1`` and ``--dtype fp16`
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import platform
@@ -24,8 +25,10 @@ import numpy as np
 
 try:
     import torch
-except ImportError as exc:  # one line, not a traceback, without the gpu extra
-    raise SystemExit(f"gpu.train.train: needs torch ({exc}); pip install 'lowprec-attention[gpu]'") from None
+except ImportError as exc:  # one line when run, an ImportError when imported, without the gpu extra
+    from ..scripts.device_cli import missing_extra
+
+    raise missing_extra("gpu.train.train", __name__, exc, needs="torch") from None
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 
@@ -329,6 +332,11 @@ def run(args: argparse.Namespace) -> int:
 
         require_gpu(PROG)
     elif args.attn.startswith("ours"):
+        if importlib.util.find_spec("triton") is None:
+            raise UsageError(
+                f"--attn {args.attn}: our kernels need Triton, which is not installed (pip install "
+                "'lowprec-attention[gpu]')"
+            )
         from ..kernels.interpreter import INTERPRET
 
         if not INTERPRET or args.dtype != "fp16":

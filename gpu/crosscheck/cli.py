@@ -78,6 +78,8 @@ def _kernel(spec: str, allow: tuple[str, ...]):
 
 
 def _policy(target: str, kwargs: str | None, allow: tuple[str, ...]) -> PolicyRef:
+    """The reference --policy and --policy-args give, resolved once here (importing only what ``allow`` covers)
+    so that a bad one ends the command before any work."""
     args = json_params(kwargs or "{}", "--policy-args")
     if args and ":" not in target:
         raise UsageError(f"--policy-args: only a 'module:function' --policy takes arguments; {target!r} is a name")
@@ -151,6 +153,7 @@ _WHERE = {
 
 
 def _flag(dest: str) -> str:
+    """The option an argparse destination comes from ('max_len' -> '--max-len')."""
     return "--" + dest.replace("_", "-")
 
 

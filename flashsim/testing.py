@@ -1,40 +1,68 @@
-"""Hypothesis strategies for attention inputs that stress a kernel's rounding.
+"""Hypothesis strategies for attention inputs that stress a kernel's rounding, and a check of a kernel's outputs.
 
 Random Gaussian q, k, v almost never produce the inputs on which low-precision attention leans: exactly
 repeated row maxima, near-ties inside the round-to-1 band, attention sinks, scores so large that the
 stabilised fix underflows, values so small that products go subnormal, sequence lengths one off a block
 boundary.  :func:`attention_inputs` draws from a mixture of those, with the shape, the kind, the number of
-tied keys and the magnitude as separate draws so that a failure shrinks to a small, readable case.
+tied keys and the magnitude as separate draws so that a failure shrinks to a small, readable case; a case's
+``repr`` is the call that rebuilds it (:meth:`AttentionInputs.from_seed`).  :func:`assert_matches_policy`
+holds a kernel's O (and LSE) on one case to the emulator under a policy: bit for bit, within ulps, within
+numpy-style ``atol``/``rtol``, or within what the policy's rounding allows of exact attention
+(:func:`rounding_bound`).
 
 Needs ``hypothesis`` (a test dependency); ``import flashsim`` never imports this module.  Example::
 
     from hypothesis import given
-    from flashsim.testing import attention_inputs
+    from flashsim.testing import assert_matches_policy, attention_inputs
 
     @given(attention_inputs(dtype="bf16"))
     def test_my_kernel(case):
         o = my_kernel(case.q, case.k, case.v, causal=case.causal)
+        assert_matches_policy(case, o, policy="triton_h100", within_rounding=True)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 from hypothesis import strategies as st
 
-from .crosscheck import CrosscheckReport, KernelRun, crosscheck, to_bits
+import emufloat as ef
+from emufloat import FP32, Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
+
+from .arith import cast as _cast
+from .attention import causal_offset
+from .crosscheck import CrosscheckReport, KernelRun, crosscheck, emulate, stored_formats, to_bits, ulp_distance
+from .functions import get_function
 from .inputs import ALL_KINDS as KINDS
 from .inputs import make_inputs
 from .policy import Policy, PolicyRef
-from .softmax import SoftmaxVariant, get_softmax
+from .softmax import (
+    CastSumSoftmax,
+    DitheredSoftmax,
+    RobustSoftmax,
+    SoftmaxVariant,
+    StabilisedSoftmax,
+    StandardSoftmax,
+    get_softmax,
+    sums_cast_p,
+)
+from .specs import NUMPY, is_native
 
 BLOCK_EDGES = (16, 63, 64, 65, 127, 128, 129)
+DTYPES = ("bf16", "fp16")  # drawn when attention_inputs(dtype=None)
 
 
 @dataclass(frozen=True)
 class AttentionInputs:
-    """One head's q (N_q, d), k, v (N_k, d), dO (N_q, d): float32 arrays holding values of ``dtype``."""
+    """One head's q (N_q, d), k, v (N_k, d), dO (N_q, d): float32 arrays holding values of ``dtype``.
+
+    ``kind``, ``seed``, ``ties`` and ``scale_exp`` say how :func:`flashsim.inputs.make_inputs` drew the arrays,
+    so that :meth:`from_seed` rebuilds them bit for bit; ``repr`` is that call.  A case built by hand from
+    other arrays does not rebuild (:meth:`rebuilds` says whether it does).
+    """
 
     q: np.ndarray
     k: np.ndarray
@@ -44,12 +72,58 @@ class AttentionInputs:
     causal: bool
     kind: str
     seed: int
+    ties: int = 2
+    scale_exp: int = 0
+
+    @classmethod
+    def from_seed(
+        cls,
+        kind: str,
+        n_q: int,
+        n_k: int,
+        d: int,
+        dtype: str,
+        seed: int,
+        ties: int = 2,
+        scale_exp: int = 0,
+        causal: bool = False,
+    ) -> AttentionInputs:
+        """The case :func:`attention_inputs` draws with these fields (``make_inputs``, then ``causal``)."""
+        x = make_inputs(kind, n_q, n_k, d, dtype, seed, ties, scale_exp)
+        return cls(x["q"], x["k"], x["v"], x["do"], dtype, causal, kind, seed, ties, scale_exp)
+
+    def fields(self) -> dict[str, object]:
+        """Every drawn field, as :meth:`from_seed` takes them."""
+        return {
+            "kind": str(self.kind),
+            "n_q": int(self.q.shape[0]),
+            "n_k": int(self.k.shape[0]),
+            "d": int(self.q.shape[1]),
+            "dtype": str(self.dtype),
+            "seed": int(self.seed),
+            "ties": int(self.ties),
+            "scale_exp": int(self.scale_exp),
+            "causal": bool(self.causal),
+        }
+
+    def rebuilds(self) -> bool:
+        """Whether :meth:`from_seed` with this case's fields gives its arrays, bit for bit."""
+        try:
+            again = AttentionInputs.from_seed(**self.fields())
+        except ValueError:
+            return False
+        return all(
+            np.array_equal(np.asarray(a, np.float32).view(np.uint32), np.asarray(b, np.float32).view(np.uint32))
+            for a, b in ((self.q, again.q), (self.k, again.k), (self.v, again.v), (self.do, again.do))
+        )
+
+    def snippet(self) -> str:
+        """Python that rebuilds this case: an import and the :meth:`from_seed` call."""
+        return f"from flashsim.testing import AttentionInputs\ncase = {self!r}"
 
     def __repr__(self) -> str:
-        return (
-            f"AttentionInputs(kind={self.kind!r}, dtype={self.dtype!r}, n_q={self.q.shape[0]}, "
-            f"n_k={self.k.shape[0]}, d={self.q.shape[1]}, causal={self.causal}, seed={self.seed})"
-        )
+        args = ", ".join(f"{k}={v!r}" for k, v in self.fields().items())
+        return f"AttentionInputs.from_seed({args})"
 
     def _repr_pretty_(self, p, cycle) -> None:  # what Hypothesis prints for a failing example
         p.text(repr(self))
@@ -60,22 +134,60 @@ def _lengths(max_len: int) -> st.SearchStrategy[int]:
     return st.one_of(st.sampled_from(edges), st.integers(1, max_len)) if edges else st.integers(1, max_len)
 
 
-@st.composite
+def _positive_int(value: object) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and value >= 1
+
+
+def _check_strategy_args(
+    dtype: object, head_dims: object, max_len: object, kinds: object, causal: object
+) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """Every argument of :func:`attention_inputs` checked before anything is drawn (a ValueError naming it)."""
+    if dtype is not None:
+        try:
+            ok = isinstance(dtype, str) and ef.as_format(dtype) is not None
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ValueError(
+                f"dtype: expected None (bf16 or fp16 drawn) or a format name such as 'bf16', 'fp16', 'e4m3fn'; "
+                f"got {dtype!r}"
+            )
+    if isinstance(head_dims, (str, bytes)) or not isinstance(head_dims, (tuple, list)):
+        raise ValueError(f"head_dims: expected a non-empty tuple of positive integers, got {head_dims!r}")
+    if not head_dims or not all(_positive_int(h) for h in head_dims):
+        raise ValueError(f"head_dims: expected a non-empty tuple of positive integers, got {head_dims!r}")
+    if not _positive_int(max_len):
+        raise ValueError(f"max_len: expected an integer >= 1 (the longest N_q and N_k drawn), got {max_len!r}")
+    if isinstance(kinds, (str, bytes)) or not isinstance(kinds, (tuple, list)):
+        raise ValueError(f"kinds: expected a non-empty tuple of kinds from {KINDS}, got {kinds!r}")
+    if not kinds or any(not isinstance(k, str) or k not in KINDS for k in kinds):
+        raise ValueError(f"kinds: expected a non-empty subset of {KINDS}, got {kinds!r}")
+    if causal is not None and not isinstance(causal, (bool, np.bool_)):
+        raise ValueError(f"causal: expected None (drawn), True or False, got {causal!r}")
+    return tuple(int(h) for h in head_dims), tuple(kinds)
+
+
 def attention_inputs(
-    draw,
     dtype: str | None = None,
     head_dims: tuple[int, ...] = (64, 128),
     max_len: int = 200,
     kinds: tuple[str, ...] = KINDS,
     causal: bool | None = None,
-) -> AttentionInputs:
+) -> st.SearchStrategy[AttentionInputs]:
     """One head of attention inputs: a kind from ``kinds``, ragged lengths up to ``max_len`` (block edges
-    weighted), a head dim from ``head_dims``, ``dtype`` 'bf16'/'fp16' (drawn when None), causal or not."""
-    bad = [k for k in kinds if k not in KINDS]
-    if bad or not kinds:
-        raise ValueError(f"kinds: expected a non-empty subset of {KINDS}, got {kinds!r}")
+    weighted), a head dim from ``head_dims``, ``dtype`` a format name ('bf16' or 'fp16' drawn when None),
+    ``causal`` (drawn when None).  The arguments are checked here, before any draw: a ValueError names the
+    one that is wrong."""
+    dims, kinds = _check_strategy_args(dtype, head_dims, max_len, kinds, causal)
+    return _attention_inputs(dtype, dims, int(max_len), kinds, None if causal is None else bool(causal))
+
+
+@st.composite
+def _attention_inputs(
+    draw, dtype: str | None, head_dims: tuple[int, ...], max_len: int, kinds: tuple[str, ...], causal: bool | None
+) -> AttentionInputs:
     kind = draw(st.sampled_from(kinds))
-    dt = dtype or draw(st.sampled_from(("bf16", "fp16")))
+    dt = dtype or draw(st.sampled_from(DTYPES))
     d = draw(st.sampled_from(head_dims))
     n_q = draw(_lengths(max_len))
     n_k = draw(st.one_of(st.just(n_q), _lengths(max_len)))
@@ -83,8 +195,346 @@ def attention_inputs(
     ties = draw(st.integers(2, 8))
     scale_exp = draw(st.integers(-2, 2)) if kind in ("random", "negative_v", "repeated") else 0
     seed = draw(st.integers(0, 2**32 - 1))
-    x = make_inputs(kind, n_q, n_k, d, dt, seed, ties, scale_exp)
-    return AttentionInputs(x["q"], x["k"], x["v"], x["do"], dt, cz, kind, seed)
+    return AttentionInputs.from_seed(kind, n_q, n_k, d, dt, seed, ties, scale_exp, cz)
+
+
+# ---- what rounding allows ----------------------------------------------------------------------------------
+_HW_FUNC_REL = 2.0**-20  # a hardware exp/log model's own error, relative (ex2.approx, lg2.approx: about 2^-22)
+_HW_FUNC_ARG = 2.0**-22  # ... and its argument's roundings (x * log2 e in FP32, twice): |x| 2^-22 in ln units
+
+
+@dataclass(frozen=True)
+class RoundingBound:
+    """Exact attention of one case (FP64 on the case's values) and how far a kernel under a policy may be from it.
+
+    ``o`` (N_q, d) and ``lse`` (N_q,; in the units of the policy's ``lse`` step, base 2 or e) are exact;
+    ``o_bound`` and ``lse_bound`` are per element.  Rows that attend no key have NaN O, -inf LSE, bound 0.
+    """
+
+    o: np.ndarray
+    lse: np.ndarray
+    o_bound: np.ndarray
+    lse_bound: np.ndarray
+
+
+def _unit(fmt: Format, rounding: Rounding | None = None) -> float:
+    """Relative error of one rounding into ``fmt``: 2^-p to nearest, 2^(1-p) for the other modes."""
+    p = 53 if is_native(fmt) else fmt.precision
+    nearest = rounding is None or rounding.mode in ("rne", "rna")
+    return math.ldexp(1.0, -p if nearest else 1 - p)
+
+
+def _step_unit(spec) -> float:
+    """Relative error of an elementwise step: its compute rounding (if any), then its store."""
+    u = _unit(spec.fmt, spec.rounding)
+    if getattr(spec, "compute", None) is not None and spec.compute != spec.fmt:
+        u += _unit(spec.compute)
+    return u
+
+
+def _tiny(fmt: Format) -> float:
+    """Absolute error of one rounding near zero: the subnormal spacing, or the smallest normal without subnormals."""
+    return 2.0**-1074 if is_native(fmt) else fmt.min_subnormal
+
+
+def _compound(steps: float, u: float) -> float:
+    """(1 + u)^steps - 1: the relative error of a term after ``steps`` roundings of relative error ``u``."""
+    return math.expm1(steps * math.log1p(u))
+
+
+def _sum_theta(model: object, n: int, blocks: int = 1) -> float:
+    """Relative backward error per term of a sum of ``n`` terms under ``model``, computed in ``blocks`` calls
+    whose running sum carries over (a row's P V and l across its K/V blocks).
+
+    A sum computed with an absolute error E <= t * sum|x_j| equals sum x_j (1 + t_j) with |t_j| <= t, so a
+    tensor core's truncation (at most (width + 1) 2^-align_bits of the step's largest term, C included) counts
+    as a per-term error like a rounding does."""
+    if isinstance(model, str) and model == NUMPY:
+        return _compound(n + blocks, 2.0**-53)
+    if isinstance(model, FusedBlock):
+        step = (model.width + 1) * 2.0**-model.align_bits + _unit(model.acc_fmt, model.final_rounding)
+        return _compound(math.ceil(n / model.width) + blocks, step + _unit(model.fmt))
+    u = _unit(model.fmt, model.rounding)
+    if isinstance(model, Exact):
+        return _compound(2 * blocks, u)
+    if isinstance(model, Pairwise):
+        return _compound(model.base + math.ceil(math.log2(max(n, 2))) + 2 * blocks, u)
+    if isinstance(model, Sequential):
+        return _compound((n + blocks) * (1 if model.fused else 2), u)
+    raise ValueError(f"policy: no rounding bound for the accumulation model {type(model).__name__}")
+
+
+def _extra_shift(variant: SoftmaxVariant, row_max: np.ndarray) -> np.ndarray:
+    """How far above the row max (natural-log units) the variant may put the shift m: P's largest value is
+    at least e^-shift, so l >= e^-shift."""
+    if isinstance(variant, (StandardSoftmax, CastSumSoftmax)):
+        return np.zeros_like(row_max)
+    if isinstance(variant, RobustSoftmax):
+        return np.full_like(row_max, float(variant.max_shift))
+    if isinstance(variant, DitheredSoftmax):
+        return np.full_like(row_max, variant.band + math.log(2.0))
+    if isinstance(variant, StabilisedSoftmax):  # m = beta r (r > 0) or 0 (r < 0): beyond r by (beta - 1) r or |r|
+        return max(variant.beta - 1.0, 1.0) * np.abs(row_max)
+    raise ValueError(
+        f"softmax: within_rounding knows the shifts of the standard, stabilised, robust, dithered and cast_sum "
+        f"variants; got {type(variant).__name__}"
+    )
+
+
+def _function_error(name: str) -> tuple[float, float]:
+    """(relative error, error per unit of |argument|) of an exp/log model beyond the rounding into its format."""
+    if get_function(name).hardware:
+        return _HW_FUNC_REL, _HW_FUNC_ARG
+    return 0.0, 0.0
+
+
+def rounding_bound(
+    case: AttentionInputs,
+    policy: Policy | PolicyRef | str,
+    softmax: SoftmaxVariant | str = "standard",
+    sm_scale: float | None = None,
+) -> RoundingBound:
+    """Exact O and LSE of ``case`` and, per element, how far a kernel that rounds as ``policy`` says may be from
+    them: a forward error bound from the policy's formats, the accumulation lengths and |P||V|.
+
+    Derivation.  O = sum_j w_j v_j, w = softmax(c s).  Each rounding is a factor (1 + e), |e| <= u = 2^-p
+    (2^(1-p) if not to nearest), and a sum's errors are per-term factors (backward error; a tensor core's
+    truncation too), so the kernel computes O' = sum_j P_j a_j v_j / sum_j P_j b_j, |log a_j| <= dP_j + dN,
+    |log b_j| <= dP_j + dD: dP_j moves P_j (scores' sums over d and store, scale, the subtraction's rounding of
+    |x_j|, the exp model), dN only the numerator (P cast, P V sums, rescales), dD only l.  With
+    beta = sum_j w_j (e^(dP_j + dD) - 1): |O' - O| <= (sum_j w_j (e^(dP_j + dN) - 1) |v_j| + beta |O|) / (1 - beta),
+    plus tau sum_j |v_j| / l_min for values near zero (subnormal spacing; l >= e^-shift, the variant's shift
+    above the max), (u_norm + u_out) |O| and the output's subnormal spacing; LSE is off by -log(1 - beta) plus
+    the log's and the LSE step's roundings.  For an FP32 accumulator and a BF16 P this is the kernels' property
+    bound (2u + 2 n_k 2^-23 + 2^-20) max|v| (tests/test_kernel_properties.py), per element with |P||V|.
+    """
+    pol = _policy_of(policy)
+    variant = get_softmax(softmax)
+    q, k, v = (np.asarray(x, np.float64) for x in (case.q, case.k, case.v))
+    n_q, d = q.shape
+    n_k = k.shape[0]
+    c = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    units = math.log2(math.e) if get_function(pol.lse.function).base == "2" else 1.0
+
+    # exact attention on the case's values
+    offset = causal_offset(case.causal, n_q, n_k)
+    visible = np.ones((n_q, n_k), bool)
+    if offset is not None:
+        visible = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+    nat = c * (q @ k.T)
+    nat_v = np.where(visible, nat, -np.inf)
+    row_max = nat_v.max(axis=1, initial=-np.inf)
+    seen = np.isfinite(row_max)
+    top = np.where(seen, row_max, 0.0)
+    with np.errstate(under="ignore"):
+        e = np.where(visible, np.exp(nat_v - top[:, None]), 0.0)
+    denom = e.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = e / denom[:, None]
+        o = w @ v
+        lse_nat = top + np.log(denom)
+    o[~seen] = np.nan
+    lse_nat[~seen] = -np.inf
+
+    # the inputs as the policy rounds them
+    qh = np.asarray(_cast(case.q, pol.scores.inputs), np.float64)
+    kh = np.asarray(_cast(case.k, pol.scores.inputs), np.float64)
+    vh = np.asarray(_cast(case.v, pol.pv.inputs), np.float64)
+    s_in = np.abs(qh @ kh.T - q @ k.T)
+    s_abs = np.abs(qh) @ np.abs(kh).T
+    n_blocks = math.ceil(n_k / pol.tiling.block_n)
+
+    # dP: what moves P_j (natural-log units, per row and key)
+    theta_s = _sum_theta(pol.scores.model, d)
+    s_hat = np.abs(qh @ kh.T)
+    extra = np.where(seen, _extra_shift(variant, top), 0.0)
+    big = max(_step_unit(pol.max), _step_unit(pol.scale), _unit(pol.scores.fmt, pol.scores.rounding))
+    spread = np.where(visible, top[:, None] - nat, 0.0)
+    x_abs = spread + extra[:, None] + 4 * big * (np.max(np.abs(np.where(visible, nat, 0.0)), axis=1) + extra)[:, None]
+    exp_rel, exp_arg = _function_error(pol.exp.function)
+    d_p = (
+        c * (theta_s * s_abs + _unit(pol.scores.fmt, pol.scores.rounding) * s_hat + s_in)
+        + (2 + pol.scale.split) * _step_unit(pol.scale) * c * s_hat
+        + _step_unit(pol.subtract) * x_abs
+        + exp_rel
+        + exp_arg * x_abs
+        + _step_unit(pol.exp)
+    )
+    d_p = np.where(visible, d_p, 0.0)
+    # dN: the numerator's own roundings; dD: l's
+    u_pc = _step_unit(pol.p_cast)
+    d_n = (
+        math.log1p(u_pc)
+        + math.log1p(_sum_theta(pol.pv.model, n_k, n_blocks))
+        + n_blocks * math.log1p(_unit(pol.pv.fmt, pol.pv.rounding) + _step_unit(pol.rescale))
+        + (0.0 if pol.pv.into_acc else n_blocks * math.log1p(_step_unit(pol.o_accum)))
+    )
+    rs = pol.row_sum
+    rs_model = NUMPY if rs.order == NUMPY else Sequential(rs.compute or rs.fmt, rs.rounding, fused=True)
+    cast_p = sums_cast_p(variant, rs.fmt)
+    d_d = (
+        (math.log1p(u_pc) if cast_p else 0.0)
+        + math.log1p(_sum_theta(rs_model, n_k, n_blocks))
+        + n_blocks * math.log1p((1 if rs.fused else 2) * _step_unit(rs))
+    )
+    # values near zero: flushed or rounded on the subnormal grid, relative to l >= e^-shift
+    tau_exp = FP32.min_normal if get_function(pol.exp.function).hardware else _tiny(pol.exp.fmt)
+    tau_n = tau_exp + _tiny(pol.p_cast.fmt)
+    tau_d = tau_exp + (_tiny(pol.p_cast.fmt) if cast_p else 0.0)
+    acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
+    zeta_n = n_blocks * (_tiny(acc_fmt) + _tiny(pol.rescale.fmt) + _tiny(pol.pv.fmt))
+    zeta_d = n_blocks * (_tiny(rs.fmt) + (rs.floor or 0.0))
+    l_min = np.exp(-extra)
+    n_vis = visible.sum(axis=1)
+
+    w0 = np.where(visible, np.nan_to_num(w), 0.0)
+    alpha = np.expm1(d_p + d_n)
+    beta = (w0 * np.expm1(d_p + d_d)).sum(axis=1) + (n_vis * tau_d + zeta_d) / l_min
+    mag = w0 @ np.abs(v)  # sum_j w_j |v_j|: the |P||V| magnitude of each element
+    o0 = np.nan_to_num(np.abs(o))
+    num = (w0 * alpha) @ np.abs(vh) + (tau_n * (visible @ np.abs(vh)) + zeta_n) / l_min[:, None]
+    splits = pol.tiling.kv_splits
+    with np.errstate(divide="ignore", invalid="ignore"):
+        l_err = np.where(beta < 1, -np.log1p(-np.minimum(beta, 1.0)), np.inf)  # |log l' - log l|
+    log_rel, _ = _function_error(pol.lse.function)
+    log_l = np.log(np.maximum(n_vis, 1)) + extra + np.where(np.isfinite(l_err), l_err, 0.0)
+    m_abs = np.max(np.abs(np.where(visible, nat, 0.0)), axis=1) + extra
+    # m + log l: the log model, the rounding of log l, of m (times c, or divided by log2 e) and of the sum
+    lse_err = l_err + log_rel * (1 + log_l) + 4 * _step_unit(pol.lse) * (m_abs + log_l + np.nan_to_num(np.abs(lse_nat)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if splits > 1:  # each split's O in FP32, merged with weights exp(lse_i - L) (FP32 exp and log models)
+            comb_rel, comb_arg = _function_error(pol.combine.exp)
+            rho = np.expm1(2 * lse_err + comb_rel + comb_arg * 2 * (m_abs + log_l + 1) + 2.0**-22 * (splits + 2))
+            delta_w = (num + beta[:, None] * mag + rho[:, None] * mag) / (1 - beta[:, None])
+            lse_err = lse_err + 2.0**-20 * (1 + math.log(splits)) + 2.0**-23 * (m_abs + log_l + 1)
+        else:
+            delta_w = (num + beta[:, None] * o0) / (1 - beta[:, None])
+    delta_w = np.where((beta < 1)[:, None], delta_w, np.inf) + w0 @ np.abs(vh - v)
+    norm = pol.normalize
+    e_norm = _step_unit(norm) * (2 if norm.method == "reciprocal" else 1) * (1 if norm.division == "ieee" else 4)
+    e_out = _step_unit(pol.output)
+    slack = 2.0**-40 * (1 + np.max(np.abs(np.where(visible, nat, 0.0)), axis=1))  # FP64's own error here
+    o_bound = (
+        (1 + e_norm) * (1 + e_out) * delta_w
+        + (e_norm + e_out + e_norm * e_out) * o0
+        + _tiny(pol.output.fmt)
+        + _tiny(norm.fmt)
+        + slack[:, None] * (mag + o0)
+    )
+    lse_bound = units * (lse_err + slack * (1 + np.abs(np.nan_to_num(lse_nat))))
+    o_bound[~seen] = 0.0
+    lse_bound[~seen] = 0.0
+    return RoundingBound(o, lse_nat * units, o_bound, lse_bound)
+
+
+def _policy_of(policy: Policy | PolicyRef | str) -> Policy:
+    """The Policy of a Policy, a PolicyRef or a name (a registered name or ``"module:function"``)."""
+    if isinstance(policy, str):
+        policy = PolicyRef(policy)
+    if isinstance(policy, PolicyRef):
+        return policy.resolve()
+    if isinstance(policy, Policy):
+        return policy
+    raise ValueError(f"policy: expected a Policy, a PolicyRef or a registered name, got {type(policy).__name__}")
+
+
+# ---- a kernel's outputs against the emulator -----------------------------------------------------------------
+@dataclass(frozen=True)
+class _Judged:
+    """One output judged element by element: which elements fail, and why."""
+
+    name: str
+    n: int
+    fail: np.ndarray  # (rows, cols) or (rows,): outside every tolerance given
+    nonfinite: np.ndarray  # failing because the kernel's value is NaN or inf where the reference is finite
+    got: np.ndarray
+    emu: np.ndarray
+    ulps: np.ndarray
+    allowed: np.ndarray  # atol + rtol |emulator| (the numpy-style tolerance)
+    exact: np.ndarray | None
+    bound: np.ndarray | None
+
+    def nonfinite_line(self) -> list[str]:
+        """The non-finite failures: their count and the first."""
+        where = np.argwhere(self.nonfinite)
+        if not len(where):
+            return []
+        return [
+            f"{self.name}: {len(where)} of {self.n} element(s) NaN or inf where the reference is finite; "
+            f"first {self._at(tuple(where[0]))}"
+        ]
+
+    def other_line(self) -> list[str]:
+        """The other failures: their count, the first and the one farthest from the emulator."""
+        other = self.fail & ~self.nonfinite
+        where = np.argwhere(other)
+        if not len(where):
+            return []
+        err = np.where(other, np.abs(np.nan_to_num(self.got - self.emu, nan=np.inf)), -1.0)
+        worst = tuple(np.unravel_index(int(np.argmax(err)), err.shape))
+        return [
+            f"{self.name}: {len(where)} of {self.n} element(s) outside the tolerance; first "
+            f"{self._at(tuple(where[0]))}; largest difference {self._at(worst)}"
+        ]
+
+    def _at(self, idx: tuple) -> str:
+        place = ", ".join(f"{a} {i}" for a, i in zip(("row", "col"), idx, strict=False))
+        text = f"{place}: kernel {self.got[idx]:.9g}, emulator {self.emu[idx]:.9g}"
+        if np.isfinite(self.got[idx]) and np.isfinite(self.emu[idx]):
+            text += f" ({int(self.ulps[idx])} ulp, |diff| {abs(self.got[idx] - self.emu[idx]):.3g}"
+            text += f", atol + rtol|emulator| = {self.allowed[idx]:.3g})" if self.allowed[idx] > 0 else ")"
+        if self.exact is not None and self.bound is not None:
+            text += f", exact {self.exact[idx]:.9g}, rounding allows {self.bound[idx]:.3g}"
+            if np.isfinite(self.got[idx]) and np.isfinite(self.exact[idx]):
+                text += f" (|kernel - exact| {abs(self.got[idx] - self.exact[idx]):.3g})"
+        return text
+
+
+def _values(bits: np.ndarray, fmt: Format | None) -> np.ndarray:
+    """float64 values of stored bits (``fmt`` None: float32)."""
+    carrier = np.float32 if fmt is None else np.dtype(ef.as_format(fmt).carrier)
+    return np.asarray(bits).view(carrier).astype(np.float64)
+
+
+def _judge(
+    name: str,
+    got_bits: np.ndarray,
+    emu_bits: np.ndarray,
+    fmt: Format | None,
+    max_ulps: int,
+    atol: float,
+    rtol: float,
+    exact: np.ndarray | None,
+    bound: np.ndarray | None,
+) -> _Judged:
+    """Which elements of one output fail: an element passes when bit-identical to the emulator's (NaN against
+    NaN too), or, with a finite kernel value, within ``max_ulps`` ulps of it, within atol + rtol |emulator|
+    of it, or (``exact`` given) within ``bound`` of exact attention."""
+    got, emu = _values(got_bits, fmt), _values(emu_bits, fmt)
+    identical = (got_bits == emu_bits) | (np.isnan(got) & np.isnan(emu))
+    fin = ~identical & np.isfinite(got)
+    pair = fin & np.isfinite(emu)
+    ulps = np.where(pair, ulp_distance(got_bits, emu_bits), 0)
+    allowed = atol + rtol * np.abs(np.nan_to_num(emu))
+    with np.errstate(invalid="ignore"):
+        ok = identical | (pair & ((ulps <= max_ulps) | (np.abs(got - emu) <= allowed)))
+        ref_finite = np.isfinite(emu)
+        if exact is not None and bound is not None:
+            ok |= fin & np.isfinite(exact) & (np.abs(got - exact) <= bound)
+            ref_finite |= np.isfinite(exact)
+    fail = ~ok
+    return _Judged(name, got.size, fail, fail & ~np.isfinite(got) & ref_finite, got, emu, ulps, allowed, exact, bound)
+
+
+def _check_tolerances(max_ulps: object, atol: object, rtol: object, within_rounding: object) -> None:
+    if not (isinstance(max_ulps, (int, np.integer)) and not isinstance(max_ulps, bool) and max_ulps >= 0):
+        raise ValueError(f"max_ulps: expected an integer >= 0 (0: bit for bit), got {max_ulps!r}")
+    for name, val in (("atol", atol), ("rtol", rtol)):
+        ok = isinstance(val, (int, float, np.floating, np.integer)) and not isinstance(val, bool)
+        if not (ok and math.isfinite(float(val)) and float(val) >= 0):
+            raise ValueError(f"{name}: expected a finite number >= 0, got {val!r}")
+    if not isinstance(within_rounding, (bool, np.bool_)):
+        raise ValueError(f"within_rounding: expected True or False, got {within_rounding!r}")
 
 
 def assert_matches_policy(
@@ -96,21 +546,45 @@ def assert_matches_policy(
     softmax: SoftmaxVariant | str = "standard",
     sm_scale: float | None = None,
     max_ulps: int = 0,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    within_rounding: bool = False,
 ) -> CrosscheckReport:
-    """Hold a kernel's outputs on one drawn case to the emulator under ``policy``; returns the report.
+    """Hold a kernel's outputs on one drawn case to the emulator under ``policy``; returns the crosscheck report.
 
     ``o``: the kernel's O for ``case`` (N_q, d), in its output dtype (bf16/fp16 arrays keep their bits) or as
     float32 values of it; ``lse``: its LSE (N_q,) as float32, in the units the policy's ``lse`` step gives
-    (base 2 or e), or None when the kernel gives none.  Passes when every finite element is within
-    ``max_ulps`` ulps of the emulator's (0: bit for bit) and NaN where the emulator has NaN; otherwise an
-    AssertionError with the report: identical fraction and ulp histogram per output, the first differing row.
+    (base 2 or e), or None when the kernel gives none.  An element passes when it is bit-identical to the
+    emulator's (NaN against NaN too) or, being finite, meets any tolerance given: within ``max_ulps`` ulps of
+    the emulator's; |kernel - emulator| <= ``atol`` + ``rtol`` |emulator| (numpy.testing.assert_allclose's
+    rule); with ``within_rounding``, within :func:`rounding_bound` of exact attention (what the policy's
+    formats allow; for kernels that are correct but not bit-exact).  A NaN or inf where the reference is finite
+    always fails.  Otherwise an AssertionError: the non-finite elements first, counted, then the others (the
+    first and the largest), the crosscheck report (identical fraction and ulp histogram per output), every
+    field of the case and the Python that rebuilds it.
     """
+    if not isinstance(case, AttentionInputs):
+        raise ValueError(f"case: expected an AttentionInputs (drawn by attention_inputs), got {type(case).__name__}")
+    _check_tolerances(max_ulps, atol, rtol, within_rounding)
+    resolved = _policy_of(policy)
+    if is_native(resolved.output.fmt) or resolved.output.fmt.width != 16:
+        raise ValueError(
+            f"policy: a kernel run holds O as 16-bit bits (bf16, fp16); policy {resolved.name!r} stores O in "
+            f"{resolved.output.fmt.name}"
+        )
     pol = PolicyRef(policy) if isinstance(policy, str) else policy  # a name or "module:function", as KernelRun
-    resolved = pol if isinstance(pol, Policy) else pol.resolve()
-    scale = 1.0 / np.sqrt(case.q.shape[1]) if sm_scale is None else float(sm_scale)
-    outputs = {"o": to_bits(np.asarray(o).reshape(1, *case.q.shape[:1], -1), resolved.output.fmt)}
+    variant = get_softmax(softmax)
+    n_q, d = case.q.shape
+    o_arr = np.asarray(o)
+    if o_arr.size != n_q * d:
+        raise ValueError(f"o: expected the kernel's O of shape ({n_q}, {d}), got shape {o_arr.shape}")
+    scale = 1.0 / np.sqrt(d) if sm_scale is None else float(sm_scale)
+    outputs = {"o": to_bits(o_arr.reshape(1, n_q, d), resolved.output.fmt)}
     if lse is not None:
-        outputs["lse"] = to_bits(np.asarray(lse, np.float32).reshape(1, -1), None)
+        lse_arr = np.asarray(lse, np.float32)
+        if lse_arr.size != n_q:
+            raise ValueError(f"lse: expected the kernel's LSE of shape ({n_q},), got shape {lse_arr.shape}")
+        outputs["lse"] = to_bits(lse_arr.reshape(1, n_q), None)
     run = KernelRun(
         q=case.q[None],
         k=case.k[None],
@@ -118,24 +592,52 @@ def assert_matches_policy(
         dtype=case.dtype,
         causal=case.causal,
         sm_scale=scale,
-        softmax=get_softmax(softmax),
+        softmax=variant,
         policy=pol,
         outputs=outputs,
         note=repr(case),
     )
     report = crosscheck(run)
-    bad = [
-        c
-        for c in report.checks
-        if c.identical != c.n
-        and not c.nan_only
-        and (max(c.ulp_hist, default=0) > max_ulps or sum(c.ulp_hist.values()) < c.n - c.identical)
-    ]
-    if bad:
-        raise AssertionError(
-            f"kernel differs from the emulator under {resolved.name} by more than {max_ulps} ulp:\n{report}"
+    if report.identical:
+        return report
+    emu = emulate(run)
+    fmts = stored_formats(resolved)
+    exact = rounding_bound(case, resolved, variant, scale) if within_rounding else None
+    judged = [
+        _judge(
+            name,
+            outputs[name][0],
+            emu[name][0],
+            fmts[name],
+            int(max_ulps),
+            float(atol),
+            float(rtol),
+            None if exact is None else (exact.o if name == "o" else exact.lse),
+            None if exact is None else (exact.o_bound if name == "o" else exact.lse_bound),
         )
-    return report
+        for name in outputs
+    ]
+    if not any(j.fail.any() for j in judged):
+        return report
+    lines = [line for j in judged for line in j.nonfinite_line()] + [line for j in judged for line in j.other_line()]
+    tol = f"max_ulps={max_ulps}, atol={atol:g}, rtol={rtol:g}, within_rounding={bool(within_rounding)}"
+    rebuild = case.snippet() if case.rebuilds() else "(built by hand: from_seed with these fields gives other arrays)"
+    raise AssertionError(
+        f"kernel differs from the emulator under {resolved.name} ({variant.name} softmax) beyond the tolerance "
+        f"({tol}):\n"
+        + "\n".join(lines)
+        + f"\n{report}\ncase: {', '.join(f'{k}={v!r}' for k, v in case.fields().items())}"
+        + f"\nrebuild it:\n{rebuild}"
+    )
 
 
-__all__ = ["AttentionInputs", "BLOCK_EDGES", "KINDS", "assert_matches_policy", "attention_inputs", "make_inputs"]
+__all__ = [
+    "AttentionInputs",
+    "BLOCK_EDGES",
+    "KINDS",
+    "RoundingBound",
+    "assert_matches_policy",
+    "attention_inputs",
+    "make_inputs",
+    "rounding_bound",
+]

@@ -6,6 +6,7 @@ softmax variants and optional emufloat traces.  Policies of other kernels come f
 the ``flashsim.policies`` entry-point group (:mod:`flashsim.policy`).  See docs/flashsim.md.
 """
 
+from . import devices  # noqa: F401  (registers what the H100 and CUDA's kernels compute)
 from .analysis import (
     RowAnalysis,
     analyse_row,

@@ -14,11 +14,10 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import FP32, Format, Rounding, Trace
-from emufloat.hw import h100, torch_cuda
 
 from .functions import get_function
+from .orders import DIVISIONS, ROW_SUMS, Division, RowSumOrder
 from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
-from .specs.forward import QUAD_ORDERS
 
 RNE = Rounding("rne")
 _NP_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -36,7 +35,7 @@ def compute_format(spec: Spec) -> Format:
     return spec.compute if spec.compute is not None else spec.fmt
 
 
-def _store(r: np.ndarray, spec: Spec, trace: Trace | None, label: str) -> np.ndarray:
+def store(r: np.ndarray, spec: Spec, trace: Trace | None, label: str) -> np.ndarray:
     """Round a compute-format result into the spec's storage format (a second rounding, as PyTorch does)."""
     if spec.compute is None or spec.compute == spec.fmt:
         return r
@@ -94,7 +93,7 @@ def binary(
     first = compute_format(spec)
     rnd = spec.rounding if first == spec.fmt else RNE
     r = _EF_OPS[op](a, b, first, rnd, trace=trace, label=label)
-    return _store(r, spec, trace, label)
+    return store(r, spec, trace, label)
 
 
 def fma(
@@ -106,7 +105,7 @@ def fma(
     first = compute_format(spec)
     rnd = spec.rounding if first == spec.fmt else RNE
     r = ef.fma(a, b, c, first, rnd, trace=trace, label=label)
-    return _store(r, spec, trace, label)
+    return store(r, spec, trace, label)
 
 
 def mul_add(
@@ -138,11 +137,11 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
     if name in ("exp", "log", "log2"):  # float64 libm, then rounded once
         first = compute_format(spec)
         r = ef.quantize(_libm(x, name), first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
-        return _store(r, spec, trace, label)
+        return store(r, spec, trace, label)
     if name == "exp2":
         first = compute_format(spec)
         r = ef.exp2(x, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
-        return _store(r, spec, trace, label)
+        return store(r, spec, trace, label)
     r = get_function(name)(x, trace=trace, label=label)  # a hardware or library model: float32 in and out
     return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
@@ -162,141 +161,97 @@ def dot(
     return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 
-# ---- row sums --------------------------------------------------------------------------------------
+# ---- row sums ---------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=256)
-def order_tree(order: str, n: int, rows: int = 512, itemsize: int = 4) -> ef.ReductionTree:
-    """The 'sequential', 'pairwise' or 'torch_cuda' tree over n leaves (cached).  'torch_cuda' only (PyTorch's
-    CUDA reduction, :func:`emufloat.hw.torch_cuda.row_sum_tree`): ``rows`` summed in one launch, of values of
-    ``itemsize`` bytes."""
-    if order == "torch_cuda":
-        return torch_cuda.row_sum_tree(n, rows, itemsize)
+def order_tree(order: str, n: int) -> ef.ReductionTree:
+    """The 'sequential' or 'pairwise' tree over n leaves (cached)."""
     return ef.ReductionTree.sequential(n) if order == "sequential" else ef.ReductionTree.pairwise(n)
 
 
-def _padded(p: np.ndarray, width: int) -> np.ndarray:
+def padded(p: np.ndarray, width: int) -> np.ndarray:
     """P widened to ``width`` columns with +0 (a kernel's masked or missing columns hold exp2(-inf) = +0)."""
     out = np.zeros((p.shape[0], width), dtype=p.dtype)
     out[:, : p.shape[-1]] = p
     return out
 
 
-def _quad_columns(p: np.ndarray) -> np.ndarray:
-    """(rows, 4, n/4): each row's P as the four threads of an mma.sync quad hold it in the accumulator
-    layout, thread t keys 8j + 2t and 8j + 2t + 1 for j = 0, 1, ..., in that order (P padded to 8 columns)."""
-    width = -(-p.shape[-1] // 8) * 8
-    cols = np.arange(width).reshape(-1, 4, 2).transpose(1, 0, 2).reshape(4, -1)
-    return _padded(p, width)[:, cols]
+def tree_rowsum(p: np.ndarray, tree: ef.ReductionTree, spec: Spec, trace: Trace | None, label: str) -> np.ndarray:
+    """Row sums of p along ``tree`` in the spec's compute format (its rounding where that is the store)."""
+    first = compute_format(spec)
+    return ef.tree_sum(p, tree, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
 
 
-def _cutlass_warps_update(l: np.ndarray, p: np.ndarray, alpha: np.ndarray, spec: RowSum, tr, lab) -> np.ndarray:
-    """PyTorch's memory-efficient kernel: l = l*alpha, then + each 32-key warp column's quad-reduced sum."""
-    rows = p.shape[0]
-    # (rows, warp columns, 4 threads, 8 values): a warp column is 32 keys, 8 of them per thread of the quad
-    vals = _quad_columns(_padded(p, -(-p.shape[-1] // 32) * 32)).reshape(rows, 4, -1, 8).transpose(0, 2, 1, 3)
-    op = Op(compute_format(spec))
-    acc = vals[..., 0]
-    for t in range(1, 8):
-        acc = binary("add", acc, vals[..., t], op, tr, lab)
-    quad = binary(
-        "add",
-        binary("add", acc[..., 0], acc[..., 1], op, tr, lab),
-        binary("add", acc[..., 2], acc[..., 3], op, tr, lab),
-        op,
-        tr,
-        lab,
-    )
-    l = binary("mul", l, alpha, op, tr, lab)
-    for w in range(quad.shape[1]):
-        l = binary("add", l, quad[:, w], op, tr, lab)
-    return _store(l, spec, tr, lab)
+class BlockSumOrder(RowSumOrder):
+    """An order that sums each block of P on its own (:meth:`block_sum`), then updates l = l * alpha + s: one
+    FMA when the spec is fused, else a multiply (kept in the compute format) and an add; ``RowSum.floor``
+    raises the block's sum first (NaN stays NaN)."""
+
+    def update(self, l, p, alpha, spec, tile, trace, label):
+        s = self.block_sum(p, spec, tile, trace, label)
+        if spec.floor is not None:
+            floor = f64(cast(np.float64(spec.floor), compute_format(spec)))
+            s = np.where(np.isnan(f64(s)) | (f64(s) >= floor), s, floor).astype(np.asarray(s).dtype)
+        if spec.fused:
+            return fma(l, alpha, s, spec, trace, label)
+        return binary("add", binary("mul", l, alpha, compute_only(spec), trace, label), s, spec, trace, label)
+
+
+class _NumpySum(BlockSumOrder):
+    name, doc, native, fusable = NUMPY, "numpy float64 sum (FP64 only)", True, False
+
+    def block_sum(self, p, spec, tile, trace, label):
+        return np.sum(f64(p), axis=-1)
+
+
+class _ExactSum(BlockSumOrder):
+    name, doc = "exact", "exact sum rounded once (emufloat.sum)"
+
+    def block_sum(self, p, spec, tile, trace, label):
+        first = compute_format(spec)
+        return ef.sum(p, first, spec.rounding if first == spec.fmt else RNE, trace=trace, label=label)
+
+
+class _TreeSum(BlockSumOrder):
+    def __init__(self, name: str, doc: str):
+        self.name, self.doc = name, doc
+
+    def block_sum(self, p, spec, tile, trace, label):
+        return tree_rowsum(p, order_tree(self.name, p.shape[-1]), spec, trace, label)
+
+
+for _order in (
+    _NumpySum(),
+    _ExactSum(),
+    _TreeSum("sequential", "left to right, each add rounded"),
+    _TreeSum("pairwise", "balanced tree, each add rounded"),
+):
+    ROW_SUMS.register(_order)
 
 
 def block_sum(
     p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None = None, label: str = ""
 ) -> np.ndarray:
-    """Row sums of a P block along its order, in the spec's compute format (fmt when none).
-
-    ``tile`` = (BLOCK_M, BLOCK_N) picks the recorded H100 tree; a narrower (ragged) block is padded with
-    +0, as the kernel's masked columns hold exp2(-inf) = +0.
-    """
-    first = compute_format(spec)
-    rnd = spec.rounding if first == spec.fmt else RNE
-    if spec.order == NUMPY:
-        return np.sum(f64(p), axis=-1)
-    if spec.order == "exact":
-        return ef.sum(p, first, rnd, trace=trace, label=label)
-    if spec.order == "h100_tl_sum":
-        tree = h100.tl_sum(tile[0], tile[1], spec.num_warps)
-        if p.shape[-1] > tree.n_leaves:
-            raise ValueError(f"row_sum: a block of {p.shape[-1]} columns does not fit the {tile} tile")
-        return ef.tree_sum(_padded(p, tree.n_leaves), tree, first, rnd, trace=trace, label=label)
-    tree = order_tree(spec.order, p.shape[-1], p.shape[0] if p.ndim > 1 else 512)
-    return ef.tree_sum(p, tree, first, rnd, trace=trace, label=label)
+    """Row sums of a P block along the spec's order, in its compute format (fmt when none); ``tile`` =
+    (BLOCK_M, BLOCK_N) of the launch, for orders that depend on it."""
+    return ROW_SUMS.get(spec.order).block_sum(p, spec, tile, trace, label)
 
 
 class RowSumState:
-    """The running row sum l of a block of rows, updated block by block as the spec says.
-
-    Orders 'fa2_threads' and 'cudnn_threads' keep four partial sums a row (one per thread of the quad that
-    owns the row).  FA2: each is rescaled, then the thread's own columns are added to it left to right, and
-    :meth:`total` combines them as (t0 + t2) + (t1 + t3).  cuDNN: each thread first sums its own columns of
-    the block left to right, then l_t = l_t * alpha + s_t (one FMA when fused), and :meth:`total` combines
-    them as (t0 + t1) + (t2 + t3).
-    """
+    """The running row sum l of a block of rows, updated block by block as the spec's order says (orders that
+    keep partial sums per thread hold ``threads`` of them a row until :meth:`total`)."""
 
     def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None, label: str = "row_sum"):
         self.spec, self.tile, self.trace, self.label = spec, tile, trace, label
-        threads = (rows, 4) if spec.order in QUAD_ORDERS else (rows,)
-        self.l = cast(np.zeros(threads), spec.fmt)
+        self.order = ROW_SUMS.get(spec.order)
+        self.l = cast(np.zeros((rows, self.order.threads) if self.order.threads > 1 else (rows,)), spec.fmt)
 
     def update(self, p: np.ndarray, alpha: np.ndarray) -> None:
         """l = l*alpha + rowsum(p)."""
-        spec, tr, lab = self.spec, self.trace, self.label
-        if spec.order == "fa2_threads":
-            cols = _quad_columns(p)  # (rows, 4, columns / 4)
-            if spec.fused:  # nvcc contracts l *= scale; l += p0 into one FMA
-                scaled = fma(self.l, np.broadcast_to(alpha[:, None], self.l.shape), cols[:, :, 0], spec, tr, lab)
-                cols = cols[:, :, 1:]
-            else:
-                scaled = binary("mul", self.l, alpha[:, None], spec, tr, lab)  # (rows, 4)
-            leaves = np.concatenate([f64(scaled)[:, :, None], f64(cols)], axis=-1)
-            first = compute_format(spec)
-            s = ef.tree_sum(
-                leaves,
-                order_tree("sequential", leaves.shape[-1]),
-                first,
-                spec.rounding if first == spec.fmt else RNE,
-                trace=tr,
-                label=lab,
-            )
-            self.l = _store(s, spec, tr, lab)
-            return
-        if spec.order == "cutlass_warps":
-            self.l = _cutlass_warps_update(self.l, p, alpha, spec, tr, lab)
-            return
-        if spec.order == "cudnn_threads":  # each thread's own columns of the block, left to right
-            cols = _quad_columns(p)  # (rows, 4, columns / 4)
-            op = compute_only(spec)
-            s = ef.tree_sum(cols, order_tree("sequential", cols.shape[-1]), op.fmt, op.rounding, trace=tr, label=lab)
-            alpha = np.broadcast_to(alpha[:, None], self.l.shape)  # then each thread's partial is updated
-        else:
-            s = block_sum(p, spec, self.tile, tr, lab)
-        if spec.floor is not None:  # clamp(min=floor): NaN stays NaN
-            floor = f64(cast(np.float64(spec.floor), compute_format(spec)))
-            s = np.where(np.isnan(f64(s)) | (f64(s) >= floor), s, floor).astype(np.asarray(s).dtype)
-        if spec.fused:
-            self.l = fma(self.l, alpha, s, spec, tr, lab)
-        else:
-            self.l = binary("add", binary("mul", self.l, alpha, compute_only(spec), tr, lab), s, spec, tr, lab)
+        self.l = self.order.update(self.l, p, alpha, self.spec, self.tile, self.trace, self.label)
 
     def total(self) -> np.ndarray:
-        """The row sum l (FA2, cuDNN: the quad reduction of the four partials)."""
-        if self.spec.order not in QUAD_ORDERS:
-            return self.l
-        t = self.l
-        pairs = ((0, 2), (1, 3)) if self.spec.order == "fa2_threads" else ((0, 1), (2, 3))
-        a, b = (binary("add", t[:, i], t[:, j], self.spec, self.trace, self.label) for i, j in pairs)
-        return binary("add", a, b, self.spec, self.trace, self.label)
+        """The row sum l (the partials combined, for orders that keep several a row)."""
+        return self.order.total(self.l, self.spec, self.trace, self.label)
 
 
 def compute_only(spec: Spec) -> Op:
@@ -307,18 +262,26 @@ def compute_only(spec: Spec) -> Op:
 
 
 # ---- normalisation ---------------------------------------------------------------------------------
+class _IEEE(Division):
+    name, doc, hardware = "ieee", "correctly rounded division (emufloat.div)", False
+
+    def divide(self, acc, l, spec, trace, label):
+        return binary("div", acc, l, spec, trace, label)
+
+    def reciprocal(self, l, spec, trace, label):
+        one = np.float32(1.0) if not is_native(spec.fmt) else 1.0
+        return binary("div", one, l, compute_only(spec), trace, label)
+
+
+DIVISIONS.register(_IEEE())
+
+
 def normalize(
     acc: np.ndarray, l: np.ndarray, spec: Norm, trace: Trace | None = None, label: str = "normalize"
 ) -> np.ndarray:
-    """acc / l (l broadcast along the last axis), by division or by a reciprocal and a multiply."""
-    lb = l[..., None]
+    """acc / l (l broadcast along the last axis), by the spec's division: a division, or a reciprocal and a
+    multiply."""
+    division, lb = DIVISIONS.get(spec.division), l[..., None]
     if spec.method == "divide":
-        if spec.division == "ieee":
-            return binary("div", acc, lb, spec, trace, label)
-        r = h100.div_full(acc, lb, trace=trace, label=label)
-        return r if spec.fmt == FP32 else ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
-    if spec.division == "ieee":
-        inv = binary("div", np.float32(1.0) if not is_native(spec.fmt) else 1.0, lb, compute_only(spec), trace, label)
-    else:
-        inv = h100.rcp_approx(lb)
-    return binary("mul", acc, inv, spec, trace, label)
+        return division.divide(acc, lb, spec, trace, label)
+    return binary("mul", acc, division.reciprocal(lb, spec, trace, label), spec, trace, label)

@@ -30,8 +30,6 @@ leading axes; lse in the base of the policy's ``lse`` log, as :func:`flashsim.fl
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 import emufloat as ef
@@ -41,9 +39,10 @@ from emufloat.formats import format_of_dtype
 from . import arith
 from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
 from .attention import check_inputs as check_forward_inputs
+from .orders import DELTAS, DeltaOrder
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
-from .specs import Delta, Grad, Op, is_native
+from .specs import NUMPY, Delta, Grad, Op, is_native
 from .specs.backward import KV_ORDERS, Q_ORDERS
 
 RNE = Rounding("rne")
@@ -87,70 +86,71 @@ def _to(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: R
     return arith.cast(x, fmt, rounding, trace, label)
 
 
-@functools.lru_cache(maxsize=64)
-def _lane_tree(n: int) -> ef.ReductionTree:
-    """delta's tl.sum over a loaded 16-bit tile on the H100: 8 values a lane, then a butterfly (recorded)."""
-    return ef.ReductionTree.thread_butterfly(n, 8)
-
-
 # ---- delta ------------------------------------------------------------------------------------------
-def fa2_threads(x: np.ndarray, threads: int, chunk: int) -> np.ndarray:
-    """(rows, n) -> (rows, threads, k): columns in chunks of ``chunk`` dealt round-robin to the threads,
-    each thread's values in its own order (zero padded to a whole number of rounds)."""
-    rows, n = x.shape
-    width = threads * chunk
-    padded_n = -(-n // width) * width
-    if padded_n != n:
-        padded = np.zeros((rows, padded_n), dtype=x.dtype)
-        padded[:, :n] = x
-        x = padded
-    return x.reshape(rows, -1, threads, chunk).transpose(0, 2, 1, 3).reshape(rows, threads, -1)
+def products(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
+    """a * b elementwise, each product rounded into the spec's product format."""
+    return arith.binary("mul", a, b, Op(spec.prod_fmt), trace, label)
+
+
+def product_chain(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
+    """sum_k a_k b_k along the last axis, left to right in the compute format, vectorised over the others: the
+    first product, then fma(a, b, acc) when the spec is fused, else acc + round(a * b)."""
+    first, acc_op = arith.compute_format(spec), arith.compute_only(spec)
+    prod_op = acc_op if spec.fused else Op(spec.prod_fmt)
+    acc = _to(arith.binary("mul", a[..., 0], b[..., 0], prod_op, trace, label), first, trace, label)
+    for t in range(1, a.shape[-1]):
+        if spec.fused:
+            acc = arith.fma(a[..., t], b[..., t], acc, acc_op, trace, label)
+        else:
+            acc = arith.binary(
+                "add", acc, arith.binary("mul", a[..., t], b[..., t], prod_op, trace, label), acc_op, trace, label
+            )
+    return acc
+
+
+class _ExactDelta(DeltaOrder):
+    name, doc = "exact", "exact sum of the (rounded) products, rounded once (emufloat.sum)"
+
+    def rowsum(self, a, b, spec, trace, label):
+        first = arith.compute_format(spec)
+        rnd = spec.rounding if first == spec.fmt else RNE
+        return ef.sum(products(a, b, spec, trace, label), first, rnd, trace=trace, label=label)
+
+
+class _NumpyDelta(DeltaOrder):
+    name, doc, native = NUMPY, "numpy float64 sum (FP64 only)", True
+
+    def rowsum(self, a, b, spec, trace, label):
+        return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
+
+
+class _TreeDelta(DeltaOrder):
+    def __init__(self, name: str, doc: str, fusable: bool):
+        self.name, self.doc, self.fusable = name, doc, fusable
+
+    def rowsum(self, a, b, spec, trace, label):
+        if spec.fused:
+            return product_chain(a, b, spec, trace, label)
+        prods = products(a, b, spec, trace, label)
+        return arith.tree_rowsum(prods, arith.order_tree(self.name, prods.shape[-1]), spec, trace, label)
+
+
+for _order in (
+    _NumpyDelta(),
+    _ExactDelta(),
+    _TreeDelta("sequential", "left to right, each add rounded (an FMA per term when fused)", True),
+    _TreeDelta("pairwise", "balanced tree, each add rounded", False),
+):
+    DELTAS.register(_order)
 
 
 def delta_rowsum(
     a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None, label: str = "delta"
 ) -> np.ndarray:
     """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats)."""
+    acc = DELTAS.get(spec.order).rowsum(a, b, spec, trace, label)
     if is_native(spec.fmt):
-        return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
-    first = arith.compute_format(spec)
-    acc_op = arith.compute_only(spec)
-    if spec.order == "fa2_dot_do_o":
-        a, b = fa2_threads(a, spec.threads, spec.chunk), fa2_threads(b, spec.threads, spec.chunk)
-    if spec.fused or spec.order == "fa2_dot_do_o":
-        # a sequential chain per row (per thread), vectorised over rows (and threads): the first product,
-        # then either fma(a, b, acc) or acc + round(a*b)
-        prod_op = acc_op if spec.fused else Op(spec.prod_fmt)
-        acc = _to(arith.binary("mul", a[..., 0], b[..., 0], prod_op, trace, label), first, trace, label)
-        for t in range(1, a.shape[-1]):
-            if spec.fused:
-                acc = arith.fma(a[..., t], b[..., t], acc, acc_op, trace, label)
-            else:
-                prod = arith.binary("mul", a[..., t], b[..., t], prod_op, trace, label)
-                acc = arith.binary("add", acc, prod, acc_op, trace, label)
-        if spec.order == "fa2_dot_do_o":
-            # butterfly all-reduce (shfl_xor, offsets threads/2, ..., 1): lane t adds lane t ^ off; every lane
-            # ends with lane 0's value (addition commutes), so only the lanes that feed lane 0 are computed
-            if spec.shuffle == "halving":
-                off = spec.threads // 2
-                while off >= 1:
-                    acc = arith.binary("add", acc[:, :off], acc[:, off : 2 * off], acc_op, trace, label)
-                    off //= 2
-            else:  # doubling: neighbours first, (t0 + t1) + (t2 + t3)
-                while acc.shape[1] > 1:
-                    acc = arith.binary("add", acc[:, 0::2], acc[:, 1::2], acc_op, trace, label)
-            acc = acc[:, 0]
-    else:
-        prods = arith.binary("mul", a, b, Op(spec.prod_fmt), trace, label)
-        rnd = spec.rounding if first == spec.fmt else RNE
-        if spec.order == "exact":
-            acc = ef.sum(prods, first, rnd, trace=trace, label=label)
-        elif spec.order == "h100_tl_sum":
-            acc = ef.tree_sum(prods, _lane_tree(prods.shape[-1]), first, rnd, trace=trace, label=label)
-        else:
-            rows = prods.shape[0] if prods.ndim > 1 else 512
-            tree = arith.order_tree(spec.order, prods.shape[-1], rows, 2 if spec.prod_fmt.width <= 16 else 4)
-            acc = ef.tree_sum(prods, tree, first, rnd, trace=trace, label=label)
+        return acc
     if spec.compute is not None and spec.compute != spec.fmt:
         acc = ef.quantize(acc, spec.fmt, spec.rounding, trace=trace, label=label)
     return arith.nan_encoded(acc, spec.nan_bits)
@@ -256,7 +256,7 @@ class _Head:
     def delta(self, bm: int) -> np.ndarray:
         spec, tr = self.pol.delta, self.trace
         m, n = self.q.shape[0], self.k.shape[0]
-        if spec.source == "o" and spec.order == "torch_cuda":  # a launch per Q block: its rows pick the order
+        if spec.source == "o" and DELTAS.get(spec.order).per_q_block:  # a launch per Q block: its rows matter
             return np.concatenate(
                 [delta_rowsum(self.do[i : i + bm], self.o[i : i + bm], spec, tr) for i in range(0, m, bm)]
             )
@@ -442,4 +442,4 @@ def reference_backward(
     return _per_head(one, arrays[:-1])
 
 
-__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum", "fa2_threads"]
+__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum", "product_chain", "products"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import emufloat as ef
 from emufloat import BF16, FP32, FP64, Sequential
-from emufloat.hw import h100
 
 from .policy import Policy, register_policy
 from .specs import (
@@ -100,7 +99,7 @@ BASELINE_BF16 = Policy(
 
 #: cuBLAS's bf16 GEMMs on the H100/H200 round as the wgmma model, every dot product over its whole K
 #: (every einsum of the paper's pipeline identical: gpu/scripts/record_kernels.py --capture)
-CUBLAS_BF16 = h100.WGMMA_BF16
+CUBLAS_BF16 = "h100_wgmma_bf16"
 
 QIU_YAO = Policy(
     name="qiu_yao",
@@ -141,7 +140,7 @@ FA2 = Policy(
     name="fa2",
     note="FlashAttention-2 style on an H100: raw-max FFMA exp2 (ex2.approx.ftz, fast math), thread-local "
     "row sums, reverse K/V order, 1/l then multiply; mma.sync assumed to round like wgmma",
-    scores=Dot(BF16, h100.WGMMA_BF16),
+    scores=Dot(BF16, "h100_wgmma_bf16"),
     scale=Scale("exp", FP32),
     mask=Mask(),
     max=Op(FP32),
@@ -149,7 +148,7 @@ FA2 = Policy(
     exp=Func("h100_ex2", FP32),
     row_sum=RowSum("fa2_threads", FP32),
     p_cast=Op(BF16),
-    pv=Dot(BF16, h100.WGMMA_BF16, into_acc=True),
+    pv=Dot(BF16, "h100_wgmma_bf16", into_acc=True),
     rescale=Op(FP32),
     o_accum=Op(FP32),
     normalize=Norm("reciprocal", "rcp_approx", FP32),
@@ -162,11 +161,11 @@ FA2 = Policy(
     # to bf16 for the mma; dQ, dK times softmax_scale at the end; 128 x 128 tiles (head dim 64)
     delta=Delta("fa2_dot_do_o", FP32, fused=True),
     recompute=Recompute("h100_ex2", FP32, fused=True),
-    dv=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
-    dp=Dot(BF16, h100.WGMMA_BF16),
+    dv=Grad(Dot(BF16, "h100_wgmma_bf16", into_acc=True), Op(FP32), Op(BF16)),
+    dp=Dot(BF16, "h100_wgmma_bf16"),
     ds=SoftmaxGrad(FP32, scale_at="end"),
-    dk=Grad(Dot(BF16, h100.WGMMA_BF16, into_acc=True), Op(FP32), Op(BF16)),
-    dq=Grad(Dot(BF16, h100.WGMMA_BF16), Op(FP32), Op(BF16)),
+    dk=Grad(Dot(BF16, "h100_wgmma_bf16", into_acc=True), Op(FP32), Op(BF16)),
+    dq=Grad(Dot(BF16, "h100_wgmma_bf16"), Op(FP32), Op(BF16)),
     bwd_tiling=BwdTiling(128, 128, q_order="reverse"),
 )
 

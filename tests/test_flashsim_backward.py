@@ -11,7 +11,8 @@ import emufloat as ef
 import flashsim as fs
 from emufloat.hw import h100
 from flashsim import arith
-from flashsim.backward import delta_rowsum, fa2_threads
+from flashsim.backward import delta_rowsum
+from flashsim.devices.sm80_quads import deal
 from flashsim.policy import BWD_STEPS, BWD_TRACE_LABELS, default_backward
 from gpu.policies import triton_policy
 
@@ -316,7 +317,7 @@ def test_fa2_recompute_is_one_ffma_and_ex2():
 
 
 def test_fa2_delta_thread_layout_and_butterfly():
-    cols = fa2_threads(np.arange(2 * 20, dtype=np.float64).reshape(2, 20), threads=4, chunk=2)
+    cols = deal(np.arange(2 * 20, dtype=np.float64).reshape(2, 20), threads=4, chunk=2)
     assert cols.shape == (2, 4, 6)
     assert cols[0].tolist() == [
         [0, 1, 8, 9, 16, 17],

@@ -14,6 +14,7 @@ import emufloat as ef
 import flashsim as fs
 from emufloat.hw import h100
 from flashsim import arith
+from flashsim.devices.sm80_quads import quad_columns
 from flashsim.policy import STEPS, TRACE_LABELS
 from flashsim.specs import Combine
 
@@ -357,7 +358,7 @@ def test_bad_dtype_and_trace():
 
 
 def test_fa2_thread_columns_partition_the_block():
-    cols = arith._quad_columns(np.arange(16)[None])[0]
+    cols = quad_columns(np.arange(16)[None])[0]
     assert cols.tolist() == [[0, 1, 8, 9], [2, 3, 10, 11], [4, 5, 12, 13], [6, 7, 14, 15]]
     state = arith.RowSumState(3, fs.FA2.row_sum, (64, 64), None)
     p = np.float32(np.arange(3 * 13).reshape(3, 13) % 7)  # small integers: every order sums exactly

@@ -87,12 +87,12 @@ def test_delta_reads_its_bf16_products_eight_to_a_vector(monkeypatch):
     """The one recorded case where delta's order shows (dP - delta cancels in row 309): torch reads the bf16
     products as 16-byte vectors of 8; read as fp32 (4 to a vector) the case is lost.  (Pairwise and
     sequential orders happen to give its value too.)"""
-    from flashsim import arith
+    from flashsim.devices import cuda_libs
 
     with_delta = [r for r in TWO_TILES if r.do is not None]
     assert _identical_cases(with_delta) == 1
-    real = arith.order_tree
-    monkeypatch.setattr(arith, "order_tree", lambda order, n, rows=512, itemsize=4: real(order, n, rows, 4))
+    real = cuda_libs.torch_tree
+    monkeypatch.setattr(cuda_libs, "torch_tree", lambda n, rows, itemsize: real(n, rows, 4))
     assert _identical_cases(with_delta) == 0
 
 

@@ -11,12 +11,10 @@ covers formats of at most 24 significand bits.
 :mod:`~flashsim.specs.base` what they share; every name is importable from :mod:`flashsim.specs`.
 """
 
-from .backward import DELTA_ORDERS, DELTA_SOURCES, SCALE_AT, BwdTiling, Delta, Grad, Recompute, SoftmaxGrad
+from .backward import DELTA_SOURCES, SCALE_AT, BwdTiling, Delta, Grad, Recompute, SoftmaxGrad
 from .base import NUMPY, Model, is_native
 from .forward import (
-    DIVISIONS,
     MODEL_PRESETS,
-    ROW_SUM_ORDERS,
     SCALE_PLACES,
     Combine,
     Dot,
@@ -31,12 +29,9 @@ from .forward import (
 
 __all__ = [
     "Combine",
-    "DELTA_ORDERS",
     "DELTA_SOURCES",
-    "DIVISIONS",
     "MODEL_PRESETS",
     "NUMPY",
-    "ROW_SUM_ORDERS",
     "SCALE_AT",
     "SCALE_PLACES",
     "BwdTiling",

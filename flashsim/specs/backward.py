@@ -8,23 +8,12 @@ from dataclasses import dataclass, field
 from emufloat import FP32, Format, Rounding
 
 from ..functions import get_function
-from .base import NUMPY, Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
+from ..orders import DELTAS
+from .base import Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
 from .forward import Dot, Func, Op
 
 KV_ORDERS = ("forward", "reverse", "diagonal_first")
 Q_ORDERS = ("forward", "reverse", "rotated")
-DELTA_ORDERS = {
-    NUMPY: "numpy float64 sum (FP64 only)",
-    "exact": "exact sum of the (rounded) products, rounded once (emufloat.sum)",
-    "sequential": "left to right, each add rounded (an FMA per term when fused)",
-    "pairwise": "balanced tree, each add rounded",
-    "torch_cuda": "torch.sum(dim=-1) on a CUDA tensor of the products (16-bit ones read 8 to a vector), into "
-    "fp32 (emufloat.hw.torch_cuda.row_sum_tree)",
-    "fa2_dot_do_o": "FA2's dot_do_o: the row split into chunks of `chunk` columns dealt round-robin to `threads` "
-    "threads, each summing its own left to right (FMA when fused), then a butterfly all-reduce",
-    "h100_tl_sum": "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous "
-    "values a lane left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)",
-}
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
     "p": "delta = rowsum(dP * P) over the whole row (PyTorch's softmax backward; the paper's alternative fix)",
@@ -40,12 +29,18 @@ SCALE_AT = {
 }
 
 
+def fusable_deltas() -> list[str]:
+    """The delta orders whose products may enter the sum through FMAs."""
+    return [o.name for o in DELTAS if o.fusable]
+
+
 @dataclass(frozen=True)
 class Delta(Spec):
     """delta_i = sum_k dO_ik O_ik (``source='o'``) or sum_j dP_ij P_ij (``source='p'``), one per query row.
 
     Each product is rounded into ``prod`` (default: the compute format, else ``fmt``; for BF16 operands
-    an FP32 product is exact) and the products are summed by ``order`` (``DELTA_ORDERS``) in the compute
+    an FP32 product is exact) and the products are summed by ``order`` (a name of
+    :data:`flashsim.orders.DELTAS`) in the compute
     format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
@@ -68,26 +63,27 @@ class Delta(Spec):
     shuffle: str = "halving"
 
     def __post_init__(self) -> None:
-        check_choice(self.order, DELTA_ORDERS, "Delta.order")
+        order = DELTAS.get(self.order, "Delta.order")
+        object.__setattr__(self, "order", order.name)
         check_choice(self.shuffle, SHUFFLES, "Delta.shuffle")
         check_choice(self.source, DELTA_SOURCES, "Delta.source")
         self._normalise()
         if self.prod is not None:
             object.__setattr__(self, "prod", spec_format(self.prod, "Delta.prod"))
         native = is_native(self.fmt)
-        if (self.order == NUMPY) != native:
+        if order.native != native:
             raise ValueError(
-                f"Delta.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
-                f"fmt {format_name(self.fmt)}"
+                f"Delta.order: {order.name!r} {'goes with FP64 only' if order.native else 'is not for FP64'}; "
+                f"got fmt {format_name(self.fmt)}"
             )
         if self.prod is not None and (native != is_native(self.prod) or (not native and self.prod.precision > 24)):
             raise ValueError(
                 f"Delta.prod: FP64 with an FP64 delta, else at most 24 significand bits; got {format_name(self.prod)}"
             )
-        if self.fused and (native or self.order not in ("sequential", "fa2_dot_do_o") or self.prod is not None):
+        if self.fused and (native or not order.fusable or self.prod is not None):
             raise ValueError(
-                "Delta.fused: FMA accumulation needs order 'sequential' or 'fa2_dot_do_o', a non-FP64 "
-                "format and no separate product format (prod=None)"
+                f"Delta.fused: FMA accumulation needs an order that takes it ({', '.join(fusable_deltas())}), a "
+                "non-FP64 format and no separate product format (prod=None)"
             )
         for arg in ("threads", "chunk"):
             val = getattr(self, arg)
@@ -283,7 +279,6 @@ class BwdTiling:
 
 
 __all__ = [
-    "DELTA_ORDERS",
     "DELTA_SOURCES",
     "KV_ORDERS",
     "Q_ORDERS",

@@ -11,6 +11,7 @@ from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 from emufloat.accum import PRESETS as MODEL_PRESETS
 
 from ..functions import get_function
+from ..orders import DIVISIONS, ROW_SUMS
 from .base import (
     NUMPY,
     Model,
@@ -22,32 +23,10 @@ from .base import (
     is_native,
 )
 
-ROW_SUM_ORDERS = {
-    NUMPY: "numpy float64 sum (FP64 only)",
-    "exact": "exact sum rounded once (emufloat.sum)",
-    "sequential": "left to right, each add rounded",
-    "pairwise": "balanced tree, each add rounded",
-    "h100_tl_sum": "Triton tl.sum tree recorded on the H100 (emufloat.hw.h100.tl_sum)",
-    "fa2_threads": "FA2 thread-local partial sums (4 threads a row), one quad reduction at the end",
-    "cudnn_threads": "cuDNN: 4 threads a row, each sums its own columns of a block left to right and then "
-    "updates its partial l_t = l_t * alpha + s_t; at the end (t0 + t1) + (t2 + t3)",
-    "torch_cuda": "torch.sum(dim=-1) on a CUDA fp32 tensor: a warp a row, four accumulators a lane, "
-    "shuffle-down (emufloat.hw.torch_cuda.row_sum_tree)",
-    "cutlass_warps": "PyTorch's memory-efficient kernel: per 32-key warp column, 4 threads a row each add "
-    "their 8 values (keys 2q, 2q+1, 2q+8, 2q+9, ...), a quad reduction (t0+t1)+(t2+t3); then l*alpha plus the "
-    "warp columns in order",
-}
-#: row-sum orders that keep a partial sum per thread of the quad that owns a row
-QUAD_ORDERS = ("fa2_threads", "cudnn_threads")
 SCALE_PLACES = {
     "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
     "max": "row max of raw S, then m = max*c (Triton: m in scaled units), x = S*c - m",
     "exp": "m kept raw (FA2); x = S*c - m*c, alpha = exp((m_old - m_new)*c)",
-}
-DIVISIONS = {
-    "ieee": "correctly rounded division (emufloat.div)",
-    "div_full": "H100 div.full.f32 (Triton's fp32 '/')",
-    "rcp_approx": "H100 rcp.approx.ftz.f32 (CUDA 1.f/x under fast math)",
 }
 
 
@@ -230,11 +209,12 @@ class Func(Spec):
 class RowSum(Spec):
     """Row sum of P and its update l = l*alpha + rowsum(P).
 
-    The block sum follows ``order`` (``ROW_SUM_ORDERS``) in the compute format (or ``fmt``); the update
-    is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt`` between blocks.
-    ``num_warps`` picks the recorded tree for 'h100_tl_sum'.  ``floor``: each block's sum is raised to at
-    least this value (rounded into the compute format; NaN stays NaN) before the update, as Qiu & Yao's code
-    clamps it at 1e-10 (a block whose every P underflows then adds 1e-10, not 0).
+    The block sum follows ``order`` (a name of :data:`flashsim.orders.ROW_SUMS`) in the compute format (or
+    ``fmt``); the update is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt``
+    between blocks.  ``num_warps``: the launch's warps, for orders that depend on them (the H100's ``tl.sum``
+    tree).  ``floor``: each block's sum is raised to at least this value (rounded into the compute format;
+    NaN stays NaN) before the update, as Qiu & Yao's code clamps it at 1e-10 (a block whose every P underflows
+    then adds 1e-10, not 0).
     """
 
     order: str
@@ -246,26 +226,25 @@ class RowSum(Spec):
     floor: float | None = None
 
     def __post_init__(self) -> None:
-        check_choice(self.order, ROW_SUM_ORDERS, "RowSum.order")
+        order = ROW_SUMS.get(self.order, "RowSum.order")
+        object.__setattr__(self, "order", order.name)
         self._normalise()
-        if (self.order == NUMPY) != is_native(self.fmt):
+        if order.native != is_native(self.fmt):
             raise ValueError(
-                f"RowSum.order: 'numpy' goes with FP64 and FP64 with it; got order {self.order!r}, "
-                f"fmt {format_name(self.fmt)}"
+                f"RowSum.order: {order.name!r} {'goes with FP64 only' if order.native else 'is not for FP64'}; "
+                f"got fmt {format_name(self.fmt)}"
             )
-        if self.fused and (is_native(self.fmt) or self.order == "cutlass_warps"):
-            raise ValueError(
-                "RowSum.fused: no FMA update for FP64 (numpy has none) or 'cutlass_warps' (l * alpha, then adds)"
-            )
+        if self.fused and (is_native(self.fmt) or not order.fusable):
+            raise ValueError(f"RowSum.fused: the order {order.name!r} has no FMA update l*alpha + s")
         if self.floor is not None and (
             isinstance(self.floor, bool)
             or not isinstance(self.floor, (int, float))
             or not self.floor > 0
-            or self.order in (*QUAD_ORDERS, "cutlass_warps")
+            or not order.sums_blocks
         ):
             raise ValueError(
-                f"RowSum.floor: a positive number, with an order that sums each block first (not the thread "
-                f"orders or cutlass_warps), or None; got {self.floor!r} with order {self.order!r}"
+                f"RowSum.floor: a positive number, with an order that sums each block first, or None; got "
+                f"{self.floor!r} with order {order.name!r}"
             )
 
     def __str__(self) -> str:
@@ -277,7 +256,8 @@ class RowSum(Spec):
 
 @dataclass(frozen=True)
 class Norm(Spec):
-    """Normalisation O = acc / l: ``method`` 'divide', or 'reciprocal' (r = 1/l, then acc*r, as FA2)."""
+    """Normalisation O = acc / l: ``method`` 'divide', or 'reciprocal' (r = 1/l, then acc*r, as FA2), by the
+    ``division`` of that name (:data:`flashsim.orders.DIVISIONS`)."""
 
     method: str
     division: str
@@ -287,11 +267,12 @@ class Norm(Spec):
 
     def __post_init__(self) -> None:
         check_choice(self.method, ("divide", "reciprocal"), "Norm.method")
-        check_choice(self.division, DIVISIONS, "Norm.division")
+        division = DIVISIONS.get(self.division, "Norm.division")
+        object.__setattr__(self, "division", division.name)
         self._normalise()
-        if (self.method, self.division) in (("divide", "rcp_approx"), ("reciprocal", "div_full")):
+        if self.method not in division.methods:
             raise ValueError(f"Norm.division: {self.division!r} does not go with method {self.method!r}")
-        if self.division != "ieee" and is_native(self.fmt):
+        if division.hardware and is_native(self.fmt):
             raise ValueError(f"Norm.division: {self.division!r} is an FP32 hardware model; FP64 needs 'ieee'")
 
     def __str__(self) -> str:
@@ -359,9 +340,7 @@ class Combine:
 
 __all__ = [
     "Combine",
-    "DIVISIONS",
     "MODEL_PRESETS",
-    "ROW_SUM_ORDERS",
     "SCALE_PLACES",
     "Dot",
     "Func",

@@ -559,9 +559,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--data",
         metavar="FILE",
-        help=".npz with arrays q, k, v; .npy of shape (3, ..., N, d); "
-        ".pt (needs torch): dict with q, k, v, three tensors or a (3, ...) tensor; any float dtype "
-        "(numpy, ml_dtypes, torch bf16/float8)",
+        help=".npz with arrays q, k, v; .npy of shape (3, ..., N, d); .pt (needs torch): dict with q, k, v, three "
+        "tensors or a (3, ...) tensor. Any float dtype keeps its bits and its format (numpy float16/32/64, ml_dtypes "
+        "bfloat16/float8/float6/float4, torch bf16/float8); ml_dtypes arrays saved with np.save/np.savez come back "
+        "as raw bytes: see --input-format",
     )
     tr.add_argument("--q", metavar="FILE", help="q as .npy or .pt, shape (..., M, d) (with --k, --v)")
     tr.add_argument("--k", metavar="FILE", help="k as .npy or .pt, shape (..., N, d)")
@@ -569,8 +570,10 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument(
         "--input-format",
         metavar="FMT",
-        help="the format of arrays saved as raw bytes (an ml_dtypes "
-        "float8 saved with np.save loses its type): e4m3fn, e5m2, ...; raw 2-byte arrays are bf16",
+        help="the format of arrays saved as raw bytes (np.save/np.savez drop ml_dtypes' types: bfloat16 and "
+        "float8/6/4 are written as raw bytes, float8_e5m2 as '<f1'): e4m3fn, e5m2, e4m3fnuz, e5m2fnuz, e2m1, e2m3, "
+        "e3m2, bf16; without it raw 2-byte arrays are bf16 and raw 1-byte arrays are refused. Only for raw bytes: a "
+        "typed array (numpy, ml_dtypes, torch) of another format is refused",
     )
     tr.add_argument(
         "--allow-nonfinite",

@@ -1,11 +1,13 @@
 """q, K, V (and dO) from users' files, checked before anything is computed.
 
 Files: ``.npz`` (arrays named q, k, v[, do]), ``.npy`` (one array, or q, k, v stacked on a first axis of 3)
-and ``.pt``/``.pth`` (torch: a dict, a list of tensors or one stacked tensor; needs torch).  Every float
-dtype is taken with its bits: numpy's, ml_dtypes' (an ml_dtypes array saved by ``np.save`` comes back as
-raw bytes: 2-byte ones are bfloat16, the only 2-byte ml_dtypes float; 1-byte ones need ``input_format``
-to say which FP8/FP4 format they hold) and torch's (bf16 and float8 included).  Integer, bool and complex
-arrays are refused, as the API refuses them: converting integers is the caller's decision.
+and ``.pt``/``.pth`` (torch: a dict, a list of tensors or one stacked tensor; needs torch).  A typed array
+(numpy, ml_dtypes, torch: bf16 and float8 included) keeps its bits and its format.  ``np.save``/``np.savez``
+write bfloat16 and most float8/6/4 arrays as raw bytes (descr '<V2', '<V1') and float8_e5m2 as '<f1', which
+numpy cannot load; both come back as raw bytes: 2-byte ones are bfloat16 (the only 2-byte ml_dtypes float),
+1-byte ones need ``input_format``.  ``input_format`` is for raw bytes only: a typed array of another format
+is refused.  Files are never unpickled.  Integer, bool and complex arrays are refused, as the API refuses
+them: converting integers is the caller's decision.
 
 Every problem raises :class:`InputError` naming the argument (``--data``, ``--q``...) and what is accepted.
 """

@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+import struct
 import subprocess
 import sys
 import zipfile
@@ -156,6 +157,25 @@ def files(tmp_path_factory) -> Path:
         'name = "t"\nrows = 4\nseeds = [1]\npolicies = ["fp32"]\n[[families]]\nname = "x"\n'
     )
     (t / "not_toml.toml").write_text("rows = [\n")
+    np.save(t / "e5m2.npy", np.stack([k, k, k]).astype(ml_dtypes.float8_e5m2))
+    np.savez(t / "e5m2.npz", **{n: x.astype(ml_dtypes.float8_e5m2) for n, x in zip("qkv", (q, k, v), strict=True)})
+    for n, x in zip("qkv", (q, k, v), strict=True):
+        np.save(t / f"{n}_e5m2.npy", x.astype(ml_dtypes.float8_e5m2))
+    np.save(t / "bf16_raw.npy", np.stack([k, k, k]).astype(ml_dtypes.bfloat16))
+    (t / "e5m2_truncated.npy").write_bytes((t / "e5m2.npy").read_bytes()[:-7])
+    hdr = b"{'descr': '<f1', 'fortran_order': False, 'shape': (__import__('os').system('true'),), }"
+    hdr += b" " * (63 - (10 + len(hdr)) % 64) + b"\n"
+    (t / "code_header.npy").write_bytes(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr + bytes(8))
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        typed = {n: torch.from_numpy(x).to(torch.float8_e4m3fn) for n, x in zip("qkv", (q, k, v), strict=True)}
+        torch.save(typed, t / "fp8_e4m3.pt")
+        for n, x in typed.items():
+            torch.save(x, t / f"{n}_e4m3.pt")
+        if hasattr(torch, "float8_e8m0fnu"):
+            e8m0 = {n: torch.zeros(x.shape, dtype=torch.uint8).view(torch.float8_e8m0fnu) for n, x in typed.items()}
+            torch.save(e8m0, t / "e8m0.pt")
     np.savez(t / "no_meta.npz", q=q)
     np.savez(t / "bad_meta.npz", q=q, meta=np.array("{not json"))
     with zipfile.ZipFile(t / "run.npz") as z:
@@ -241,6 +261,22 @@ TABLE = [
     ("flashsim", ["crosscheck", "{t}/no_o.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/run.npz", "{t}/garbage.npz"], "RUN"),
     ("flashsim", ["crosscheck", "{t}/no_model.npz"], "RUN"),
+    # typed arrays keep their format; --input-format names raw bytes only
+    ("flashsim", TR + ["--data", "{t}/fp8_e4m3.pt", "--input-format", "e5m2"], "--input-format"),
+    (
+        "flashsim",
+        TR + ["--q", "{t}/q_e4m3.pt", "--k", "{t}/k_e4m3.pt", "--v", "{t}/v_e4m3.pt", "--input-format", "e5m2"],
+        "--input-format",
+    ),
+    ("flashsim", TR + ["--data", "{t}/ok.npz", "--input-format", "e5m2"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/fp8_raw.npz", "--input-format", "bf16"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/bf16_raw.npy", "--input-format", "e4m3fn"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/e5m2.npy"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/e5m2.npz"], "--input-format"),
+    ("flashsim", TR + ["--q", "{t}/q_e5m2.npy", "--k", "{t}/k_e5m2.npy", "--v", "{t}/v_e5m2.npy"], "--input-format"),
+    ("flashsim", TR + ["--data", "{t}/e8m0.pt"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/e5m2_truncated.npy", "--input-format", "e5m2"], "--data"),
+    ("flashsim", TR + ["--data", "{t}/code_header.npy", "--input-format", "e5m2"], "--data"),
     # code named by files and arguments, without the user's --allow-import (test_trust.py checks nothing ran)
     ("flashsim", TR + ["--policy", "os:system", "--policy-args", '{{"command": "touch {t}/system-ran"}}'], "--policy"),
     ("flashsim", TR + ["--policy", "planted_mod:make"], "--policy"),
@@ -398,6 +434,8 @@ def test_the_table_covers_every_command():
 )
 def test_bad_input_fails_in_one_line_naming_the_argument(files, command, argv, argument, monkeypatch):
     main = _main(command)
+    if any(a.endswith(".pt") and not (files / a.format(t="").lstrip("/")).exists() for a in argv if "{t}" in a):
+        pytest.skip("the .pt fixture needs torch (and for e8m0, a torch with float8_e8m0fnu)")
     monkeypatch.setattr(cli, "step_rows", _no_computation)
     monkeypatch.setattr("flashsim.sweep.run._start_client", _no_computation)
     monkeypatch.chdir(files / "empty_dir")  # default output folders would land here

@@ -7,13 +7,16 @@ one it is.  The generic ones (numpy, exact, sequential, pairwise, IEEE division)
 cuDNN's per-thread partial sums, ``div.full.f32``...) by the modules of :mod:`flashsim.devices`.  A kernel of
 your own adds one by subclassing and registering, in a file of its own::
 
-    from flashsim.orders import ROW_SUMS, RowSumOrder
+    from flashsim.arith import BlockSumOrder
+    from flashsim.orders import ROW_SUMS
 
-    class MyOrder(RowSumOrder):
+    class MyOrder(BlockSumOrder):  # sums each block, then l = l * alpha + s
         name, doc = "my_order", "what my kernel's row sum does"
         def block_sum(self, p, spec, tile, trace, label): ...
 
     ROW_SUMS.register(MyOrder())
+
+(``tests/test_extensions.py`` does exactly this.)
 
 Orders are stateless values: the state (the running l) lives in :class:`flashsim.arith.RowSumState`.
 """

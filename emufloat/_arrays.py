@@ -268,6 +268,7 @@ def check_fp32_values(arr: np.ndarray, argname: str) -> None:
 
 
 def broadcast_shape(arrays: dict[str, np.ndarray]) -> tuple[int, ...]:
+    """The shape the named arrays broadcast to; a ValueError names each operand's shape when they do not."""
     try:
         return np.broadcast_shapes(*(a.shape for a in arrays.values()))
     except ValueError:

@@ -11,14 +11,18 @@ A model is a small frozen value object; ``dot`` and ``matmul`` take one.
   and rounded once (``final_rounding``) into ``acc_fmt``; K is a chain of such
   steps, each feeding its result in as the next step's C.
 
-The models are generic.  A hardware room gives them the parameters one device
-uses and a name (``emufloat.hw.h100.WGMMA_BF16`` is the FusedBlock named
-``"h100_wgmma_bf16"``) and registers them in :data:`PRESETS`, so ``matmul``
-takes them by name too.  The kernels are in :mod:`emufloat._accum_kernels`.
+The models are generic, and ``matmul`` has no default model: no accumulation
+order is neutral (see :func:`matmul`).  A hardware room gives them the
+parameters one device uses and a name (``emufloat.hw.h100.WGMMA_BF16`` is the
+FusedBlock named ``"h100_wgmma_bf16"``) and registers them in :data:`PRESETS`,
+so ``matmul`` takes them by name too; a name of one of emufloat's own rooms
+imports that room on first use (``import emufloat`` imports none).  The
+kernels are in :mod:`emufloat._accum_kernels`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -147,8 +151,60 @@ class FusedBlock:
 
 Model = Sequential | Pairwise | Exact | FusedBlock
 
-PRESETS: dict[str, Model] = {}
-"""Models by name, as ``matmul(a, b, "h100_wgmma_bf16")`` takes them: the presets hardware rooms register."""
+_REGISTERED: dict[str, Model] = {}
+
+
+def _import_h100() -> None:
+    """Import the H100's room, whose :mod:`~emufloat.hw.h100.wgmma` registers its presets."""
+    from .hw import h100  # noqa: F401
+
+
+_BUILTIN_ROOMS: dict[str, Callable[[], None]] = dict.fromkeys(
+    (
+        "h100_wgmma_bf16",
+        "h100_wgmma_fp16",
+        "h100_wgmma_fp8",
+        "h100_wgmma_fp8_promoted",
+        "h100_wgmma_tf32",
+        "h100_mma_k8_bf16",
+        "h100_mma_k8_fp16",
+    ),
+    _import_h100,
+)
+"""The presets of emufloat's own hardware rooms, by name: the import that registers each.  A fixed table, so
+that a name imports only the package's own code, and only the room that declares it, on first use;
+``tests/test_device_api.py`` holds it to the names the rooms register."""
+
+
+def _import_builtin_rooms() -> None:
+    for load in dict.fromkeys(_BUILTIN_ROOMS.values()):
+        load()
+
+
+class _Presets(Mapping[str, Model]):
+    """The registered models by name, read-only (:func:`register` adds to it).  Looking up a name of one of
+    emufloat's own rooms imports that room first; listing the names imports every such room."""
+
+    def __getitem__(self, name: str) -> Model:
+        if name not in _REGISTERED and name in _BUILTIN_ROOMS:
+            _BUILTIN_ROOMS[name]()
+        return _REGISTERED[name]
+
+    def __iter__(self) -> Iterator[str]:
+        _import_builtin_rooms()
+        return iter(_REGISTERED)
+
+    def __len__(self) -> int:
+        _import_builtin_rooms()
+        return len(_REGISTERED)
+
+    def __repr__(self) -> str:
+        return f"PRESETS({dict(self)!r})"
+
+
+PRESETS: Mapping[str, Model] = _Presets()
+"""Models by name, as ``matmul(a, b, "h100_wgmma_bf16")`` takes them: the presets hardware rooms register
+(a name of one of emufloat's own rooms imports that room on first use)."""
 
 
 def register(*models: Model) -> None:
@@ -156,9 +212,9 @@ def register(*models: Model) -> None:
     on import); a name already taken by a different model is refused."""
     for m in models:
         _check_model(m)
-        if PRESETS.get(m.name, m) != m:
+        if _REGISTERED.get(m.name, m) != m:
             raise ValueError(f"model: another model is already registered as {m.name!r}")
-        PRESETS[m.name] = m
+        _REGISTERED[m.name] = m
 
 
 def _check_model(model: object) -> None:
@@ -171,7 +227,8 @@ def _check_model(model: object) -> None:
 def _resolve(model: Model | str) -> Model:
     if isinstance(model, str):
         if model not in PRESETS:
-            raise ValueError(f"model: unknown preset {model!r}; accepted: {sorted(PRESETS)} or a model object")
+            known = sorted({*_REGISTERED, *_BUILTIN_ROOMS})
+            raise ValueError(f"model: unknown preset {model!r}; accepted: {known} or a model object")
         return PRESETS[model]
     _check_model(model)
     return model
@@ -186,7 +243,7 @@ def _values(x, name: str) -> tuple[np.ndarray, Format]:
 def matmul(
     a: np.ndarray,
     b: np.ndarray,
-    model: Model | str = "h100_wgmma_bf16",
+    model: Model | str,
     c: np.ndarray | None = None,
     *,
     trace: Trace | None = None,
@@ -196,11 +253,16 @@ def matmul(
 
     a: (M, K), b: (K, N), c: (M, N) or None, holding FP32-representable values
     of any format.  ``model`` is a model or the name of a registered preset
-    (:data:`PRESETS`); the default is the H100's bf16 tensor core
-    (``emufloat.hw.h100.WGMMA_BF16``).  Without ``c`` a FusedBlock chain's
-    first step has no C (as a Triton ``tl.dot`` without accumulator).  Returns
-    the model's format's carrier (float32 for the FP32 accumulators).  With a trace, FusedBlock
-    models record two events per output element and step: ``align`` (exact
+    (:data:`PRESETS`), and has no default: a dot product's bits depend on how
+    it is accumulated and no order is neutral (sequential FMAs, a pairwise
+    tree, the exact sum and each tensor core's fused blocks all differ), so the
+    caller names the one it emulates: ``Exact()`` for the correctly rounded
+    result, a device's preset (``"h100_wgmma_bf16"``) for its hardware.
+
+    Without ``c`` a FusedBlock chain's first step has no C (as a Triton
+    ``tl.dot`` without accumulator).  Returns the model's format's carrier
+    (float32 for the FP32 accumulators).  With a trace, FusedBlock models
+    record two events per output element and step: ``align`` (exact
     step sum -> the sum of the cut terms: the bits lost in alignment) and
     ``dot_step`` (that aligned sum -> the step's rounded result).  Untraced
     FusedBlock calls compute on integer significands
@@ -268,13 +330,13 @@ def matmul(
 def dot(
     a: np.ndarray,
     b: np.ndarray,
-    model: Model | str = "h100_wgmma_bf16",
+    model: Model | str,
     c: float | None = None,
     *,
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
-    """Dot product of two vectors under ``model`` (see :func:`matmul`); returns a 0-d array."""
+    """Dot product of two vectors under ``model`` (required, as for :func:`matmul`); returns a 0-d array."""
     a = _arrays.as_float_array(a, "a")
     b = _arrays.as_float_array(b, "b")
     if a.ndim != 1 or b.ndim != 1 or a.shape != b.shape:

@@ -8,9 +8,10 @@ root.  :func:`tree_sum` evaluates every row of an array along a tree with each a
 
 Trees come from a nested list (:meth:`ReductionTree.from_nested`: a leaf is an int, a node a list of its
 children, folded left to right), from the textbook orders :meth:`~ReductionTree.sequential` and
-:meth:`~ReductionTree.pairwise`, from a thread layout (:meth:`~ReductionTree.thread_butterfly`), or from a
-GPU recording: :func:`emufloat.hw.h100.tl_sum` is the order of Triton's ``tl.sum`` on the H100, with
-what the H100 does with signed zeros and NaN there.
+:meth:`~ReductionTree.pairwise`, from a thread layout (:func:`butterfly`,
+:meth:`~ReductionTree.thread_butterfly`), or from a GPU recording, which a hardware room holds with what
+that device does with signed zeros and NaN (:func:`emufloat.hw.h100.tl_sum`: Triton's ``tl.sum`` on the
+H100).
 
 Additions follow IEEE 754 (an exact zero sum is ``-0`` only for ``-0 + -0``, or under round-down); NaN
 payloads are not modelled: a NaN result is emufloat's canonical quiet NaN (``0x7fc00000`` in FP32).
@@ -57,7 +58,8 @@ class ReductionTree:
     ``steps[k] = (a, b)``: step ``k`` adds slot ``a`` and slot ``b`` (slots ``0..n-1`` are the leaves, slot
     ``n + j`` the result of step ``j < k``) into slot ``n + k``; ``a`` is the left operand.  Every slot is
     used exactly once and the last step is the root, so there are ``n_leaves - 1`` steps.  Build one with
-    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise` or :func:`emufloat.hw.h100.tl_sum`.
+    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise`, :meth:`thread_butterfly`, or take a device's
+    recorded order from its hardware room (:func:`emufloat.hw.h100.tl_sum`).
     """
 
     n_leaves: int
@@ -85,11 +87,10 @@ class ReductionTree:
     # ---- constructors -----------------------------------------------------------------------------
     @classmethod
     def thread_butterfly(cls, n: int, per_thread: int, name: str = "") -> ReductionTree:
-        """Triton's ``tl.sum`` over a row held ``per_thread`` contiguous elements a lane: each lane adds its
-        own left to right, then lanes combine by shuffle-xor with offsets T/2, ..., 1 (T = n / per_thread).
-
-        Recorded on the H100 (Triton 3.6) for the attention backward's delta = tl.sum(o * do) over a
-        loaded bf16/fp16 (64, head dim) tile with 4 warps: per_thread = 8 (one 16-byte load a lane)."""
+        """A warp-style reduction of a row held ``per_thread`` contiguous elements a lane: each lane adds its
+        own left to right, then the T = n / per_thread lanes (a power of two) combine by shuffle-xor with
+        offsets T/2, ..., 1 (:func:`butterfly`).  A device room says which kernels reduce this way
+        (:func:`emufloat.hw.h100.tl_sum_loaded_16bit`)."""
         if per_thread < 1 or n % per_thread or (n // per_thread) & (n // per_thread - 1):
             raise ValueError(f"per_thread: must divide n={n} into a power-of-two number of lanes, got {per_thread}")
         lanes = [list(range(t * per_thread, (t + 1) * per_thread)) for t in range(n // per_thread)]
@@ -374,7 +375,8 @@ def tree_sum(
     ``+0`` unless both addends are ``-0`` (``-0`` for any exact zero under round-down), overflow as the
     rounding mode says.  A one-leaf tree rounds its leaf into ``fmt``.  Stochastic rounding draws step
     ``k`` of row ``r`` from counter ``r * (n_leaves - 1) + k``.  Returns ``fmt``'s carrier array of shape
-    ``x.shape[:-1]``.  ``tree_sum(x, h100.tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100, bit for bit.
+    ``x.shape[:-1]``.  Along a device's recorded tree it is that device's reduction, bit for bit
+    (``tree_sum(x, h100.tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100).
 
     ``trace``: one ``add`` event per addition, shape ``x.shape[:-1] + (n_leaves - 1,)`` in tree order, with
     the same exact result and flags :func:`emufloat.add` gives those two addends (a one-leaf tree records

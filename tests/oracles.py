@@ -4,7 +4,7 @@ The judges are ml_dtypes (round-to-nearest-even casts), gfloat (casts in every
 rounding mode) and Berkeley SoftFloat through softfloatpy (IEEE 754 add, sub,
 mul, div, fma, sqrt).  emufloat is used for two things only: the public fields
 of a custom :class:`emufloat.Format` (to describe it to gfloat) and
-:func:`emufloat.stochastic_bits`, because stochastic rounding's random
+:func:`emufloat.rounding.stochastic_bits`, because stochastic rounding's random
 integers are an input of the specification, not a result.
 
 Operation oracle ("RTO64 + gfloat").  For operands that are FP32 values the

@@ -111,8 +111,8 @@ def test_fused_block_alignment_and_truncation_cases_from_the_notes():
     a[0], a[1], b[0], b[1] = 1, 2.0**-26, 1, 1
     a2 = a.copy()
     a2[1], a2[16] = 0, 2.0**-26
-    assert float(ef.dot(a, b)) == 1.0  # one step: 2**-26 is below the 25-bit cut of 1
-    assert float(ef.dot(a2, b)) == 1.0
+    assert float(ef.dot(a, b, h100.WGMMA_BF16)) == 1.0  # one step: 2**-26 is below the 25-bit cut of 1
+    assert float(ef.dot(a2, b, h100.WGMMA_BF16)) == 1.0
 
 
 def test_fused_block_traces_alignment_and_rounding():
@@ -120,7 +120,7 @@ def test_fused_block_traces_alignment_and_rounding():
     a = rng.standard_normal((2, 64)).astype(ml_dtypes.bfloat16)
     b = rng.standard_normal((64, 3)).astype(ml_dtypes.bfloat16)
     tr = ef.Trace()
-    out = ef.matmul(a, b, trace=tr, label="qk")
+    out = ef.matmul(a, b, h100.WGMMA_BF16, trace=tr, label="qk")
     assert [c[:2] for c in tr.calls] == [("align", "fp32"), ("dot_step", "fp32")]
     assert len(tr) == 2 * 2 * 3 * 4
     last = tr.select(tr.op_names == "dot_step")["rounded"].reshape(2, 3, 4)[:, :, -1]
@@ -130,7 +130,11 @@ def test_fused_block_traces_alignment_and_rounding():
 def test_model_arguments_are_checked():
     x = np.zeros((2, 3), np.float32)
     with pytest.raises(ValueError, match="a, b: expected shapes"):
-        ef.matmul(x, x)
+        ef.matmul(x, x, ef.Exact())
+    with pytest.raises(TypeError, match="model"):  # no default: the caller names the accumulation
+        ef.matmul(x, x.T)
+    with pytest.raises(TypeError, match="model"):
+        ef.dot(x[0], x[0])
     with pytest.raises(ValueError, match="model: unknown preset 'h200'"):
         ef.matmul(x, x.T, "h200")
     with pytest.raises(TypeError, match="model: expected Sequential"):
@@ -138,7 +142,7 @@ def test_model_arguments_are_checked():
     with pytest.raises(ValueError, match="width must be >= 1"):
         ef.FusedBlock(width=0)
     with pytest.raises(ValueError, match=r"c: expected shape \(2, 2\)"):
-        ef.matmul(x, x.T, c=np.zeros((3, 3), np.float32))
+        ef.matmul(x, x.T, ef.Exact(), c=np.zeros((3, 3), np.float32))
 
 
 _STRESS_DTYPES = {
@@ -211,4 +215,4 @@ def test_fused_block_overflow_in_the_fast_path():
             fast = ef.matmul(a, b, model, c)
             general = ef.matmul(a, b, model, c, trace=ef.Trace())
             np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))
-    assert np.isinf(ef.matmul(a, b)).all()
+    assert np.isinf(ef.matmul(a, b, h100.WGMMA_BF16)).all()

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import emufloat as ef
+from emufloat.formats import E2M1, E2M3, E3M2, E4M3FNUZ, E5M2FNUZ
 
 DTYPE_PRESETS = [
     (ef.BF16, ml_dtypes.bfloat16),
@@ -15,11 +16,11 @@ DTYPE_PRESETS = [
     (ef.FP64, np.float64),
     (ef.E4M3FN, ml_dtypes.float8_e4m3fn),
     (ef.E5M2, ml_dtypes.float8_e5m2),
-    (ef.E4M3FNUZ, ml_dtypes.float8_e4m3fnuz),
-    (ef.E5M2FNUZ, ml_dtypes.float8_e5m2fnuz),
-    (ef.E3M2, ml_dtypes.float6_e3m2fn),
-    (ef.E2M3, ml_dtypes.float6_e2m3fn),
-    (ef.E2M1, ml_dtypes.float4_e2m1fn),
+    (E4M3FNUZ, ml_dtypes.float8_e4m3fnuz),
+    (E5M2FNUZ, ml_dtypes.float8_e5m2fnuz),
+    (E3M2, ml_dtypes.float6_e3m2fn),
+    (E2M3, ml_dtypes.float6_e2m3fn),
+    (E2M1, ml_dtypes.float4_e2m1fn),
 ]
 
 
@@ -62,7 +63,7 @@ def test_names_and_aliases():
     assert ef.as_format("bfloat16") is ef.BF16
     assert ef.as_format("float8_e4m3fn") is ef.E4M3FN
     assert ef.as_format(" FP8_E5M2 ") is ef.E5M2
-    assert ef.as_format("fp4") is ef.E2M1
+    assert ef.as_format("fp4") is E2M1
     assert ef.Format(8, 7) == ef.BF16 and ef.Format(8, 7).dtype == np.dtype(ml_dtypes.bfloat16)
 
 

@@ -36,6 +36,8 @@ from oracles import (
 )
 
 import emufloat as ef
+from emufloat.formats import E2M1, E3M2
+from emufloat.rounding import stochastic_bits
 
 # ml_dtypes NaN -> float64 casts warn "invalid value"; the NaNs are intended
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
@@ -55,7 +57,7 @@ def rounding_of(mode: str, seed: int):
 def oracle(fmt, mode: str, pair, rnd, r: int) -> np.ndarray:
     """RTO64 + gfloat result for ``fmt``/``mode``, with emufloat's random integers for SR."""
     n = pair[0].size
-    srbits = ef.stochastic_bits(rnd, n) if r else None
+    srbits = stochastic_bits(rnd, n) if r else None
     return op_oracle(
         gfloat_info(fmt), "sr" if r else mode, pair, sat=fmt.overflow == "saturate", srbits=srbits, srnumbits=r
     )
@@ -138,8 +140,8 @@ CUSTOM_TARGETS = (
     ef.Format(3, 4),
     ef.Format(5, 2, overflow="saturate"),
     ef.Format(4, 3, specials="fnuz", bias=9),
-    ef.E3M2,
-    ef.E2M1,
+    E3M2,
+    E2M1,
 )
 
 
@@ -421,7 +423,7 @@ def test_fp32_exact_rational_oracle(op, mode):
     assert len(vals) > 1000
     rnd, r = rounding_of(mode, seed=12)
     got = as_f64(EF_OP[op](*cols, rounding=rnd))
-    R = ef.stochastic_bits(rnd, len(vals)) if r else np.zeros(len(vals), np.int64)
+    R = stochastic_bits(rnd, len(vals)) if r else np.zeros(len(vals), np.int64)
     m = "sr" if r else mode
     want = np.array([round_fraction(v, *FP32_GRID, m, int(Ri), r) for v, Ri in zip(vals, R, strict=True)])
     assert_same(got, want, nan_sign=False, ctx=f"fp32 {op} {mode} vs exact rationals", **named(cols))
@@ -438,7 +440,7 @@ def replicated_sr(op: str, operands: tuple[float, ...], r: int = 32, n: int = 1 
     cols = [np.full(n, x, np.float32) for x in operands]
     v = exact_value(op, *(float(np.float32(x)) for x in operands))
     rnd = ef.stochastic(bits=r, seed=seed)
-    R = ef.stochastic_bits(rnd, n)
+    R = stochastic_bits(rnd, n)
     toward = round_fraction(v, *FP32_GRID, "rtz")
     away = round_fraction(v, *FP32_GRID, "rup" if v > 0 else "rdown")
     D = sr_discarded_bits(v, FP32_GRID[0], FP32_GRID[1], r)

@@ -23,6 +23,7 @@ from hypothesis.extra import numpy as hnp
 
 import emufloat as ef
 from emufloat import testing as efst
+from emufloat.formats import E2M1, E2M3, E3M2, E4M3FNUZ, E5M2FNUZ
 from emufloat.testing import draws
 
 FTZ = ef.Format(4, 3, subnormals=False)  # a custom format: no dtype, no subnormals
@@ -31,11 +32,11 @@ FORMATS = [
     ef.FP16,
     ef.E4M3FN,
     ef.E5M2,
-    ef.E4M3FNUZ,
-    ef.E5M2FNUZ,
-    ef.E3M2,
-    ef.E2M3,
-    ef.E2M1,
+    E4M3FNUZ,
+    E5M2FNUZ,
+    E3M2,
+    E2M3,
+    E2M1,
     ef.TF32,
     ef.FP32,
     FTZ,
@@ -201,18 +202,18 @@ MID_CASES = [
     (ef.FP16, ef.FP32),
     (ef.E4M3FN, ef.FP32),
     (ef.E5M2, ef.FP32),
-    (ef.E4M3FNUZ, ef.FP32),
-    (ef.E5M2FNUZ, ef.FP32),
-    (ef.E2M1, ef.FP32),
-    (ef.E3M2, ef.FP32),
-    (ef.E2M3, ef.FP32),
+    (E4M3FNUZ, ef.FP32),
+    (E5M2FNUZ, ef.FP32),
+    (E2M1, ef.FP32),
+    (E3M2, ef.FP32),
+    (E2M3, ef.FP32),
     (ef.TF32, ef.FP32),
     (ef.FP32, ef.FP64),
     (ef.E4M3FN, ef.BF16),
     (ef.E5M2, ef.FP16),
     (FTZ, ef.FP32),
     (ef.BF16, ef.FP64),
-    (ef.E2M1, ef.E3M2),
+    (E2M1, E3M2),
     (ef.E4M3FN, ef.Format(5, 4)),
 ]  # one bit wider: no room for nudges
 
@@ -302,9 +303,9 @@ PAIR_CASES = [
     (ef.FP16, ef.FP16),
     (ef.E4M3FN, ef.E4M3FN),
     (ef.E5M2, ef.E5M2),
-    (ef.E4M3FNUZ, ef.E4M3FNUZ),
-    (ef.E2M1, ef.E2M1),
-    (ef.E3M2, ef.E3M2),
+    (E4M3FNUZ, E4M3FNUZ),
+    (E2M1, E2M1),
+    (E3M2, E3M2),
     (ef.TF32, ef.TF32),
     (ef.FP32, ef.FP32),
     (ef.BF16, ef.FP32),
@@ -501,7 +502,7 @@ def test_infeasible_kinds_are_dropped_or_refused():
     with pytest.raises(ValueError, match="kinds.*subnormal"):
         efst.operand_pairs("bf16", kinds=["subnormal"], subnormal=False)
     p = find_one(efst.operand_pairs("e2m1", "fp32"), lambda p: p[0] == p[1] and p[0] > 0)  # default still draws
-    assert p[0].dtype == ef.E2M1.dtype
+    assert p[0].dtype == E2M1.dtype
 
 
 # ---- argument checking and packaging ---------------------------------------------------

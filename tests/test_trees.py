@@ -131,6 +131,20 @@ def test_layout_rules_reproduce_every_recorded_tree(key):
     assert _canonical(derived.to_nested()) == _canonical(cfg["tree"])
 
 
+def test_thread_butterfly_is_lanes_left_to_right_then_shuffle_xor():
+    """The generic layout: lanes of contiguous elements, then offsets T/2, ..., 1; the H100 room's order of
+    ``tl.sum`` over a loaded 16-bit tile is that layout with 8 values a lane."""
+    assert ReductionTree.thread_butterfly(4, 1).to_nested() == [[0, 2], [1, 3]]
+    lane = [[[[[[[0, 1], 2], 3], 4], 5], 6], 7]
+    assert h100.tl_sum_loaded_16bit(16).to_nested() == [lane, [[[[[[[8, 9], 10], 11], 12], 13], 14], 15]]
+    for n in (64, 128, 256):
+        assert h100.tl_sum_loaded_16bit(n) == ReductionTree.thread_butterfly(n, 8)
+    # a load tile of fp32 (4 a lane, up to 128 columns) follows the same layout rules
+    assert h100.derived_tl_sum(128, 128, 4, "load") == ReductionTree.thread_butterfly(128, 4)
+    with pytest.raises(ValueError, match="power-of-two number of lanes"):
+        h100.tl_sum_loaded_16bit(48)
+
+
 @pytest.mark.parametrize("key", ["BM64_BN64_w4_dot", "BM128_BN128_w4_load", "BM64_BN128_w8_dot"])
 def test_fprev_reinfers_the_recorded_tree(key):
     cfg = dict(CONFIGS)[key]

@@ -7,9 +7,12 @@ models.  A room here gives them one device's parameters and calibration data:
 * :mod:`emufloat.hw.h100` — the NVIDIA H100 under Triton 3.6;
 * :mod:`emufloat.hw.libdevice` — CUDA's libdevice functions (IEEE FP32 operations: any NVIDIA GPU).
 
-A new device is a sibling package ``emufloat/hw/<device>`` with its own ``data`` folder (loaded through
-:mod:`emufloat.hw.calibration`); its accumulation presets register with :func:`emufloat.accum.register`
-when it is imported below, so ``emufloat.matmul`` takes them by name.
+``import emufloat`` imports none of them.  A new device is a sibling package ``emufloat/hw/<device>`` with its
+own ``data`` folder (loaded through :mod:`emufloat.hw.calibration`), built on :mod:`emufloat.lowlevel` and
+emufloat's other public modules only (``tests/test_device_api.py`` checks every room).  Its accumulation
+presets register with :func:`emufloat.accum.register` when it is imported; a room of the package lists
+their names in ``emufloat.accum``'s table of built-in rooms too, so that ``emufloat.matmul(a, b, name)``
+imports the room on first use.
 """
 
 from . import h100, libdevice

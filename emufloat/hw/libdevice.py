@@ -18,9 +18,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..formats import FP32
+from ..lowlevel import fp32_bits
 from ..ops import add, fma, mul, sub
 from ..trace import Trace
-from .h100.common import CANONICAL_NAN, fp32_bits
+from .h100.common import CANONICAL_NAN
 from .h100.ex2 import ex2_approx
 
 #: log2f's polynomial in f = m - 1 (m in [0.707, 1.414)), highest degree first: libdevice's float32 constants

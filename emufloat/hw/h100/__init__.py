@@ -13,7 +13,8 @@
 * the kernels' log2 (:mod:`.log2`): ``log2_fma``;
 * log2 (:mod:`.lg2`): ``lg2_approx`` (``lg2.approx[.ftz].f32``), ``cuda_fast_logf`` (CUDA's ``__logf``,
   FA2's LSE) and their tables ``lg2_tables``;
-* reductions (:mod:`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum``.
+* reductions (:mod:`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum`` over an fp32 tile, and
+  ``tl_sum_loaded_16bit``, its order over values computed from a loaded 16-bit tile.
 
 The tables and trees are package data (``data/``), read off the GPU by ``gpu/probes`` and checked by
 SHA-256 on load.  docs/hardware-models.md says how each model was verified against the GPU.
@@ -24,7 +25,7 @@ from .division import div_full, grid_rcp, rcp_approx, rcp_table, triton_div
 from .ex2 import LOG2E_F32, cuda_fast_expf, ex2_approx, ex2_tables, triton_exp, triton_exp2
 from .lg2 import LN2_F32, cuda_fast_logf, lg2_approx, lg2_tables
 from .log2 import LOG2_FMA_COEFFS, log2_fma
-from .trees import derived_tl_sum, tl_sum
+from .trees import derived_tl_sum, tl_sum, tl_sum_loaded_16bit
 from .wgmma import (
     INPUT_FORMATS,
     MMA_K8_BF16,
@@ -65,6 +66,7 @@ __all__ = [
     "LN2_F32",
     "LOG2_FMA_COEFFS",
     "tl_sum",
+    "tl_sum_loaded_16bit",
     "derived_tl_sum",
     "CANONICAL_NAN",
     "DATA",

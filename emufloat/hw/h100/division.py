@@ -16,12 +16,12 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays, _core
 from ...formats import FP32
+from ...lowlevel import as_float_array, broadcast_shape, exact_events, fp32_bits, pow2, record_vs_exact, threads_for
 from ...ops import div
 from ...trace import Trace
 from ..calibration import check_digest
-from .common import CANONICAL_NAN, DATA, NGRID, exact_events, fp32_bits, record_vs_exact
+from .common import CANONICAL_NAN, DATA, NGRID
 
 
 def grid_rcp() -> np.ndarray:
@@ -51,7 +51,7 @@ def _rcp_one(bb, table):
     if mag < np.uint32(0x00800000):  # zero and (flushed) subnormals
         return sign | np.uint32(0x7F800000)
     e = np.int64(mag >> np.uint32(23)) - 127
-    r = np.float64(table[mag & np.uint32(0x7FFFFF)]) * _core.pow2(-e)
+    r = np.float64(table[mag & np.uint32(0x7FFFFF)]) * pow2(-e)
     if r < 1.1754943508222875e-38:  # ftz: results below the normal range flush to zero
         return sign
     return np.float32(r).view(np.uint32) | sign
@@ -93,7 +93,7 @@ def rcp_approx(x: np.ndarray | float) -> np.ndarray:
     arr, bb = fp32_bits(x, "x")
     table = rcp_table()
     out = np.empty(bb.size, np.uint32)
-    with _arrays.threads_for(bb.size):
+    with threads_for(bb.size):
         _rcp_kernel(bb, out, table)
     return out.view(np.float32).reshape(arr.shape)
 
@@ -105,15 +105,15 @@ def div_full(
 
     With a trace, records op ``div`` against the exact quotient.
     """
-    a_arr = _arrays.as_float_array(a, "a")
-    b_arr = _arrays.as_float_array(b, "b")
-    shape = _arrays.broadcast_shape({"a": a_arr, "b": b_arr})
+    a_arr = as_float_array(a, "a")
+    b_arr = as_float_array(b, "b")
+    shape = broadcast_shape({"a": a_arr, "b": b_arr})
     a_arr, b_arr = np.broadcast_to(a_arr, shape), np.broadcast_to(b_arr, shape)
     _, ab = fp32_bits(a_arr, "a")
     _, bb = fp32_bits(b_arr, "b")
     table = rcp_table()
     out = np.empty(ab.size, np.uint32)
-    with _arrays.threads_for(ab.size):
+    with threads_for(ab.size):
         _div_kernel(ab, bb, out, table)
     res = out.view(np.float32).reshape(shape)
     if trace is not None:

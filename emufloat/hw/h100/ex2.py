@@ -17,13 +17,13 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays, _core, _fastpath
 from ...formats import FP32
 from ...functions import exp2
+from ...lowlevel import BLOCK, bits_f64, exact_events, fp32_bits, pow2, record_vs_exact, run_blocks
 from ...ops import mul
 from ...trace import Trace
 from ..calibration import check_digest, rebuilt
-from .common import CANONICAL_NAN, DATA, GRID_BITS, NGRID, exact_events, fp32_bits, record_vs_exact
+from .common import CANONICAL_NAN, DATA, GRID_BITS, NGRID
 
 
 def _grid_exp2(sign: float, reference: bool = True) -> np.ndarray:
@@ -80,7 +80,7 @@ def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 @nb.njit(inline="always", cache=True)
 def _ex2_core(zb, tneg, tpos):
     """Unrounded model value (float64, exact) of ex2 for float32 bits ``zb`` (not NaN)."""
-    za = _core.bits_f64(np.int64(0))
+    za = bits_f64(np.int64(0))
     mag = zb & np.uint32(0x7FFFFFFF)
     if mag >= np.uint32(0x43800000):  # |z| >= 256, inf included: clamped to 256
         q = np.int64(256) << GRID_BITS
@@ -90,8 +90,8 @@ def _ex2_core(zb, tneg, tpos):
     i = q >> GRID_BITS
     f = q & (NGRID - 1)
     if zb >> np.uint32(31):
-        return np.float64(tneg[f]) * _core.pow2(-i)
-    return np.float64(tpos[f]) * _core.pow2(i)
+        return np.float64(tneg[f]) * pow2(-i)
+    return np.float64(tpos[f]) * pow2(i)
 
 
 @nb.njit(inline="always", cache=True)
@@ -122,9 +122,9 @@ def _ex2_range(zbits, out, ftz, tneg, tpos, lo, hi):
 @nb.njit(parallel=True, cache=True)
 def _ex2_kernel(zbits, out, ftz, tneg, tpos):
     n = zbits.size
-    for blk in nb.prange((n + _fastpath.BLOCK - 1) // _fastpath.BLOCK):
-        lo = np.int64(blk) * _fastpath.BLOCK
-        _ex2_range(zbits, out, ftz, tneg, tpos, lo, min(lo + _fastpath.BLOCK, n))
+    for blk in nb.prange((n + BLOCK - 1) // BLOCK):
+        lo = np.int64(blk) * BLOCK
+        _ex2_range(zbits, out, ftz, tneg, tpos, lo, min(lo + BLOCK, n))
 
 
 def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = "") -> np.ndarray:
@@ -137,7 +137,7 @@ def ex2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     arr, zb = fp32_bits(x, "x")
     tneg, tpos = ex2_tables()
     out = np.empty(zb.size, np.uint32)
-    _arrays.run_blocks(_ex2_kernel, _ex2_range, zb.size, zb, out, bool(ftz), tneg, tpos)
+    run_blocks(_ex2_kernel, _ex2_range, zb.size, zb, out, bool(ftz), tneg, tpos)
     res = out.view(np.float32).reshape(arr.shape)
     if trace is not None:
         z = zb.view(np.float32)
@@ -156,9 +156,8 @@ def triton_exp2(x: np.ndarray | float, *, trace: Trace | None = None, label: str
 
 def _exp_by_ex2(x, ftz: bool, trace: Trace | None, label: str) -> np.ndarray:
     """z = x * log2(e) in float32, then ex2.approx (a trace gets the mul and the exp2 of z per element)."""
-    arr = _arrays.as_float_array(x, "x")
-    _arrays.check_fp32_values(arr, "x")
-    z = mul(np.asarray(arr, dtype=np.float32), LOG2E_F32, FP32, trace=trace, label=label)
+    arr, xb = fp32_bits(x, "x")
+    z = mul(xb.view(np.float32).reshape(arr.shape), LOG2E_F32, FP32, trace=trace, label=label)
     return ex2_approx(z, ftz=ftz, trace=trace, label=label)
 
 

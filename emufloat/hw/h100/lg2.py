@@ -19,12 +19,12 @@ import functools
 import numba as nb
 import numpy as np
 
-from ... import _arrays
 from ...formats import FP32
+from ...lowlevel import fp32_bits, record_vs_exact, threads_for
 from ...ops import mul
 from ...trace import Trace
 from ..calibration import check_digest
-from .common import CANONICAL_NAN, DATA, fp32_bits, record_vs_exact
+from .common import CANONICAL_NAN, DATA
 
 #: float32 ln 2 rounded to nearest (0x3F317218), the constant of ``__logf``'s multiply
 LN2_F32 = np.float32(0.6931471824645996)
@@ -112,7 +112,7 @@ def lg2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
     arr, xb = fp32_bits(x, "x")
     table, m1, sub, flag = lg2_tables()
     out = np.empty(xb.size, np.uint32)
-    with _arrays.threads_for(xb.size):
+    with threads_for(xb.size):
         _lg2_kernel(xb, out, bool(ftz), table, m1, sub, flag)
     res = out.view(np.float32).reshape(arr.shape)
     if trace is not None:
@@ -130,9 +130,8 @@ def cuda_fast_logf(
     emits).  ``ftz=True``: the ``.ftz`` forms, as under ``-use_fast_math`` (where ``logf`` is ``__logf``
     too); ``ftz=False``: as compiled without it (subnormal inputs kept).  A trace gets the log2 and the
     multiply."""
-    arr = _arrays.as_float_array(x, "x")
-    _arrays.check_fp32_values(arr, "x")
-    y = lg2_approx(np.asarray(arr, dtype=np.float32), ftz=ftz, trace=trace, label=label)
+    arr, xb = fp32_bits(x, "x")
+    y = lg2_approx(xb.view(np.float32).reshape(arr.shape), ftz=ftz, trace=trace, label=label)
     r = mul(y, LN2_F32, FP32, trace=trace, label=label)  # lg2's nonzero outputs lie far above the subnormals
     r.reshape(-1).view(np.uint32)[np.isnan(r.reshape(-1))] = CANONICAL_NAN  # the FP32 unit's NaN
     return r

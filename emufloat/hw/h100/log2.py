@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...formats import FP32
+from ...lowlevel import fp32_bits
 from ...ops import add, fma, mul
 from ...trace import Trace
-from .common import fp32_bits
 from .division import div_full
 
 #: Coefficients of Q(z) ~ (2 / ln 2) atanh(sqrt z) / sqrt z on z = s**2 in [0, ((sqrt 2 - 1)/(sqrt 2 + 1))**2],

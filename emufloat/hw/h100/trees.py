@@ -5,6 +5,7 @@ tile row, inferred on the GPU by FPRev probing (gpu/probes/reduction.py) and shi
 (``data/reduction_trees.json``).  Each thread first folds the elements it holds left to right, then the
 per-thread partial sums meet in a butterfly of warp shuffles (and, across warps, through shared memory):
 see the JSON file for every tree.  ``emufloat.tree_sum(x, tl_sum(...))`` is ``tl.sum(x, 1)`` bit for bit.
+:func:`tl_sum_loaded_16bit` is the order of ``tl.sum`` over values computed from a loaded bf16/fp16 tile.
 
 Signed zeros and NaN, as recorded on the H100 (``add.f32`` = FADD, ``max.f32`` = FMNMX):
 
@@ -74,6 +75,17 @@ def tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> R
     if key in configs:
         return _h100_tree(key)
     return derived_tl_sum(block_m, block_n, num_warps, layout)
+
+
+def tl_sum_loaded_16bit(n: int) -> ReductionTree:
+    """The order of Triton's ``tl.sum(x, 1)`` over a row of ``n`` fp32 values computed from a loaded bf16 or
+    fp16 tile (the attention backward's ``delta = tl.sum(o * do)``): 8 contiguous values a lane (one 16-byte
+    load) added left to right, then the lanes by shuffle-xor with offsets T/2, ..., 1 (T = n / 8 lanes).
+
+    Recorded on the H100 (Triton 3.6) for (64, head dim) tiles with 4 warps; ``n / 8`` must be a power of
+    two.  This is :meth:`emufloat.ReductionTree.thread_butterfly` with 8 values a lane.
+    """
+    return ReductionTree.thread_butterfly(n, 8)
 
 
 def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:

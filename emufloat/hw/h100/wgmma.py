@@ -4,7 +4,8 @@ Each preset is a FusedBlock with the H100's parameters: products per step (``wid
 below the step's largest exponent (``align_bits``), the accumulator format and rounding (RZ).  They encode
 the published models of Hopper's tensor cores; ``gpu/probes`` re-derives each parameter on the hardware
 and the recorded cases in tests/data decide (docs/hardware-models.md, "Tensor cores").  On import they are
-registered with :data:`emufloat.accum.PRESETS`, so ``emufloat.matmul(a, b, "h100_wgmma_bf16")`` works.
+registered with :data:`emufloat.accum.PRESETS` (whose table of built-in rooms lists their names, so that
+``emufloat.matmul(a, b, "h100_wgmma_bf16")`` imports this room on first use).
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ from .policy import (
     register_policy,
     register_policy_function,
 )
-from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN, QIU_YAO
+from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN
 from .softmax import (
     STANDARD,
     CastSumSoftmax,
@@ -74,7 +74,6 @@ __all__ = [
     "FA2",
     "FP32_POLICY",
     "FP64_GOLDEN",
-    "QIU_YAO",
     "STEPS",
     "TRACE_LABELS",
     "Policy",

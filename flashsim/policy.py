@@ -349,13 +349,16 @@ def _target_of(fn: Callable) -> str:
     return f"{fn.__module__}:{fn.__qualname__}"
 
 
-def register_policy_function(fn: Callable[..., Policy]) -> Callable[..., Policy]:
-    """Let files name ``fn`` as ``"module:function"`` with keyword arguments (a :class:`PolicyRef`); returns
-    ``fn``, so that it serves as a decorator.  Installed packages may declare theirs in the
-    ``flashsim.policy_functions`` entry-point group instead, which needs no import until one is named."""
+def register_policy_function(fn: Callable[..., Policy], target: str | None = None) -> Callable[..., Policy]:
+    """Let files name ``fn`` as ``target`` ("module:function"; default its own module and name) with keyword
+    arguments (a :class:`PolicyRef`); returns ``fn``, so that it serves as a decorator.  Installed packages may
+    declare theirs in the ``flashsim.policy_functions`` entry-point group instead, which needs no import until
+    one is named."""
     if not callable(fn) or "<" in getattr(fn, "__qualname__", "<"):
         raise TypeError(f"fn: expected a module-level function returning a Policy, got {fn!r}")
-    _FUNCTIONS[_target_of(fn)] = fn
+    if target is not None:
+        trust.split_target(target, "target")
+    _FUNCTIONS[target or _target_of(fn)] = fn
     return fn
 
 

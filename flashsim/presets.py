@@ -1,9 +1,11 @@
-"""The preset policies, as data: FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO and FA2.
+"""The preset policies, as data: FP64_GOLDEN, FP32_POLICY, BASELINE_BF16 and FA2 (FlashAttention-2's style of
+rounding on an H100).
 
 Each is a :class:`~flashsim.policy.Policy`, registered under its name when flashsim is imported, so that
 ``flashsim.get_policy("qiu_yao")`` finds it.  Policies of other kernels come from their own packages
-(:func:`flashsim.policy.get_policy` finds them through the ``flashsim.policies`` entry-point group; the
-project's Triton kernels: ``gpu.policies``).
+(:func:`flashsim.policy.get_policy` finds them through the ``flashsim.policies`` entry-point group: the models
+of real kernels, Qiu & Yao's pipeline ``qiu_yao`` and the project's Triton kernels among them, are in
+``gpu.policies``).
 """
 
 from __future__ import annotations
@@ -97,45 +99,6 @@ BASELINE_BF16 = Policy(
     bwd_tiling=BwdTiling(64, 64),
 )
 
-#: cuBLAS's bf16 GEMMs on the H100/H200 round as the wgmma model, every dot product over its whole K
-#: (every einsum of the paper's pipeline identical: gpu/scripts/record_kernels.py --capture)
-CUBLAS_BF16 = "h100_wgmma_bf16"
-
-QIU_YAO = Policy(
-    name="qiu_yao",
-    note="Qiu & Yao's reference code (pure-PyTorch FA2, 512x512 tiles) eager under CUDA bf16 autocast on the "
-    "H100/H200 (torch 2.11): P V stored in BF16 and O accumulated in BF16",
-    scores=Dot(BF16, CUBLAS_BF16, BF16),  # einsum: cuBLAS, fp32 accumulation, RNE store to bf16
-    scale=Scale("scores", BF16, compute=FP32),  # bf16 * python float: fp32 opmath, bf16 store
-    mask=Mask(-float(BF16.max)),  # masked_fill(-finfo(bf16).max)
-    max=Op(BF16, compute=FP32),  # amax in bf16; the fix's r_m - eps and beta*r_m are bf16 ops
-    subtract=Op(BF16, compute=FP32),  # attn_weights - new_row_maxes: bf16
-    exp=Func("libdevice_expf", FP32),  # torch.exp autocasts to fp32: CUDA's expf
-    # exp_weights.sum(-1) (torch's CUDA reduction order), .clamp(min=1e-10); the update in fp32, copied
-    # into the bf16 row_sums
-    row_sum=RowSum("torch_cuda", BF16, compute=FP32, floor=1e-10),
-    p_cast=Op(BF16),  # einsum autocasts P to bf16
-    pv=Dot(BF16, CUBLAS_BF16, BF16),  # exp_values = einsum(P, V): stored in bf16
-    rescale=Op(BF16, compute=FP32),  # oc.mul_(exp_row_max_diff)
-    o_accum=Op(BF16, compute=FP32),  # .add_(exp_values)
-    normalize=Norm("divide", "ieee", BF16, compute=FP32),  # oc.div_(row_sums)
-    output=Op(BF16),
-    lse=Func("libdevice_logf", FP32),  # row_sums.log() (fp32 by autocast: CUDA's logf) + row_maxes
-    tiling=Tiling(512, 512, "forward", skip_masked=False),
-    # backward: their hand-written backward (Algorithm 2 of FA2, Q blocks outer, K/V blocks inner) on bf16
-    # q, k, v, o, do and fp32 lse, its ops under bf16 autocast (torch.compile traces the backward with the
-    # forward's autocast state; eager, einsum(fp32 P, bf16 dO) would not even run)
-    delta=Delta("torch_cuda", FP32, prod=BF16),  # D = (do * o).sum(-1): bf16 products, autocast fp32 sum
-    recompute=Recompute("libdevice_expf", FP32),  # p = exp(attn_weights - lse): bf16 - fp32 is fp32; expf
-    dv=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dv.add_(einsum(p, do)): bf16
-    dp=Dot(BF16, CUBLAS_BF16, BF16),  # dp = einsum(do, v): bf16
-    ds=SoftmaxGrad(FP32, scale_at="p"),  # ds = p * scale * (dp - D): fp32 throughout
-    dk=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dk.add_(einsum(ds, q))
-    dq=Grad(Dot(BF16, CUBLAS_BF16, BF16), Op(BF16, compute=FP32), Op(BF16)),  # dq.add_(einsum(ds, k))
-    # their loop nest is Q blocks outer, K/V inner; each of dQ, dK, dV still accumulates in block order, as here
-    bwd_tiling=BwdTiling(512, 512, skip_masked=False),
-)
-
 FA2 = Policy(
     name="fa2",
     note="FlashAttention-2 style on an H100: raw-max FFMA exp2 (ex2.approx.ftz, fast math), thread-local "
@@ -170,8 +133,8 @@ FA2 = Policy(
 )
 
 
-PRESETS = (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, QIU_YAO, FA2)
+PRESETS = (FP64_GOLDEN, FP32_POLICY, BASELINE_BF16, FA2)
 for _p in PRESETS:
     register_policy(_p)
 
-__all__ = ["BASELINE_BF16", "FA2", "FP32_POLICY", "FP64_GOLDEN", "PRESETS", "QIU_YAO"]
+__all__ = ["BASELINE_BF16", "FA2", "FP32_POLICY", "FP64_GOLDEN", "PRESETS"]

@@ -1,10 +1,31 @@
-"""Launch configurations of the attention kernels: tiles, warps and stages, and which forward kernel runs
-(no torch needed).  The tiles are part of what a kernel computes: :mod:`gpu.policies` turns a launch's
-configs into the flashsim policy that repeats it."""
+"""Launch configurations of the attention kernels: the formats of each dtype, tiles, warps and stages, which
+forward kernel runs, and the softmax and P V promotion a launch gets when not told (no torch needed).  These
+are part of what a kernel computes: :mod:`gpu.policies` turns a launch's configs into the flashsim policy that
+repeats it."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import emufloat as ef
+from emufloat import BF16, E4M3FN, FP16
+from flashsim.softmax import RobustSoftmax, SoftmaxVariant, get_softmax
+
+#: input dtype name -> the format of q, k, v and P
+KERNEL_FORMATS = {"bf16": BF16, "fp16": FP16, "e4m3": E4M3FN}
+
+
+def kernel_format(dtype: str) -> ef.Format:
+    """The format of the kernels' inputs and P for a dtype name ('bf16', 'fp16', 'e4m3')."""
+    if dtype not in KERNEL_FORMATS:
+        raise ValueError(f"dtype: expected one of {sorted(KERNEL_FORMATS)}, got {dtype!r}")
+    return KERNEL_FORMATS[dtype]
+
+
+def kernel_output_format(dtype: str) -> ef.Format:
+    """The format the kernels write O (and gradients) in: BF16 for the FP8 forward, else the input format."""
+    return BF16 if dtype == "e4m3" else kernel_format(dtype)
 
 
 @dataclass(frozen=True)
@@ -90,8 +111,58 @@ def overlap_from_keys(dtype: str, head_dim: int, causal: bool) -> float:
     return table.get((head_dim, bool(causal)), float("inf"))
 
 
+#: the forward kernels' softmax when none is named, per dtype (docs/fix.md, "Which softmax with which kernel"):
+#: the standard softmax where P is BF16 or FP16 (within the margin on every gap case measured), ``cast_sum``
+#: (l summed from the E4M3 P) for FP8, where the standard softmax leans on sharp rows
+DEFAULT_SOFTMAX = {"bf16": "standard", "fp16": "standard", "e4m3": "cast_sum"}
+
+
+def default_softmax(dtype: str) -> str:
+    """The kernels' softmax for ``dtype`` when none is named (:data:`DEFAULT_SOFTMAX`)."""
+    kernel_format(dtype)  # refuses an unknown dtype, naming the accepted ones
+    return DEFAULT_SOFTMAX[dtype]
+
+
+#: whether the forward kernels promote P V's partial sums to FP32 every 32 keys when not told, per dtype
+#: (docs/fix.md): for FP8, whose tensor cores otherwise accumulate in 13 truncated bits, which leans O on
+#: dense rows even with cast_sum; BF16 and FP16 tensor cores accumulate in FP32 and have no such option
+DEFAULT_PROMOTE_PV = {"bf16": False, "fp16": False, "e4m3": True}
+
+
+def default_promote_pv(dtype: str) -> bool:
+    """Whether the kernels promote P V's partial sums for ``dtype`` when not told (:data:`DEFAULT_PROMOTE_PV`)."""
+    kernel_format(dtype)
+    return DEFAULT_PROMOTE_PV[dtype]
+
+
+def kernel_variant(softmax: str | SoftmaxVariant | None, dtype: str) -> SoftmaxVariant:
+    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``;
+    None: :func:`default_softmax`)."""
+    if softmax is None:
+        softmax = default_softmax(dtype)
+    if isinstance(softmax, str):
+        return _named_variant(softmax, dtype)
+    return get_softmax(softmax)
+
+
+@functools.lru_cache(maxsize=64)
+def _named_variant(softmax: str, dtype: str) -> SoftmaxVariant:
+    """kernel_variant for a name, cached (variants are frozen): it runs on every kernel launch."""
+    if softmax == "robust":
+        return RobustSoftmax(p_precision=kernel_format(dtype).precision)  # P's significand bits
+    return get_softmax(softmax)
+
+
 __all__ = [
     "BWD_CONFIGS",
+    "DEFAULT_PROMOTE_PV",
+    "DEFAULT_SOFTMAX",
+    "KERNEL_FORMATS",
+    "default_promote_pv",
+    "default_softmax",
+    "kernel_format",
+    "kernel_output_format",
+    "kernel_variant",
     "Config",
     "DELTA_BLOCK",
     "FP8_FWD_CONFIGS",

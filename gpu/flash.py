@@ -37,13 +37,22 @@ from flashsim.softmax import (
     sums_cast_p,
 )
 
-from .configs import BWD_CONFIGS, DELTA_BLOCK, FWD_CONFIGS, Config, fwd_config, overlap_from_keys
+from .configs import (
+    BWD_CONFIGS,
+    DELTA_BLOCK,
+    FWD_CONFIGS,
+    KERNEL_FORMATS,
+    Config,
+    default_promote_pv,
+    fwd_config,
+    kernel_variant,
+    overlap_from_keys,
+)
 from .kernels.bwd import attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq
 from .kernels.fwd import DebugOutputs, attn_fwd, transpose_keys
 from .kernels.interpreter import INTERPRET
 from .kernels.steps import SoftmaxConstants
 from .launch import Launcher
-from .policies import KERNEL_FORMATS, default_promote_pv, kernel_variant
 
 FP8 = torch.float8_e4m3fn  # forward only: P is cast to it too, O is bfloat16
 #: dtype names (gpu.policies.KERNEL_FORMATS) -> torch dtypes

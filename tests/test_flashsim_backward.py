@@ -14,7 +14,7 @@ from flashsim import arith
 from flashsim.backward import delta_rowsum
 from flashsim.devices.sm80_quads import deal
 from flashsim.policy import BWD_STEPS, BWD_TRACE_LABELS, default_backward
-from gpu.policies import triton_policy
+from gpu.policies import QIU_YAO, triton_policy
 
 
 # ---- the oracle: the gradient of softmax attention, from the math --------------------------------
@@ -371,9 +371,9 @@ def test_presets_have_backward_specs_and_print_them():
         pol = fs.get_policy(name)
         text = str(pol)
         assert all(f"  {step} " in text for step in (*BWD_STEPS, "bwd_tiling")), name
-    assert fs.QIU_YAO.ds.scale_at == "p" and fs.QIU_YAO.delta.prod == ef.BF16
+    assert QIU_YAO.ds.scale_at == "p" and QIU_YAO.delta.prod == ef.BF16
     assert fs.FA2.ds.scale_at == "end" and fs.FA2.recompute.fused and fs.FA2.bwd_tiling.q_order == "reverse"
-    assert "fa2_dot_do_o" in str(fs.FA2) and "(P*c) * (dP - delta)" in str(fs.QIU_YAO)
+    assert "fa2_dot_do_o" in str(fs.FA2) and "(P*c) * (dP - delta)" in str(QIU_YAO)
 
 
 def test_backward_defaults_derive_from_the_forward():
@@ -402,13 +402,13 @@ def test_backward_defaults_derive_from_the_forward():
 
 
 def test_equality_and_diff_cover_the_backward():
-    changed = dataclasses.replace(fs.QIU_YAO, name="mine", dq=fs.FA2.dq)
-    assert changed != fs.QIU_YAO
-    assert changed.diff(fs.QIU_YAO) == []  # forward steps (the default part) are equal
-    assert [s for s, _a, _b in changed.diff(fs.QIU_YAO, part="backward")] == ["dq"]
-    assert [s for s, _a, _b in changed.diff(fs.QIU_YAO, part="all")] == ["dq"]
-    assert "dq" in changed.describe_diff(fs.QIU_YAO)
-    assert [s for s, _a, _b in fs.QIU_YAO.diff(fs.BASELINE_BF16, part="backward")] == [
+    changed = dataclasses.replace(QIU_YAO, name="mine", dq=fs.FA2.dq)
+    assert changed != QIU_YAO
+    assert changed.diff(QIU_YAO) == []  # forward steps (the default part) are equal
+    assert [s for s, _a, _b in changed.diff(QIU_YAO, part="backward")] == ["dq"]
+    assert [s for s, _a, _b in changed.diff(QIU_YAO, part="all")] == ["dq"]
+    assert "dq" in changed.describe_diff(QIU_YAO)
+    assert [s for s, _a, _b in QIU_YAO.diff(fs.BASELINE_BF16, part="backward")] == [
         "delta",
         "recompute",
         "dv",
@@ -419,7 +419,7 @@ def test_equality_and_diff_cover_the_backward():
         "bwd_tiling",
     ]
     with pytest.raises(ValueError, match="part: expected"):
-        fs.QIU_YAO.diff(fs.FA2, part="bwd")
+        QIU_YAO.diff(fs.FA2, part="bwd")
 
 
 # ---- spec and input errors --------------------------------------------------------------------------

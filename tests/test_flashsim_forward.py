@@ -17,6 +17,7 @@ from flashsim import arith
 from flashsim.devices.sm80_quads import quad_columns
 from flashsim.policy import STEPS, TRACE_LABELS
 from flashsim.specs import Combine
+from gpu.policies import QIU_YAO
 
 U_BF16 = 2.0**-8  # BF16 unit roundoff
 
@@ -197,7 +198,7 @@ def test_worked_example_through_the_reference_pv_step():
     p[0, 2] = 0.515625  # 33 * 2**-6; with v = -55 * 2**-15 the product is the paper's residual -1815 * 2**-21
     v = ef.quantize(np.array([[-2.40625], [-2.296875], [-55 * 2.0**-15]]), "bf16")
     tr = ef.Trace()
-    out = arith.dot(ef.quantize(p, "bf16"), v, fs.QIU_YAO.pv, trace=tr, label="pv")
+    out = arith.dot(ef.quantize(p, "bf16"), v, QIU_YAO.pv, trace=tr, label="pv")
     assert float(p[0, 2]) * -55 * 2.0**-15 == -0.0008654594421386719
     assert float(out[0, 0]) == -4.71875
     # cuBLAS's own roundings (the wgmma model's align and step events: exact here), then the bf16 store
@@ -227,7 +228,7 @@ def test_repeated_maxima_give_p_equal_one_unless_stabilised():
 # ---- policies as data -------------------------------------------------------------------------------
 def test_registry_names_and_aliases():
     assert {"fp64", "fp32", "baseline_bf16", "qiu_yao", "fa2"} <= set(fs.policy_names())
-    assert fs.get_policy("golden") is fs.FP64_GOLDEN and fs.get_policy("reference") is fs.QIU_YAO
+    assert fs.get_policy("golden") is fs.FP64_GOLDEN and fs.get_policy("reference") is QIU_YAO
     assert fs.get_policy(fs.FA2) is fs.FA2
     with pytest.raises(ValueError, match=r"policy: unknown policy 'bf8'; accepted: .*fa2.*qiu_yao"):
         fs.get_policy("bf8")
@@ -237,7 +238,7 @@ def test_registry_names_and_aliases():
 
 def test_register_and_replace():
     mine = dataclasses.replace(
-        fs.QIU_YAO, name="qiu_yao_sr_pv", pv=dataclasses.replace(fs.QIU_YAO.pv, rounding=ef.stochastic(8, seed=1))
+        QIU_YAO, name="qiu_yao_sr_pv", pv=dataclasses.replace(QIU_YAO.pv, rounding=ef.stochastic(8, seed=1))
     )
     with pytest.raises(ValueError, match="name 'qiu_yao' is taken"):
         fs.register_policy(dataclasses.replace(mine, name="qiu_yao"))
@@ -252,7 +253,7 @@ def test_equality_ignores_names_and_diff_lists_steps():
     assert changed != fs.FP32_POLICY
     assert [step for step, _a, _b in changed.diff(fs.FP32_POLICY)] == ["output", "tiling"]
     assert "output" in changed.describe_diff(fs.FP32_POLICY)
-    assert [s for s, _a, _b in fs.QIU_YAO.diff(fs.BASELINE_BF16)] == [
+    assert [s for s, _a, _b in QIU_YAO.diff(fs.BASELINE_BF16)] == [
         "scores",
         "mask",
         "max",
@@ -274,7 +275,7 @@ def test_policies_print_as_tables():
         assert text.startswith(f"policy {name}")
         assert all(f"  {step} " in text for step in (*STEPS, "tiling"))
     assert "h100_ex2" in str(fs.FA2) and "fa2_threads" in str(fs.FA2) and "reverse" in str(fs.FA2)
-    assert "bf16 rne (computed in fp32)" in str(fs.QIU_YAO)
+    assert "bf16 rne (computed in fp32)" in str(QIU_YAO)
 
 
 def test_flashsim_does_not_import_gpu_libraries():

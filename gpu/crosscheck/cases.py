@@ -16,7 +16,7 @@ import numpy as np
 import emufloat as ef
 from flashsim.inputs import draw_head
 
-from ..policies import kernel_format
+from ..configs import kernel_format
 
 KINDS = ("random", "repeated", "sink", "large", "tiny")  # the kinds of the recorded grid, in the grid's order
 SOFTMAXES = ("standard", "stabilised", "robust")  # the variants of the original recorded grid

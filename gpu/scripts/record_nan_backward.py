@@ -22,7 +22,7 @@ import numpy as np
 import emufloat as ef
 from flashsim.console import ArgumentParser, run_command, writable_dir
 
-from ..policies import kernel_format
+from ..configs import kernel_format
 from .device_cli import require_gpu, sections
 
 N, D, SEED = 128, 64, 2828

@@ -1,0 +1,70 @@
+"""flashsim policies of the kernels the project models, one module per kernel (numpy and the emulator only: no
+torch needed):
+
+- :mod:`.our_kernels`: our Triton kernels (:mod:`gpu.kernels`), ``triton_policy``, ``kernel_policy``;
+- :mod:`.triton_tutorial`: Triton's fused-attention tutorial, ``tutorial_policy``;
+- :mod:`.sdpa_flash`, :mod:`.sdpa_efficient`, :mod:`.sdpa_cudnn`: PyTorch SDPA's backends;
+- :mod:`.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, ``qiu_yao``.
+
+Each names what it was calibrated on (:data:`gpu.versions.CALIBRATED_ON`, which ``import gpu`` checks).  The
+policies are entry points of the ``flashsim.policies`` group (``triton_h100``, ``qiu_yao``) and the policy
+functions of the ``flashsim.policy_functions`` group, so that flashsim and saved runs find them by name
+(``"gpu.policies:triton_policy"`` with its arguments) without importing gpu first; importing this package also
+registers the functions under those names.
+"""
+
+from flashsim.policy import register_policy_function
+
+from ..configs import (
+    DEFAULT_PROMOTE_PV,
+    DEFAULT_SOFTMAX,
+    KERNEL_FORMATS,
+    default_promote_pv,
+    default_softmax,
+    kernel_format,
+    kernel_output_format,
+    kernel_variant,
+)
+from ..versions import CALIBRATED_ON, calibration_mismatch
+from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
+from .qiu_yao import QIU_YAO
+from .sdpa_cudnn import sdpa_cudnn_policy
+from .sdpa_efficient import EFFICIENT_BWD_TILES, EFFICIENT_TILES, efficient_key_splits, sdpa_efficient_policy
+from .sdpa_flash import FA2_BWD_TILES, FA2_TILES, fa2_num_splits, fa2_split_block_n, sdpa_flash_policy
+from .triton_tutorial import tutorial_policy
+
+#: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
+FUNCTIONS = (triton_policy, kernel_policy, tutorial_policy, sdpa_flash_policy, sdpa_efficient_policy, sdpa_cudnn_policy)
+for _fn in FUNCTIONS:
+    register_policy_function(_fn, target=f"{__name__}:{_fn.__name__}")
+
+__all__ = [
+    "CALIBRATED_ON",
+    "DEFAULT_PROMOTE_PV",
+    "DEFAULT_SOFTMAX",
+    "EFFICIENT_BWD_TILES",
+    "EFFICIENT_TILES",
+    "FA2_BWD_TILES",
+    "FA2_TILES",
+    "FUNCTIONS",
+    "KERNEL_FORMATS",
+    "QIU_YAO",
+    "TRITON_H100",
+    "calibration_mismatch",
+    "default_promote_pv",
+    "default_softmax",
+    "efficient_key_splits",
+    "fa2_num_splits",
+    "fa2_split_block_n",
+    "kernel_format",
+    "kernel_output_format",
+    "kernel_policy",
+    "kernel_policy_args",
+    "kernel_policy_ref",
+    "kernel_variant",
+    "sdpa_cudnn_policy",
+    "sdpa_efficient_policy",
+    "sdpa_flash_policy",
+    "triton_policy",
+    "tutorial_policy",
+]

@@ -713,21 +713,11 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--quiet", action="store_true", help="no progress bar or messages")
     _add_allow_import(sw, "policies of the spec, or --engine,")
     sw.set_defaults(func=cmd_sweep)
-    sub.add_parser(
-        "golden",
-        help="Golden et al.'s microbenchmark: flash vs baseline deviation over precision, length and tile size",
-        description="See flashsim golden --help (docs/golden.md).",
-        add_help=False,
-    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["golden"]:  # its own parser and runner (flashsim.analysis.golden)
-        from .analysis import golden
-
-        return golden.main(argv[1:])
     parser = build_sweep_report_parser() if argv[:2] == ["sweep", "report"] else build_parser()
     args = parser.parse_args(argv[2:] if argv[:2] == ["sweep", "report"] else argv)
     if args.command is None:

@@ -19,10 +19,10 @@ import math
 
 import numpy as np
 
-from .. import arith
-from ..attention import as_input, block_size
-from ..policy import Policy, get_policy
-from ..specs import Op
+from flashsim import arith
+from flashsim.attention import as_input, block_size
+from flashsim.policy import Policy, get_policy
+from flashsim.specs import Op
 
 
 def fa1_forward(

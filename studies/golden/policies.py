@@ -29,9 +29,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from emufloat import BF16, E4M3FN, FP16, FP32, FP64, Format, Sequential
-
-from ..policy import Policy
-from ..specs import NUMPY, Dot, Func, Mask, Norm, Op, RowSum, Scale, Tiling, is_native
+from flashsim.policy import Policy
+from flashsim.specs import NUMPY, Dot, Func, Mask, Norm, Op, RowSum, Scale, Tiling, is_native
 
 ALGORITHMS = ("fa1", "fa2")
 STATES = ("low", "l_fp32", "o_fp32", "fp32", "kernel")
@@ -183,7 +182,7 @@ def _lse(f: _Formats) -> Func:
 
 def flash_policy(prec: Precision | str, variant: Variant, block_m: int, block_n: int) -> Policy:
     """The policy of a flash re-implementation in ``prec`` (the FA2 form runs it through flash_forward; the FA1
-    loop of :mod:`flashsim.analysis.golden_fa1` reads the same steps)."""
+    loop of :mod:`studies.golden.fa1` reads the same steps)."""
     p = get_precision(prec)
     f = _formats(p, variant)
     return Policy(

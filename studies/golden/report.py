@@ -1,4 +1,4 @@
-"""Tables and plots of Golden et al.'s microbenchmark (:mod:`flashsim.analysis.golden`) from its cells.
+"""Tables and plots of Golden et al.'s microbenchmark (:mod:`studies.golden.grid`) from its cells.
 
 Per setting, over seeds (independent draws of Q, K, V): non-finite outputs first; max |flash - baseline| with
 its t interval; the mean and standard deviation of flash - baseline; the ratio max |flash - golden| /
@@ -20,10 +20,10 @@ from pathlib import Path
 import numpy as np
 
 from emufloat.trace import sign_test
+from flashsim.analysis.stats import adjust, mean_ci
 
-from .golden import CellResult, GridConfig, Setting, explanation_label
-from .golden_policies import PRECISIONS
-from .stats import adjust, mean_ci
+from .grid import CellResult, GridConfig, Setting, explanation_label
+from .policies import PRECISIONS
 
 
 # ---- per setting ------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Golden et al.'s microbenchmark (flashsim.analysis.golden*): metrics against direct numpy computations, FA1's
+"""Golden et al.'s microbenchmark (studies.golden): metrics against direct numpy computations, FA1's
 Algorithm 1 and the BF16 baseline against an independent numpy/ml_dtypes implementation (bit for bit), FP64
 flash against FP64 baseline, the statistics against scipy, and the command's files and errors."""
 
@@ -11,10 +11,12 @@ import pytest
 import scipy.special
 import scipy.stats as ss
 
-from flashsim.analysis import golden as gd
-from flashsim.analysis import golden_report as gr
-from flashsim.analysis.golden_fa1 import fa1_forward
-from flashsim.analysis.golden_policies import (
+from flashsim.attention import reference_attention
+from studies.golden import cli
+from studies.golden import grid as gd
+from studies.golden import report as gr
+from studies.golden.fa1 import fa1_forward
+from studies.golden.policies import (
     PRECISIONS,
     Variant,
     baseline_policy,
@@ -22,7 +24,6 @@ from flashsim.analysis.golden_policies import (
     flash_policy,
     get_precision,
 )
-from flashsim.attention import reference_attention
 
 BF = ml_dtypes.bfloat16
 F32 = np.float32
@@ -285,7 +286,7 @@ TINY = [
 def test_command_writes_report_json_and_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out = tmp_path / "g"
-    assert gd.main([*TINY, "--out", str(out), "--quiet"]) == 0
+    assert cli.main([*TINY, "--out", str(out), "--quiet"]) == 0
     text = (out / "golden.md").read_text()
     for head in ("## Precision", "## Sequence length", "## Tile size", "## Explanations"):
         assert head in text
@@ -296,7 +297,7 @@ def test_command_writes_report_json_and_plots(tmp_path, capsys):
         assert (out / f"golden_{fig}.png").stat().st_size > 0
     assert "written:" in capsys.readouterr().out
     again = tmp_path / "again"  # the report rebuilt from the JSON alone is the same report
-    assert gd.main(["--from-json", str(out / "golden.json"), "--out", str(again), "--quiet", "--no-plots"]) == 0
+    assert cli.main(["--from-json", str(out / "golden.json"), "--out", str(again), "--quiet", "--no-plots"]) == 0
     assert (again / "golden.md").read_text() == text
     assert not (again / "golden.json").exists()
 
@@ -305,9 +306,9 @@ def test_from_json_refuses_other_files(tmp_path, capsys):
     bad = tmp_path / "x.json"
     bad.write_text('{"cells": []}')
     for path in (bad, tmp_path / "missing.json"):
-        assert gd.main(["--from-json", str(path), "--out", str(tmp_path / "o")]) == 2
+        assert cli.main(["--from-json", str(path), "--out", str(tmp_path / "o")]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("flashsim golden: error: --from-json:") and len(err.splitlines()) == 1
+        assert err.startswith("python -m studies.golden: error: --from-json:") and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize(
@@ -322,7 +323,7 @@ def test_from_json_refuses_other_files(tmp_path, capsys):
 )
 def test_command_bad_arguments_one_line_status_2(args, match, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:  # argparse's own errors exit from the parser
-        code = gd.main([*args, "--out", str(tmp_path)])
+        code = cli.main([*args, "--out", str(tmp_path)])
         raise SystemExit(code)
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
@@ -330,14 +331,18 @@ def test_command_bad_arguments_one_line_status_2(args, match, tmp_path, capsys):
 
 
 def test_sram_sets_the_tile():
-    args = gd.build_parser().parse_args(["--sram", "16384", "--head-dim", "64"])
-    assert gd.config_from_args(args)[0].block_n == 64
+    args = cli.build_parser().parse_args(["--sram", "16384", "--head-dim", "64"])
+    assert cli.config_from_args(args)[0].block_n == 64
 
 
-def test_flashsim_golden_is_a_subcommand(capsys):
-    from flashsim.cli import main
+def test_the_study_runs_as_a_module_and_refuses_bad_arguments_in_one_line():
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    with pytest.raises(SystemExit) as exc:
-        main(["golden", "--bogus"])
-    assert exc.value.code == 2
-    assert "flashsim golden: error: unrecognized arguments: --bogus" in capsys.readouterr().err
+    root = Path(__file__).resolve().parents[2]
+    res = subprocess.run(
+        [sys.executable, "-m", "studies.golden", "--bogus"], cwd=root, capture_output=True, text=True, timeout=120
+    )
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+    assert "python -m studies.golden: error: unrecognized arguments: --bogus" in res.stderr

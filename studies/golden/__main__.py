@@ -1,0 +1,7 @@
+"""``python -m studies.golden``."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

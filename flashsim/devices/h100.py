@@ -4,8 +4,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import emufloat as ef
 from emufloat import FP32
 from emufloat.hw import h100
@@ -31,22 +29,16 @@ class TlSum(arith.BlockSumOrder):
         return arith.tree_rowsum(arith.padded(p, tree.n_leaves), tree, spec, trace, label)
 
 
-@functools.lru_cache(maxsize=64)
-def lane_tree(n: int) -> ef.ReductionTree:
-    """delta's tl.sum over a loaded 16-bit tile on the H100: 8 values a lane, then a butterfly (recorded)."""
-    return ef.ReductionTree.thread_butterfly(n, 8)
-
-
 class TlSumDelta(DeltaOrder):
     name = "h100_tl_sum"
     doc = (
         "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous values a lane "
-        "left to right, then a shuffle butterfly (ReductionTree.thread_butterfly)"
+        "left to right, then a shuffle butterfly (emufloat.hw.h100.tl_sum_loaded_16bit)"
     )
 
     def rowsum(self, a, b, spec, trace, label):
         prods = products(a, b, spec, trace, label)
-        return arith.tree_rowsum(prods, lane_tree(prods.shape[-1]), spec, trace, label)
+        return arith.tree_rowsum(prods, h100.tl_sum_loaded_16bit(prods.shape[-1]), spec, trace, label)
 
 
 class DivFull(Division):
@@ -122,4 +114,4 @@ for _model in (
 ):
     register_function(_model)
 
-__all__ = ["DivFull", "RcpApprox", "TlSum", "TlSumDelta", "lane_tree"]
+__all__ = ["DivFull", "RcpApprox", "TlSum", "TlSumDelta"]

@@ -3,129 +3,53 @@
 A :class:`Policy` says how every step of attention rounds; :func:`flash_forward` runs the tiled
 online-softmax forward and :func:`reference_attention` full-softmax attention under one, with pluggable
 softmax variants and optional emufloat traces.  Policies of other kernels come from their packages through
-the ``flashsim.policies`` entry-point group (:mod:`flashsim.policy`).  See docs/flashsim.md.
+the ``flashsim.policies`` entry-point group (:mod:`flashsim.policy`).  The steps' specifications are in
+:mod:`flashsim.specs`, the analyses in :mod:`flashsim.analysis`, sweeps in :mod:`flashsim.sweep`, property
+tests in :mod:`flashsim.testing`.  See docs/flashsim.md.
 """
 
-from . import devices  # noqa: F401  (registers what the H100 and CUDA's kernels compute)
-from .analysis import (
-    RowAnalysis,
-    analyse_row,
-    analyse_run,
-    bias,
-    error_budget,
-    find_maxima,
-    p_one_rounding,
-    row_maxima,
-    step_errors,
+from . import (  # noqa: F401  (subpackages: flashsim.specs.Op, flashsim.analysis.bias, ...)
+    analysis,
+    devices,  # noqa: F401  (registers what the H100 and CUDA's kernels compute)
+    specs,
 )
-from .attention import ForwardResult, flash_forward, natural_lse, reference_attention
+from .analysis import RowAnalysis, analyse_row, analyse_run
+from .attention import ForwardResult, flash_forward, reference_attention
 from .backward import BackwardResult, flash_backward, reference_backward
-from .functions import FunctionModel, function_names, get_function, register_function
-from .policy import (
-    ALIASES,
-    BWD_STEPS,
-    BWD_TRACE_LABELS,
-    STEPS,
-    TRACE_LABELS,
-    Policy,
-    PolicyRef,
-    get_policy,
-    policy_names,
-    register_policy,
-    register_policy_function,
-)
+from .functions import FunctionModel, register_function
+from .policy import Policy, PolicyRef, get_policy, policy_names, register_policy, register_policy_function
 from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN
-from .softmax import (
-    STANDARD,
-    CastSumSoftmax,
-    DitheredSoftmax,
-    MaxContext,
-    RobustSoftmax,
-    SoftmaxVariant,
-    StabilisedSoftmax,
-    StandardSoftmax,
-    get_softmax,
-)
-from .specs import (
-    NUMPY,
-    BwdTiling,
-    Delta,
-    Dot,
-    Func,
-    Grad,
-    Mask,
-    Norm,
-    Op,
-    Recompute,
-    RowSum,
-    Scale,
-    SoftmaxGrad,
-    Tiling,
-)
-from .stepper import FinalState, RowStepper, StepState, step_rows, trace_row
+from .softmax import STANDARD, CastSumSoftmax, RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, get_softmax
+from .stepper import step_rows, trace_row
 
 __all__ = [
-    "ForwardResult",
-    "flash_forward",
-    "natural_lse",
-    "reference_attention",
-    "ALIASES",
     "BASELINE_BF16",
     "FA2",
     "FP32_POLICY",
     "FP64_GOLDEN",
-    "STEPS",
-    "TRACE_LABELS",
+    "STANDARD",
+    "BackwardResult",
+    "CastSumSoftmax",
+    "ForwardResult",
+    "FunctionModel",
     "Policy",
     "PolicyRef",
-    "get_policy",
-    "policy_names",
-    "register_policy",
-    "register_policy_function",
-    "FunctionModel",
-    "function_names",
-    "get_function",
-    "register_function",
-    "STANDARD",
-    "MaxContext",
     "RobustSoftmax",
-    "CastSumSoftmax",
-    "DitheredSoftmax",
+    "RowAnalysis",
     "SoftmaxVariant",
     "StabilisedSoftmax",
-    "StandardSoftmax",
-    "get_softmax",
-    "NUMPY",
-    "Dot",
-    "Func",
-    "Mask",
-    "Norm",
-    "Op",
-    "RowSum",
-    "Scale",
-    "Tiling",
-    "FinalState",
-    "RowStepper",
-    "StepState",
-    "step_rows",
-    "trace_row",
-    "RowAnalysis",
     "analyse_row",
     "analyse_run",
-    "bias",
-    "error_budget",
-    "find_maxima",
-    "p_one_rounding",
-    "row_maxima",
-    "step_errors",
-    "BackwardResult",
     "flash_backward",
+    "flash_forward",
+    "get_policy",
+    "get_softmax",
+    "policy_names",
+    "reference_attention",
     "reference_backward",
-    "BWD_STEPS",
-    "BWD_TRACE_LABELS",
-    "BwdTiling",
-    "Delta",
-    "Grad",
-    "Recompute",
-    "SoftmaxGrad",
+    "register_function",
+    "register_policy",
+    "register_policy_function",
+    "step_rows",
+    "trace_row",
 ]

@@ -14,10 +14,11 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import FP32, Format, Rounding, Trace
+from emufloat.formats import format_of_dtype
 
 from .functions import get_function
-from .orders import DIVISIONS, ROW_SUMS, Division, RowSumOrder
-from .specs import NUMPY, Dot, Func, Norm, Op, RowSum, Scale, is_native
+from .orders import DELTAS, DIVISIONS, ROW_SUMS, DeltaOrder, Division, RowSumOrder
+from .specs import NUMPY, Delta, Dot, Func, Norm, Op, RowSum, Scale, is_native
 
 RNE = Rounding("rne")
 _NP_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -259,6 +260,69 @@ def compute_only(spec: Spec) -> Op:
     unfused row-sum update: PyTorch's fp32 temporary)."""
     first = compute_format(spec)
     return Op(first, spec.rounding if first == spec.fmt else RNE)
+
+
+def cast_if_needed(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: Rounding = RNE) -> np.ndarray:
+    """x rounded into fmt; x itself (and no trace events) when it is already held in that format."""
+    if format_of_dtype(np.asarray(x).dtype) == fmt:
+        return x
+    return cast(x, fmt, rounding, trace, label)
+
+
+# ---- delta orders (the backward's sum of dO * O) -----------------------------------------------------
+def products(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
+    """a * b elementwise, each product rounded into the spec's product format."""
+    return binary("mul", a, b, Op(spec.prod_fmt), trace, label)
+
+
+def product_chain(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
+    """sum_k a_k b_k along the last axis, left to right in the compute format, vectorised over the others: the
+    first product, then fma(a, b, acc) when the spec is fused, else acc + round(a * b)."""
+    first, acc_op = compute_format(spec), compute_only(spec)
+    prod_op = acc_op if spec.fused else Op(spec.prod_fmt)
+    acc = cast_if_needed(binary("mul", a[..., 0], b[..., 0], prod_op, trace, label), first, trace, label)
+    for t in range(1, a.shape[-1]):
+        if spec.fused:
+            acc = fma(a[..., t], b[..., t], acc, acc_op, trace, label)
+        else:
+            acc = binary("add", acc, binary("mul", a[..., t], b[..., t], prod_op, trace, label), acc_op, trace, label)
+    return acc
+
+
+class _ExactDelta(DeltaOrder):
+    name, doc = "exact", "exact sum of the (rounded) products, rounded once (emufloat.sum)"
+
+    def rowsum(self, a, b, spec, trace, label):
+        first = compute_format(spec)
+        rnd = spec.rounding if first == spec.fmt else RNE
+        return ef.sum(products(a, b, spec, trace, label), first, rnd, trace=trace, label=label)
+
+
+class _NumpyDelta(DeltaOrder):
+    name, doc, native = NUMPY, "numpy float64 sum (FP64 only)", True
+
+    def rowsum(self, a, b, spec, trace, label):
+        return np.sum(f64(a) * f64(b), axis=-1)
+
+
+class _TreeDelta(DeltaOrder):
+    def __init__(self, name: str, doc: str, fusable: bool):
+        self.name, self.doc, self.fusable = name, doc, fusable
+
+    def rowsum(self, a, b, spec, trace, label):
+        if spec.fused:
+            return product_chain(a, b, spec, trace, label)
+        prods = products(a, b, spec, trace, label)
+        return tree_rowsum(prods, order_tree(self.name, prods.shape[-1]), spec, trace, label)
+
+
+for _order in (
+    _NumpyDelta(),
+    _ExactDelta(),
+    _TreeDelta("sequential", "left to right, each add rounded (an FMA per term when fused)", True),
+    _TreeDelta("pairwise", "balanced tree, each add rounded", False),
+):
+    DELTAS.register(_order)
 
 
 # ---- normalisation ---------------------------------------------------------------------------------

@@ -33,16 +33,15 @@ from __future__ import annotations
 import numpy as np
 
 import emufloat as ef
-from emufloat import Format, Rounding, Trace
-from emufloat.formats import format_of_dtype
+from emufloat import Rounding, Trace
 
 from . import arith
 from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
 from .attention import check_inputs as check_forward_inputs
-from .orders import DELTAS, DeltaOrder
+from .orders import DELTAS
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
-from .specs import NUMPY, Delta, Grad, Op, is_native
+from .specs import Delta, Grad, Op, is_native
 from .specs.backward import KV_ORDERS, Q_ORDERS
 
 RNE = Rounding("rne")
@@ -79,71 +78,7 @@ class BackwardResult(tuple):
 
 
 # ---- small helpers ----------------------------------------------------------------------------------
-def _to(x: np.ndarray, fmt: Format, trace: Trace | None, label: str, rounding: Rounding = RNE) -> np.ndarray:
-    """x rounded into fmt; a no-op (and no trace events) when x is already held in that format."""
-    if format_of_dtype(np.asarray(x).dtype) == fmt:
-        return x
-    return arith.cast(x, fmt, rounding, trace, label)
-
-
 # ---- delta ------------------------------------------------------------------------------------------
-def products(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
-    """a * b elementwise, each product rounded into the spec's product format."""
-    return arith.binary("mul", a, b, Op(spec.prod_fmt), trace, label)
-
-
-def product_chain(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
-    """sum_k a_k b_k along the last axis, left to right in the compute format, vectorised over the others: the
-    first product, then fma(a, b, acc) when the spec is fused, else acc + round(a * b)."""
-    first, acc_op = arith.compute_format(spec), arith.compute_only(spec)
-    prod_op = acc_op if spec.fused else Op(spec.prod_fmt)
-    acc = _to(arith.binary("mul", a[..., 0], b[..., 0], prod_op, trace, label), first, trace, label)
-    for t in range(1, a.shape[-1]):
-        if spec.fused:
-            acc = arith.fma(a[..., t], b[..., t], acc, acc_op, trace, label)
-        else:
-            acc = arith.binary(
-                "add", acc, arith.binary("mul", a[..., t], b[..., t], prod_op, trace, label), acc_op, trace, label
-            )
-    return acc
-
-
-class _ExactDelta(DeltaOrder):
-    name, doc = "exact", "exact sum of the (rounded) products, rounded once (emufloat.sum)"
-
-    def rowsum(self, a, b, spec, trace, label):
-        first = arith.compute_format(spec)
-        rnd = spec.rounding if first == spec.fmt else RNE
-        return ef.sum(products(a, b, spec, trace, label), first, rnd, trace=trace, label=label)
-
-
-class _NumpyDelta(DeltaOrder):
-    name, doc, native = NUMPY, "numpy float64 sum (FP64 only)", True
-
-    def rowsum(self, a, b, spec, trace, label):
-        return np.sum(arith.f64(a) * arith.f64(b), axis=-1)
-
-
-class _TreeDelta(DeltaOrder):
-    def __init__(self, name: str, doc: str, fusable: bool):
-        self.name, self.doc, self.fusable = name, doc, fusable
-
-    def rowsum(self, a, b, spec, trace, label):
-        if spec.fused:
-            return product_chain(a, b, spec, trace, label)
-        prods = products(a, b, spec, trace, label)
-        return arith.tree_rowsum(prods, arith.order_tree(self.name, prods.shape[-1]), spec, trace, label)
-
-
-for _order in (
-    _NumpyDelta(),
-    _ExactDelta(),
-    _TreeDelta("sequential", "left to right, each add rounded (an FMA per term when fused)", True),
-    _TreeDelta("pairwise", "balanced tree, each add rounded", False),
-):
-    DELTAS.register(_order)
-
-
 def delta_rowsum(
     a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None, label: str = "delta"
 ) -> np.ndarray:
@@ -180,22 +115,22 @@ class _Head:
         tr = trace
         rec = pol.recompute
         units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
-        self.q = _to(q, pol.scores.inputs, tr, "inputs")
+        self.q = arith.cast_if_needed(q, pol.scores.inputs, tr, "inputs")
         if rec.prescale_k:  # K * c in FP32 (torch's opmath), then into the scores' input format
-            k32 = _to(k, ef.FP32, tr, "inputs")
+            k32 = arith.cast_if_needed(k, ef.FP32, tr, "inputs")
             k = arith.binary("mul", k32, arith.constant(sm_scale * units, Op(ef.FP32)), Op(ef.FP32), tr, "recompute")
-        self.k = _to(k, pol.scores.inputs, tr, "inputs")
-        v = _to(v, pol.pv.inputs, tr, "inputs")
-        self.do = _to(do, pol.dp.inputs, tr, "inputs")
-        self.o = _to(o, pol.output.fmt, tr, "inputs", pol.output.rounding)
-        self.v_dp = _to(v, pol.dp.inputs, tr, "inputs")
-        self.do_dv = _to(self.do, pol.dv.dot.inputs, tr, "inputs")
-        self.q_dk = _to(self.q, pol.dk.dot.inputs, tr, "inputs")
-        self.k_dq = _to(self.k, pol.dq.dot.inputs, tr, "inputs")
+        self.k = arith.cast_if_needed(k, pol.scores.inputs, tr, "inputs")
+        v = arith.cast_if_needed(v, pol.pv.inputs, tr, "inputs")
+        self.do = arith.cast_if_needed(do, pol.dp.inputs, tr, "inputs")
+        self.o = arith.cast_if_needed(o, pol.output.fmt, tr, "inputs", pol.output.rounding)
+        self.v_dp = arith.cast_if_needed(v, pol.dp.inputs, tr, "inputs")
+        self.do_dv = arith.cast_if_needed(self.do, pol.dv.dot.inputs, tr, "inputs")
+        self.q_dk = arith.cast_if_needed(self.q, pol.dk.dot.inputs, tr, "inputs")
+        self.k_dq = arith.cast_if_needed(self.k, pol.dq.dot.inputs, tr, "inputs")
         self.x_op = arith.compute_only(rec)
         self.exp = rec.func()
         self.c = arith.constant(sm_scale * units, pol.scale)
-        lse = _to(lse, pol.lse.fmt, tr, "inputs")
+        lse = arith.cast_if_needed(lse, pol.lse.fmt, tr, "inputs")
         self.lse_natural = lse if pol.lse.base == "e" else None
         if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
             lse = arith.binary(
@@ -283,7 +218,9 @@ class _Head:
     def finish(self, grad: Grad, acc: np.ndarray, label: str, scale: float | None) -> np.ndarray:
         if scale is not None and self.pol.ds.scale_at == "end":
             acc = arith.binary("mul", acc, arith.constant(scale, grad.accum), grad.accum, self.trace, label)
-        return arith.nan_encoded(_to(acc, grad.out.fmt, self.trace, label, grad.out.rounding), grad.out.nan_bits)
+        return arith.nan_encoded(
+            arith.cast_if_needed(acc, grad.out.fmt, self.trace, label, grad.out.rounding), grad.out.nan_bits
+        )
 
     def ds_block(self, p: np.ndarray, dp: np.ndarray, delta: np.ndarray) -> np.ndarray:
         spec, tr = self.pol.ds, self.trace
@@ -292,7 +229,7 @@ class _Head:
             pc = arith.binary("mul", p, self.cs, self.ds_tmp, tr, "ds")
             return arith.binary("mul", pc, diff, spec, tr, "ds")
         if spec.p_format is not None:
-            p = _to(p, spec.p_format, tr, "ds")
+            p = arith.cast_if_needed(p, spec.p_format, tr, "ds")
         ds = arith.binary("mul", p, diff, spec, tr, "ds")
         if spec.scale_at == "ds":
             ds = arith.binary("mul", ds, self.cs, spec, tr, "ds")
@@ -332,10 +269,16 @@ class _Head:
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
                 p = self.p_block(rows, cols, tr)
-                dv_acc = self.accumulate(pol.dv, _to(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc, "dv")
+                dv_acc = self.accumulate(
+                    pol.dv, arith.cast_if_needed(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc, "dv"
+                )
                 ds = self.ds_block(p, self.dp_block(rows, cols, tr), delta[r0:r1])
-                ds_k = _to(ds, pol.dk.dot.inputs, tr, "ds")
-                ds_q = ds_k if pol.dq.dot.inputs == pol.dk.dot.inputs else _to(ds, pol.dq.dot.inputs, tr, "ds")
+                ds_k = arith.cast_if_needed(ds, pol.dk.dot.inputs, tr, "ds")
+                ds_q = (
+                    ds_k
+                    if pol.dq.dot.inputs == pol.dk.dot.inputs
+                    else arith.cast_if_needed(ds, pol.dq.dot.inputs, tr, "ds")
+                )
                 dk_acc = self.accumulate(pol.dk, ds_k.T, self.q_dk[r0:r1], dk_acc, "dk")
                 if kv_order == "diagonal_first":
                     deferred.setdefault(r0, {})[c0] = ds_q
@@ -442,4 +385,4 @@ def reference_backward(
     return _per_head(one, arrays[:-1])
 
 
-__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum", "product_chain", "products"]
+__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum"]

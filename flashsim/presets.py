@@ -13,6 +13,7 @@ from __future__ import annotations
 import emufloat as ef
 from emufloat import BF16, FP32, FP64, Sequential
 
+from . import arith, devices  # noqa: F401  (register the orders, divisions and functions these presets name)
 from .policy import Policy, register_policy
 from .specs import (
     NUMPY,

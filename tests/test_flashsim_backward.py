@@ -119,7 +119,7 @@ def assert_grads_fp64(res, q, k, v, do, causal, sm_scale=None):
 )
 def test_fp64_flash_backward_equals_attention_gradient(qkvd, variant, causal, bm, bn, q_order, kv_order, skip):
     q, k, v, do = qkvd
-    pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.BwdTiling(skip_masked=False))
+    pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.specs.BwdTiling(skip_masked=False))
     o, lse = fs.flash_forward(q, k, v, "fp64", softmax=variant, causal=causal, block_m=bm, block_n=bn)
     res = fs.flash_backward(
         q,
@@ -144,7 +144,7 @@ def test_fp64_flash_backward_equals_attention_gradient(qkvd, variant, causal, bm
 @given(backward_inputs(), variants, st.booleans(), st.sampled_from(["o", "p"]))
 def test_fp64_reference_backward_equals_attention_gradient(qkvd, variant, causal, source):
     q, k, v, do = qkvd
-    pol = dataclasses.replace(fs.FP64_GOLDEN, delta=fs.Delta("numpy", "fp64", source=source))
+    pol = dataclasses.replace(fs.FP64_GOLDEN, delta=fs.specs.Delta("numpy", "fp64", source=source))
     o, lse = fs.reference_attention(q, k, v, "fp64", softmax=variant, causal=causal)
     assert_grads_fp64(fs.reference_backward(q, k, v, o, lse, do, pol, causal=causal), q, k, v, do, causal)
 
@@ -154,7 +154,7 @@ def test_fp64_reference_backward_equals_attention_gradient(qkvd, variant, causal
 def test_fp64_delta_from_dp_and_p_in_the_tiled_backward(qkvd, causal, bm, bn):
     """delta = rowsum(dP * P) (PyTorch's softmax backward; the paper's alternative) is the same in exact terms."""
     q, k, v, do = qkvd
-    pol = dataclasses.replace(fs.FP64_GOLDEN, delta=fs.Delta("numpy", "fp64", source="p"))
+    pol = dataclasses.replace(fs.FP64_GOLDEN, delta=fs.specs.Delta("numpy", "fp64", source="p"))
     o, lse = fs.flash_forward(q, k, v, "fp64", causal=causal)
     assert_grads_fp64(
         fs.flash_backward(q, k, v, o, lse, do, pol, causal=causal, block_m=bm, block_n=bn), q, k, v, do, causal
@@ -184,7 +184,7 @@ def test_keys_after_every_query_get_zero_gradients():
         rng.standard_normal((5, 3)),
     )
     o, lse = fs.flash_forward(q, k, v, "fp64", causal=True)
-    for pol in (fs.FP64_GOLDEN, dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.BwdTiling(skip_masked=False))):
+    for pol in (fs.FP64_GOLDEN, dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.specs.BwdTiling(skip_masked=False))):
         dq, dk, dv = fs.flash_backward(q, k, v, o, lse, do, pol, causal=True, block_m=2, block_n=4)
         assert not dk[5:].any() and not dv[5:].any()
         assert_grads_fp64(
@@ -332,7 +332,7 @@ def test_fa2_delta_thread_layout_and_butterfly():
     # the order shows in the rounding: 1 followed by 63 terms of half an ulp each
     x = np.float32([[1.0] + [2.0**-24] * 63])
     one = np.float32([[1.0] * 64])
-    seq = delta_rowsum(x, one, fs.Delta("sequential", "fp32", fused=True))
+    seq = delta_rowsum(x, one, fs.specs.Delta("sequential", "fp32", fused=True))
     fa2 = delta_rowsum(x, one, fs.FA2.delta)
     assert float(seq[0]) == 1.0  # each 2^-24 is half an ulp of 1: ties to even, lost one by one
     assert float(fa2[0]) == 1.0 + 2.0**-23 * 28  # threads 1-7 sum theirs exactly; the butterfly keeps them
@@ -384,10 +384,10 @@ def test_backward_defaults_derive_from_the_forward():
         if f.name not in (*BWD_STEPS, "bwd_tiling")
     }
     pol = fs.Policy(**{**fwd, "name": "fa2_fwd_only"})
-    assert pol.recompute == fs.Recompute("h100_ex2", "fp32", fused=True)
+    assert pol.recompute == fs.specs.Recompute("h100_ex2", "fp32", fused=True)
     assert pol.dq.dot.model == h100.WGMMA_BF16 and pol.dq.dot.into_acc and pol.ds.scale_at == "end"
-    assert pol.bwd_tiling == fs.BwdTiling(128, 128)
-    assert default_backward(fs.FP64_GOLDEN)["delta"] == fs.Delta("numpy", "fp64")
+    assert pol.bwd_tiling == fs.specs.BwdTiling(128, 128)
+    assert default_backward(fs.FP64_GOLDEN)["delta"] == fs.specs.Delta("numpy", "fp64")
     rng = np.random.default_rng(19)
     q, k, v, do = (
         rng.standard_normal((10, 8)),
@@ -426,51 +426,51 @@ def test_equality_and_diff_cover_the_backward():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: fs.Delta("tree", "fp32"), "Delta.order"),
-        (lambda: fs.Recompute("exp", "fp32", natural=True), "Recompute.natural"),
-        (lambda: fs.Recompute("h100_ex2", "fp32", natural=True, prescale_k=True), "Recompute.natural"),
+        (lambda: fs.specs.Delta("tree", "fp32"), "Delta.order"),
+        (lambda: fs.specs.Recompute("exp", "fp32", natural=True), "Recompute.natural"),
+        (lambda: fs.specs.Recompute("h100_ex2", "fp32", natural=True, prescale_k=True), "Recompute.natural"),
         (
             lambda: dataclasses.replace(
-                fs.get_policy("triton_h100"), name="x", recompute=fs.Recompute("h100_ex2", "fp32", natural=True)
+                fs.get_policy("triton_h100"), name="x", recompute=fs.specs.Recompute("h100_ex2", "fp32", natural=True)
             ),
             "recompute: natural",
         ),
-        (lambda: fs.Delta("sequential", "fp32", source="s"), "Delta.source"),
-        (lambda: fs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),
-        (lambda: fs.Delta("sequential", "fp32", prod="bf16", fused=True), "Delta.fused"),
-        (lambda: fs.Delta("numpy", "fp32"), "Delta.order: 'numpy' goes with FP64"),
-        (lambda: fs.Delta("sequential", "fp32", prod="fp64"), "Delta.prod"),
-        (lambda: fs.Delta("fa2_dot_do_o", "fp32", threads=6), "Delta.threads"),
-        (lambda: fs.Recompute("expm1", "fp32"), "Recompute.function"),
-        (lambda: fs.Recompute("h100_ex2", "fp64"), "Recompute.fmt"),
-        (lambda: fs.Recompute("exp", "fp64", fused=True), "Recompute.fused"),
-        (lambda: fs.SoftmaxGrad("fp32", scale_at="q"), "SoftmaxGrad.scale_at"),
-        (lambda: fs.Grad(fs.Op("bf16"), fs.Op("fp32"), fs.Op("bf16")), "Grad.dot"),
+        (lambda: fs.specs.Delta("sequential", "fp32", source="s"), "Delta.source"),
+        (lambda: fs.specs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),
+        (lambda: fs.specs.Delta("sequential", "fp32", prod="bf16", fused=True), "Delta.fused"),
+        (lambda: fs.specs.Delta("numpy", "fp32"), "Delta.order: 'numpy' goes with FP64"),
+        (lambda: fs.specs.Delta("sequential", "fp32", prod="fp64"), "Delta.prod"),
+        (lambda: fs.specs.Delta("fa2_dot_do_o", "fp32", threads=6), "Delta.threads"),
+        (lambda: fs.specs.Recompute("expm1", "fp32"), "Recompute.function"),
+        (lambda: fs.specs.Recompute("h100_ex2", "fp64"), "Recompute.fmt"),
+        (lambda: fs.specs.Recompute("exp", "fp64", fused=True), "Recompute.fused"),
+        (lambda: fs.specs.SoftmaxGrad("fp32", scale_at="q"), "SoftmaxGrad.scale_at"),
+        (lambda: fs.specs.Grad(fs.specs.Op("bf16"), fs.specs.Op("fp32"), fs.specs.Op("bf16")), "Grad.dot"),
         (
-            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.Op("bf16"), fs.Op("bf16")),
+            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.specs.Op("bf16"), fs.specs.Op("bf16")),
             "Grad.accum",
         ),
         (
-            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32")), fs.Op("fp32"), fs.Op("bf16", compute="fp32")),
+            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32")), fs.specs.Op("fp32"), fs.specs.Op("bf16", compute="fp32")),
             "Grad.out",
         ),
-        (lambda: fs.BwdTiling(block_n=0), "BwdTiling.block_n"),
-        (lambda: fs.BwdTiling(q_order="backward"), "BwdTiling.q_order"),
-        (lambda: fs.Delta("fa2_dot_do_o", "fp32", shuffle="up"), "Delta.shuffle"),
-        (lambda: fs.SoftmaxGrad("fp32", p_format="bf17"), "SoftmaxGrad.p_format"),
+        (lambda: fs.specs.BwdTiling(block_n=0), "BwdTiling.block_n"),
+        (lambda: fs.specs.BwdTiling(q_order="backward"), "BwdTiling.q_order"),
+        (lambda: fs.specs.Delta("fa2_dot_do_o", "fp32", shuffle="up"), "Delta.shuffle"),
+        (lambda: fs.specs.SoftmaxGrad("fp32", p_format="bf17"), "SoftmaxGrad.p_format"),
         (
-            lambda: fs.Grad(fs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.Op("fp32"), fs.Op("bf16"), True),
+            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.specs.Op("fp32"), fs.specs.Op("bf16"), True),
             "Grad.atomic",
         ),
         (
-            lambda: dataclasses.replace(fs.FP32_POLICY, dp=fs.Dot("fp32", ef.Sequential("fp32"), into_acc=True)),
+            lambda: dataclasses.replace(fs.FP32_POLICY, dp=fs.specs.Dot("fp32", ef.Sequential("fp32"), into_acc=True)),
             "dp: into_acc",
         ),
         (
-            lambda: dataclasses.replace(fs.FP32_POLICY, recompute=fs.Recompute("exp", "fp32", fused=True)),
+            lambda: dataclasses.replace(fs.FP32_POLICY, recompute=fs.specs.Recompute("exp", "fp32", fused=True)),
             "recompute: fused",
         ),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, ds=fs.Op("fp32")), "ds: expected a SoftmaxGrad"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, ds=fs.specs.Op("fp32")), "ds: expected a SoftmaxGrad"),
     ],
 )
 def test_backward_spec_errors_name_the_argument(make, match):

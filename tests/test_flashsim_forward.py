@@ -76,7 +76,7 @@ def assert_close_fp64(res, q, k, v, causal):
 )
 def test_fp64_flash_forward_equals_plain_attention(qkv, variant, causal, bm, bn, order, skip):
     q, k, v = qkv
-    pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, tiling=fs.Tiling(skip_masked=False))
+    pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, tiling=fs.specs.Tiling(skip_masked=False))
     res = fs.flash_forward(q, k, v, pol, softmax=variant, causal=causal, block_m=bm, block_n=bn, kv_order=order)
     assert res.o.dtype == np.float64 and res.o.shape == (q.shape[0], v.shape[1]) and res.lse.shape == (q.shape[0],)
     assert_close_fp64(res, q, k, v, causal)
@@ -93,7 +93,7 @@ def test_stabilised_branches_are_taken():
     """The inputs above do exercise the fix: rows with repeated maxima and r > 0, r < 0."""
     rng = np.random.default_rng(1)
     s = np.array([[3.0, 3.0, 1.0], [-2.0, -2.0, -5.0], [0.0, 0.0, -1.0], [4.0, 1.0, 2.0]])
-    ctx = fs.MaxContext(fs.Op(ef.FP64))
+    ctx = fs.softmax.MaxContext(fs.specs.Op(ef.FP64))
     m = fs.StabilisedSoftmax(beta=2.0).block_max(s, None, s.max(1), np.full(4, -np.inf), ctx)
     np.testing.assert_array_equal(m, [6.0, 0.0, 0.0, 4.0])  # r == 0 is left alone (a gap of the paper's fix)
     q = rng.standard_normal((5, 4))
@@ -122,7 +122,7 @@ def test_bf16_policies_within_a_few_ulps_of_fp64(policy, causal):
     res = fs.flash_forward(q, k, v, policy, causal=causal, block_m=16, block_n=16)
     assert res.o.dtype == ef.BF16.carrier
     err_o = np.abs(arith.f64(res.o) - o64).max()
-    err_lse = np.abs(fs.natural_lse(res.lse, policy) - lse64).max()
+    err_lse = np.abs(fs.attention.natural_lse(res.lse, policy) - lse64).max()
     smax = np.abs(q @ k.T / 4).max()
     assert 0 < err_o <= 4 * U_BF16 * np.abs(v).max()
     assert 0 < err_lse <= 2 * U_BF16 * (1 + smax)
@@ -144,21 +144,21 @@ def test_triton_h100_policy_is_expressible():
     ex2.approx.ftz, a recorded tl.sum tree with an FMA update, div.full and a base-2 LSE."""
     pol = fs.Policy(
         name="triton_sketch",
-        scores=fs.Dot(ef.BF16, h100.WGMMA_BF16),
-        scale=fs.Scale("max", ef.FP32),
-        mask=fs.Mask(-1e6, "add"),
-        max=fs.Op(ef.FP32),
-        subtract=fs.Op(ef.FP32, fused=True),
-        exp=fs.Func("h100_ex2", ef.FP32),
-        row_sum=fs.RowSum("h100_tl_sum", ef.FP32, fused=True, num_warps=4),
-        p_cast=fs.Op(ef.BF16),
-        pv=fs.Dot(ef.BF16, h100.WGMMA_BF16, into_acc=True),
-        rescale=fs.Op(ef.FP32),
-        o_accum=fs.Op(ef.FP32),
-        normalize=fs.Norm("divide", "div_full", ef.FP32),
-        output=fs.Op(ef.BF16),
-        lse=fs.Func("log2", ef.FP32),
-        tiling=fs.Tiling(64, 64),
+        scores=fs.specs.Dot(ef.BF16, h100.WGMMA_BF16),
+        scale=fs.specs.Scale("max", ef.FP32),
+        mask=fs.specs.Mask(-1e6, "add"),
+        max=fs.specs.Op(ef.FP32),
+        subtract=fs.specs.Op(ef.FP32, fused=True),
+        exp=fs.specs.Func("h100_ex2", ef.FP32),
+        row_sum=fs.specs.RowSum("h100_tl_sum", ef.FP32, fused=True, num_warps=4),
+        p_cast=fs.specs.Op(ef.BF16),
+        pv=fs.specs.Dot(ef.BF16, h100.WGMMA_BF16, into_acc=True),
+        rescale=fs.specs.Op(ef.FP32),
+        o_accum=fs.specs.Op(ef.FP32),
+        normalize=fs.specs.Norm("divide", "div_full", ef.FP32),
+        output=fs.specs.Op(ef.BF16),
+        lse=fs.specs.Func("log2", ef.FP32),
+        tiling=fs.specs.Tiling(64, 64),
     )
     rng = np.random.default_rng(5)
     q, k, v = rng.standard_normal((128, 16)), rng.standard_normal((128, 16)), rng.standard_normal((128, 16))
@@ -166,7 +166,7 @@ def test_triton_h100_policy_is_expressible():
     res = fs.flash_forward(q, k, v, pol, causal=True, trace=tr)
     o64, lse64 = naive_attention(q, k, v, True)
     assert np.abs(arith.f64(res.o) - o64).max() <= 4 * U_BF16 * np.abs(v).max()
-    assert np.abs(fs.natural_lse(res.lse, pol) - lse64).max() <= 2 * U_BF16 * (1 + np.abs(lse64).max())
+    assert np.abs(fs.attention.natural_lse(res.lse, pol) - lse64).max() <= 2 * U_BF16 * (1 + np.abs(lse64).max())
     assert {"mask", "pv", "exp", "normalize"} <= {c[4] for c in tr.calls}
 
 
@@ -249,7 +249,7 @@ def test_register_and_replace():
 def test_equality_ignores_names_and_diff_lists_steps():
     renamed = dataclasses.replace(fs.FP32_POLICY, name="mine", note="")
     assert renamed == fs.FP32_POLICY and renamed.diff(fs.FP32_POLICY) == []
-    changed = dataclasses.replace(fs.FP32_POLICY, output=fs.Op("bf16"), tiling=fs.Tiling(kv_order="reverse"))
+    changed = dataclasses.replace(fs.FP32_POLICY, output=fs.specs.Op("bf16"), tiling=fs.specs.Tiling(kv_order="reverse"))
     assert changed != fs.FP32_POLICY
     assert [step for step, _a, _b in changed.diff(fs.FP32_POLICY)] == ["output", "tiling"]
     assert "output" in changed.describe_diff(fs.FP32_POLICY)
@@ -290,34 +290,34 @@ def test_flashsim_does_not_import_gpu_libraries():
 @pytest.mark.parametrize(
     "make, match",
     [
-        (lambda: fs.Op("fp64", "rtz"), "Op.rounding: FP64 steps run in numpy"),
-        (lambda: fs.Op("fp64", fused=True), "Op.fused"),
-        (lambda: fs.Op("bf17"), "Op.fmt"),
-        (lambda: fs.Dot("bf16", "numpy"), "Dot.model: the 'numpy' model goes with FP64"),
-        (lambda: fs.Dot("bf16", "wgmma"), "Dot.model: expected an emufloat model"),
-        (lambda: fs.Func("h100_ex2", "fp64"), "Func.fmt"),
-        (lambda: fs.Func("expm1", "fp32"), "Func.function"),
-        (lambda: fs.RowSum("tree", "fp32"), "RowSum.order"),
-        (lambda: fs.RowSum("numpy", "fp64", fused=True), "RowSum.fused"),
-        (lambda: fs.RowSum("cutlass_warps", "fp32", fused=True), "RowSum.fused"),
-        (lambda: fs.RowSum("cudnn_threads", "fp32", floor=1e-10), "RowSum.floor"),
-        (lambda: fs.RowSum("sequential", "fp32", floor=0.0), "RowSum.floor"),
-        (lambda: fs.RowSum("sequential", "fp32", floor=True), "RowSum.floor"),
-        (lambda: fs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
-        (lambda: fs.Scale("logits", "fp32"), "Scale.where"),
-        (lambda: fs.Scale("max", "fp32", split=True), "Scale.split"),
-        (lambda: fs.Func("log", "fp32", fused=True, divide=True), "Func.divide"),
-        (lambda: fs.Func("log", "fp64", fused=True), "Func.fused"),
+        (lambda: fs.specs.Op("fp64", "rtz"), "Op.rounding: FP64 steps run in numpy"),
+        (lambda: fs.specs.Op("fp64", fused=True), "Op.fused"),
+        (lambda: fs.specs.Op("bf17"), "Op.fmt"),
+        (lambda: fs.specs.Dot("bf16", "numpy"), "Dot.model: the 'numpy' model goes with FP64"),
+        (lambda: fs.specs.Dot("bf16", "wgmma"), "Dot.model: expected an emufloat model"),
+        (lambda: fs.specs.Func("h100_ex2", "fp64"), "Func.fmt"),
+        (lambda: fs.specs.Func("expm1", "fp32"), "Func.function"),
+        (lambda: fs.specs.RowSum("tree", "fp32"), "RowSum.order"),
+        (lambda: fs.specs.RowSum("numpy", "fp64", fused=True), "RowSum.fused"),
+        (lambda: fs.specs.RowSum("cutlass_warps", "fp32", fused=True), "RowSum.fused"),
+        (lambda: fs.specs.RowSum("cudnn_threads", "fp32", floor=1e-10), "RowSum.floor"),
+        (lambda: fs.specs.RowSum("sequential", "fp32", floor=0.0), "RowSum.floor"),
+        (lambda: fs.specs.RowSum("sequential", "fp32", floor=True), "RowSum.floor"),
+        (lambda: fs.specs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
+        (lambda: fs.specs.Scale("logits", "fp32"), "Scale.where"),
+        (lambda: fs.specs.Scale("max", "fp32", split=True), "Scale.split"),
+        (lambda: fs.specs.Func("log", "fp32", fused=True, divide=True), "Func.divide"),
+        (lambda: fs.specs.Func("log", "fp64", fused=True), "Func.fused"),
         (lambda: Combine(log="libdevice_logf", fused=True), "Combine.fused"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.Func("exp", "fp32", divide=True)), "exp: fused and divide"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.Scale("scores", "fp32", split=True)), "scale: split"),
-        (lambda: fs.Mask(1.0), "Mask.value"),
-        (lambda: fs.Tiling(block_m=0), "Tiling.block_m"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.Op("fp32", fused=True)), "subtract: fused"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, mask=fs.Mask(-1e6, "add")), "mask: how='add'"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, output=fs.Op("bf16", compute="fp32")), "output: a cast"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.Func("log", "fp32")), "exp: expected one of"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, row_sum=fs.Op("fp32")), "row_sum: expected a RowSum"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("exp", "fp32", divide=True)), "exp: fused and divide"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.specs.Scale("scores", "fp32", split=True)), "scale: split"),
+        (lambda: fs.specs.Mask(1.0), "Mask.value"),
+        (lambda: fs.specs.Tiling(block_m=0), "Tiling.block_m"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.specs.Op("fp32", fused=True)), "subtract: fused"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, mask=fs.specs.Mask(-1e6, "add")), "mask: how='add'"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, output=fs.specs.Op("bf16", compute="fp32")), "output: a cast"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("log", "fp32")), "exp: expected one of"),
+        (lambda: dataclasses.replace(fs.FP32_POLICY, row_sum=fs.specs.Op("fp32")), "row_sum: expected a RowSum"),
         (lambda: fs.StabilisedSoftmax(beta=-2.0), "beta: must be a finite number > 1"),
         (lambda: fs.StabilisedSoftmax(beta=1.0), "beta"),
         (lambda: fs.StabilisedSoftmax(eps=-1e-3), "eps: must be"),

@@ -29,21 +29,21 @@ BLOCK = 64
 TINY = fs.Policy(
     name="tiny_kernel",
     note="the test's Triton kernel: fp16, 64 x 64 tiles, 4 warps",
-    scores=fs.Dot(FP16, h100.WGMMA_FP16),  # s = tl.dot(q, k): wgmma, fp32 accumulator
-    scale=fs.Scale("max", FP32),  # m = max(m, tl.max(s, 1) * c)
-    mask=fs.Mask(),
-    max=fs.Op(FP32),
-    subtract=fs.Op(FP32, fused=True),  # s * c - m: one FMA
-    exp=fs.Func("h100_ex2", FP32),  # tl.math.exp2: ex2.approx.ftz
-    row_sum=fs.RowSum("h100_tl_sum", FP32, fused=True, num_warps=4),  # l = l * alpha + tl.sum(p, 1): FMA
-    p_cast=fs.Op(FP16),  # p.to(tl.float16)
-    pv=fs.Dot(FP16, h100.WGMMA_FP16, into_acc=True),  # tl.dot(p, v, acc * alpha)
-    rescale=fs.Op(FP32),
-    o_accum=fs.Op(FP32),
-    normalize=fs.Norm("divide", "div_full", FP32),  # acc / l: div.full.f32
-    output=fs.Op(FP16),
-    lse=fs.Func("libdevice_log2f", FP32),  # m + tl.math.log2(l): libdevice's log2f
-    tiling=fs.Tiling(BLOCK, BLOCK, "forward"),
+    scores=fs.specs.Dot(FP16, h100.WGMMA_FP16),  # s = tl.dot(q, k): wgmma, fp32 accumulator
+    scale=fs.specs.Scale("max", FP32),  # m = max(m, tl.max(s, 1) * c)
+    mask=fs.specs.Mask(),
+    max=fs.specs.Op(FP32),
+    subtract=fs.specs.Op(FP32, fused=True),  # s * c - m: one FMA
+    exp=fs.specs.Func("h100_ex2", FP32),  # tl.math.exp2: ex2.approx.ftz
+    row_sum=fs.specs.RowSum("h100_tl_sum", FP32, fused=True, num_warps=4),  # l = l * alpha + tl.sum(p, 1): FMA
+    p_cast=fs.specs.Op(FP16),  # p.to(tl.float16)
+    pv=fs.specs.Dot(FP16, h100.WGMMA_FP16, into_acc=True),  # tl.dot(p, v, acc * alpha)
+    rescale=fs.specs.Op(FP32),
+    o_accum=fs.specs.Op(FP32),
+    normalize=fs.specs.Norm("divide", "div_full", FP32),  # acc / l: div.full.f32
+    output=fs.specs.Op(FP16),
+    lse=fs.specs.Func("libdevice_log2f", FP32),  # m + tl.math.log2(l): libdevice's log2f
+    tiling=fs.specs.Tiling(BLOCK, BLOCK, "forward"),
 )
 if "tiny_kernel" not in fs.policy_names():
     fs.register_policy(TINY)
@@ -157,7 +157,7 @@ def test_a_changed_step_is_seen():
         pytest.skip("no recorded runs of the tiny kernel")
     import dataclasses
 
-    other = dataclasses.replace(TINY, name="tiny_kernel_log2", lse=fs.Func("log2", FP32))
+    other = dataclasses.replace(TINY, name="tiny_kernel_log2", lse=fs.specs.Func("log2", FP32))
     changed = 0
     for run in runs:
         rep = crosscheck(dataclasses.replace(run, policy=other))

@@ -54,16 +54,16 @@ def test_delta_nan_encoding_is_spec_data():
     encode a NaN of delta's format."""
     a = np.float32([[np.nan, 1.0], [2.0, 3.0]])
     b = np.float32([[1.0, 1.0], [1.0, 1.0]])
-    got = fs.backward.delta_rowsum(a, b, fs.Delta("sequential", "fp32", nan_bits=0x7FFFFFFF))
+    got = fs.backward.delta_rowsum(a, b, fs.specs.Delta("sequential", "fp32", nan_bits=0x7FFFFFFF))
     assert got.view(np.uint32).tolist() == [0x7FFFFFFF, 0x40A00000]
-    plain = fs.backward.delta_rowsum(a, b, fs.Delta("sequential", "fp32"))
+    plain = fs.backward.delta_rowsum(a, b, fs.specs.Delta("sequential", "fp32"))
     assert np.isnan(plain[0]) and plain.view(np.uint32)[0] != 0x7FFFFFFF
-    assert "NaN = 0x7fffffff" in str(fs.Delta("h100_tl_sum", "fp32", nan_bits=0x7FFFFFFF))
+    assert "NaN = 0x7fffffff" in str(fs.specs.Delta("h100_tl_sum", "fp32", nan_bits=0x7FFFFFFF))
     for bad in (0x3F800000, 1 << 32, -1):
         with pytest.raises(ValueError, match="Delta.nan_bits: expected an encoding of a NaN of fp32"):
-            fs.Delta("sequential", "fp32", nan_bits=bad)
+            fs.specs.Delta("sequential", "fp32", nan_bits=bad)
     with pytest.raises(ValueError, match="Delta.nan_bits: expected an encoding of a NaN of"):
-        fs.Delta("numpy", "fp64", nan_bits=0x7FF8000000000000)
+        fs.specs.Delta("numpy", "fp64", nan_bits=0x7FF8000000000000)
     assert arith.nan_encoded(b, 0x7FFFFFFF) is b  # no NaN: the array itself
 
 

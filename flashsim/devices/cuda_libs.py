@@ -8,7 +8,6 @@ import emufloat as ef
 from emufloat.hw import libdevice, torch_cuda
 
 from .. import arith
-from ..backward import products
 from ..functions import FunctionModel, register_function
 from ..orders import DELTAS, ROW_SUMS, DeltaOrder
 
@@ -45,7 +44,7 @@ class TorchDelta(DeltaOrder):
     per_q_block = True
 
     def rowsum(self, a, b, spec, trace, label):
-        prods = products(a, b, spec, trace, label)
+        prods = arith.products(a, b, spec, trace, label)
         tree = torch_tree(prods.shape[-1], _launch_rows(prods), 2 if spec.prod_fmt.width <= 16 else 4)
         return arith.tree_rowsum(prods, tree, spec, trace, label)
 

@@ -9,7 +9,6 @@ from emufloat import FP32
 from emufloat.hw import h100
 
 from .. import arith
-from ..backward import products
 from ..functions import FunctionModel, register_function
 from ..orders import DELTAS, DIVISIONS, ROW_SUMS, DeltaOrder, Division
 
@@ -37,7 +36,7 @@ class TlSumDelta(DeltaOrder):
     )
 
     def rowsum(self, a, b, spec, trace, label):
-        prods = products(a, b, spec, trace, label)
+        prods = arith.products(a, b, spec, trace, label)
         return arith.tree_rowsum(prods, h100.tl_sum_loaded_16bit(prods.shape[-1]), spec, trace, label)
 
 

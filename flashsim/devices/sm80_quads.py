@@ -10,7 +10,6 @@ import numpy as np
 import emufloat as ef
 
 from .. import arith
-from ..backward import product_chain
 from ..orders import DELTAS, ROW_SUMS, DeltaOrder, RowSumOrder
 from ..specs import Op
 
@@ -135,7 +134,9 @@ class Fa2DotDoO(DeltaOrder):
 
     def rowsum(self, a, b, spec, trace, label):
         acc_op = arith.compute_only(spec)
-        acc = product_chain(deal(a, spec.threads, spec.chunk), deal(b, spec.threads, spec.chunk), spec, trace, label)
+        acc = arith.product_chain(
+            deal(a, spec.threads, spec.chunk), deal(b, spec.threads, spec.chunk), spec, trace, label
+        )
         # butterfly all-reduce (shfl_xor): every lane ends with lane 0's value (addition commutes), so only the
         # lanes that feed lane 0 are computed
         if spec.shuffle == "halving":  # offsets threads/2, ..., 1: (t0 + t2) + (t1 + t3)

@@ -27,8 +27,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flashsim import cli
+from flashsim.cli import trace_row
 from flashsim.crosscheck import KernelRun, save_run
 from flashsim.policy import PolicyRef
+from flashsim.softmax import get_softmax
 from gpu import crosscheck as gpu_crosscheck
 from gpu.probes import run as probes_run
 from gpu.scripts import record_nan_backward
@@ -87,7 +89,7 @@ def tiny_run_of(policy: PolicyRef) -> KernelRun:
         dtype="bf16",
         causal=False,
         sm_scale=0.5,
-        softmax=cli.get_softmax("standard"),
+        softmax=get_softmax("standard"),
         policy=policy,
         outputs=outputs,
     )
@@ -488,7 +490,7 @@ def test_bad_input_fails_in_one_line_naming_the_argument(files, command, argv, a
     main = _main(command)
     if any(a.endswith(".pt") and not (files / a.format(t="").lstrip("/")).exists() for a in argv if "{t}" in a):
         pytest.skip("the .pt fixture needs torch (and for e8m0, a torch with float8_e8m0fnu)")
-    monkeypatch.setattr(cli, "step_rows", _no_computation)
+    monkeypatch.setattr(trace_row, "step_rows", _no_computation)
     monkeypatch.setattr("flashsim.sweep.run._start_client", _no_computation)
     monkeypatch.chdir(files / "empty_dir")  # default output folders would land here
     code, _out, err = invoke(main, [a.format(t=files) for a in argv])
@@ -502,7 +504,7 @@ def _no_computation(*args, **kwargs):
 
 
 def test_read_only_out_fails_before_any_computation(tmp_path, monkeypatch):
-    monkeypatch.setattr(cli, "step_rows", _no_computation)
+    monkeypatch.setattr(trace_row, "step_rows", _no_computation)
     locked = tmp_path / "locked"
     locked.mkdir()
     locked.chmod(0o555)
@@ -617,7 +619,7 @@ def test_internal_errors_are_one_line_too(monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(cli, "step_rows", broken)
+    monkeypatch.setattr(trace_row, "step_rows", broken)
     code, _out, err = invoke(cli.main, ["trace-row", "--no-plots", "--out", "/tmp/flashsim-internal-error-test"])
     assert code == 3 and "internal error (a bug, please report it): RuntimeError: boom" in err
     monkeypatch.setenv("LOWPREC_TRACEBACK", "1")

@@ -119,7 +119,11 @@ def assert_grads_fp64(res, q, k, v, do, causal, sm_scale=None):
 )
 def test_fp64_flash_backward_equals_attention_gradient(qkvd, variant, causal, bm, bn, q_order, kv_order, skip):
     q, k, v, do = qkvd
-    pol = fs.FP64_GOLDEN if skip else dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.specs.BwdTiling(skip_masked=False))
+    pol = (
+        fs.FP64_GOLDEN
+        if skip
+        else dataclasses.replace(fs.FP64_GOLDEN, bwd_tiling=fs.specs.BwdTiling(skip_masked=False))
+    )
     o, lse = fs.flash_forward(q, k, v, "fp64", softmax=variant, causal=causal, block_m=bm, block_n=bn)
     res = fs.flash_backward(
         q,
@@ -447,11 +451,15 @@ def test_equality_and_diff_cover_the_backward():
         (lambda: fs.specs.SoftmaxGrad("fp32", scale_at="q"), "SoftmaxGrad.scale_at"),
         (lambda: fs.specs.Grad(fs.specs.Op("bf16"), fs.specs.Op("fp32"), fs.specs.Op("bf16")), "Grad.dot"),
         (
-            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.specs.Op("bf16"), fs.specs.Op("bf16")),
+            lambda: fs.specs.Grad(
+                fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.specs.Op("bf16"), fs.specs.Op("bf16")
+            ),
             "Grad.accum",
         ),
         (
-            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32")), fs.specs.Op("fp32"), fs.specs.Op("bf16", compute="fp32")),
+            lambda: fs.specs.Grad(
+                fs.specs.Dot("bf16", ef.Sequential("fp32")), fs.specs.Op("fp32"), fs.specs.Op("bf16", compute="fp32")
+            ),
             "Grad.out",
         ),
         (lambda: fs.specs.BwdTiling(block_n=0), "BwdTiling.block_n"),
@@ -459,7 +467,12 @@ def test_equality_and_diff_cover_the_backward():
         (lambda: fs.specs.Delta("fa2_dot_do_o", "fp32", shuffle="up"), "Delta.shuffle"),
         (lambda: fs.specs.SoftmaxGrad("fp32", p_format="bf17"), "SoftmaxGrad.p_format"),
         (
-            lambda: fs.specs.Grad(fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True), fs.specs.Op("fp32"), fs.specs.Op("bf16"), True),
+            lambda: fs.specs.Grad(
+                fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True),
+                fs.specs.Op("fp32"),
+                fs.specs.Op("bf16"),
+                True,
+            ),
             "Grad.atomic",
         ),
         (

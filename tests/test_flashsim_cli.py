@@ -12,6 +12,8 @@ import pytest
 from flashsim import cli
 from flashsim.analysis import report
 from flashsim.analysis.report import PLOT_FILES
+from flashsim.cli import trace_row
+from flashsim.policy import get_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +74,7 @@ def test_trace_row_without_arguments(tmp_path, monkeypatch, capsys):
 
 
 def test_no_matplotlib_skips_plots(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "have_matplotlib", lambda: False)
+    monkeypatch.setattr(trace_row, "have_matplotlib", lambda: False)
     code, out, _ = run_cli(["trace-row", "--out", str(tmp_path / "o"), "--softmax", "standard"], capsys)
     assert code == 0 and "matplotlib is not installed: no plots" in out
     assert not list((tmp_path / "o").glob("*.png")) and (tmp_path / "o" / "report.json").exists()
@@ -121,7 +123,7 @@ def test_trace_row_user_npz(tmp_path, capsys):
     assert a["causal"] and a["block_n"] == 16 and a["kv_order"] == "reverse"
     assert a["maxima"]["exact"] == [3, 7] and a["maxima"]["repeated"]  # auto found a row with a repeated max
     assert a["causal"] == "top-left"
-    assert a["row"] == cli.auto_row(q[1], k[1], 0, None, cli.get_policy("fa2"))
+    assert a["row"] == trace_row.auto_row(q[1], k[1], 0, None, get_policy("fa2"))
     assert "causal mask top-left-aligned" in out
     assert not list((tmp_path / "o").glob("*.png")) and (tmp_path / "o" / "report.txt").exists()
 

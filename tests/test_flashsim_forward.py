@@ -249,7 +249,9 @@ def test_register_and_replace():
 def test_equality_ignores_names_and_diff_lists_steps():
     renamed = dataclasses.replace(fs.FP32_POLICY, name="mine", note="")
     assert renamed == fs.FP32_POLICY and renamed.diff(fs.FP32_POLICY) == []
-    changed = dataclasses.replace(fs.FP32_POLICY, output=fs.specs.Op("bf16"), tiling=fs.specs.Tiling(kv_order="reverse"))
+    changed = dataclasses.replace(
+        fs.FP32_POLICY, output=fs.specs.Op("bf16"), tiling=fs.specs.Tiling(kv_order="reverse")
+    )
     assert changed != fs.FP32_POLICY
     assert [step for step, _a, _b in changed.diff(fs.FP32_POLICY)] == ["output", "tiling"]
     assert "output" in changed.describe_diff(fs.FP32_POLICY)
@@ -309,8 +311,14 @@ def test_flashsim_does_not_import_gpu_libraries():
         (lambda: fs.specs.Func("log", "fp32", fused=True, divide=True), "Func.divide"),
         (lambda: fs.specs.Func("log", "fp64", fused=True), "Func.fused"),
         (lambda: Combine(log="libdevice_logf", fused=True), "Combine.fused"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("exp", "fp32", divide=True)), "exp: fused and divide"),
-        (lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.specs.Scale("scores", "fp32", split=True)), "scale: split"),
+        (
+            lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("exp", "fp32", divide=True)),
+            "exp: fused and divide",
+        ),
+        (
+            lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.specs.Scale("scores", "fp32", split=True)),
+            "scale: split",
+        ),
         (lambda: fs.specs.Mask(1.0), "Mask.value"),
         (lambda: fs.specs.Tiling(block_m=0), "Tiling.block_m"),
         (lambda: dataclasses.replace(fs.FP32_POLICY, subtract=fs.specs.Op("fp32", fused=True)), "subtract: fused"),

@@ -9,7 +9,11 @@ import flashsim as fs
 from flashsim.analysis.experiments import repeated_maxima_rows
 from gpu.policies import triton_policy
 
-VARIANTS = {"standard": fs.softmax.StandardSoftmax(), "stabilised": fs.StabilisedSoftmax(), "robust": fs.RobustSoftmax()}
+VARIANTS = {
+    "standard": fs.softmax.StandardSoftmax(),
+    "stabilised": fs.StabilisedSoftmax(),
+    "robust": fs.RobustSoftmax(),
+}
 
 
 def _ones(scores, variant, block_n=None):

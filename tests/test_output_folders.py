@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from flashsim import cli
+from flashsim.cli import crosscheck as cli_crosscheck
+from flashsim.cli import trace_row
 from flashsim.console import LOCK_FILE, UsageError, folder_lock
 from flashsim.crosscheck import KernelRun, save_run
 from flashsim.policy import PolicyRef
@@ -73,7 +75,7 @@ def test_trace_row_into_a_folder_another_run_writes_is_refused_before_any_work(t
     def no_work(*a, **k):
         raise AssertionError("computed while the folder was in use")
 
-    monkeypatch.setattr(cli, "step_rows", no_work)
+    monkeypatch.setattr(trace_row, "step_rows", no_work)
     with folder_lock(tmp_path, "--out", "flashsim trace-row"):
         code, out, err = invoke(["trace-row", "--no-plots", "--out", str(tmp_path)])
     assert code == 2 and out == "" and err.count("\n") == 1
@@ -170,7 +172,7 @@ def _run() -> KernelRun:
 def test_crosscheck_quiet_draws_no_bar_and_counts_in_words(tmp_path, monkeypatch):
     save_run(tmp_path / "a.npz", _run())
     drawn = []
-    monkeypatch.setattr(cli, "progress", lambda items, *a, quiet=False, **k: drawn.append(quiet) or items)
+    monkeypatch.setattr(cli_crosscheck, "progress", lambda items, *a, quiet=False, **k: drawn.append(quiet) or items)
     code, out, _err = invoke(["crosscheck", "--quiet", str(tmp_path / "a.npz")])
     assert drawn == [True] and code == 1
     assert out.strip().endswith("1 run: 0 bit-identical in every output")

@@ -36,7 +36,7 @@ B, H = 4, 32
 
 def measure(d: int, n: int, causal: bool, fp8: bool = True, rounds: int = 2) -> dict:
     """TFLOP/s (forward, backward) of every implementation on one shape, the best of ``rounds`` rounds over
-    all of them (a single pass at N=1024 put whichever implementation came first far too low: docs/tried.md,
+    all of them (a single pass at N=1024 put whichever implementation came first far too low: history/tried.md,
     "How the GPU numbers are measured");
     errors as strings."""
     q, k, v = rand((B, H, n, d), torch.bfloat16)

@@ -5,7 +5,7 @@
 
 Why not bench_gpu's numbers: there each implementation gets its own do_bench rounds, and on the H100 the
 standard softmax alone moved between such rounds by more than a fix costs, so one pass could put a fix's
-cost almost anywhere (docs/tried.md, "How the GPU numbers are measured").  Here a round runs standard,
+cost almost anywhere (history/tried.md, "How the GPU numbers are measured").  Here a round runs standard,
 stabilised, robust and cast_sum (the variants of ``gpu.flash.SOFTMAX_IDS``) back to back (the order
 rotated from round to round), each as one CUDA-graph replay of
 enough forward launches to last ~3 ms (no host time inside), timed by its own CUDA events; neighbouring

@@ -50,14 +50,14 @@ class Config:
 
 
 #: (head_dim, causal) -> forward config: at d=64 and 128 the fastest of eight tiles measured on the H100 at
-#: N=4096 (gpu/scripts/run_attention.py --sections configs; docs/tried.md, "Tiles, kernel choice and host
+#: N=4096 (gpu/scripts/run_attention.py --sections configs; history/tried.md, "Tiles, kernel choice and host
 #: time").  The tiles and warps are part of what the kernel computes.
 FWD_CONFIGS = {
     (64, False): Config(128, 64, 4, 3),
     (64, True): Config(64, 64, 4, 3),
     (128, False): Config(128, 128, 8, 3),
     (128, True): Config(128, 128, 8, 3),
-    # d=256: the fastest of six measured (docs/tried.md); ptxas spills 0-20 bytes a thread with
+    # d=256: the fastest of six measured (history/tried.md); ptxas spills 0-20 bytes a thread with
     # these tiles, wider or taller ones spill hundreds, and a third stage does not fit in shared memory
     (256, False): Config(128, 64, 8, 2),
     (256, True): Config(128, 64, 8, 2),
@@ -67,7 +67,7 @@ FWD_CONFIGS = {
 #: FP8 takes its own tiles only without causal masking), with or without the fixes (the products on e4m3
 #: tensor cores take half the time of bf16's, so the softmax weighs more); at d=256, 64 x 64 tiles of 4
 #: warps, 3 stages, faster than the bf16 tiles (128 x 64, 8 warps, 2 stages) in both maskings.  Measured
-#: on the H100 by paired rounds: docs/tried.md, "FP8 E4M3 forward".  The query tiles decide which blocks
+#: on the H100 by paired rounds: history/tried.md, "FP8 E4M3 forward".  The query tiles decide which blocks
 #: take the causal diagonal's arithmetic, so they are part of what the kernel computes, as for bf16
 #: (without causal masking they change no bit).
 FP8_FWD_CONFIGS = {
@@ -79,7 +79,7 @@ FP8_FWD_CONFIGS = {
 }
 #: (head_dim, causal) -> the number of keys from which the forward kernel "auto" picks the overlap kernel
 #: (where it can run); other head dims always take the tl kernel.  Measured on the H100 (interleaved rounds,
-#: N = 512 to 4096; docs/performance.md, "Which forward kernel", and docs/tried.md): at d=128 the overlap
+#: N = 512 to 4096; docs/performance.md, "Which forward kernel", and history/tried.md): at d=128 the overlap
 #: kernel is faster from N=1024 on without causal masking and from N=2048 with it; at d=64 it is slower
 #: everywhere.  Both kernels give the same bits, so the choice changes only the time.
 OVERLAP_FROM_KEYS = {(128, False): 1024, (128, True): 2048}
@@ -87,9 +87,9 @@ OVERLAP_FROM_KEYS = {(128, False): 1024, (128, True): 2048}
 #: (on FP8's tiles) and slower at d=64 (docs/performance.md, "FP8 E4M3 forward")
 FP8_OVERLAP_FROM_KEYS: dict[tuple[int, bool], int] = {}
 #: head_dim -> backward config (dK/dV and dQ kernels share the tiles): at d=64 and 128 the fastest of six
-#: measured in the same run as the forward's (docs/tried.md).  d=256: 64 x 64 tiles with 8 warps, although ptxas
+#: measured in the same run as the forward's (history/tried.md).  d=256: 64 x 64 tiles with 8 warps, although ptxas
 #: spills 96 bytes a thread in the dK/dV kernel there: both kernels then run on wgmma, and these tiles beat
-#: the spill-free 32 x 64 and three other configurations (docs/tried.md, "Backward").
+#: the spill-free 32 x 64 and three other configurations (history/tried.md, "Backward").
 BWD_CONFIGS = {64: Config(64, 64, 4, 3), 128: Config(64, 64, 4, 2), 256: Config(64, 64, 8, 2)}
 DELTA_BLOCK = 64
 

@@ -454,7 +454,7 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
     twice in an SM's shared memory is launched with 128 registers a thread, which the kernel shares out as
     232 for the compute warps and 24 for the load warps, so that two programs run an SM and take turns on
     the tensor cores, as the tl kernel's 64-row programs do (uncapped, every warp gets 255 and one program
-    runs an SM, which made FP8 at d=128 far slower than the tl kernel: docs/tried.md, "FP8 E4M3 forward").
+    runs an SM, which made FP8 at d=128 far slower than the tl kernel: history/tried.md, "FP8 E4M3 forward").
     Where two do not fit (bf16 at d=128: 208 KiB), the cap would only make ptxas spill."""
     ring = (cfg.block_m + 2 * cfg.num_stages * cfg.block_n) * head_dim * itemsize
     two = cfg.block_m == 64 and 2 * (ring + 1024 + 1024) <= SM_SHARED_BYTES  # + barriers, + reserved

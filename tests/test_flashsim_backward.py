@@ -248,7 +248,7 @@ def test_reference_backward_is_the_one_block_flash_backward(policy):
 def test_triton_backward_bits_do_not_depend_on_its_tiles(causal):
     """Under the Triton kernels' policy the backward's bits are the same for every tile that is a multiple of
     16 (the tensor-core model's k-chunk): the H100 agrees (gpu/kernels/bwd.py gave the same bits with five
-    tile combinations: docs/tried.md, "Backward"), so the backward's tiles are a speed choice only.  Tiles
+    tile combinations: history/tried.md, "Backward"), so the backward's tiles are a speed choice only.  Tiles
     off the 16-grid change dK under causal masking: the property is the chunking's, not a test that cannot
     fail."""
     rng = np.random.default_rng(15)

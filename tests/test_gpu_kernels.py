@@ -269,7 +269,7 @@ OVERLAP_KEYS = sorted(
     [("bf16", *k) for k, c in FWD_CONFIGS.items() if c.block_n == k[0]]
     + [("fp8", *k) for k in FWD_CONFIGS if fwd_config("e4m3", *k).block_n == k[0]]
 )
-#: and FP8 on two compute warpgroups (128-row programs), measured but not the default (docs/tried.md, "FP8 E4M3
+#: and FP8 on two compute warpgroups (128-row programs), measured but not the default (history/tried.md, "FP8 E4M3
 #: forward")
 OVERLAP_KEYS += [("fp8", 128, False, 128), ("fp8", 128, True, 128)]
 
@@ -313,7 +313,7 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
     """One compute warpgroup a program (FP8's 64-row tiles): launched with at most 128 registers a thread and
     using at most half an SM's shared memory, so two programs' 8 warps fit an H100 SM, the compute warps
     raised to 232 and the load warps lowered to 24 by setmaxnreg, without spills.  Uncapped, ptxas gave
-    every warp 255 (one program an SM, far slower: docs/tried.md, "FP8 E4M3 forward").  Without P V's
+    every warp 255 (one program an SM, far slower: history/tried.md, "FP8 E4M3 forward").  Without P V's
     promotion, which the overlap kernel pays with spills and serialised wgmmas (the next test)."""
     from gpu.flash import SM_SHARED_BYTES
 

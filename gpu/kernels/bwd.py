@@ -12,7 +12,7 @@ Masks only where they can remove something: each kernel walks its whole blocks i
 loads; in the dK/dV kernel a branch masks P on the query blocks that cross the causal diagonal), then the
 ragged end and, in the dQ kernel, the blocks on the diagonal in a masked loop, in the ascending order one
 loop would take.  A mask that keeps everything changes no value, so this changes only the time
-(docs/tried.md, "Backward").  The dQ kernel takes its query block and key range from
+(history/tried.md, "Backward").  The dQ kernel takes its query block and key range from
 :func:`gpu.kernels.steps.program_blocks` (causal: each head's heaviest blocks first, as the forward); the
 dK/dV kernel's heaviest blocks already come first.
 """
@@ -96,7 +96,7 @@ def _dkdv_loop(
     """dK, dV accumulated over the query blocks [start, stop).  MASKED: rows past N_Q and, with causal
     masking, keys after the query masked out of P.  Otherwise every row is valid and, with causal masking,
     the blocks before ``diag_end`` (those crossing the diagonal) mask P by a branch inside the loop: a
-    separate loop for them spilled more registers at d=128 and was slower (docs/tried.md, "Backward")."""
+    separate loop for them spilled more registers at d=128 and was slower (history/tried.md, "Backward")."""
     for start_m in tl.range(start, stop, BLOCK_M, num_stages=1 if MASKED else None):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         q, do, lse, delta, row_ok, _ = _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM, MASKED)

@@ -239,7 +239,7 @@ def attn_fwd(
 def transpose_keys(V, VT, N_K, N_VT, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     """VT[h, :, n] = V[h, n, :] for BLOCK_N keys of one head: V (B*H, N_K, HEAD_DIM) contiguous, VT's rows
     N_VT long, a multiple of 16 (zeros past N_K; :func:`attn_fwd` does not read them, and storing whole rows
-    keeps the stores 16 bytes wide).  For FP8's V, which torch copies a byte at a time (docs/tried.md, "FP8
+    keeps the stores 16 bytes wide).  For FP8's V, which torch copies a byte at a time (history/tried.md, "FP8
     E4M3 forward")."""
     off_h = tl.program_id(1).to(tl.int64)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)

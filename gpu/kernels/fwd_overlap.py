@@ -109,7 +109,7 @@ def _softmax(
 ):
     """One block's shift, P cast to P_DTYPE (for P V), alpha and l, by the steps the tl kernel takes
     (gpu.kernels.steps)."""
-    # the fixes' row reductions folded (steps.row_max): plain ones were no faster here (docs/tried.md)
+    # the fixes' row reductions folded (steps.row_max): plain ones were no faster here (history/tried.md)
     if start_n >= lo:  # masked block: ragged columns or the causal diagonal
         m_new, x = masked_block(
             qk, start_n, offs_m, offs_n, first_row, N_K, m_i, consts, BLOCK_N, CAUSAL, SOFTMAX, True

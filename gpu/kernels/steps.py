@@ -67,7 +67,7 @@ def program_blocks(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSA
     With causal masking a program's work grows with start_m, so each head's programs are taken heaviest
     first (programs start in the order of their linear index, a head's blocks after one another): the
     lightest come last and fill the tail, and a head's programs stay together, so its K and V stay in L2
-    (docs/tried.md, "Schedules and structure").  The order does not enter any row's arithmetic."""
+    (history/tried.md, "Schedules and structure").  The order does not enter any row's arithmetic."""
     if CAUSAL:
         start_m = tl.num_programs(0) - 1 - tl.program_id(0)
         first_row = start_m * BLOCK_M
@@ -145,7 +145,7 @@ def row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so a max does not depend
     on its order, and a count of 0s and 1s is exact in any order.  Only the time differs: the folds pay in
     the overlap kernel and in the tl kernel's 64-key blocks, the plain reductions in its 128-key blocks, and
-    the standard shift (standard, cast_sum) keeps the plain max (docs/tried.md, "Row reductions for the fixes")."""
+    the standard shift (standard, cast_sum) keeps the plain max (history/tried.md, "Row reductions for the fixes")."""
     if FOLD and (SOFTMAX == 1 or SOFTMAX == 2):  # a fix that moves the shift follows
         r = _rows_of(tl.max(_fold_to_8(x, _max), 1), x)
     else:
@@ -158,7 +158,7 @@ def count_at_least(s, thr, FOLD: tl.constexpr):
     """Per row, how many entries of s are >= thr, as float32 (exact: a count below 2^24).  PTX
     ``set.ge.f32.f32`` gives 1.0 where ``s >= thr`` and 0.0 elsewhere (NaN: 0.0, as ``s >= thr``) in one
     instruction a score (SASS FSET), summed by FADD; Triton's ``(s >= thr).to(int32)`` costs a compare, a
-    select and integer adds, which the fixes pay on every score of every block (docs/tried.md, "The tie
+    select and integer adds, which the fixes pay on every score of every block (history/tried.md, "The tie
     test").  Under Triton's CPU interpreter, which runs no PTX, the same predicate is summed the plain way.
     FOLD as in :func:`row_max`."""
     if PTX:
@@ -266,7 +266,7 @@ def masked_block(
     """(m_new, x) of a block with masked columns (ragged end, causal diagonal): a block on the causal
     diagonal by the bias and select above, the others as :func:`plain_block` with the columns past N_K at
     -inf.  Without causal masking the diagonal path is not compiled, so its code cannot shape the rest of
-    the kernel's (docs/tried.md, "Schedules and structure")."""
+    the kernel's (history/tried.md, "Schedules and structure")."""
     cols = start_n + offs_n
     col_ok = cols < N_K
     diag = False  # a constant unless CAUSAL: the test below is then decided at compile time

@@ -22,7 +22,7 @@ kernels are in :mod:`emufloat._accum_kernels`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -154,48 +154,17 @@ Model = Sequential | Pairwise | Exact | FusedBlock
 _REGISTERED: dict[str, Model] = {}
 
 
-def _import_h100() -> None:
-    """Import the H100's room, whose :mod:`~emufloat.hw.h100.wgmma` registers its presets."""
-    from .hw import h100  # noqa: F401
-
-
-_BUILTIN_ROOMS: dict[str, Callable[[], None]] = dict.fromkeys(
-    (
-        "h100_wgmma_bf16",
-        "h100_wgmma_fp16",
-        "h100_wgmma_fp8",
-        "h100_wgmma_fp8_promoted",
-        "h100_wgmma_tf32",
-        "h100_mma_k8_bf16",
-        "h100_mma_k8_fp16",
-    ),
-    _import_h100,
-)
-"""The presets of emufloat's own hardware rooms, by name: the import that registers each.  A fixed table, so
-that a name imports only the package's own code, and only the room that declares it, on first use;
-``tests/test_device_api.py`` holds it to the names the rooms register."""
-
-
-def _import_builtin_rooms() -> None:
-    for load in dict.fromkeys(_BUILTIN_ROOMS.values()):
-        load()
-
-
 class _Presets(Mapping[str, Model]):
-    """The registered models by name, read-only (:func:`register` adds to it).  Looking up a name of one of
-    emufloat's own rooms imports that room first; listing the names imports every such room."""
+    """The registered models by name, read-only (:func:`register` adds to it: a device room registers its
+    presets when it is imported, as ``import emufloat.hw.h100`` does the H100's)."""
 
     def __getitem__(self, name: str) -> Model:
-        if name not in _REGISTERED and name in _BUILTIN_ROOMS:
-            _BUILTIN_ROOMS[name]()
         return _REGISTERED[name]
 
     def __iter__(self) -> Iterator[str]:
-        _import_builtin_rooms()
         return iter(_REGISTERED)
 
     def __len__(self) -> int:
-        _import_builtin_rooms()
         return len(_REGISTERED)
 
     def __repr__(self) -> str:
@@ -203,8 +172,8 @@ class _Presets(Mapping[str, Model]):
 
 
 PRESETS: Mapping[str, Model] = _Presets()
-"""Models by name, as ``matmul(a, b, "h100_wgmma_bf16")`` takes them: the presets hardware rooms register
-(a name of one of emufloat's own rooms imports that room on first use)."""
+"""Models by name, as ``matmul(a, b, "h100_wgmma_bf16")`` takes them: the presets device rooms register when
+imported (``import emufloat.hw.h100`` first; emufloat's core imports no room)."""
 
 
 def register(*models: Model) -> None:
@@ -227,8 +196,10 @@ def _check_model(model: object) -> None:
 def _resolve(model: Model | str) -> Model:
     if isinstance(model, str):
         if model not in PRESETS:
-            known = sorted({*_REGISTERED, *_BUILTIN_ROOMS})
-            raise ValueError(f"model: unknown preset {model!r}; accepted: {known} or a model object")
+            raise ValueError(
+                f"model: unknown preset {model!r}; accepted: {sorted(_REGISTERED)} or a model object (a device "
+                "room registers its presets when imported: import emufloat.hw.h100 for the H100's)"
+            )
         return PRESETS[model]
     _check_model(model)
     return model

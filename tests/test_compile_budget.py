@@ -5,6 +5,7 @@ import numba as nb
 import numpy as np
 
 from emufloat import _accum_kernels, _core
+from emufloat.hw import h100  # noqa: F401  (registers the presets named below)
 
 
 @nb.njit

@@ -15,8 +15,8 @@ The models are generic, and ``matmul`` has no default model: no accumulation
 order is neutral (see :func:`matmul`).  A hardware room gives them the
 parameters one device uses and a name (``emufloat.hw.h100.WGMMA_BF16`` is the
 FusedBlock named ``"h100_wgmma_bf16"``) and registers them in :data:`PRESETS`,
-so ``matmul`` takes them by name too; a name of one of emufloat's own rooms
-imports that room on first use (``import emufloat`` imports none).  The
+so ``matmul`` takes them by name too once the room is imported (``import
+emufloat`` imports none).  The
 kernels are in :mod:`emufloat._accum_kernels`.
 """
 

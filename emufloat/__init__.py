@@ -5,14 +5,14 @@ global state.  What a particular GPU computes (tensor-core presets, its exp2
 and division, recorded reduction orders) lives in a room per device, which
 ``import emufloat`` does not import: ``from emufloat.hw import h100`` (a
 preset's name, ``matmul(a, b, "h100_wgmma_bf16")``, imports its room on first
-use).  Device models build on :mod:`emufloat.lowlevel`.  Hypothesis strategies
-for property tests are in :mod:`emufloat.testing`.
+use).  Device models build on [`emufloat.lowlevel`][emufloat.lowlevel].  Hypothesis strategies
+for property tests are in [`emufloat.testing`][emufloat.testing].
 
 The namespace holds what most programs use; the rest is in its module:
 the MX and FNUZ formats (``E2M1``, ``E2M3``, ``E3M2``, ``E4M3FNUZ``,
-``E5M2FNUZ``; also by name, ``"e2m1"``) in :mod:`emufloat.formats`,
-``MODES`` and ``stochastic_bits`` in :mod:`emufloat.rounding`,
-``TraceSummary`` and ``sign_test`` in :mod:`emufloat.trace`.  See
+``E5M2FNUZ``; also by name, ``"e2m1"``) in `emufloat.formats`,
+``MODES`` and ``stochastic_bits`` in `emufloat.rounding`,
+``TraceSummary`` and ``sign_test`` in `emufloat.trace`.  See
 docs/emufloat.md.
 """
 

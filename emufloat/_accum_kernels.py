@@ -1,9 +1,10 @@
-"""The Numba kernels of :mod:`emufloat.accum`: a model's dot products, term by term or on integers.
+"""The Numba kernels of [`emufloat.accum`][emufloat.accum]: a model's dot products, term by term or on integers.
 
-:func:`matmul_kernel` runs every model element by element (and traces FusedBlock steps);
-:func:`block_matmul` is the untraced FusedBlock fast path on integer significands, tiles of output columns
-at a time.  The two agree bit for bit (tests/test_accum.py).  A model reaches them as a :class:`ModelParams`
-record, which :attr:`emufloat.accum.FusedBlock.params` (and the other models' ``params``) builds.
+`matmul_kernel()` runs every model element by element (and traces FusedBlock steps);
+`block_matmul()` is the untraced FusedBlock fast path on integer significands, tiles of output columns
+at a time.  The two agree bit for bit (tests/test_accum.py).  A model reaches them as a `ModelParams`
+record, which [`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``)
+builds.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ def _c_term(c, cut):
 
 @nb.njit(inline="always", cache=True)
 def _round_sum(a, b, params, mode):
-    """a + b rounded once into the format (the mode typed: :func:`_round_dd` compiles once, whether callers
+    """a + b rounded once into the format (the mode typed: `_round_dd()` compiles once, whether callers
     pass a variable or RNE)."""
     s, t = _core.two_sum(a, b)
     return _round_dd(s, t, params, np.int64(mode))
@@ -262,7 +263,7 @@ def _split(x, e, zeros_in_max, sig, xe, bad):
 
 @nb.njit(cache=True)
 def _step_finish(c, total, cut, c_in, early_c, acc_params, final_mode, inf_on_overflow):
-    """The end of :func:`_block_step` given the products' aligned sum ``total``: C's term, rounding, late C."""
+    """The end of `_block_step()` given the products' aligned sum ``total``: C's term, rounding, late C."""
     if not np.isfinite(c):
         return 0.0 + c
     use_c = c_in and c != 0.0
@@ -295,9 +296,9 @@ def _block_kernel(
     no_steps,
     ti,
 ):
-    """A FusedBlock chain for every output element, untraced, computing as :func:`_block_step`.
+    """A FusedBlock chain for every output element, untraced, computing as `_block_step()`.
 
-    ``sa``/``xa`` (m, K): a split by :func:`_split`; ``sb``/``xb`` (column
+    ``sa``/``xa`` (m, K): a split by `_split()`; ``sb``/``xb`` (column
     tiles, K, columns per tile): b's columns likewise, zero-padded to whole
     tiles.  A product is ``sa * sb * 2**(xa + xb - 2 SIG_BITS)`` with
     ``|sa * sb| < 2**48``, so cutting it to a multiple of 2**cut is a right
@@ -305,10 +306,10 @@ def _block_kernel(
     columns runs its chains step by step, every inner loop along the columns
     (vectorized); a step's rounding takes the branch-free ``fast_round`` of
     the exact float64 ``total * 2**cut`` and falls back to
-    :func:`_step_finish` where that declines (subnormal or overflowing
+    `_step_finish()` where that declines (subnormal or overflowing
     results, late C, special C, stochastic rounding).  Elements whose row of a
     or column of b holds an infinity or NaN are recomputed by
-    :func:`_block_chain` from ``a``, ``bt``, ``ea``, ``eb``.
+    `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``.
     """
     m, kk = sa.shape
     n = out.shape[1]
@@ -428,7 +429,7 @@ def _block_kernel(
 
 
 def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max):
-    """Untraced FusedBlock matmul: split the operands into integers, then run :func:`_block_kernel`."""
+    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`."""
     m, kk = av.shape
     n = bt.shape[0]
     if m == 0 or n == 0:
@@ -478,7 +479,7 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
 
 @nb.njit(cache=True)
 def lead_exps(x, emin):
-    """The unnormalised exponent of every element of x (:func:`_lead_exp`); serial: a matmul's inputs are a
+    """The unnormalised exponent of every element of x (`_lead_exp()`); serial: a matmul's inputs are a
     vanishing part of its work, and a serial loop compiles in a fraction of a parallel one's time."""
     out = np.empty(x.shape, np.int64)
     flat = x.reshape(-1)
@@ -490,7 +491,7 @@ def lead_exps(x, emin):
 
 @nb.njit(cache=True)
 def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, hi):
-    """Output elements ``lo:hi`` (flat, row-major) of :func:`matmul_kernel`, serially."""
+    """Output elements ``lo:hi`` (flat, row-major) of `matmul_kernel()`, serially."""
     kk = a.shape[1]
     n = bt.shape[0]
     kind = mp.kind
@@ -557,7 +558,7 @@ MATMUL_CHUNK = 4  # output elements per parallel work item (each a whole dot pro
 
 @nb.njit(parallel=True, cache=True)
 def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
-    """Every output element's dot product under the model whose :class:`ModelParams` are ``mp``.
+    """Every output element's dot product under the model whose `ModelParams` are ``mp``.
 
     ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
     exponents of a and bt.

@@ -45,7 +45,7 @@ def threads_for(n: int):
 
 def run_blocks(kernel, block, n: int, *args, work: int | None = None):
     """``kernel(*args)`` on ``n`` elements, where ``kernel`` runs ``block(*args, lo, hi)`` over blocks of them
-    in parallel.  When the work (``n`` elements, or ``work``) is below :data:`SERIAL_BELOW`:
+    in parallel.  When the work (``n`` elements, or ``work``) is below `SERIAL_BELOW`:
     ``block(*args, 0, n)``, the same computation without a parallel launch, so a program whose calls are all
     small never compiles the parallel kernel."""
     if (n if work is None else work) < SERIAL_BELOW:
@@ -80,7 +80,7 @@ def small_operands(values, limit: int = SERIAL_BELOW) -> tuple | None:
 
 def small_lane(lanes: dict, values, parts: tuple, *, float64: bool = True) -> tuple[tuple | None, object]:
     """(key, resolved lane or None) of a small call in ``lanes``.  The key: ``parts`` (what the call resolves:
-    operation, formats, rounding) and :func:`small_operands`; None for a call the lane does not take, float64
+    operation, formats, rounding) and `small_operands()`; None for a call the lane does not take, float64
     operands too unless ``float64``, or an unhashable argument (the general path then says what is wrong
     with it)."""
     arrays = small_operands(values)
@@ -149,7 +149,7 @@ def new_output(
     fmt: Format, n: int, out: np.ndarray | None = None, inputs: tuple = (), narrow: bool = False
 ) -> np.ndarray:
     """Flat buffer of encodings, which is what every kernel writes: uint32 (uint64 for wider formats), or,
-    ``narrow``, the format's own unsigned dtype.  With an ``out`` array (:func:`check_out`) whose encodings
+    ``narrow``, the format's own unsigned dtype.  With an ``out`` array (`check_out()`) whose encodings
     are exactly that wide and that shares no memory with ``inputs``, its own buffer (the kernel writes the
     result in place)."""
     dt = fmt.uint if narrow else np.uint32 if fmt.width <= 32 else np.uint64

@@ -1,6 +1,6 @@
 """Numba primitives shared by every kernel: decode, round-and-pack, exact sums.
 
-All rounding in the package goes through :func:`round_pack`, which works on
+All rounding in the package goes through `round_pack()`, which works on
 integer sign / significand / exponent with round and sticky bits, as SoftFloat
 does.  Format parameters arrive as the integer tuple ``Format.params``:
 ``(exp_bits, man_bits, bias, specials, subnormals, overflow)``.
@@ -191,7 +191,7 @@ def enc_max(sign: np.int64, params) -> np.int64:
 # ---- the one rounding routine ------------------------------------------------
 @nb.njit(inline="always", cache=True)
 def round_pack(sign, sig, exp, sticky, carry_ref, params, mode, rnd, srbits) -> tuple:
-    """:func:`_round_pack` with its arguments typed: Numba compiles a called function again for every caller
+    """`_round_pack()` with its arguments typed: Numba compiles a called function again for every caller
     that passes a literal constant (a ``0`` or ``False``) where others pass variables, so the routine is
     compiled once (lazily, not at import) whatever its callers pass."""
     return _round_pack(

@@ -1,9 +1,10 @@
 """The kernels' fast path: normal (or zero) in, normal out, rounded without branches.
 
-Casts and arithmetic work in blocks of :data:`BLOCK` elements: a vectorizable pass rounds every element
-whose rounding needs no special case (:func:`fast_round` on a :class:`FastPlan`), and a fix-up pass sends
-the elements it declined through :func:`emufloat._core.round_pack`, which gives the same answer for every
-input (untraced casts first try :func:`fast_round_tiny`, for results below the normal range).  The plans
+Casts and arithmetic work in blocks of `BLOCK` elements: a vectorizable pass rounds every element
+whose rounding needs no special case (`fast_round()` on a `FastPlan`), and a fix-up pass sends
+the elements it declined through [`emufloat._core.round_pack()`][emufloat._core.round_pack], which gives the same
+answer for every
+input (untraced casts first try `fast_round_tiny()`, for results below the normal range).  The plans
 are loop-invariant named records, made once per kernel call.
 """
 
@@ -21,9 +22,9 @@ BLOCK = 4096  # elements per parallel work item: fast pass, then a fix-up pass
 
 
 class FastPlan(NamedTuple):
-    """Loop-invariant constants of :func:`fast_round` for one (source format, target format, mode).
+    """Loop-invariant constants of `fast_round()` for one (source format, target format, mode).
 
-    :func:`fast_plan` and :func:`decode_plan` are inlined into the kernels that call them: Numba's
+    `fast_plan()` and `decode_plan()` are inlined into the kernels that call them: Numba's
     parallel lowering hands a named record into a ``prange`` loop only when it sees the record's class
     called in the kernel itself.
     """
@@ -54,7 +55,7 @@ class FastPlan(NamedTuple):
 
 @nb.njit(inline="always", cache=True)
 def fast_plan(src_params, params, mode, srbits) -> FastPlan:
-    """The :class:`FastPlan` of :func:`fast_round` for one (source, target, mode)."""
+    """The `FastPlan` of `fast_round()` for one (source, target, mode)."""
     eb_s, mb_s, bias_s, _sp, _sb, _so = src_params
     eb, mb, bias, spec, subn, _ovf = params
     sh = mb_s - mb
@@ -103,10 +104,10 @@ def fast_round(bits, plan, rnd) -> tuple:
 
     Rounds on the combined exponent|fraction word, so a carry out of the
     fraction moves into the exponent by itself; everything mode- or
-    format-dependent comes precomputed in ``plan`` (:func:`fast_plan`), so the
+    format-dependent comes precomputed in ``plan`` (`fast_plan()`), so the
     body has no branches and the loop around it vectorizes.  ``ok`` is 1 when
     the source is a normal number or zero and the result is a normal number in
-    range; otherwise callers fall back to :func:`round_pack`, which gives the
+    range; otherwise callers fall back to `round_pack()`, which gives the
     same answer for every input (the exhaustive tests hold both to it).
     """
     top = plan.src_sign_pos
@@ -136,7 +137,7 @@ def fast_round(bits, plan, rnd) -> tuple:
 def fast_round_tiny(bits, plan, mode) -> tuple:
     """(ok, encoding) for a normal source whose result lies below the target's normal range: a subnormal,
     a zero, or the smallest normal after a carry.  Narrowing casts into formats with subnormals, in the
-    deterministic modes but round-to-odd (``plan.tiny_ok``).  For the elements :func:`fast_round` declined
+    deterministic modes but round-to-odd (``plan.tiny_ok``).  For the elements `fast_round()` declined
     (its ``ok`` is 0 on these): a few integer operations instead of the general rounding routine.
 
     The significand with its leading bit, ``sig``, is cut at the target's subnormal lsb: its low ``cut``
@@ -184,7 +185,7 @@ def fast_round_dd(s, t, plan, mode, rnd) -> tuple:
 
 @nb.njit(inline="always", cache=True)
 def fast_flags_dd(s, t, enc, plan, carry_ref) -> tuple:
-    """(ok, trace flags) of :func:`fast_round_dd`'s ``enc`` for the exact s + t, as round_pack sets them.
+    """(ok, trace flags) of `fast_round_dd()`'s ``enc`` for the exact s + t, as round_pack sets them.
 
     For elements fast_round_dd accepted: s is then off the rounding boundaries unless t is 0, so the round
     and sticky bits are s's (t adds to the sticky).  Declines results in the target's lowest normal binade
@@ -232,7 +233,7 @@ def single_rounding_ok(op_is_add_sub_mul, mode, ap, bp, params) -> bool:
 
 
 class DecodePlan(NamedTuple):
-    """Loop-invariant constants of :func:`fast_decode` for one source format."""
+    """Loop-invariant constants of `fast_decode()` for one source format."""
 
     sign_pos: int
     man_bits: int
@@ -244,7 +245,7 @@ class DecodePlan(NamedTuple):
 
 @nb.njit(inline="always", cache=True)
 def decode_plan(params) -> DecodePlan:
-    """The :class:`DecodePlan` of :func:`fast_decode` for one source format."""
+    """The `DecodePlan` of `fast_decode()` for one source format."""
     eb, mb, bias, _spec, _subn, _ovf = params
     return DecodePlan(
         sign_pos=np.int64(eb + mb),

@@ -2,22 +2,22 @@
 
 A model is a small frozen value object; ``dot`` and ``matmul`` take one.
 
-* :class:`Sequential` — ``acc = round(acc + a_k * b_k)`` term by term (fused or not).
-* :class:`Pairwise` — products rounded, then summed as a balanced tree.
-* :class:`Exact` — the exact dot product, rounded once.
-* :class:`FusedBlock` — a tensor-core step: ``width`` exact products (and the
+* `Sequential` — ``acc = round(acc + a_k * b_k)`` term by term (fused or not).
+* `Pairwise` — products rounded, then summed as a balanced tree.
+* `Exact` — the exact dot product, rounded once.
+* `FusedBlock` — a tensor-core step: ``width`` exact products (and the
   accumulator C when ``early_c``) aligned to the largest exponent among them,
   cut to ``align_bits`` fraction bits below it by truncation, summed exactly,
   and rounded once (``final_rounding``) into ``acc_fmt``; K is a chain of such
   steps, each feeding its result in as the next step's C.
 
 The models are generic, and ``matmul`` has no default model: no accumulation
-order is neutral (see :func:`matmul`).  A hardware room gives them the
+order is neutral (see `matmul()`).  A hardware room gives them the
 parameters one device uses and a name (``emufloat.hw.h100.WGMMA_BF16`` is the
-FusedBlock named ``"h100_wgmma_bf16"``) and registers them in :data:`PRESETS`,
+FusedBlock named ``"h100_wgmma_bf16"``) and registers them in `PRESETS`,
 so ``matmul`` takes them by name too once the room is imported (``import
 emufloat`` imports none).  The
-kernels are in :mod:`emufloat._accum_kernels`.
+kernels are in [`emufloat._accum_kernels`][emufloat._accum_kernels].
 """
 
 from __future__ import annotations
@@ -155,7 +155,7 @@ _REGISTERED: dict[str, Model] = {}
 
 
 class _Presets(Mapping[str, Model]):
-    """The registered models by name, read-only (:func:`register` adds to it: a device room registers its
+    """The registered models by name, read-only (`register()` adds to it: a device room registers its
     presets when it is imported, as ``import emufloat.hw.h100`` does the H100's)."""
 
     def __getitem__(self, name: str) -> Model:
@@ -177,7 +177,7 @@ imported (``import emufloat.hw.h100`` first; emufloat's core imports no room).""
 
 
 def register(*models: Model) -> None:
-    """Make ``models`` reachable by their ``name`` in :data:`PRESETS` (a hardware room registers its presets
+    """Make ``models`` reachable by their ``name`` in `PRESETS` (a hardware room registers its presets
     on import); a name already taken by a different model is refused."""
     for m in models:
         _check_model(m)
@@ -224,7 +224,7 @@ def matmul(
 
     a: (M, K), b: (K, N), c: (M, N) or None, holding FP32-representable values
     of any format.  ``model`` is a model or the name of a registered preset
-    (:data:`PRESETS`), and has no default: a dot product's bits depend on how
+    (`PRESETS`), and has no default: a dot product's bits depend on how
     it is accumulated and no order is neutral (sequential FMAs, a pairwise
     tree, the exact sum and each tensor core's fused blocks all differ), so the
     caller names the one it emulates: ``Exact()`` for the correctly rounded
@@ -237,8 +237,8 @@ def matmul(
     step sum -> the sum of the cut terms: the bits lost in alignment) and
     ``dot_step`` (that aligned sum -> the step's rounded result).  Untraced
     FusedBlock calls compute on integer significands
-    (:func:`emufloat._accum_kernels.block_matmul`), traced ones term by term
-    (:func:`emufloat._accum_kernels.matmul_kernel`); the two agree bit for bit.
+    (`emufloat._accum_kernels.block_matmul()`), traced ones term by term
+    (`emufloat._accum_kernels.matmul_kernel()`); the two agree bit for bit.
     """
     model = _resolve(model)
     check_trace(trace)
@@ -307,7 +307,7 @@ def dot(
     trace: Trace | None = None,
     label: str = "",
 ) -> np.ndarray:
-    """Dot product of two vectors under ``model`` (required, as for :func:`matmul`); returns a 0-d array."""
+    """Dot product of two vectors under ``model`` (required, as for `matmul()`); returns a 0-d array."""
     a = _arrays.as_float_array(a, "a")
     b = _arrays.as_float_array(b, "b")
     if a.ndim != 1 or b.ndim != 1 or a.shape != b.shape:

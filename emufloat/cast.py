@@ -16,7 +16,7 @@ from .trace import Chunk, Trace, check_trace
 
 @nb.njit(cache=True)
 def _cast_block(src, src_params, out, params, mode, seed, srbits, ex_hi, flags, tracing, lo, hi):
-    """Elements ``lo:hi`` of :func:`_cast_kernel` (one work item), serial; the count of NaN results the
+    """Elements ``lo:hi`` of `_cast_kernel()` (one work item), serial; the count of NaN results the
     target cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
     compile time, sees only the loop over blocks."""
     bad = 0
@@ -109,7 +109,7 @@ _SMALL_CASTS: dict[tuple, _SmallCast] = {}
 
 
 def _small_cast(call: _SmallCast, src: np.ndarray) -> np.ndarray:
-    """One cast through a resolved :class:`_SmallCast`: the block function over all elements, serial."""
+    """One cast through a resolved `_SmallCast`: the block function over all elements, serial."""
     bits = src.view(call.uint).reshape(-1)
     if call.widen:
         bits = bits.astype(np.uint32)

@@ -1,9 +1,9 @@
 """What every command of the project shares at the lowest layer: one-line argument errors, and a word
 when Numba compiles, so that a first run is never a silent wait.
 
-:class:`ArgumentParser` ends a bad argument with one line (``PROG: error: MESSAGE (see PROG --help)``) and
+`ArgumentParser` ends a bad argument with one line (``PROG: error: MESSAGE (see PROG --help)``) and
 exit status 2, instead of argparse's usage block.  emufloat's kernels are compiled on their first call
-and cached on disk (``cache=True``); later runs load them in milliseconds.  :func:`announce_compiles`
+and cached on disk (``cache=True``); later runs load them in milliseconds.  `announce_compiles()`
 listens to Numba's compile events (which fire only when no valid cached copy exists) and writes one line
 when compilation starts, a line every ``every`` seconds while it lasts, and a summary at the end.
 """

@@ -1,8 +1,8 @@
 """The trace flags: one table of their names, bits and meanings.
 
-Row k of :data:`FLAGS` is bit ``1 << k`` of a trace's uint16 ``flags`` column.  Everything else is derived
+Row k of `FLAGS` is bit ``1 << k`` of a trace's uint16 ``flags`` column.  Everything else is derived
 from it: the module-level constants the Numba kernels set (``emufloat._core.INEXACT`` ...),
-:class:`emufloat.Flag` (the row's name in capitals) and ``emufloat.trace.FLAG_DOC``.
+[`emufloat.Flag`][emufloat.Flag] (the row's name in capitals) and ``emufloat.trace.FLAG_DOC``.
 """
 
 from __future__ import annotations

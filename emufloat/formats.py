@@ -1,6 +1,6 @@
 """Floating-point formats as small value objects.
 
-A :class:`Format` is defined by a handful of fields (exponent bits, fraction
+A `Format` is defined by a handful of fields (exponent bits, fraction
 bits, bias, how specials are encoded, subnormals, overflow behaviour); every
 other property (max, smallest subnormal, epsilon, ...) is derived, in the
 spirit of ``numpy.finfo``.  Formats with an ``ml_dtypes``/numpy dtype carry it,
@@ -125,7 +125,7 @@ class Format:
         return self.specials == "ieee" and self.man_bits >= 2
 
     def is_signalling(self, bits: int | np.ndarray) -> bool | np.ndarray:
-        """True where the encodings ``bits`` are signalling NaNs (see :attr:`has_signalling_nan`)."""
+        """True where the encodings ``bits`` are signalling NaNs (see `has_signalling_nan`)."""
         b = np.asarray(bits).astype(np.uint64)
         if self.has_signalling_nan:
             top = (1 << self.exp_bits) - 1

@@ -1,11 +1,11 @@
 """Elementary functions, correctly rounded: the references hardware models are measured against.
 
-* :func:`exp2` — exp2 rounded once into any format (<= 24 significand bits),
+* `exp2()` — exp2 rounded once into any format (<= 24 significand bits),
   evaluated as a double-double (relative error below 2**-100) and rounded
   with the one rounding routine.
 
 What a GPU computes instead (``ex2.approx``, ``div.full``, the kernels' log2)
-lives with its device: :mod:`emufloat.hw.h100`.
+lives with its device: [`emufloat.hw.h100`][emufloat.hw.h100].
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def _exp2_one(v, params, mode, invf_hi, invf_lo):
 
 @nb.njit(cache=True)
 def _exp2_range(x, out, params, mode, ex_hi, ex_lo, flags, tracing, invf_hi, invf_lo, lo, hi):
-    """Elements ``lo:hi`` of :func:`_exp2_kernel`, serially; the count of NaN results the format cannot hold."""
+    """Elements ``lo:hi`` of `_exp2_kernel()`, serially; the count of NaN results the format cannot hold."""
     nan_count = 0
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound, hence no gathers or scatters
         enc, fl, e_hi, e_lo = _exp2_one(x[i], params, mode, invf_hi, invf_lo)

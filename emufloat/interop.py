@@ -1,6 +1,6 @@
 """Arrays from other libraries as numpy arrays of the same bits: torch tensors of every float dtype.
 
-numpy has no bfloat16 or float8, so ``tensor.numpy()`` refuses them; :func:`to_numpy` reinterprets the
+numpy has no bfloat16 or float8, so ``tensor.numpy()`` refuses them; `to_numpy()` reinterprets the
 tensor's bits as the ml_dtypes dtype of the same format instead, so nothing is rounded on the way.
 torch is never imported here: a tensor is recognised by its type's module.
 """

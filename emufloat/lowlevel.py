@@ -8,25 +8,25 @@ underscore modules (which stay internal and may change; ``tests/test_device_api.
 
 Arguments:
 
-* :func:`as_float_array` -- an argument as a float array of a known format (refusing ints and objects);
-* :func:`broadcast_shape` -- the shape named operands broadcast to (an error names them);
-* :func:`fp32_bits` -- an FP32-representable argument's contiguous float32 bits, checked as arithmetic does.
+* `as_float_array()` -- an argument as a float array of a known format (refusing ints and objects);
+* `broadcast_shape()` -- the shape named operands broadcast to (an error names them);
+* `fp32_bits()` -- an FP32-representable argument's contiguous float32 bits, checked as arithmetic does.
 
 Running a kernel:
 
-* :data:`BLOCK` -- elements a parallel kernel hands each work item (its ``prange`` runs over blocks);
-* :func:`run_blocks` -- a ``(kernel, block function)`` pair run in parallel, or serially when small;
-* :func:`threads_for` -- a context in which small calls of a ``prange`` kernel run on one thread.
+* `BLOCK` -- elements a parallel kernel hands each work item (its ``prange`` runs over blocks);
+* `run_blocks()` -- a ``(kernel, block function)`` pair run in parallel, or serially when small;
+* `threads_for()` -- a context in which small calls of a ``prange`` kernel run on one thread.
 
 Inside a kernel (Numba functions, inlined into their caller):
 
-* :func:`pow2` -- ``2**e`` as float64, exact, for -1022 <= e <= 1023;
-* :func:`bits_f64` -- the float64 whose bits are the int64 ``b``.
+* `pow2()` -- ``2**e`` as float64, exact, for -1022 <= e <= 1023;
+* `bits_f64()` -- the float64 whose bits are the int64 ``b``.
 
 Traces:
 
-* :func:`exact_events` -- a correctly rounded reference call's events: the exact values to compare with;
-* :func:`record_vs_exact` -- a model's float32 results recorded against those exact values.
+* `exact_events()` -- a correctly rounded reference call's events: the exact values to compare with;
+* `record_vs_exact()` -- a model's float32 results recorded against those exact values.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def fp32_bits(x: np.ndarray | float, name: str) -> tuple[np.ndarray, np.ndarray]
 
 def exact_events(fn: Callable[..., np.ndarray], *args: np.ndarray) -> Chunk:
     """The events of a correctly rounded reference call ``fn(*args, FP32, trace=...)``: their exact values
-    are what :func:`record_vs_exact` measures a device model's results against."""
+    are what `record_vs_exact()` measures a device model's results against."""
     t = Trace()
     fn(*args, FP32, trace=t)
     return t.chunks[0]

@@ -6,7 +6,8 @@ float64 arrays holding FP32 values), so mixed-precision steps such as
 ``fma(p_bf16, v_bf16, acc_fp32, fmt="fp32")`` are one call.  Exact results come
 from error-free transformations in float64 (add, sub, mul, fma) or from
 integer long division and square root (div, sqrt); rounding is
-:func:`emufloat._core.round_pack`.  Every op takes ``out=``, an array of the result's dtype and shape to
+[`emufloat._core.round_pack()`][emufloat._core.round_pack].  Every op takes ``out=``, an array of the result's dtype
+and shape to
 write into and return, as numpy's ufuncs do (it may be one of the operands).
 """
 
@@ -73,7 +74,8 @@ def _sqrt_parts(x):
 @nb.njit(cache=True)
 def minmax(op, x, y):
     """IEEE 754-2019 minimum/maximum (op MIN, MAX) or minimumNumber/maximumNumber (MINNUM, MAXNUM) of two
-    float64 values, -0 < +0; NaN results are float64's quiet NaN.  Shared with :func:`emufloat.tree_max`."""
+    float64 values, -0 < +0; NaN results are float64's quiet NaN.  Shared with
+    [`emufloat.tree_max()`][emufloat.tree_max]."""
     xn = np.isnan(x)
     yn = np.isnan(y)
     if xn or yn:
@@ -139,10 +141,10 @@ def _arith_block(
     lo,
     hi,
 ):
-    """Elements ``lo:hi`` of :func:`_arith_kernel` (one work item), serial; the count of NaN results the
+    """Elements ``lo:hi`` of `_arith_kernel()` (one work item), serial; the count of NaN results the
     format cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
     compile time, sees only the loop over blocks.  ``keep``: (operands + 1, n) or empty; when not empty the
-    block copies its operands' and result's encodings there for the trace (:func:`_keep_block`)."""
+    block copies its operands' and result's encodings there for the trace (`_keep_block()`)."""
     bad = 0
     fast_op = op == ADD or op == SUB or op == MUL or op == FMA
     plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
@@ -375,7 +377,7 @@ _SMALL_CALLS: dict[tuple, _SmallCall] = {}
 
 
 def _small_apply(call: _SmallCall, operands) -> np.ndarray:
-    """One call through a resolved :class:`_SmallCall`: the block function over all elements, serial."""
+    """One call through a resolved `_SmallCall`: the block function over all elements, serial."""
     vals = tuple(operands.values())
     shape = vals[0].shape
     if call.widen:
@@ -497,7 +499,7 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
 
 
 def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _SmallCall:
-    """The :class:`_SmallCall` of a call the general path has just run (so the block function is compiled)."""
+    """The `_SmallCall` of a call the general path has just run (so the block function is compiled)."""
     no_keep = np.empty((0, 0), out_dtype)
     no_trace = _arrays.empty_trace_columns(0, False, _lo_dtype(narrow))
     tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *no_trace, False, no_keep)

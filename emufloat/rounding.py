@@ -56,7 +56,7 @@ class Rounding:
     ``floor(d * 2**r) + R >= 2**r``, where ``d`` in [0, 1) is the discarded
     fraction of an ulp and ``R`` is uniform on [0, 2**r): hardware-style SR,
     whose probability of rounding up is d truncated to r bits.  ``R`` for flat
-    element ``i`` is :func:`stochastic_bits` ``(seed, i, r)``.
+    element ``i`` is `stochastic_bits()` ``(seed, i, r)``.
     """
 
     mode: str = "rne"

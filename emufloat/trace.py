@@ -23,7 +23,7 @@ from .formats import Format
 from .rounding import Rounding
 
 #: Per-event rounding flags (the ``flags`` column is a uint16 of these): one member per row of
-#: :data:`emufloat.flags.FLAGS`, named as the row in capitals, with the row's bit.
+#: [`emufloat.flags.FLAGS`][emufloat.flags.FLAGS], named as the row in capitals, with the row's bit.
 Flag = enum.IntFlag("Flag", {name.upper(): bit for name, bit in FLAG_BITS.items()}, module=__name__, qualname="Flag")
 Flag.__doc__ = "Per-event rounding flags (the ``flags`` column is a uint16 of these); FLAG_DOC says what each means."
 
@@ -52,7 +52,7 @@ OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 @dataclass
 class Chunk:
-    """One recorded call: its events as columns, what a kernel hands :meth:`Trace.record`."""
+    """One recorded call: its events as columns, what a kernel hands `Trace.record()`."""
 
     op: str
     fmt: Format
@@ -92,7 +92,7 @@ class Trace:
 
     @property
     def chunks(self) -> tuple[Chunk, ...]:
-        """The recorded calls, one :class:`Chunk` each, in order."""
+        """The recorded calls, one `Chunk` each, in order."""
         return tuple(self._chunks)
 
     @property

@@ -1,16 +1,17 @@
 """Reduction trees: the order in which a row is summed, and sums (and maxima) evaluated along it.
 
-A :class:`ReductionTree` over ``n`` leaves (positions 0..n-1 of a row) is a binary tree of additions,
+A `ReductionTree` over ``n`` leaves (positions 0..n-1 of a row) is a binary tree of additions,
 held as a flat *postfix program* that a Numba kernel can run: slots ``0..n-1`` hold the leaves, step
 ``k`` computes ``slot[n + k] = slot[a] + slot[b]`` for ``(a, b) = program[k]``, and the last step is the
-root.  :func:`tree_sum` evaluates every row of an array along a tree with each addition rounded once into
-``fmt``; :func:`tree_max` does the same with maximumNumber, as ``tl.max`` does.
+root.  `tree_sum()` evaluates every row of an array along a tree with each addition rounded once into
+``fmt``; `tree_max()` does the same with maximumNumber, as ``tl.max`` does.
 
-Trees come from a nested list (:meth:`ReductionTree.from_nested`: a leaf is an int, a node a list of its
-children, folded left to right), from the textbook orders :meth:`~ReductionTree.sequential` and
-:meth:`~ReductionTree.pairwise`, from a thread layout (:func:`butterfly`,
-:meth:`~ReductionTree.thread_butterfly`), or from a GPU recording, which a hardware room holds with what
-that device does with signed zeros and NaN (:func:`emufloat.hw.h100.tl_sum`: Triton's ``tl.sum`` on the
+Trees come from a nested list (`ReductionTree.from_nested()`: a leaf is an int, a node a list of its
+children, folded left to right), from the textbook orders `sequential()` and
+`pairwise()`, from a thread layout (`butterfly()`,
+`thread_butterfly()`), or from a GPU recording, which a hardware room holds with what
+that device does with signed zeros and NaN ([`emufloat.hw.h100.tl_sum()`][emufloat.hw.h100.tl_sum]: Triton's ``tl.sum``
+on the
 H100).
 
 Additions follow IEEE 754 (an exact zero sum is ``-0`` only for ``-0 + -0``, or under round-down); NaN
@@ -38,7 +39,7 @@ __all__ = ["ReductionTree", "butterfly", "tree_max", "tree_sum"]
 
 
 def butterfly(lanes: list) -> object:
-    """Nested lists (for :meth:`ReductionTree.from_nested`) of the partial sums of 2**k lanes combined by
+    """Nested lists (for `ReductionTree.from_nested()`) of the partial sums of 2**k lanes combined by
     shuffle-xor with offsets 2**(k-1), ..., 1, as a warp reduces: a lane is a leaf, or a list of the leaves it
     adds left to right."""
     parts = [lane[0] if isinstance(lane, list) and len(lane) == 1 else lane for lane in lanes]
@@ -58,8 +59,8 @@ class ReductionTree:
     ``steps[k] = (a, b)``: step ``k`` adds slot ``a`` and slot ``b`` (slots ``0..n-1`` are the leaves, slot
     ``n + j`` the result of step ``j < k``) into slot ``n + k``; ``a`` is the left operand.  Every slot is
     used exactly once and the last step is the root, so there are ``n_leaves - 1`` steps.  Build one with
-    :meth:`from_nested`, :meth:`sequential`, :meth:`pairwise`, :meth:`thread_butterfly`, or take a device's
-    recorded order from its hardware room (:func:`emufloat.hw.h100.tl_sum`).
+    `from_nested()`, `sequential()`, `pairwise()`, `thread_butterfly()`, or take a device's
+    recorded order from its hardware room ([`emufloat.hw.h100.tl_sum()`][emufloat.hw.h100.tl_sum]).
     """
 
     n_leaves: int
@@ -89,8 +90,8 @@ class ReductionTree:
     def thread_butterfly(cls, n: int, per_thread: int, name: str = "") -> ReductionTree:
         """A warp-style reduction of a row held ``per_thread`` contiguous elements a lane: each lane adds its
         own left to right, then the T = n / per_thread lanes (a power of two) combine by shuffle-xor with
-        offsets T/2, ..., 1 (:func:`butterfly`).  A device room says which kernels reduce this way
-        (:func:`emufloat.hw.h100.tl_sum_loaded_16bit`)."""
+        offsets T/2, ..., 1 (`butterfly()`).  A device room says which kernels reduce this way
+        ([`emufloat.hw.h100.tl_sum_loaded_16bit()`][emufloat.hw.h100.tl_sum_loaded_16bit])."""
         if per_thread < 1 or n % per_thread or (n // per_thread) & (n // per_thread - 1):
             raise ValueError(f"per_thread: must divide n={n} into a power-of-two number of lanes, got {per_thread}")
         lanes = [list(range(t * per_thread, (t + 1) * per_thread)) for t in range(n // per_thread)]
@@ -156,7 +157,8 @@ class ReductionTree:
     @classmethod
     def pairwise(cls, n: int) -> ReductionTree:
         """Adjacent pairs level by level (an odd last element moves up a level unchanged), the order of
-        :class:`emufloat.Pairwise` with ``base=1``: for ``n = 2**k`` the balanced tree ``(x0+x1)+(x2+x3)...``."""
+        [`emufloat.Pairwise`][emufloat.Pairwise] with ``base=1``: for ``n = 2**k`` the balanced tree
+        ``(x0+x1)+(x2+x3)...``."""
         _check_n(n)
         level = list(range(n))
         steps: list[tuple[int, int]] = []
@@ -179,7 +181,7 @@ class ReductionTree:
         return p
 
     def to_nested(self):
-        """The tree as nested two-element lists (leaves are ints); inverse of :meth:`from_nested`."""
+        """The tree as nested two-element lists (leaves are ints); inverse of `from_nested()`."""
         n = self.n_leaves
         nodes: list = list(range(n))
         for a, b in self.steps:
@@ -211,9 +213,10 @@ def _add_round(a, b, params, mode, rnd, srbits):
     """(encoding, value, exact_hi, exact_lo, flags) of a + b rounded once into the format.
 
     Exact zeros take their sign from IEEE 754 6.3 (``-0`` only for ``-0 + -0``, or under round-down);
-    otherwise the exact double-double sum goes through :func:`emufloat._core.round_pack`.  (The dot kernels'
+    otherwise the exact double-double sum goes through [`emufloat._core.round_pack()`][emufloat._core.round_pack].
+    (The dot kernels'
     ``_accum_kernels._round_sum`` is not enough here: it keeps float64's zero sign and has no stochastic rounding.)
-    The flags are those :func:`emufloat.add` traces for the same operands.
+    The flags are those [`emufloat.add()`][emufloat.add] traces for the same operands.
     """
     s, t = _core.two_sum(a, b)
     fl = np.int64(0)
@@ -255,7 +258,7 @@ def _cast(v, params, mode, rnd, srbits):
 def _tree_sum_rows(
     x, lut, xp, rows, n, prog, out, bad, params, mode, seed, srbits, ops, ex_hi, ex_lo, flags, tracing, lo, hi
 ):
-    """Rows ``lo:hi`` of :func:`_tree_sum_kernel`, serially, each along the tree.  When tracing, step k of
+    """Rows ``lo:hi`` of `_tree_sum_kernel()`, serially, each along the tree.  When tracing, step k of
     row r writes event r * nsteps + k (its two addends, its exact sum and flags) and the rounded values stay
     in ``ops[2]``.  A step whose addend is a signalling-NaN leaf (encodings ``x`` of format params ``xp``)
     raises INVALID, as ``emufloat.add`` does; sums are never signalling."""
@@ -324,7 +327,7 @@ def _tree_sum_kernel(
 
 @nb.njit(cache=True)
 def _tree_max_rows(x, lut, rows, n, prog, out, op, lo, hi):
-    """Rows ``lo:hi`` of :func:`_tree_max_kernel`, serially."""
+    """Rows ``lo:hi`` of `_tree_max_kernel()`, serially."""
     nsteps = prog.shape[0]
     for r in range(lo, hi):
         buf = np.empty(n + nsteps)
@@ -379,7 +382,7 @@ def tree_sum(
     (``tree_sum(x, h100.tl_sum(...))`` is ``tl.sum(x, 1)`` on the H100).
 
     ``trace``: one ``add`` event per addition, shape ``x.shape[:-1] + (n_leaves - 1,)`` in tree order, with
-    the same exact result and flags :func:`emufloat.add` gives those two addends (a one-leaf tree records
+    the same exact result and flags [`emufloat.add()`][emufloat.add] gives those two addends (a one-leaf tree records
     its ``cast``).
     """
     check_trace(trace)

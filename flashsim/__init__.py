@@ -1,11 +1,11 @@
 """flashsim: flash attention step by step under explicit precision policies (built on emufloat only).
 
-A :class:`Policy` says how every step of attention rounds; :func:`flash_forward` runs the tiled
-online-softmax forward and :func:`reference_attention` full-softmax attention under one, with pluggable
+A `Policy` says how every step of attention rounds; `flash_forward()` runs the tiled
+online-softmax forward and `reference_attention()` full-softmax attention under one, with pluggable
 softmax variants and optional emufloat traces.  Policies of other kernels come from their packages through
-the ``flashsim.policies`` entry-point group (:mod:`flashsim.policy`).  The steps' specifications are in
-:mod:`flashsim.specs`, the analyses in :mod:`flashsim.analysis`, sweeps in :mod:`flashsim.sweep`, property
-tests in :mod:`flashsim.testing`.  See docs/flashsim.md.
+the ``flashsim.policies`` entry-point group (`flashsim.policy`).  The steps' specifications are in
+[`flashsim.specs`][flashsim.specs], the analyses in `flashsim.analysis`, sweeps in `flashsim.sweep`, property
+tests in [`flashsim.testing`][flashsim.testing].  See docs/flashsim.md.
 """
 
 from . import (  # noqa: F401  (subpackages: flashsim.specs.Op, flashsim.analysis.bias, ...)

@@ -1,4 +1,4 @@
-"""``python -m flashsim``: the flashsim command line (see :mod:`flashsim.cli`)."""
+"""``python -m flashsim``: the flashsim command line (see [`flashsim.cli`][flashsim.cli])."""
 
 from .cli import main
 

@@ -1,6 +1,6 @@
 """Carrying out one step spec on whole arrays: emufloat for formats up to 24 bits, numpy for FP64.
 
-Every function takes a spec from :mod:`flashsim.specs`, the operands, an optional emufloat Trace and the
+Every function takes a spec from [`flashsim.specs`][flashsim.specs], the operands, an optional emufloat Trace and the
 step's label.  A step with a ``compute`` format is rounded there first (round to nearest even) and then
 into ``fmt`` with the spec's rounding — two events in a trace.  FP64 steps are numpy's own binary64
 arithmetic and leave no trace events (they are the golden reference).
@@ -183,7 +183,7 @@ def tree_rowsum(p: np.ndarray, tree: ef.ReductionTree, spec: Spec, trace: Trace 
 
 
 class BlockSumOrder(RowSumOrder):
-    """An order that sums each block of P on its own (:meth:`block_sum`), then updates l = l * alpha + s: one
+    """An order that sums each block of P on its own (`block_sum()`), then updates l = l * alpha + s: one
     FMA when the spec is fused, else a multiply (kept in the compute format) and an add; ``RowSum.floor``
     raises the block's sum first (NaN stays NaN)."""
 
@@ -239,7 +239,7 @@ def block_sum(
 
 class RowSumState:
     """The running row sum l of a block of rows, updated block by block as the spec's order says (orders that
-    keep partial sums per thread hold ``threads`` of them a row until :meth:`total`)."""
+    keep partial sums per thread hold ``threads`` of them a row until `total()`)."""
 
     def __init__(self, rows: int, spec: RowSum, tile: tuple[int, int], trace: Trace | None, label: str = "row_sum"):
         self.spec, self.tile, self.trace, self.label = spec, tile, trace, label

@@ -1,9 +1,10 @@
 """Attention under a precision policy: full softmax (reference) and the tiled online-softmax forward.
 
-Every arithmetic step goes through :mod:`flashsim.arith` with the policy's formats, roundings and models,
+Every arithmetic step goes through `flashsim.arith` with the policy's formats, roundings and models,
 on whole blocks at once; Python loops run only over Q and K/V blocks (and over leading batch/head axes).
-With ``trace=`` (an :class:`emufloat.Trace`) each step's roundings are recorded, labelled by step name
-(:data:`flashsim.policy.TRACE_LABELS`: the steps, ``inputs`` for rounding q, k, v into the input formats, and
+With ``trace=`` (an [`emufloat.Trace`][emufloat.Trace]) each step's roundings are recorded, labelled by step name
+([`flashsim.policy.TRACE_LABELS`][flashsim.policy.TRACE_LABELS]: the steps, ``inputs`` for rounding q, k, v into the
+input formats, and
 ``alpha`` for the rescale factor exp(m_old - m_new)).
 
 Shapes: q (..., M, d), k (..., N, d), v (..., N, dv) with equal leading axes.  ``causal`` masks key j for
@@ -226,7 +227,7 @@ def causal_offset(causal: bool | str | None, n_q: int, n_k: int) -> int | None:
 def causal_visible(rows: range, cols: range, offset: int | None) -> np.ndarray | None:
     """The causal mask of a block (True = attended), or None when every entry is attended.
 
-    ``offset``: from :func:`causal_offset` (None: not causal)."""
+    ``offset``: from `causal_offset()` (None: not causal)."""
     if offset is None or cols.stop - 1 <= rows.start + offset:
         return None
     return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None] + offset
@@ -300,8 +301,8 @@ def kv_steps(
 
     ``q_rows``: the rows to compute, already cast (all of ``qrows``, or those at the ``local`` offsets);
     ``kt``, ``vc``: K^T and V, cast.  Block skipping and causal masks follow the whole Q block, so a subset
-    of its rows computes bit for bit what :func:`flash_forward` computes for them; ``offset``: the causal
-    offset (:func:`causal_offset`; None: not causal).  Returns (as the generator's value) the normalised
+    of its rows computes bit for bit what `flash_forward()` computes for them; ``offset``: the causal
+    offset (`causal_offset()`; None: not causal).  Returns (as the generator's value) the normalised
     output, the LSE and the final state.
     """
     pol, trace = pipe.pol, pipe.trace
@@ -349,7 +350,7 @@ def kv_steps(
 
 
 def drain(steps: Generator[KVStep, None, RowsResult]) -> RowsResult:
-    """Run a :func:`kv_steps` loop to its end and return its result."""
+    """Run a `kv_steps()` loop to its end and return its result."""
     while True:
         try:
             next(steps)
@@ -468,7 +469,7 @@ def split_ranges(n: int, bn: int, splits: int) -> list[range]:
 
 
 def combine_splits(results: list[tuple[np.ndarray, ...]], pol: Policy, trace: Trace | None) -> ForwardResult:
-    """The splits' (O, LSE, l) merged as :class:`~flashsim.specs.Combine` says (FA2's combine kernel)."""
+    """The splits' (O, LSE, l) merged as [`Combine`][flashsim.specs.Combine] says (FA2's combine kernel)."""
     spec, f32 = pol.combine, Op(FP32)
     seen = [np.asarray(l, np.float64) > 0 for _o, _lse, l in results]  # a split that saw no key of a row: O 0, LSE -inf
     lse = [arith.cast(np.where(ok, r[1], -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]

@@ -6,14 +6,14 @@ computes, for S = Q K^T, c = sm_scale and P = exp(S*c - L) (the softmax, recompu
     delta = rowsum(dO * O)                 (= rowsum(dP * P) in exact arithmetic)
     dV = P^T dO,   dP = dO V^T,   dS = P * (dP - delta),   dQ = c dS K,   dK = c dS^T Q
 
-:func:`flash_backward` tiles this as FA2's backward kernel does: K/V blocks outer (dK, dV accumulate in
+`flash_backward()` tiles this as FA2's backward kernel does: K/V blocks outer (dK, dV accumulate in
 registers over the Q blocks of the inner loop), Q blocks inner (dQ accumulates over K/V blocks), P
-recomputed per block pair from L, delta computed once before the loop.  :func:`reference_backward` is the
+recomputed per block pair from L, delta computed once before the loop.  `reference_backward()` is the
 same computation with one block each way (every product over the full length).  Every arithmetic step
-goes through :mod:`flashsim.arith` under the policy's backward specs (``delta``, ``recompute``, ``dv``,
+goes through `flashsim.arith` under the policy's backward specs (``delta``, ``recompute``, ``dv``,
 ``dp``, ``ds``, ``dk``, ``dq``, ``bwd_tiling``), vectorised over whole blocks; Python loops run only over
 blocks, heads and, for delta's FMA chains, over the head dimension.  With ``trace=`` the roundings are
-recorded under the labels of :data:`flashsim.policy.BWD_TRACE_LABELS`.
+recorded under the labels of [`flashsim.policy.BWD_TRACE_LABELS`][flashsim.policy.BWD_TRACE_LABELS].
 
 The softmax variant does not enter the backward.  A variant only changes the shift m the forward
 exponentiates against; the forward still returns L = m + log l (l = sum of exp(S*c - m)), which is
@@ -23,7 +23,8 @@ only through the rounded O and L the forward produced.  ``softmax=`` is accepted
 call can name the forward it belongs to.
 
 Shapes: q (..., M, d), k (..., N, d), v (..., N, dv), o and do (..., M, dv), lse (..., M) with equal
-leading axes; lse in the base of the policy's ``lse`` log, as :func:`flashsim.flash_forward` returns it.
+leading axes; lse in the base of the policy's ``lse`` log, as [`flashsim.flash_forward()`][flashsim.flash_forward]
+returns it.
 ``causal`` masks as the forward does (True or 'top-left': key j hidden from query i when j > i;
 'bottom-right': when j > i + N - M).
 """
@@ -330,13 +331,14 @@ def flash_backward(
 ) -> BackwardResult:
     """Tiled backward (FlashAttention-2): K/V blocks outer, Q blocks inner, P recomputed from ``lse``.
 
-    ``o``, ``lse``: the forward's output and LSE (as :func:`flashsim.flash_forward` returns them under the
+    ``o``, ``lse``: the forward's output and LSE (as [`flashsim.flash_forward()`][flashsim.flash_forward] returns them
+    under the
     same policy); ``do``: dL/dO.  Tiles and orders default to the policy's ``bwd_tiling``; the last blocks
     may be narrower.  Under ``causal``, block pairs masked for every entry are skipped unless the tiling
     says otherwise.  ``softmax`` does not change the backward (see the module docstring: the LSE a
     variant's forward returns is m + log l = log sum exp(S*c) whatever shift m it chose).
 
-    Returns a :class:`BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
+    Returns a `BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
     """
     pol = get_policy(policy)
     arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
@@ -369,7 +371,7 @@ def reference_backward(
     sm_scale: float | None = None,
     trace: Trace | None = None,
 ) -> BackwardResult:
-    """The backward without tiling: every step of :func:`flash_backward` on the whole matrices at once.
+    """The backward without tiling: every step of `flash_backward()` on the whole matrices at once.
 
     P is recomputed from ``lse`` over full rows; dV, dP, dK and dQ are single products over the full
     length (each accumulated once into a zero accumulator, then stored as the policy says).

@@ -1,14 +1,14 @@
 """What every command of the project does the same way: one-line errors, output folders checked before
 the work, progress on long work, and a word when Numba compiles.
 
-- :func:`run_command`: runs a command's function; bad input (:class:`~flashsim.userdata.InputError`,
-  :class:`UsageError`) ends with one line ``PROG: error: MESSAGE`` and exit status 2, Ctrl-C with 130, and a
+- `run_command()`: runs a command's function; bad input ([`InputError`][flashsim.userdata.InputError],
+  `UsageError`) ends with one line ``PROG: error: MESSAGE`` and exit status 2, Ctrl-C with 130, and a
   failure that is the program's own fault with one line saying so and status 3 (set
   ``LOWPREC_TRACEBACK=1`` to see the traceback); never a traceback for a user's mistake.
-- :func:`writable_dir`: the folder exists (made if needed) and a file can be written in it, checked before
+- `writable_dir()`: the folder exists (made if needed) and a file can be written in it, checked before
   anything is computed.
-- :func:`folder_lock`: one run at a time writes an output folder; another one is refused naming the first.
-- :func:`progress`: a tqdm bar on stderr that appears only for work longer than a second.
+- `folder_lock()`: one run at a time writes an output folder; another one is refused naming the first.
+- `progress()`: a tqdm bar on stderr that appears only for work longer than a second.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def writable_dir(path: str | Path, arg: str) -> Path:
 
 
 def writable_file(path: str | Path, arg: str) -> Path:
-    """``path`` as a file we can create or replace (its folder checked as :func:`writable_dir`)."""
+    """``path`` as a file we can create or replace (its folder checked as `writable_dir()`)."""
     p = Path(path)
     if p.is_dir():
         raise UsageError(f"{arg}: {p} is a folder; expected a file name")

@@ -1,13 +1,13 @@
 """Emulator against a kernel's recorded outputs, bit for bit, and where a row's story first diverges.
 
-A :class:`KernelRun` holds what a kernel was given (q, k, v, dO; dtype, causal, scale, softmax variant),
-the policy it is checked against (a :class:`~flashsim.policy.Policy`, or a :class:`~flashsim.policy.PolicyRef`
+A `KernelRun` holds what a kernel was given (q, k, v, dO; dtype, causal, scale, softmax variant),
+the policy it is checked against (a [`Policy`][flashsim.policy.Policy], or a [`PolicyRef`][flashsim.policy.PolicyRef]
 that names one: a registered name, or ``"module:function"`` with keyword arguments) and what it produced,
 as bits (O, LSE; dQ, dK, dV, delta; optionally per-K/V-block m, l, P, acc of every row from an instrumented
-kernel).  :func:`crosscheck` reruns it under the policy and reports, per output, the fraction of
+kernel).  `crosscheck()` reruns it under the policy and reports, per output, the fraction of
 bit-identical elements and an ulp-difference histogram, and, for the first row whose O or LSE differs, the
-first step whose intermediates differ (:class:`Divergence`).  Runs are saved as self-contained ``.npz``
-files (:func:`save_run`, :func:`load_run`) so that a GPU machine records them and any machine checks them
+first step whose intermediates differ (`Divergence`).  Runs are saved as self-contained ``.npz``
+files (`save_run()`, `load_run()`) so that a GPU machine records them and any machine checks them
 (``python -m flashsim crosscheck RUN.npz``); ``gpu.crosscheck`` writes them for the project's kernels.
 
 numpy only; nothing here knows about torch, Triton or a particular kernel.
@@ -111,8 +111,8 @@ class KernelRun:
     """One kernel launch: inputs (float32 values of ``dtype``, shape (H, N, d)), settings and outputs as bits.
 
     ``dtype``: the name of the inputs' format (bf16, fp16, e4m3, ...).  ``policy``: the policy that repeats
-    the kernel's launch: a :class:`~flashsim.policy.Policy`, or a :class:`~flashsim.policy.PolicyRef` (a
-    string is taken as one) that :meth:`resolve_policy` turns into it; :func:`save_run` stores a reference.
+    the kernel's launch: a [`Policy`][flashsim.policy.Policy], or a [`PolicyRef`][flashsim.policy.PolicyRef] (a
+    string is taken as one) that `resolve_policy()` turns into it; `save_run()` stores a reference.
     ``outputs``: 'o', 'lse' and, for a backward run, 'dq', 'dk', 'dv', 'delta' (uint16 bits of the formats
     the policy stores O and the gradients in, uint32 bits of float32 for LSE and delta).  ``debug``: 'm',
     'l' (H, blocks, N_q), 'p' (H, blocks, N_q, BLOCK_N), 'acc' (H, blocks, N_q, d) as uint32 bits of
@@ -182,7 +182,7 @@ class KernelRun:
 
     def resolve_policy(self, allow_import: AllowImport = False) -> Policy:
         """The flashsim policy that repeats the kernel's launch (a reference resolved: a ValueError if it fails;
-        ``allow_import`` as :meth:`PolicyRef.resolve`: a file's reference imports no code unless allowed)."""
+        ``allow_import`` as `PolicyRef.resolve()`: a file's reference imports no code unless allowed)."""
         return self.policy if isinstance(self.policy, Policy) else self.policy.resolve(allow_import)
 
 
@@ -222,7 +222,7 @@ def _policy_ref(policy: Policy | PolicyRef) -> PolicyRef:
 def save_run(path: str | Path, run: KernelRun) -> Path:
     """Write ``run`` as one .npz (arrays, and the settings as JSON in 'meta'); returns the path.
 
-    The policy is stored as a reference (:class:`~flashsim.policy.PolicyRef`): a Policy object must be
+    The policy is stored as a reference ([`PolicyRef`][flashsim.policy.PolicyRef]): a Policy object must be
     registered under its name.
     """
     ref = _policy_ref(run.policy)
@@ -254,7 +254,7 @@ def save_run(path: str | Path, run: KernelRun) -> Path:
 
 
 def load_run(path: str | Path) -> KernelRun:
-    """Read a run written by :func:`save_run`; a file that is not one raises ValueError saying why."""
+    """Read a run written by `save_run()`; a file that is not one raises ValueError saying why."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -427,10 +427,10 @@ class CrosscheckReport:
 
 
 def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -> CrosscheckReport:
-    """Rerun ``run`` (a :class:`KernelRun`, or the path of one saved by :func:`save_run`) under its policy and
+    """Rerun ``run`` (a `KernelRun`, or the path of one saved by `save_run()`) under its policy and
     compare every recorded output; locate the first differing row's first divergent step when per-block
     intermediates were recorded.  ``allow_import``: modules the run's policy reference may import
-    (:meth:`PolicyRef.resolve`; by default a file's reference resolves only to registered policies)."""
+    (`PolicyRef.resolve()`; by default a file's reference resolves only to registered policies)."""
     if isinstance(run, (str, Path)):
         run = load_run(run)
     if not isinstance(run, KernelRun):

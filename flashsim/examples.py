@@ -1,6 +1,6 @@
 """Built-in inputs: the row ``flashsim trace-row`` runs without arguments, and the paper's worked example.
 
-:func:`builtin_row` is one attention head (N = 256 keys, d = dv = 64, BF16-representable inputs so that
+`builtin_row()` is one attention head (N = 256 keys, d = dv = 64, BF16-representable inputs so that
 the policy's input casts are exact) whose query row 255 has *repeated maxima*: two keys (140 and 178,
 both in K/V block 2 of BLOCK_N = 64) with exactly the row's maximal score, as in the paper's example,
 and V mostly negative (N(-1.5, 0.5)).  ``near=`` adds keys one BF16 ulp below the max (near ties whose P
@@ -10,7 +10,7 @@ attention: their P are tiny but set the sticky bit of the P V sums, which is Qiu
 The scaled maximum is 0.19921875 (a small positive r, so the paper's fix moves it to 2r and every P is
 below 1); the scores of the tied keys are exact in every policy (inputs on a coarse dyadic grid).
 
-:func:`worked_example` is Qiu & Yao's three-term P V dot product as attention inputs: under ``qiu_yao``
+`worked_example()` is Qiu & Yao's three-term P V dot product as attention inputs: under ``qiu_yao``
 the stepper's P V step stores -4.703990459442139 as -4.71875 (error -0.014759540557861328).
 """
 

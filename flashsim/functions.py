@@ -1,11 +1,11 @@
 """Function models: what a kernel's exp and log compute, by name, in an open registry.
 
-A :class:`~flashsim.specs.Func` step (the forward's ``exp`` and ``lse``) and a
-:class:`~flashsim.specs.Recompute` step (the backward's exp) name a model here.  Reference models
+A [`Func`][flashsim.specs.Func] step (the forward's ``exp`` and ``lse``) and a
+[`Recompute`][flashsim.specs.Recompute] step (the backward's exp) name a model here.  Reference models
 (``exp``, ``exp2``, ``log``, ``log2``) are the exact function rounded once into the step's formats; hardware
 and library models take float32 and return float32 bits as a GPU computes them (``h100_ex2``, ``log2_fma``,
-``libdevice_log2f``, ...: registered by :mod:`flashsim.devices`).  A user's kernel with a function of its own
-registers a model (:func:`register_function`) before a policy names it::
+``libdevice_log2f``, ...: registered by `flashsim.devices`).  A user's kernel with a function of its own
+registers a model (`register_function()`) before a policy names it::
 
     import flashsim as fs
     fs.register_function(fs.FunctionModel("my_exp2", "exp", "2", "my kernel's exp2", my_exp2))

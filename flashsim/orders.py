@@ -1,10 +1,10 @@
 """How a kernel sums and divides, as objects a policy names: row-sum orders (l), delta orders and divisions.
 
-A :class:`~flashsim.specs.RowSum`, :class:`~flashsim.specs.Delta` or :class:`~flashsim.specs.Norm` spec names
+A [`RowSum`][flashsim.specs.RowSum], [`Delta`][flashsim.specs.Delta] or [`Norm`][flashsim.specs.Norm] spec names
 one of these by the name it is registered under; flashsim's arithmetic calls its methods and never asks which
 one it is.  The generic ones (numpy, exact, sequential, pairwise, IEEE division) are registered by
-:mod:`flashsim.arith`; what a particular GPU or kernel does (Triton's ``tl.sum`` tree on the H100, FA2's and
-cuDNN's per-thread partial sums, ``div.full.f32``...) by the modules of :mod:`flashsim.devices`.  A kernel of
+`flashsim.arith`; what a particular GPU or kernel does (Triton's ``tl.sum`` tree on the H100, FA2's and
+cuDNN's per-thread partial sums, ``div.full.f32``...) by the modules of `flashsim.devices`.  A kernel of
 your own adds one by subclassing and registering, in a file of its own::
 
     from flashsim.arith import BlockSumOrder
@@ -18,7 +18,7 @@ your own adds one by subclassing and registering, in a file of its own::
 
 (``tests/test_extensions.py`` does exactly this.)
 
-Orders are stateless values: the state (the running l) lives in :class:`flashsim.arith.RowSumState`.
+Orders are stateless values: the state (the running l) lives in `flashsim.arith.RowSumState`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # pragma: no cover - types only
 class RowSumOrder:
     """How a kernel adds a block's P into its row sum l (l = l * alpha + rowsum(P)).
 
-    ``threads``: partial sums a row keeps until :meth:`total` combines them (1: one l a row).  ``native``: the
+    ``threads``: partial sums a row keeps until `total()` combines them (1: one l a row).  ``native``: the
     order of FP64 steps (numpy), which only they take.  ``fusable``: whether the update may be one FMA
     (``RowSum.fused``).  ``sums_blocks``: whether a block's sum exists on its own before the update, so that
     ``RowSum.floor`` can clamp it.
@@ -67,12 +67,12 @@ class RowSumOrder:
         trace: Trace | None,
         label: str,
     ) -> np.ndarray:
-        """The new l (rows, or rows x :attr:`threads`) from l, a block of P and the rescale factors alpha (one a
-        row).  :class:`flashsim.arith.BlockSumOrder` implements it for orders that sum the block first."""
+        """The new l (rows, or rows x `threads`) from l, a block of P and the rescale factors alpha (one a
+        row).  `flashsim.arith.BlockSumOrder` implements it for orders that sum the block first."""
         raise NotImplementedError
 
     def total(self, l: np.ndarray, spec: RowSum, trace: Trace | None, label: str) -> np.ndarray:
-        """The row sum from the partials of :attr:`threads` (rows, threads); with one a row, l itself."""
+        """The row sum from the partials of `threads` (rows, threads); with one a row, l itself."""
         return l
 
     def __repr__(self) -> str:
@@ -121,9 +121,11 @@ class Division:
         return f"{type(self).__name__}({self.name!r})"
 
 
-#: the row-sum orders, delta orders and divisions specs may name
 ROW_SUMS: Registry[RowSumOrder] = Registry("row-sum order", RowSumOrder)
+"""The row-sum orders a ``RowSum`` spec may name."""
 DELTAS: Registry[DeltaOrder] = Registry("delta order", DeltaOrder)
+"""The delta orders a ``Delta`` spec may name."""
 DIVISIONS: Registry[Division] = Registry("division", Division)
+"""The divisions a ``Norm`` spec may name."""
 
 __all__ = ["DELTAS", "DIVISIONS", "ROW_SUMS", "DeltaOrder", "Division", "RowSumOrder"]

@@ -1,18 +1,18 @@
 """Precision policies: for every step of attention, the format, rounding, accumulation and function model.
 
-A :class:`Policy` is data: frozen, printable (``str(policy)`` is a table), comparable (``==`` compares the
-numerics, not the name; :meth:`Policy.diff` lists the steps that differ) and extensible with
+A `Policy` is data: frozen, printable (``str(policy)`` is a table), comparable (``==`` compares the
+numerics, not the name; `Policy.diff()` lists the steps that differ) and extensible with
 ``dataclasses.replace``.
 
-Policies are registered by name (:func:`register_policy`; the presets of :mod:`flashsim.presets` when
-flashsim is imported) and looked up with :func:`get_policy`.  Other packages provide policies through the
+Policies are registered by name (`register_policy()`; the presets of [`flashsim.presets`][flashsim.presets] when
+flashsim is imported) and looked up with `get_policy()`.  Other packages provide policies through the
 ``flashsim.policies`` entry-point group (name -> a Policy, or a function of no arguments returning one),
 loaded when a name is first asked for: so ``get_policy("triton_h100")`` finds the project's Triton kernels'
-policy in ``gpu.policies`` without flashsim importing gpu.  A :class:`PolicyRef` names a policy in a file
+policy in ``gpu.policies`` without flashsim importing gpu.  A `PolicyRef` names a policy in a file
 (a registered name, or ``"module:function"`` with keyword arguments) and resolves it again; a file can name
-only registered policies and policy functions (:func:`register_policy_function`, or the
+only registered policies and policy functions (`register_policy_function()`, or the
 ``flashsim.policy_functions`` entry-point group), and other code only where the user allows its module
-(:mod:`flashsim.trust`).
+([`flashsim.trust`][flashsim.trust]).
 """
 
 from __future__ import annotations
@@ -292,7 +292,7 @@ class PolicyPluginError(ValueError):
 
 
 def _plugins() -> dict[str, metadata.EntryPoint]:
-    """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
+    """The entry points of `ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
     return trust.entry_points(ENTRY_POINT_GROUP)
 
 
@@ -307,7 +307,7 @@ def _load_plugin(name: str) -> Policy | None:
 
 
 def register_policy(policy: Policy, *, replace: bool = False) -> Policy:
-    """Make ``policy`` available to :func:`get_policy` under ``policy.name``."""
+    """Make ``policy`` available to `get_policy()` under ``policy.name``."""
     if not isinstance(policy, Policy):
         raise TypeError(f"policy: expected a Policy, got {type(policy).__name__}")
     if not replace and (policy.name in _REGISTRY or policy.name in ALIASES or policy.name in _plugins()):
@@ -351,7 +351,7 @@ def _target_of(fn: Callable) -> str:
 
 def register_policy_function(fn: Callable[..., Policy], target: str | None = None) -> Callable[..., Policy]:
     """Let files name ``fn`` as ``target`` ("module:function"; default its own module and name) with keyword
-    arguments (a :class:`PolicyRef`); returns ``fn``, so that it serves as a decorator.  Installed packages may
+    arguments (a `PolicyRef`); returns ``fn``, so that it serves as a decorator.  Installed packages may
     declare theirs in the ``flashsim.policy_functions`` entry-point group instead, which needs no import until
     one is named."""
     if not callable(fn) or "<" in getattr(fn, "__qualname__", "<"):
@@ -382,12 +382,12 @@ def _named_object(target: str, allow_import: trust.AllowImport) -> object:
 # ---- references, for files --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class PolicyRef:
-    """A policy by reference, as a file stores it: :meth:`resolve` gives the Policy again.
+    """A policy by reference, as a file stores it: `resolve()` gives the Policy again.
 
     ``target``: a registered name (``"fa2"``, an entry-point plugin's ``"triton_h100"``), or
     ``"module:attribute"``, a Policy or a function returning one, called with ``kwargs`` (JSON values:
     ``PolicyRef("gpu.policies:triton_policy", {"dtype": "fp16", "block_m": 64})``).  A ``"module:attribute"``
-    resolves when it is a registered policy function (:func:`register_policy_function`, the
+    resolves when it is a registered policy function (`register_policy_function()`, the
     ``flashsim.policy_functions`` entry-point group) or when the caller allows its module (``allow_import``).
     """
 

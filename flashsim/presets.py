@@ -1,9 +1,10 @@
 """The preset policies, as data: FP64_GOLDEN, FP32_POLICY, BASELINE_BF16 and FA2 (FlashAttention-2's style of
 rounding on an H100).
 
-Each is a :class:`~flashsim.policy.Policy`, registered under its name when flashsim is imported, so that
+Each is a [`Policy`][flashsim.policy.Policy], registered under its name when flashsim is imported, so that
 ``flashsim.get_policy("qiu_yao")`` finds it.  Policies of other kernels come from their own packages
-(:func:`flashsim.policy.get_policy` finds them through the ``flashsim.policies`` entry-point group: the models
+([`flashsim.policy.get_policy()`][flashsim.policy.get_policy] finds them through the ``flashsim.policies`` entry-point
+group: the models
 of real kernels, Qiu & Yao's pipeline ``qiu_yao`` and the project's Triton kernels among them, are in
 ``gpu.policies``).
 """

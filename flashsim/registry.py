@@ -11,7 +11,7 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """Objects of one kind by their ``name``: :meth:`register` adds one, :meth:`get` finds one (an instance passes
+    """Objects of one kind by their ``name``: `register()` adds one, `get()` finds one (an instance passes
     through), a ValueError naming the argument and the accepted names otherwise."""
 
     def __init__(self, kind: str, cls: type[T]):

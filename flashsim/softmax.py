@@ -2,17 +2,17 @@
 
 Softmax is shift invariant, so any m gives the same attention in exact arithmetic; the choice only
 changes the rounding.  A variant is a small object with a ``name`` and one method,
-:meth:`SoftmaxVariant.block_max`, called once per K/V block (once per row for full attention).  The
+`SoftmaxVariant.block_max()`, called once per K/V block (once per row for full attention).  The
 running max is then ``max(m_old, block_max(...))`` as usual, and the LSE stays m + log l.
 
-Variants: :class:`StandardSoftmax`, :class:`StabilisedSoftmax` (Qiu & Yao), :class:`RobustSoftmax`
+Variants: `StandardSoftmax`, `StabilisedSoftmax` (Qiu & Yao), `RobustSoftmax`
 (the project's, closing the fix's gaps: row max exactly 0, small |max| where exp still rounds to 1,
-ties split across K/V blocks, eps narrower than the round-to-1 band), :class:`DitheredSoftmax` (the
+ties split across K/V blocks, eps narrower than the round-to-1 band), `DitheredSoftmax` (the
 robust variant's detection with a shift that varies from row to row, and l summed from P as cast) and
-:class:`CastSumSoftmax` (the standard shift, l summed from P as cast); see docs/fix.md.  A new variant is
+`CastSumSoftmax` (the standard shift, l summed from P as cast); see docs/fix.md.  A new variant is
 a class with the same method; it receives the running max ``m_old`` and ``ctx.spec`` (how its own
 arithmetic rounds).  A variant may also set ``l_from_cast_p``: the tiled forward then sums the normaliser
-l from P as cast for the P V product (:func:`sums_cast_p`).
+l from P as cast for the P V product (`sums_cast_p()`).
 """
 
 from __future__ import annotations
@@ -236,10 +236,10 @@ def row_dither(s: np.ndarray, valid: np.ndarray | None) -> np.ndarray:
 class DitheredSoftmax:
     """The fix derived from the mechanism of the fixes' lean (docs/fix.md): vary the shift, and sum l from P as cast.
 
-    Which block rows move: the robust variant's rule (:meth:`RobustSoftmax.tie_prone`: two entries within the
+    Which block rows move: the robust variant's rule (`RobustSoftmax.tie_prone()`: two entries within the
     round-to-1 band of P's format, ``p_precision`` significand bits, or a running shift within that band of the
     block's max).  By how much: ``shift = band + ln 2 * h`` with h in [0, 1) a hash of the block row's scores
-    (:func:`row_dither`), so the largest P, e**-shift, lies in (e**-band / 2, e**-band]: never exactly 1 and
+    (`row_dither()`), so the largest P, e**-shift, lies in (e**-band / 2, e**-band]: never exactly 1 and
     never near underflow, and its rounding into P's format differs from row to row instead of being the same
     constant (the cause of the robust variant's lean at r = 0, tiny |r| and |r| > 8).  And ``l_from_cast_p``:
     the tiled forward sums l from P as cast for P V, so the weights sum to one exactly in real arithmetic and a
@@ -281,7 +281,7 @@ class DitheredSoftmax:
 @dataclass(frozen=True)
 class CastSumSoftmax:
     """The standard shift (the row max), with l summed from P as cast for P V (``l_from_cast_p``, see
-    :class:`DitheredSoftmax`): O is then the exact weighted mean of V with the rounded weights, in real
+    `DitheredSoftmax`): O is then the exact weighted mean of V with the rounded weights, in real
     arithmetic, so a rounding of P cannot lean O through the mismatch between P V and l."""
 
     name: str = "cast_sum"
@@ -304,7 +304,7 @@ L_PRECISION_FOR_CAST_P = 24
 def sums_cast_p(variant: SoftmaxVariant, l_format) -> bool:
     """Whether the tiled forward sums l from P as cast for P V instead of the exponentials as computed: the
     variant's ``l_from_cast_p`` (absent: False; 'auto': when ``l_format``, the format l is kept in, has at least
-    :data:`L_PRECISION_FOR_CAST_P` significand bits)."""
+    `L_PRECISION_FOR_CAST_P` significand bits)."""
     how = getattr(variant, "l_from_cast_p", False)
     if isinstance(how, str) and how == "auto":
         return l_format.precision >= L_PRECISION_FOR_CAST_P

@@ -1,10 +1,11 @@
 """Step through the tiled forward of one query row (or a few rows of one Q block), K/V block by K/V block.
 
-:func:`step_rows` returns a :class:`RowStepper`: iterate it to get, after each K/V block, a
-:class:`StepState` (block, keys, running max m, row sum l, P as stored for the P V product, the
-accumulator, and that step's rounding events as an :class:`emufloat.Trace`).  The loop is
-:func:`flashsim.attention.kv_steps`, the one :func:`flashsim.flash_forward` runs, so the final O and LSE
-(:attr:`RowStepper.result`) are bit for bit those of ``flash_forward`` for the same rows, policy, softmax
+`step_rows()` returns a `RowStepper`: iterate it to get, after each K/V block, a
+`StepState` (block, keys, running max m, row sum l, P as stored for the P V product, the
+accumulator, and that step's rounding events as an [`emufloat.Trace`][emufloat.Trace]).  The loop is
+[`flashsim.attention.kv_steps()`][flashsim.attention.kv_steps], the one
+[`flashsim.flash_forward()`][flashsim.flash_forward] runs, so the final O and LSE
+(`RowStepper.result`) are bit for bit those of ``flash_forward`` for the same rows, policy, softmax
 variant and tiling.  Only the stepped rows are computed (so a trace holds just their events), except
 under policies with float64 (numpy) products: BLAS rounds differently for different matrix shapes, so
 there the whole Q block is computed and the states are cut down to the stepped rows.
@@ -56,7 +57,7 @@ class StepState:
     max step saw them, in ``units`` per natural-log unit (1: scaled scores of a base-e exp; log2 e: scaled
     for exp2; 1/sm_scale: raw scores), masked entries filled.  ``p`` is P as stored for the P V product,
     ``p_exp`` the exp step's output before that cast; ``l`` the running row sum state (FA2's thread-local
-    order keeps (rows, 4) partial sums: :attr:`l_total` adds them in float64), ``acc`` the unnormalised
+    order keeps (rows, 4) partial sums: `l_total` adds them in float64), ``acc`` the unnormalised
     output.  ``trace`` holds this step's rounding events (the calls ``calls`` of the run's trace), or is
     None when the stepper was made with ``trace=False``.
     """
@@ -144,11 +145,11 @@ def _rows(rows: int | Sequence[int] | range | slice | np.ndarray, m_rows: int, b
 
 
 class RowStepper:
-    """Iterator over the :class:`StepState` of each K/V block for some rows of one Q block.
+    """Iterator over the `StepState` of each K/V block for some rows of one Q block.
 
-    Made by :func:`step_rows`.  Iterating runs the loop lazily (one K/V block per ``next``); after the last
-    block :attr:`final` is set.  :meth:`run` finishes the loop; :attr:`result` is the
-    :class:`~flashsim.ForwardResult` of the rows (running the loop to its end if needed); :attr:`steps`
+    Made by `step_rows()`.  Iterating runs the loop lazily (one K/V block per ``next``); after the last
+    block `final` is set.  `run()` finishes the loop; `result` is the
+    [`ForwardResult`][flashsim.ForwardResult] of the rows (running the loop to its end if needed); `steps`
     keeps every state yielded so far.
     """
 
@@ -281,14 +282,15 @@ class RowStepper:
         return next(self._gen)
 
     def run(self) -> RowStepper:
-        """Run the remaining K/V blocks; returns self (with :attr:`steps` and :attr:`final` complete)."""
+        """Run the remaining K/V blocks; returns self (with `steps` and `final` complete)."""
         for _ in self:
             pass
         return self
 
     @property
     def result(self) -> ForwardResult:
-        """O and LSE of the rows, as :func:`flashsim.flash_forward` returns them for those rows."""
+        """O and LSE of the rows, as [`flashsim.flash_forward()`][flashsim.flash_forward] returns them for those
+        rows."""
         if self.final is None:
             self.run()
         return ForwardResult(self.final.o, self.final.lse)
@@ -320,11 +322,12 @@ def step_rows(
     kv_order: str | None = None,
     trace: bool | Trace = True,
 ) -> RowStepper:
-    """Step through :func:`flashsim.flash_forward` for ``rows`` (an index, or several rows of one Q block).
+    """Step through [`flashsim.flash_forward()`][flashsim.flash_forward] for ``rows`` (an index, or several rows of one
+    Q block).
 
     q (M, d), k (N, d), v (N, dv): one head.  Arguments as for flash_forward; ``trace``: True (a new
     Trace, the default), False (no events: faster) or a Trace to record into.  Returns a
-    :class:`RowStepper`; iterate it for the :class:`StepState` after each K/V block.
+    `RowStepper`; iterate it for the `StepState` after each K/V block.
     """
     return RowStepper(
         q,
@@ -343,7 +346,7 @@ def step_rows(
 
 
 def trace_row(q: np.ndarray, k: np.ndarray, v: np.ndarray, policy: Policy | str = "fp64", **kwargs) -> RowStepper:
-    """:func:`step_rows` run to its end."""
+    """`step_rows()` run to its end."""
     return step_rows(q, k, v, policy, **kwargs).run()
 
 

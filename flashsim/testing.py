@@ -3,12 +3,12 @@
 Random Gaussian q, k, v almost never produce the inputs on which low-precision attention leans: exactly
 repeated row maxima, near-ties inside the round-to-1 band, attention sinks, scores so large that the
 stabilised fix underflows, values so small that products go subnormal, sequence lengths one off a block
-boundary.  :func:`attention_inputs` draws from a mixture of those, with the shape, the kind, the number of
+boundary.  `attention_inputs()` draws from a mixture of those, with the shape, the kind, the number of
 tied keys and the magnitude as separate draws so that a failure shrinks to a small, readable case; a case's
-``repr`` is the call that rebuilds it (:meth:`AttentionInputs.from_seed`).  :func:`assert_matches_policy`
+``repr`` is the call that rebuilds it (`AttentionInputs.from_seed()`).  `assert_matches_policy()`
 holds a kernel's O (and LSE) on one case to the emulator under a policy: bit for bit, within ulps, within
 numpy-style ``atol``/``rtol``, or within what the policy's rounding allows of exact attention
-(:func:`rounding_bound`).
+(`rounding_bound()`).
 
 Needs ``hypothesis`` (a test dependency); ``import flashsim`` never imports this module.  Example::
 
@@ -59,9 +59,10 @@ DTYPES = ("bf16", "fp16")  # drawn when attention_inputs(dtype=None)
 class AttentionInputs:
     """One head's q (N_q, d), k, v (N_k, d), dO (N_q, d): float32 arrays holding values of ``dtype``.
 
-    ``kind``, ``seed``, ``ties`` and ``scale_exp`` say how :func:`flashsim.inputs.make_inputs` drew the arrays,
-    so that :meth:`from_seed` rebuilds them bit for bit; ``repr`` is that call.  A case built by hand from
-    other arrays does not rebuild (:meth:`rebuilds` says whether it does).
+    ``kind``, ``seed``, ``ties`` and ``scale_exp`` say how
+    [`flashsim.inputs.make_inputs()`][flashsim.inputs.make_inputs] drew the arrays,
+    so that `from_seed()` rebuilds them bit for bit; ``repr`` is that call.  A case built by hand from
+    other arrays does not rebuild (`rebuilds()` says whether it does).
     """
 
     q: np.ndarray
@@ -88,12 +89,12 @@ class AttentionInputs:
         scale_exp: int = 0,
         causal: bool = False,
     ) -> AttentionInputs:
-        """The case :func:`attention_inputs` draws with these fields (``make_inputs``, then ``causal``)."""
+        """The case `attention_inputs()` draws with these fields (``make_inputs``, then ``causal``)."""
         x = make_inputs(kind, n_q, n_k, d, dtype, seed, ties, scale_exp)
         return cls(x["q"], x["k"], x["v"], x["do"], dtype, causal, kind, seed, ties, scale_exp)
 
     def fields(self) -> dict[str, object]:
-        """Every drawn field, as :meth:`from_seed` takes them."""
+        """Every drawn field, as `from_seed()` takes them."""
         return {
             "kind": str(self.kind),
             "n_q": int(self.q.shape[0]),
@@ -107,7 +108,7 @@ class AttentionInputs:
         }
 
     def rebuilds(self) -> bool:
-        """Whether :meth:`from_seed` with this case's fields gives its arrays, bit for bit."""
+        """Whether `from_seed()` with this case's fields gives its arrays, bit for bit."""
         try:
             again = AttentionInputs.from_seed(**self.fields())
         except ValueError:
@@ -118,7 +119,7 @@ class AttentionInputs:
         )
 
     def snippet(self) -> str:
-        """Python that rebuilds this case: an import and the :meth:`from_seed` call."""
+        """Python that rebuilds this case: an import and the `from_seed()` call."""
         return f"from flashsim.testing import AttentionInputs\ncase = {self!r}"
 
     def __repr__(self) -> str:
@@ -141,7 +142,7 @@ def _positive_int(value: object) -> bool:
 def _check_strategy_args(
     dtype: object, head_dims: object, max_len: object, kinds: object, causal: object
 ) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """Every argument of :func:`attention_inputs` checked before anything is drawn (a ValueError naming it)."""
+    """Every argument of `attention_inputs()` checked before anything is drawn (a ValueError naming it)."""
     if dtype is not None:
         try:
             ok = isinstance(dtype, str) and ef.as_format(dtype) is not None
@@ -557,7 +558,7 @@ def assert_matches_policy(
     (base 2 or e), or None when the kernel gives none.  An element passes when it is bit-identical to the
     emulator's (NaN against NaN too) or, being finite, meets any tolerance given: within ``max_ulps`` ulps of
     the emulator's; |kernel - emulator| <= ``atol`` + ``rtol`` |emulator| (numpy.testing.assert_allclose's
-    rule); with ``within_rounding``, within :func:`rounding_bound` of exact attention (what the policy's
+    rule); with ``within_rounding``, within `rounding_bound()` of exact attention (what the policy's
     formats allow; for kernels that are correct but not bit-exact).  A NaN or inf where the reference is finite
     always fails.  Otherwise an AssertionError: the non-finite elements first, counted, then the others (the
     first and the largest), the crosscheck report (identical fraction and ulp histogram per output), every

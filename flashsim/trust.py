@@ -69,7 +69,7 @@ def split_target(target: str, what: str) -> tuple[str, str]:
 def import_target(target: str, allow: AllowImport, what: str) -> object:
     """The object ``"module:attribute"`` names, imported only where ``allow`` covers the module.
 
-    Refused (:class:`ImportRefused`, nothing imported): a module the user did not allow.  A module that fails
+    Refused (`ImportRefused`, nothing imported): a module the user did not allow.  A module that fails
     to import or lacks the attribute raises ImportRefused saying so.
     """
     module, attr = split_target(target, what)

@@ -9,7 +9,7 @@ numpy cannot load; both come back as raw bytes: 2-byte ones are bfloat16 (the on
 is refused.  Files are never unpickled.  Integer, bool and complex arrays are refused, as the API refuses
 them: converting integers is the caller's decision.
 
-Every problem raises :class:`InputError` naming the argument (``--data``, ``--q``...) and what is accepted.
+Every problem raises `InputError` naming the argument (``--data``, ``--q``...) and what is accepted.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ run needs last, while the run compiles the ones it needs first; each process the
 compiled from the cache instead of compiling it again.
 
 A traced flash-attention row needs, in order: casts, the tensor-core matmul model, the arithmetic kernel,
-``ex2.approx`` with its exact reference, the tree sum.  :func:`compile_second_half` calls the last three
+``ex2.approx`` with its exact reference, the tree sum.  `compile_second_half()` calls the last three
 with tiny arrays of the same dtypes and flags, so it compiles the same specialisations.
 """
 

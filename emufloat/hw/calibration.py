@@ -55,7 +55,7 @@ def cache_dir() -> Path:
 
 
 def rebuilt(name: str, key: str, build: Callable[[], np.ndarray], check: Callable[[np.ndarray], None]) -> np.ndarray:
-    """The table ``build()`` returns, kept on disk (:func:`cache_dir`) under ``name`` and ``key`` (the
+    """The table ``build()`` returns, kept on disk (`cache_dir()`) under ``name`` and ``key`` (the
     recorded checksums, so new package data never meets an old file): a table that takes seconds to rebuild
     is rebuilt once per machine, not once per process.  ``check`` raises ValueError for a wrong table; a
     cached copy that fails it is rebuilt and replaced.  A cache that cannot be read or written is passed

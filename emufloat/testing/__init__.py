@@ -7,12 +7,12 @@ into the next binade.  These strategies draw from mixtures that put weight on
 those cases while still covering the whole encoding space, so a property test
 finds the boundary cases in tens of examples rather than millions.
 
-* :func:`encodings`, :func:`values`, :func:`arrays`: bit patterns, their float64
+* `encodings()`, `values()`, `arrays()`: bit patterns, their float64
   values, and arrays in the format's carrier dtype.
-* :func:`midpoints`: inputs exactly halfway between two adjacent values of a
+* `midpoints()`: inputs exactly halfway between two adjacent values of a
   format (and their one-ulp neighbours in a wider format): the inputs on which
   a cast's tie-breaking rule decides the result.
-* :func:`operand_pairs`: operand pairs for binary ops, weighted to carries,
+* `operand_pairs()`: operand pairs for binary ops, weighted to carries,
   exact and near ties of the exact sum, cancellation, wide exponent gaps,
   subnormal operands and special values.
 

@@ -1,4 +1,5 @@
-"""Strategies for the values of one format: encodings, values, arrays, midpoints (see :mod:`emufloat.testing`)."""
+"""Strategies for the values of one format: encodings, values, arrays, midpoints (see
+[`emufloat.testing`][emufloat.testing])."""
 
 from __future__ import annotations
 
@@ -224,7 +225,7 @@ def values(
     subnormal: bool = True,
     negative_zero: bool = True,
 ) -> st.SearchStrategy[float]:
-    """The float64 values of :func:`encodings` (same mixture, same options)."""
+    """The float64 values of `encodings()` (same mixture, same options)."""
     fmt = check_format(fmt, "fmt")
     strat = encodings(fmt, nan=nan, inf=inf, subnormal=subnormal, negative_zero=negative_zero)
     return strat.map(functools.partial(decode_one, fmt))
@@ -259,9 +260,9 @@ def arrays(
     subnormal: bool = True,
     negative_zero: bool = True,
 ) -> st.SearchStrategy[np.ndarray]:
-    """Arrays of ``fmt`` values in its carrier dtype (:attr:`Format.carrier`).
+    """Arrays of ``fmt`` values in its carrier dtype (`Format.carrier`).
 
-    Elements are drawn from :func:`encodings` (same options).  For formats with
+    Elements are drawn from `encodings()` (same options).  For formats with
     a dtype the array is a view of the bit patterns, so NaN payloads and signs
     survive; otherwise (TF32, custom formats) it holds the decoded values in
     float32/float64.  ``shape`` is an int, a tuple, or a strategy of shapes such

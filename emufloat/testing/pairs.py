@@ -1,4 +1,4 @@
-"""Operand pairs for binary ops, weighted to the ways additions go wrong: :func:`operand_pairs`."""
+"""Operand pairs for binary ops, weighted to the ways additions go wrong: `operand_pairs()`."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from .draws import check_format, check_options, decode_one, encodings, special_e
 __all__ = ["PAIR_KINDS", "operand_pairs"]
 
 PAIR_KINDS: tuple[str, ...] = ("carry", "tie", "near_tie", "cancel", "gap", "subnormal", "special", "random")
-"""Components of :func:`operand_pairs`, in shrinking order."""
+"""Components of `operand_pairs()`, in shrinking order."""
 
 
 class _Grid:
@@ -289,13 +289,13 @@ def operand_pairs(
     * ``"subnormal"``: a subnormal operand, with another subnormal, a value near
       the smallest normal (sums crossing into the normal range), or anything.
     * ``"special"``: one special operand (zeros, infinities, NaNs, +-max, ...,
-      as in :func:`encodings`) with itself or its negation, another special,
+      as in `encodings()`) with itself or its negation, another special,
       or any value: inf - inf, max + max, -0 + 0, 0 * inf and their kin.
-    * ``"random"``: two independent draws of :func:`encodings`.
+    * ``"random"``: two independent draws of `encodings()`.
 
     Which operand comes first is random.  ``nan``/``inf``/``subnormal``/
     ``negative_zero`` restrict the specials and random draws as in
-    :func:`encodings` (``subnormal=False`` also drops the subnormal kind).
+    `encodings()` (``subnormal=False`` also drops the subnormal kind).
     A kind no pair of ``fmt`` values can realise (ties of FP32 from E2M1
     operands) is dropped from the default mixture and is an error when asked
     for by name.  Values are exact integers internally, so every promise above

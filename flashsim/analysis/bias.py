@@ -50,7 +50,7 @@ class Bias:
 def bias(errors: np.ndarray, ulps: np.ndarray | float | None = None) -> Bias:
     """Mean signed error, counts, sign test and z-test of the finite ``errors`` (the rest counted as excluded).
 
-    ``ulps``: the ulp of each reference value (for :attr:`Bias.mean_ulps`); None leaves it NaN.
+    ``ulps``: the ulp of each reference value (for `Bias.mean_ulps`); None leaves it NaN.
     """
     e = np.ravel(arith.f64(errors))
     ok = np.isfinite(e)
@@ -145,7 +145,7 @@ def _ulps(run: RowStepper, ref: np.ndarray) -> np.ndarray | None:
 
 
 def error_budget(run: RowStepper, ref: RowStepper, row: int | None = None) -> ErrorBudget:
-    """Split the row's O - O_ref (ref: an FP64 run, :func:`reference_run`) into weights, l and products."""
+    """Split the row's O - O_ref (ref: an FP64 run, `reference_run()`) into weights, l and products."""
     run, ref = finished(run), finished(ref)
     _row, i = row_position(run, row)
     _row2, j = row_position(ref, _row)

@@ -53,7 +53,7 @@ def step_error(
     """The statistics of the events ``idx`` (indices into the trace) of one step.
 
     ``expected``: per event of the trace, True where a non-finite error is expected
-    (:func:`expected_nonfinite`); those are still counted in :attr:`StepError.nonfinite`.
+    (`expected_nonfinite()`); those are still counted in `StepError.nonfinite`.
     """
     s = trace.summary(idx)
     err = trace.error[idx]
@@ -182,7 +182,7 @@ def step_errors(
 ) -> list[StepError]:
     """The row's rounding events per step label (in pipeline order), optionally only those of ``calls``.
 
-    ``ulps``: :func:`event_ulps` of the run's trace, if already computed.
+    ``ulps``: `event_ulps()` of the run's trace, if already computed.
     """
     run = finished(run)
     _row, i = row_position(run, row)

@@ -2,9 +2,9 @@
 
 Qiu & Yao's mechanism needs rows where the tied maxima carry nearly all the weight: the P V sum is then
 the tied BF16 values plus a same-sign residual smaller than a quarter ulp, and round-to-nearest-even
-meets a would-be tie with a sticky bit.  :func:`repeated_maxima_rows` builds such rows directly: one
+meets a would-be tie with a sticky bit.  `repeated_maxima_rows()` builds such rows directly: one
 query per row (its own keys), scores with ``ties`` entries exactly at the row max r and the others
-``gap`` below, V of one sign.  :func:`bias_rows` runs the forward under a policy for each softmax
+``gap`` below, V of one sign.  `bias_rows()` runs the forward under a policy for each softmax
 variant and reports the mean signed error of O (per-row mean over the head dimension) and of the
 backward's delta = rowsum(dO * O), with a z-test on the row means and a sign test on their signs.
 
@@ -185,9 +185,9 @@ def row_errors(
 ) -> dict[str, RowErrors]:
     """Per-row errors of O and delta for each variant (by name) under ``policy`` against FP64.
 
-    ``block_n``: the K/V tile width (default: the policy's); ``ref``: :func:`reference` of ``rows`` when it is
+    ``block_n``: the K/V tile width (default: the policy's); ``ref``: `reference()` of ``rows`` when it is
     already at hand (it must be of the same rows).  Rows are independent heads: any split of the rows gives
-    the same per-row values, so ``jobs`` worker processes (:func:`~flashsim.analysis.processes.in_processes`)
+    the same per-row values, so ``jobs`` worker processes ([`in_processes()`][flashsim.analysis.processes.in_processes])
     each compute a consecutive part.
     """
     pol = get_policy(policy)
@@ -221,7 +221,7 @@ def row_errors(
 
 
 def _row_errors_of(rows: BiasRows, pol: Policy, variants: list, block_n: int | None, ref: Reference | None) -> dict:
-    """:func:`row_errors` in one process, its arguments by position (a worker's call)."""
+    """`row_errors()` in one process, its arguments by position (a worker's call)."""
     return row_errors(rows, pol, variants, block_n=block_n, ref=ref)
 
 
@@ -247,7 +247,7 @@ def _check_jobs(jobs: object) -> None:
 def errors_of_o(rows: BiasRows, policy: Policy, o: np.ndarray, ref: Reference) -> RowErrors:
     """The per-row errors of an O computed for ``rows`` under ``policy`` (by the emulator or by a kernel it models):
     O's mean error over the head dimension, delta = rowsum(dO * O) under the policy's delta step minus FP64's,
-    and the reference's ulps (:class:`RowErrors`)."""
+    and the reference's ulps (`RowErrors`)."""
     delta = delta_rowsum(rows.do.reshape(-1, rows.do.shape[-1]), o.reshape(-1, o.shape[-1]), policy.delta)
     with np.errstate(invalid="ignore"):
         err_o = (arith.f64(o) - ref.o).mean(axis=-1).ravel()
@@ -271,11 +271,11 @@ def bias_rows(
     progress: Callable[[Iterable, int, str], Iterable] | None = None,
 ) -> list[BiasResult]:
     """Each variant's O and delta under ``policy`` against FP64 attention on the same BF16 inputs
-    (:func:`row_errors`, summarised by :func:`~flashsim.analysis.bias.bias`).
+    (`row_errors()`, summarised by [`bias()`][flashsim.analysis.bias.bias]).
 
     Rows are independent heads, so ``chunk`` rows at a time give the same results as all at once, and so do
     ``jobs`` worker processes computing the chunks side by side (fresh interpreters, the policy and variants
-    pickled: :func:`~flashsim.analysis.processes.in_processes`); ``progress(iterable, total, description)``
+    pickled: [`in_processes()`][flashsim.analysis.processes.in_processes]); ``progress(iterable, total, description)``
     wraps the loop over chunks (e.g. a progress bar).
     """
     pol = get_policy(policy)

@@ -1,14 +1,14 @@
-"""Input families of the bias experiments, as plug-ins: each makes :class:`~flashsim.analysis.experiments.BiasRows`.
+"""Input families of the bias experiments, as plug-ins: each makes `BiasRows`.
 
-A :class:`Family` is a name, a line of documentation and ``make(n_rows, *, seed, n_keys, d, first_row=0,
+A `Family` is a name, a line of documentation and ``make(n_rows, *, seed, n_keys, d, first_row=0,
 **params) -> BiasRows``.  Row i of a family is drawn from its own generator, ``numpy.random.default_rng([seed,
 i])``, so ``make(n, seed=s, first_row=k)`` gives exactly rows k..k+n-1 of any bigger call with the same
 arguments: a sweep computes a cell in chunks, in any order, and resumes after an interruption without
-changing a row (:func:`build_rows` gives a plug-in the same property).
+changing a row (`build_rows()` gives a plug-in the same property).
 
 The families (all inputs BF16 values held as float32; run them with ``sm_scale=1`` as ``bias_rows`` does):
 
-- ``ties``: repeated maxima, :func:`~flashsim.analysis.experiments.repeated_maxima_rows` row by row, with the
+- ``ties``: repeated maxima, `repeated_maxima_rows()` row by row, with the
   gap cases of issue 33 as parameters (row max exactly 0, 0 < |max| < 0.002, ties in different K/V blocks);
 - ``single``: the same rows with one maximum (the control);
 - ``dense``: dense random scores, q and k ~ N(0, 1) in BF16 with 1/sqrt(d) folded into q;
@@ -53,7 +53,7 @@ class Family:
     make: Callable[..., BiasRows]
 
     def params(self) -> tuple[str, ...]:
-        """The family's own parameter names (beyond :data:`COMMON`); empty if ``make`` takes ``**kwargs``."""
+        """The family's own parameter names (beyond `COMMON`); empty if ``make`` takes ``**kwargs``."""
         sig = inspect.signature(self.make)
         kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         return tuple(n for n, p in sig.parameters.items() if p.kind in kinds and n not in COMMON)
@@ -130,7 +130,7 @@ def _strict(fn: Callable[..., BiasRows]) -> Callable[..., BiasRows]:
 # ---- rows one by one ----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RowInputs:
-    """One row's inputs: q (d,), k and v (n_keys, d), do (d,) (any float values: :func:`build_rows` rounds
+    """One row's inputs: q (d,), k and v (n_keys, d), do (d,) (any float values: `build_rows()` rounds
     them to BF16) and the count of keys at the row max."""
 
     q: np.ndarray
@@ -450,7 +450,7 @@ class FamilyPluginError(ValueError):
 
 
 def _plugins() -> dict[str, metadata.EntryPoint]:
-    """The entry points of :data:`ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
+    """The entry points of `ENTRY_POINT_GROUP` by name (installed packages' metadata; nothing imported)."""
     return trust.entry_points(ENTRY_POINT_GROUP)
 
 
@@ -465,7 +465,7 @@ def _load_plugin(name: str) -> Family | None:
 
 
 def register_family(family: Family, *, replace: bool = False) -> Family:
-    """Make ``family`` available to :func:`get_family` under ``family.name``."""
+    """Make ``family`` available to `get_family()` under ``family.name``."""
     if not isinstance(family, Family):
         raise TypeError(f"family: expected a Family, got {type(family).__name__}")
     if not replace and (family.name in FAMILIES or family.name in _plugins()):

@@ -137,7 +137,7 @@ def find_maxima(
 
 
 def row_maxima(run: RowStepper, row: int | None = None, tol_ulps: float = 1.0) -> Maxima:
-    """:func:`find_maxima` over a run's whole row (all K/V blocks), with the keys whose P was stored as 1."""
+    """`find_maxima()` over a run's whole row (all K/V blocks), with the keys whose P was stored as 1."""
     run = finished(run)
     row, i = row_position(run, row)
     n = run.n_keys

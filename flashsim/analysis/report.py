@@ -1,8 +1,8 @@
-"""Readable and machine-readable reports of :class:`~flashsim.analysis.RowAnalysis` results, and plots.
+"""Readable and machine-readable reports of [`RowAnalysis`][flashsim.analysis.RowAnalysis] results, and plots.
 
-:func:`format_report` writes the text ``flashsim trace-row`` prints (several softmax variants of one row
-side by side); :func:`report_dict` the JSON; :func:`write_plots` the PNGs (needs matplotlib, the
-optional extra ``plot``; :func:`have_matplotlib` says whether it is there).
+`format_report()` writes the text ``flashsim trace-row`` prints (several softmax variants of one row
+side by side); `report_dict()` the JSON; `write_plots()` the PNGs (needs matplotlib, the
+optional extra ``plot``; `have_matplotlib()` says whether it is there).
 """
 
 from __future__ import annotations
@@ -105,7 +105,8 @@ def lean(b: Bias, alpha: float = SIGNIFICANCE) -> str:
 def nonfinite_lines(analyses: Sequence[RowAnalysis]) -> list[str]:
     """What is NaN or infinite, per variant (inputs once): the first thing a report says.  Then the rounding
     events whose error is non-finite for any reason but the expected -inf of a masked score or of the running
-    max before the first K/V block (:func:`flashsim.analysis.errors.expected_nonfinite`)."""
+    max before the first K/V block
+    ([`flashsim.analysis.errors.expected_nonfinite()`][flashsim.analysis.errors.expected_nonfinite])."""
     seen, out = set(), []
     for a in analyses:
         for f in a.nonfinite:
@@ -145,8 +146,8 @@ class Where:
 
     ``direction``: -1 or +1 when O - O_fp64 leans significantly (either test), else 0.  ``shares``: each
     part's mean error over O's.  ``carriers``: the parts that carry the lean, largest share first: each leans
-    itself (either test) the same way and has at least :data:`CARRY_SHARE` of O's mean error.  ``noteworthy``:
-    with no lean in O, the parts that lean with a mean of at least :data:`NOTEWORTHY` of O's mean |error|.
+    itself (either test) the same way and has at least `CARRY_SHARE` of O's mean error.  ``noteworthy``:
+    with no lean in O, the parts that lean with a mean of at least `NOTEWORTHY` of O's mean |error|.
     ``blocks``: only when the products part carries the lean, the K/V blocks with P = 1 at >= 2 keys whose
     P V results lean that way and more than the other blocks' (the repeated-maxima mechanism);
     ``tied_blocks``: all blocks with P = 1 at >= 2 keys, whether or not they carry anything.  ``steps``: when
@@ -185,7 +186,7 @@ def tied_blocks_carry(f: POneRounding, direction: int, alpha: float = SIGNIFICAN
 
 
 def where(a: RowAnalysis, alpha: float = SIGNIFICANCE) -> Where:
-    """Which part of O's error budget carries its lean (see :class:`Where`), by the statistics the report shows:
+    """Which part of O's error budget carries its lean (see `Where`), by the statistics the report shows:
     each part's sign test, z-test, the sign of its mean and its share of O's mean error."""
     parts = a.budget.parts()
     t = parts.pop("total")
@@ -344,7 +345,7 @@ def _where_text(a: RowAnalysis, w: Where) -> str:
 
 def verdict(analyses: Sequence[RowAnalysis]) -> list[str]:
     """A few sentences per variant: how large O's error is, whether it leans, which part of the error budget
-    carries the lean (:func:`where`) and, for the products part, in which K/V block; and whether the products
+    carries the lean (`where()`) and, for the products part, in which K/V block; and whether the products
     part (the only one made of independent roundings) leans."""
     out = []
 
@@ -675,7 +676,7 @@ def describe_variant(variant) -> str:
 
 def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> dict:
     """Everything in the report, as plain JSON-ready values: ``where`` per variant is the decision behind the
-    summary's 'Where:' (:class:`Where`, with the run's l and the sum of the weights it divides)."""
+    summary's 'Where:' (`Where`, with the run's l and the sum of the weights it divides)."""
     return {
         "tool": "flashsim trace-row",
         "nonfinite": nonfinite_lines(analyses),

@@ -1,5 +1,5 @@
 """Everything for one row: the maxima, the per-step errors, the bias budget, the fingerprint and a per-K/V-block
-table, for one policy and softmax variant (:func:`analyse_row`, :func:`analyse_run`)."""
+table, for one policy and softmax variant (`analyse_row()`, `analyse_run()`)."""
 
 from __future__ import annotations
 
@@ -105,7 +105,7 @@ def analyse_run(
     """Analyse one row of a stepper run (run to its end if needed) against an FP64 run of the same inputs.
 
     NaN or infinite values in what the row reads (its query, K, V) are refused unless ``allow_nonfinite``;
-    then, as for non-finite outputs, :attr:`RowAnalysis.nonfinite` counts them and every statistic says how
+    then, as for non-finite outputs, `RowAnalysis.nonfinite` counts them and every statistic says how
     many errors it excluded.
     """
     run = finished(run)
@@ -184,7 +184,7 @@ def analyse_row(
     tol_ulps: float = 1.0,
     allow_nonfinite: bool = False,
 ) -> RowAnalysis:
-    """Step ``row`` under ``policy`` with tracing, run it in FP64 too, and analyse it (:func:`analyse_run`)."""
+    """Step ``row`` under ``policy`` with tracing, run it in FP64 too, and analyse it (`analyse_run()`)."""
     run = step_rows(
         q,
         k,

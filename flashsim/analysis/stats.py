@@ -4,12 +4,12 @@
   no scipy (the t tail is the regularized incomplete beta by continued fraction; quantiles by safeguarded
   Newton steps on the log tail).
 - Tests: the one-sample t-test (two-sided or one-sided), the exact sign test (emufloat's), TOST equivalence
-  test of ``|mean| < margin`` (:func:`tost`), confidence intervals of the mean (t, percentile bootstrap, BCa).
+  test of ``|mean| < margin`` (`tost()`), confidence intervals of the mean (t, percentile bootstrap, BCa).
 - Multiple comparisons across a table: Holm (family-wise error) or Benjamini-Hochberg (false discovery rate).
-- :func:`summarize` one set of signed errors into a :class:`Summary`; :func:`summary_table` corrects a table of
-  them and gives each row a :func:`verdict`.
+- `summarize()` one set of signed errors into a `Summary`; `summary_table()` corrects a table of
+  them and gives each row a `verdict()`.
 
-Non-finite values are never averaged: :func:`summarize` counts them (``excluded``) and leaves them out; the
+Non-finite values are never averaged: `summarize()` counts them (``excluded``) and leaves them out; the
 lower-level functions refuse them (a ValueError saying how many), so nothing is dropped silently.
 """
 
@@ -429,7 +429,7 @@ def adjust(pvalues, method: str = "holm") -> np.ndarray:
 # ---- one set of errors ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Summary:
-    """Signed errors summarized: size, direction, confidence interval, tests (see :func:`summarize`).
+    """Signed errors summarized: size, direction, confidence interval, tests (see `summarize()`).
 
     ``n`` finite values are used, ``excluded`` NaN/inf ones left out.  With no finite value every statistic is
     NaN and ``equivalent`` is False; with one, the mean is known but intervals and t-based p-values are NaN.
@@ -463,7 +463,7 @@ class Summary:
 
 
 def summarize(errors, *, margin: float, ulps=None, level: float = 0.95) -> Summary:
-    """Mean signed error with its t interval, sign test, t-test of 0 and TOST within ``margin`` (see :class:`Summary`).
+    """Mean signed error with its t interval, sign test, t-test of 0 and TOST within ``margin`` (see `Summary`).
 
     ``errors``: any array; NaN and infinite values are counted in ``excluded`` and left out.  ``ulps``: the ulp
     of each error's reference value (an array broadcastable to ``errors``, or one number), for ``mean_ulps``;
@@ -525,7 +525,7 @@ def summarize(errors, *, margin: float, ulps=None, level: float = 0.95) -> Summa
 
 
 def verdict(summary: Summary, p_adjusted: float, tost_p_adjusted: float | None = None) -> str:
-    """One of :data:`VERDICTS` for ``summary`` given its corrected p-values (alpha = 1 - summary.level).
+    """One of `VERDICTS` for ``summary`` given its corrected p-values (alpha = 1 - summary.level).
 
     "leans negative/positive": the corrected two-sided t-test p < alpha and the CI excludes 0 (checked first:
     a lean smaller than the margin is still a lean; the table keeps ``equivalent`` beside it).
@@ -546,10 +546,10 @@ _ADDED = ("t_p_adjusted", "tost_p_adjusted", "leans", "equivalent_adjusted", "ve
 
 
 def summary_table(rows: Sequence[tuple[dict, Summary]], method: str = "holm") -> list[dict]:
-    """Rows for a report: each row's parameters, its :class:`Summary` fields, corrected p-values and a verdict.
+    """Rows for a report: each row's parameters, its `Summary` fields, corrected p-values and a verdict.
 
     The table is one family of 2m hypotheses: the m two-sided t-tests ("leans") and the m TOSTs ("does not
-    lean beyond the margin") are corrected together with ``method`` (:func:`adjust`), so every claim the
+    lean beyond the margin") are corrected together with ``method`` (`adjust()`), so every claim the
     table makes, of either kind, is covered.  Added keys: ``t_p_adjusted``, ``tost_p_adjusted``,
     ``leans`` (bool), ``equivalent_adjusted`` (bool), ``verdict``, ``correction`` (e.g. 'holm over 12 tests').
     Values are plain Python numbers, NaN kept as NaN (``Summary.to_dict`` gives JSON's None instead).

@@ -1,9 +1,9 @@
 """The ``flashsim`` command (also ``python -m flashsim``), a module per subcommand:
 
-- ``flashsim trace-row`` (:mod:`.trace_row`): one query row traced under a policy, standard softmax beside a fix;
-- ``flashsim bias-rows`` (:mod:`.bias_rows`): many random rows with repeated maxima, per variant;
-- ``flashsim crosscheck RUN.npz`` (:mod:`.crosscheck`): kernel runs recorded on a GPU against the emulator;
-- ``flashsim sweep SPEC`` and ``flashsim sweep report DIR`` (:mod:`.sweep`): grids on dask.distributed.
+- ``flashsim trace-row`` (`.trace_row`): one query row traced under a policy, standard softmax beside a fix;
+- ``flashsim bias-rows`` (`.bias_rows`): many random rows with repeated maxima, per variant;
+- ``flashsim crosscheck RUN.npz`` (`.crosscheck`): kernel runs recorded on a GPU against the emulator;
+- ``flashsim sweep SPEC`` and ``flashsim sweep report DIR`` (`.sweep`): grids on dask.distributed.
 
 Bad input ends with one line naming the argument and exit status 2 (flashsim.console); NaN or infinite
 values in the inputs are refused unless ``--allow-nonfinite``, and non-finite outputs head the report.

@@ -1,7 +1,8 @@
 """``flashsim trace-row``: run one query row of the tiled forward under a policy, with the standard softmax
 and a fix side by side, against FP64 on the same inputs; print where the rounding error arose, how large
 it is and whether it leans; write the report, its JSON and PNG plots into ``--out``.  Without data it
-runs the built-in row (:func:`flashsim.examples.builtin_row`: repeated maxima, mostly negative V)."""
+runs the built-in row ([`flashsim.examples.builtin_row()`][flashsim.examples.builtin_row]: repeated maxima, mostly
+negative V)."""
 
 from __future__ import annotations
 

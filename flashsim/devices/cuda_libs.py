@@ -1,6 +1,7 @@
 """CUDA's libraries as kernels call them: libdevice's ``expf``, ``logf`` and ``log2f`` (FP32 FMA polynomials, the
 same on every GPU) and PyTorch's CUDA row sum ``torch.sum(dim=-1)``, whose tree depends on the row's length, the
-rows of the launch and the element size (models in :mod:`emufloat.hw.libdevice` and :mod:`emufloat.hw.torch_cuda`)."""
+rows of the launch and the element size (models in [`emufloat.hw.libdevice`][emufloat.hw.libdevice] and
+[`emufloat.hw.torch_cuda`][emufloat.hw.torch_cuda])."""
 
 from __future__ import annotations
 

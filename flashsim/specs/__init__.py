@@ -1,14 +1,14 @@
 """Step specifications: how one step of attention rounds, as small frozen value objects.
 
-A :class:`~flashsim.policy.Policy` holds one spec per step.  Every spec names the format its result is
+A [`Policy`][flashsim.policy.Policy] holds one spec per step.  Every spec names the format its result is
 stored in (``fmt``) and the rounding of that store; ``compute`` (where present) is a wider format the
 step is first rounded into, as PyTorch computes a bf16 elementwise op in fp32 ("opmath") and then stores
 bf16 — two roundings.  The compute rounding is always round-to-nearest-even; ``rounding`` applies to the
 store.  FP64 steps run in numpy's native binary64 (IEEE, round-to-nearest-even); emufloat's arithmetic
 covers formats of at most 24 significand bits.
 
-:mod:`~flashsim.specs.forward` holds the forward's specs, :mod:`~flashsim.specs.backward` the backward's,
-:mod:`~flashsim.specs.base` what they share; every name is importable from :mod:`flashsim.specs`.
+`forward` holds the forward's specs, `backward` the backward's,
+`base` what they share; every name is importable from [`flashsim.specs`][flashsim.specs].
 """
 
 from .backward import DELTA_SOURCES, SCALE_AT, BwdTiling, Delta, Grad, Recompute, SoftmaxGrad

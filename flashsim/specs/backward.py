@@ -40,12 +40,12 @@ class Delta(Spec):
 
     Each product is rounded into ``prod`` (default: the compute format, else ``fmt``; for BF16 operands
     an FP32 product is exact) and the products are summed by ``order`` (a name of
-    :data:`flashsim.orders.DELTAS`) in the compute
+    [`flashsim.orders.DELTAS`][flashsim.orders.DELTAS]) in the compute
     format, the result stored in ``fmt``.  ``fused``: the products enter the running sum through FMAs
     (orders 'sequential' and 'fa2_dot_do_o' only; no separate product rounding).  ``threads`` and
     ``chunk`` shape 'fa2_dot_do_o' (FA2 with head dim 64: 8 threads a row, 8 columns per 16-byte load);
     'h100_tl_sum' is the tree of the project's delta kernel (8 values a lane, then a butterfly).
-    ``nan_bits``: the encoding NaN results take in ``fmt``, as :class:`Op`'s (0x7FFFFFFF for the H100's
+    ``nan_bits``: the encoding NaN results take in ``fmt``, as `Op`'s (0x7FFFFFFF for the H100's
     fp32 arithmetic, recorded); None: emufloat's canonical quiet NaN.  ``shuffle``: the order of the
     'fa2_dot_do_o' all-reduce (``SHUFFLES``).
     """
@@ -155,7 +155,7 @@ class Recompute(Spec):
         return get_function(self.function).base
 
     def func(self) -> Func:
-        """The exp as a :class:`Func` spec (for :func:`flashsim.arith.function`)."""
+        """The exp as a `Func` spec (for `flashsim.arith.function()`)."""
         return Func(self.function, self.fmt, self.rounding, self.compute)
 
     def __str__(self) -> str:

@@ -171,7 +171,7 @@ class Dot(Spec):
 @dataclass(frozen=True)
 class Func(Spec):
     """An elementary function step (exp, and the log of LSE) by the name of a function model
-    (:mod:`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``.
+    (`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``.
 
     ``fused`` (the LSE step only): LSE = m * c + log(l) as one FMA where m needs the multiply (FA2's
     ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts).  ``divide`` (the LSE step only): m
@@ -209,7 +209,8 @@ class Func(Spec):
 class RowSum(Spec):
     """Row sum of P and its update l = l*alpha + rowsum(P).
 
-    The block sum follows ``order`` (a name of :data:`flashsim.orders.ROW_SUMS`) in the compute format (or
+    The block sum follows ``order`` (a name of [`flashsim.orders.ROW_SUMS`][flashsim.orders.ROW_SUMS]) in the compute
+    format (or
     ``fmt``); the update is an FMA when ``fused`` (Triton), else a multiply and an add; l is stored in ``fmt``
     between blocks.  ``num_warps``: the launch's warps, for orders that depend on them (the H100's ``tl.sum``
     tree).  ``floor``: each block's sum is raised to at least this value (rounded into the compute format;
@@ -257,7 +258,7 @@ class RowSum(Spec):
 @dataclass(frozen=True)
 class Norm(Spec):
     """Normalisation O = acc / l: ``method`` 'divide', or 'reciprocal' (r = 1/l, then acc*r, as FA2), by the
-    ``division`` of that name (:data:`flashsim.orders.DIVISIONS`)."""
+    ``division`` of that name ([`flashsim.orders.DIVISIONS`][flashsim.orders.DIVISIONS])."""
 
     method: str
     division: str
@@ -316,7 +317,7 @@ class Combine:
     Per row: M = max of the splits' LSEs (0 if none is finite); S = the sum of exp(lse_i - M) over the
     splits (lanes of a shuffle butterfly over the next power of two, empty lanes 0); L = log(S) + M (the
     row's LSE); O = sum_i exp(lse_i - L) O_i, one FMA per split in order from 0.  ``exp`` and ``log`` name
-    function models (:mod:`flashsim.functions`); the defaults are FA2 as PyTorch builds it (CUDA's
+    function models (`flashsim.functions`); the defaults are FA2 as PyTorch builds it (CUDA's
     ``expf`` and ``logf`` without fast math).  With a base-2 ``log``, L = log2(S) * ln 2 + M, one FMA when
     ``fused``: FA2 built with ``-use_fast_math`` (the flash-attn package), whose ``logf(S) + M`` nvcc
     compiles to ``lg2.approx.ftz`` and ``fma(., ln 2, M)``, with ``exp`` ``cuda_fast_expf``.  A split that

@@ -2,14 +2,15 @@
 (e.g. ``gpu``, from the ``gpu`` package) computes the cells it reproduces bit for bit, and the emulator the rest.
 
 An engine says per cell whether it computes that cell's O exactly as the emulator would
-(:meth:`RowEngine.why_not`: None, or the reason it does not), and computes O for a task's rows
-(:meth:`RowEngine.compute_o`).  The errors against FP64 are then computed from O the same way whichever engine
-gave it (:func:`flashsim.sweep.work.errors_from_o`), so a cell's results do not depend on the engine.  That is a
-claim, so it is checked: every task runs a few of its rows of each engine cell (:func:`confirm_rows`, chosen
-deterministically) through the emulator too and compares O bit for bit (:func:`compare_o`); a difference stops
-the sweep (:class:`ConfirmationError`).
+(`RowEngine.why_not()`: None, or the reason it does not), and computes O for a task's rows
+(`RowEngine.compute_o()`).  The errors against FP64 are then computed from O the same way whichever engine
+gave it ([`flashsim.sweep.work.errors_from_o()`][flashsim.sweep.work.errors_from_o]), so a cell's results do not depend
+on the engine.  That is a
+claim, so it is checked: every task runs a few of its rows of each engine cell (`confirm_rows()`, chosen
+deterministically) through the emulator too and compares O bit for bit (`compare_o()`); a difference stops
+the sweep (`ConfirmationError`).
 
-Other packages provide engines through the ``flashsim.engines`` entry-point group (a :class:`RowEngine` or a
+Other packages provide engines through the ``flashsim.engines`` entry-point group (a `RowEngine` or a
 function or class returning one); flashsim never imports them itself.
 """
 
@@ -61,12 +62,13 @@ class RowEngine(abc.ABC):
     def compute_o(self, rows: BiasRows, cells: Sequence[Cell]) -> dict[str, np.ndarray]:
         """O of ``rows`` (each row one head, one query, ``sm_scale`` 1) for each of ``cells`` (all supported), by
         cell id: arrays of shape (rows, 1, head_dim) in the numpy dtype of the cell policy's output format, as
-        :func:`flashsim.attention.flash_forward` returns them."""
+        [`flashsim.attention.flash_forward()`][flashsim.attention.flash_forward] returns them."""
 
 
 @dataclass(frozen=True)
 class EmulatorEngine(RowEngine):
-    """The emulator: every cell, as :func:`flashsim.analysis.experiments.row_errors` computes it."""
+    """The emulator: every cell, as
+    [`flashsim.analysis.experiments.row_errors()`][flashsim.analysis.experiments.row_errors] computes it."""
 
     name: str = CPU
 
@@ -94,7 +96,7 @@ def engine_names() -> list[str]:
 
 
 def register_engine(engine: RowEngine, *, replace: bool = False) -> RowEngine:
-    """Make ``engine`` available to :func:`get_engine` under ``engine.name`` (in this process)."""
+    """Make ``engine`` available to `get_engine()` under ``engine.name`` (in this process)."""
     if not isinstance(engine, RowEngine):
         raise TypeError(f"engine: expected a RowEngine, got {type(engine).__name__}")
     if not isinstance(engine.name, str) or not engine.name:
@@ -106,7 +108,7 @@ def register_engine(engine: RowEngine, *, replace: bool = False) -> RowEngine:
 
 
 def unregister_engine(name: str) -> None:
-    """Forget an engine registered with :func:`register_engine` (the built-in one stays)."""
+    """Forget an engine registered with `register_engine()` (the built-in one stays)."""
     if name != CPU:
         _REGISTERED.pop(name, None)
 
@@ -114,8 +116,8 @@ def unregister_engine(name: str) -> None:
 def get_engine(name: str | RowEngine, allow_import: trust.AllowImport = False) -> RowEngine:
     """The engine ``name`` (an engine passes through): built in, registered, from the entry-point group, or
     ``module:attribute`` (an engine, or a class or function making one) where ``allow_import`` covers the
-    module (:mod:`flashsim.trust`).  Unknown names, refused imports and engines that fail to load raise
-    :class:`EngineError` listing the accepted names."""
+    module ([`flashsim.trust`][flashsim.trust]).  Unknown names, refused imports and engines that fail to load raise
+    `EngineError` listing the accepted names."""
     if isinstance(name, RowEngine):
         return name
     if isinstance(name, str) and name in _REGISTERED:
@@ -150,7 +152,7 @@ def _made(obj: object, where: str) -> RowEngine:
 
 
 def usable_engine(name: str | RowEngine, allow_import: trust.AllowImport = False) -> RowEngine:
-    """:func:`get_engine`, refusing (:class:`EngineError`) an engine that cannot run in this process."""
+    """`get_engine()`, refusing (`EngineError`) an engine that cannot run in this process."""
     engine = get_engine(name, allow_import)
     why = engine.unavailable()
     if why:

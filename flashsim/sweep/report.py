@@ -1,8 +1,8 @@
 """Tables and plots of a sweep, from its Parquet files alone (``flashsim sweep report DIR``).
 
 Rows of the same settings are pooled over seeds (independent draws of the same family).  Each pooled cell gets
-a :func:`~flashsim.analysis.stats.summarize` of its O errors and one of its delta errors; the two sets of
-claims form one table, corrected together (:func:`~flashsim.analysis.stats.summary_table`, Holm or
+a [`summarize()`][flashsim.analysis.stats.summarize] of its O errors and one of its delta errors; the two sets of
+claims form one table, corrected together ([`summary_table()`][flashsim.analysis.stats.summary_table], Holm or
 Benjamini-Hochberg over every t-test and TOST of the table), so each verdict states the test behind it.
 The equivalence margin of delta is the head dimension times O's: delta = sum over the head dimension of
 dO * O with |dO| about 1, so a lean m of O shows in delta as about d * m.

@@ -3,9 +3,12 @@
 A LocalCluster of processes by default (one per core, one thread each, ``NUMBA_NUM_THREADS=1`` so that the
 workers do not contend for the cores), or an existing cluster by its scheduler's address.  The client (this
 process) plans the tasks from what the output folder already holds, writes every finished task and cell
-(:mod:`flashsim.sweep.store`), and shows cells done, rows per second and the time left.  The workers only
-compute (:func:`flashsim.sweep.work.compute_task`): they need the same Python packages, not the folder.  An
-engine other than the emulator (:mod:`flashsim.sweep.engines`) travels with each task; where every worker is on
+([`flashsim.sweep.store`][flashsim.sweep.store]), and shows cells done, rows per second and the time left.  The workers
+only
+compute ([`flashsim.sweep.work.compute_task()`][flashsim.sweep.work.compute_task]): they need the same Python packages,
+not the folder.  An
+engine other than the emulator ([`flashsim.sweep.engines`][flashsim.sweep.engines]) travels with each task; where every
+worker is on
 one machine, a Dask semaphore keeps its users to the engine's ``local_slots``.
 """
 
@@ -206,9 +209,9 @@ def run_sweep(
 
     ``scheduler``: an existing cluster's address (default: a LocalCluster of ``workers`` processes, one per
     core); ``say``: where the one-line messages go (default: stderr, nothing when ``quiet``); ``engine``: what
-    computes O of the cells it reproduces bit for bit (a name of :func:`~flashsim.sweep.engines.engine_names`
+    computes O of the cells it reproduces bit for bit (a name of [`engine_names()`][flashsim.sweep.engines.engine_names]
     or an engine; the emulator computes the other cells), ``confirm`` rows of each engine cell a task computed
-    again on the emulator and compared bit for bit (a difference raises :class:`MismatchError`); ``client``: a
+    again on the emulator and compared bit for bit (a difference raises `MismatchError`); ``client``: a
     ``distributed.Client`` to run on instead (the caller starts and closes it; no ``scheduler`` or ``workers``).
     """
     if client is not None and (scheduler is not None or workers is not None):
@@ -246,7 +249,7 @@ def _run(
     workers: int | None,
     client,
 ) -> SweepResult:
-    """:func:`run_sweep`'s work, in its locked output folder."""
+    """`run_sweep()`'s work, in its locked output folder."""
     todo = plan(spec, store, eng, confirm)
     say(f"flashsim sweep {spec.name}: {describe(spec)}; {todo.done_before} finished before, in {store.root}")
     for line in describe_routing(eng, todo.routing, confirm):

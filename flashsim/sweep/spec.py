@@ -2,7 +2,7 @@
 
 A cell is one point of the grid (policy, softmax variant, keys, K/V tile, head dimension, input family with
 its parameters, input format, seed) over ``rows`` rows.  Cells that share their inputs (family, parameters,
-seed, keys, head dimension, format) form a :class:`Group`: a task computes every cell of a group on one
+seed, keys, head dimension, format) form a `Group`: a task computes every cell of a group on one
 chunk of rows, with the inputs and the FP64 reference made once.
 
 Every error names its key path in the file (``policies[1]``, ``families[0].ties``) and what is accepted.
@@ -63,8 +63,8 @@ class SpecError(InputError):
 class PolicyEntry:
     """A policy of the grid: a registered name, or ``module:function`` with keyword arguments (JSON values).
 
-    ``allow_import``: the user's opt-in for importing the target's module (:mod:`flashsim.trust`), given to
-    :func:`parse_spec` in Python or on the command line, never read from the spec; not part of the entry's value.
+    ``allow_import``: the user's opt-in for importing the target's module ([`flashsim.trust`][flashsim.trust]), given to
+    `parse_spec()` in Python or on the command line, never read from the spec; not part of the entry's value.
     """
 
     target: str
@@ -80,7 +80,7 @@ class PolicyEntry:
         return str(self.ref)
 
     def resolve(self):
-        """The :class:`~flashsim.policy.Policy` (made once per process)."""
+        """The [`Policy`][flashsim.policy.Policy] (made once per process)."""
         return _resolved(self.target, self.kwargs_json, self.allow_import)
 
     def own_block_n(self) -> int:
@@ -106,7 +106,8 @@ class SoftmaxEntry:
 
 @dataclass(frozen=True)
 class FamilyEntry:
-    """An input family (:mod:`flashsim.analysis.families`) with its parameters and the label reports use."""
+    """An input family ([`flashsim.analysis.families`][flashsim.analysis.families]) with its parameters and the label
+    reports use."""
 
     name: str
     params_json: str = "{}"
@@ -398,8 +399,8 @@ def _size(n: float) -> str:
 @dataclass(frozen=True)
 class Estimate:
     """A sweep's scale, roughly: its tasks, cell-rows, the seconds on ``workers`` workers and the bytes its plan
-    holds in the client and the scheduler (constants measured on a 2-core machine: :data:`CELL_ROWS_PER_SECOND`,
-    :data:`TASK_BYTES`)."""
+    holds in the client and the scheduler (constants measured on a 2-core machine: `CELL_ROWS_PER_SECOND`,
+    `TASK_BYTES`)."""
 
     tasks: int
     cell_rows: int
@@ -431,9 +432,9 @@ def estimate(spec: SweepSpec, workers: int = 1) -> Estimate:
 
 
 def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = False) -> SweepSpec:
-    """A :class:`SweepSpec` from the TOML file's table, every key checked; a :class:`SpecError` naming the key path
+    """A `SweepSpec` from the TOML file's table, every key checked; a `SpecError` naming the key path
     otherwise (``source`` prefixes no message: the CLI adds the file's name).  ``allow_import``: modules whose
-    ``module:function`` policies the spec may name beyond the registered ones (:mod:`flashsim.trust`)."""
+    ``module:function`` policies the spec may name beyond the registered ones ([`flashsim.trust`][flashsim.trust])."""
     allow = allowed_modules(allow_import)
     if not isinstance(data, dict):
         raise _fail(source, f"expected a table of keys, got {type(data).__name__}")
@@ -494,8 +495,8 @@ def parse_spec(data: dict, source: str = "spec", allow_import: AllowImport = Fal
 
 
 def load_spec(path: str | Path, allow_import: AllowImport = False) -> SweepSpec:
-    """Read and check a TOML sweep spec; errors are :class:`SpecError` lines starting with the file's name.
-    ``allow_import``: as for :func:`parse_spec`."""
+    """Read and check a TOML sweep spec; errors are `SpecError` lines starting with the file's name.
+    ``allow_import``: as for `parse_spec()`."""
     p = Path(path)
     try:
         text = p.read_text()

@@ -216,7 +216,7 @@ def _cell_rows(parts: list, cell: Cell, n_rows: int) -> dict[str, np.ndarray]:
 
 def open_store(out: str | Path, spec: SweepSpec, spec_text: str | None = None) -> Store:
     """The output folder for ``spec``: made and the spec stored on the first run; on a later run the stored spec
-    must be the same (else a :class:`SpecError` naming the first difference), and unfinished temporary files
+    must be the same (else a `SpecError` naming the first difference), and unfinished temporary files
     are removed."""
     root = Path(out)
     stored = root / "spec.json"

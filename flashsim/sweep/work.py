@@ -2,8 +2,9 @@
 
 The inputs and their FP64 reference are made once per task and shared by every policy, tile and softmax
 variant of the group.  O comes from the task's engine for the cells it reproduces bit for bit
-(:mod:`flashsim.sweep.engines`) and from the emulator for the others; the errors against FP64 are computed
-from O the same way for both (:func:`errors_from_o`).  For each engine cell a few rows are computed by the
+([`flashsim.sweep.engines`][flashsim.sweep.engines]) and from the emulator for the others; the errors against FP64 are
+computed
+from O the same way for both (`errors_from_o()`).  For each engine cell a few rows are computed by the
 emulator too and compared bit for bit.  The function is pure (its result depends on the task alone), so a
 task run twice, on any worker, gives the same bits: what resuming a killed sweep relies on.
 """
@@ -56,7 +57,7 @@ class Task:
 
 
 def make_inputs(group: Group, first_row: int, n_rows: int) -> BiasRows:
-    """The group's rows ``first_row ..`` (:class:`~flashsim.analysis.experiments.BiasRows`), K and V in its format."""
+    """The group's rows ``first_row ..`` (`BiasRows`), K and V in its format."""
     from ..analysis.families import get_family
 
     fam = group.family
@@ -67,10 +68,11 @@ def make_inputs(group: Group, first_row: int, n_rows: int) -> BiasRows:
 
 
 def errors_from_o(rows: BiasRows, cell: Cell, o: np.ndarray, ref: Reference) -> dict[str, np.ndarray]:
-    """A cell's per-row columns (:data:`ROW_COLUMNS` but ``row``) from its O, as
-    :func:`~flashsim.analysis.experiments.row_errors` computes them: O's mean error over the head dimension,
+    """A cell's per-row columns (`ROW_COLUMNS` but ``row``) from its O, as
+    [`row_errors()`][flashsim.analysis.experiments.row_errors] computes them: O's mean error over the head dimension,
     delta = rowsum(dO * O) under the policy's delta step minus FP64's, the count of maxima and the ulps of the
-    reference (:func:`~flashsim.analysis.experiments.errors_of_o`).  NaN or infinite errors are kept as they are."""
+    reference ([`errors_of_o()`][flashsim.analysis.experiments.errors_of_o]).  NaN or infinite errors are kept as they
+    are."""
     e = errors_of_o(rows, cell.policy.resolve(), o, ref)
     return {"o_err": e.o, "delta_err": e.delta, "ties": e.ties, "o_ulp": e.o_ulp, "delta_ulp": e.delta_ulp}
 
@@ -85,9 +87,11 @@ def describe_cell(cell: Cell) -> str:
 
 
 def confirm(task: Task, rows: BiasRows, o: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """For each engine cell, the task's confirmation rows (:func:`~flashsim.sweep.engines.confirm_rows`) computed
+    """For each engine cell, the task's confirmation rows ([`confirm_rows()`][flashsim.sweep.engines.confirm_rows])
+    computed
     by the emulator and compared with the engine's O bit for bit; the rows confirmed, by cell id.  A
-    difference raises :class:`~flashsim.sweep.engines.ConfirmationError` naming the cell, the rows and the first
+    difference raises [`ConfirmationError`][flashsim.sweep.engines.ConfirmationError] naming the cell, the rows and the
+    first
     differing bits."""
     done = {}
     for cell in task.cells:
@@ -113,7 +117,7 @@ def confirm(task: Task, rows: BiasRows, o: dict[str, np.ndarray]) -> dict[str, n
 
 
 def compute_task(task: Task, lease=None) -> dict[str, dict[str, np.ndarray]]:
-    """Each cell's per-row columns (:data:`ROW_COLUMNS`, the engine's name and whether the row was confirmed) on
+    """Each cell's per-row columns (`ROW_COLUMNS`, the engine's name and whether the row was confirmed) on
     the task's rows, by cell id.  ``lease``: a context manager held while the engine computes (a Dask
     semaphore that keeps a GPU's users few); the emulator's work runs outside it.
 

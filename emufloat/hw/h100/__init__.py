@@ -2,18 +2,18 @@
 
 ``from emufloat.hw import h100``, then:
 
-* tensor cores (:mod:`.wgmma`): the ``emufloat.matmul`` presets ``WGMMA_BF16``, ``WGMMA_FP16``, ``WGMMA_FP8``,
-  ``WGMMA_FP8_PROMOTED``, ``WGMMA_TF32`` (:class:`emufloat.FusedBlock` objects, also reachable by their
+* tensor cores (`.wgmma`): the ``emufloat.matmul`` presets ``WGMMA_BF16``, ``WGMMA_FP16``, ``WGMMA_FP8``,
+  ``WGMMA_FP8_PROMOTED``, ``WGMMA_TF32`` ([`emufloat.FusedBlock`][emufloat.FusedBlock] objects, also reachable by their
   names, ``emufloat.matmul(a, b, "h100_wgmma_bf16")``), which ``mma.sync.m16n8k16`` matches too, and
   ``MMA_K8_BF16``, ``MMA_K8_FP16`` for ``mma.sync.m16n8k8``;
-* exp2 (:mod:`.ex2`): ``ex2_approx`` (``ex2.approx[.ftz].f32``), ``triton_exp2`` (``tl.math.exp2``),
+* exp2 (`.ex2`): ``ex2_approx`` (``ex2.approx[.ftz].f32``), ``triton_exp2`` (``tl.math.exp2``),
   ``triton_exp`` (``tl.exp``), ``cuda_fast_expf`` (CUDA's fast-math ``expf``), and their tables ``ex2_tables``;
-* division (:mod:`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
+* division (`.division`): ``rcp_approx`` (``rcp.approx.ftz.f32``), ``div_full`` = ``triton_div``
   (``div.full.f32``, Triton's fp32 ``/``), and the table ``rcp_table``;
-* the kernels' log2 (:mod:`.log2`): ``log2_fma``;
-* log2 (:mod:`.lg2`): ``lg2_approx`` (``lg2.approx[.ftz].f32``), ``cuda_fast_logf`` (CUDA's ``__logf``,
+* the kernels' log2 (`.log2`): ``log2_fma``;
+* log2 (`.lg2`): ``lg2_approx`` (``lg2.approx[.ftz].f32``), ``cuda_fast_logf`` (CUDA's ``__logf``,
   FA2's LSE) and their tables ``lg2_tables``;
-* reductions (:mod:`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum`` over an fp32 tile, and
+* reductions (`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum`` over an fp32 tile, and
   ``tl_sum_loaded_16bit``, its order over values computed from a loaded 16-bit tile.
 
 The tables and trees are package data (``data/``), read off the GPU by ``gpu/probes`` and checked by

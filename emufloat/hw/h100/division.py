@@ -1,8 +1,8 @@
 """The H100's reciprocal and fp32 division: ``rcp.approx.ftz.f32`` and ``div.full.f32``.
 
-* :func:`rcp_approx` — a table over the 2**23 significands (``data/rcp.npz``, read off the GPU), scaled
+* `rcp_approx()` — a table over the 2**23 significands (``data/rcp.npz``, read off the GPU), scaled
   by the exponent; subnormal inputs and outputs flush to signed zero.
-* :func:`div_full` — what Triton's fp32 ``/`` compiles to: both operands scaled by 1/4 when |b| > 2**126
+* `div_full()` — what Triton's fp32 ``/`` compiles to: both operands scaled by 1/4 when |b| > 2**126
   or by 2**24 when b is subnormal, then ``a' * rcp(b')`` in float32.
 
 The models take values exactly representable in FP32 and return float32; a NaN result is the GPU's

@@ -1,9 +1,9 @@
 """The H100's ``ex2.approx[.ftz].f32``, and Triton's ``tl.math.exp2`` and ``tl.exp`` built on it.
 
-* :func:`ex2_approx` — a table of ``ex2`` at every multiple of 2**-23 in (-1, 1), indexed by |z|
+* `ex2_approx()` — a table of ``ex2`` at every multiple of 2**-23 in (-1, 1), indexed by |z|
   truncated to 23 fraction bits, scaled by an exact power of two.  The tables were read off the GPU
   (``gpu/probes``) and ship as corrections to the correctly rounded values (``data/ex2.npz``).
-* :func:`triton_exp2` / :func:`triton_exp` — Triton's ``tl.math.exp2`` (``ex2.approx.ftz.f32``) and
+* `triton_exp2()` / `triton_exp()` — Triton's ``tl.math.exp2`` (``ex2.approx.ftz.f32``) and
   ``tl.exp`` (``mul.f32`` by log2(e), then ``ex2.approx.f32``).
 
 The models take values exactly representable in FP32 and return float32; a NaN result is the GPU's
@@ -39,7 +39,7 @@ def _grid_exp2(sign: float, reference: bool = True) -> np.ndarray:
 def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(T_neg, T_pos) as float32: the H100's ex2 at -k 2**-23 and k 2**-23, k < 2**23.
 
-    Rebuilt from the shipped corrections (once per machine: :func:`emufloat.hw.calibration.rebuilt`) and
+    Rebuilt from the shipped corrections (once per machine: `emufloat.hw.calibration.rebuilt()`) and
     checked against the SHA-256 of the table bits the GPU produced (a mismatch raises).
     """
     z = DATA.load("ex2", path)
@@ -114,7 +114,7 @@ def _ex2_one(zb, ftz, tneg, tpos):
 
 @nb.njit(cache=True)
 def _ex2_range(zbits, out, ftz, tneg, tpos, lo, hi):
-    """Elements ``lo:hi`` of :func:`_ex2_kernel`, serially."""
+    """Elements ``lo:hi`` of `_ex2_kernel()`, serially."""
     for i in range(np.uint64(lo), np.uint64(hi)):  # unsigned: no wraparound, hence no gathers or scatters
         out[i] = _ex2_one(zbits[i], ftz, tneg, tpos)
 

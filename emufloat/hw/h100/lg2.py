@@ -126,7 +126,7 @@ def lg2_approx(x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None =
 def cuda_fast_logf(
     x: np.ndarray | float, *, ftz: bool = True, trace: Trace | None = None, label: str = ""
 ) -> np.ndarray:
-    """CUDA's ``__logf`` on an H100: ``lg2.approx.f32``, then ``mul.f32`` by :data:`LN2_F32` (the PTX nvcc
+    """CUDA's ``__logf`` on an H100: ``lg2.approx.f32``, then ``mul.f32`` by `LN2_F32` (the PTX nvcc
     emits).  ``ftz=True``: the ``.ftz`` forms, as under ``-use_fast_math`` (where ``logf`` is ``__logf``
     too); ``ftz=False``: as compiled without it (subnormal inputs kept).  A trace gets the log2 and the
     multiply."""

@@ -28,7 +28,7 @@ def log2_fma(x: np.ndarray | float, *, trace: Trace | None = None, label: str = 
 
     x = 2**e * m with m in [sqrt(1/2), sqrt(2)] (bit operations; subnormals pre-scaled by 2**23, exactly);
     f = m - 1 (exact); s = f / (2 + f) by ``div.full.f32`` (Triton's ``/``); z = s * s; Horner with FMAs
-    on :data:`LOG2_FMA_COEFFS`; result fma(s, Q(z), e).  About 1-2 ulp, deterministic, so the emulator
+    on `LOG2_FMA_COEFFS`; result fma(s, Q(z), e).  About 1-2 ulp, deterministic, so the emulator
     reproduces the kernel bit for bit.  x = 0 gives -inf, x < 0 and NaN give NaN, +inf gives +inf.
     """
     arr, bits = fp32_bits(x, "x")

@@ -1,11 +1,11 @@
-"""The order of Triton's ``tl.sum`` on the H100, recorded: :func:`tl_sum` gives it as a ReductionTree.
+"""The order of Triton's ``tl.sum`` on the H100, recorded: `tl_sum()` gives it as a ReductionTree.
 
-:func:`tl_sum` is the order in which Triton 3.6's ``tl.sum(x, 1)`` reduces an fp32 ``[BLOCK_M, BLOCK_N]``
+`tl_sum()` is the order in which Triton 3.6's ``tl.sum(x, 1)`` reduces an fp32 ``[BLOCK_M, BLOCK_N]``
 tile row, inferred on the GPU by FPRev probing (gpu/probes/reduction.py) and shipped as package data
 (``data/reduction_trees.json``).  Each thread first folds the elements it holds left to right, then the
 per-thread partial sums meet in a butterfly of warp shuffles (and, across warps, through shared memory):
 see the JSON file for every tree.  ``emufloat.tree_sum(x, tl_sum(...))`` is ``tl.sum(x, 1)`` bit for bit.
-:func:`tl_sum_loaded_16bit` is the order of ``tl.sum`` over values computed from a loaded bf16/fp16 tile.
+`tl_sum_loaded_16bit()` is the order of ``tl.sum`` over values computed from a loaded bf16/fp16 tile.
 
 Signed zeros and NaN, as recorded on the H100 (``add.f32`` = FADD, ``max.f32`` = FMNMX):
 
@@ -15,11 +15,12 @@ Signed zeros and NaN, as recorded on the H100 (``add.f32`` = FADD, ``max.f32`` =
   ``+0.0`` too: ``tl.max`` only selects, so the tile itself already held ``+0.0`` (an inference: the probe
   did not store the ``tl.dot`` result for these rows).  The ``+0`` thus comes from the tensor core, which
   adds the (zero) products to the accumulator: ``-0 + (+0) = +0``.  Model that step with
-  :func:`emufloat.matmul` (the ``WGMMA_*`` presets, ``c=acc``), which gives ``+0`` there, and sum its result
-  with :func:`emufloat.tree_sum`; the reduction itself has no special zero rule.
+  [`emufloat.matmul()`][emufloat.matmul] (the ``WGMMA_*`` presets, ``c=acc``), which gives ``+0`` there, and sum its
+  result
+  with [`emufloat.tree_sum()`][emufloat.tree_sum]; the reduction itself has no special zero rule.
 * ``tl.max`` (default ``propagate_nan``) is maximumNumber: a NaN operand is ignored (a row of ones with one
   NaN gives 1.0) and ``-0 < +0`` (a row of zeros of mixed signs gives ``+0.0`` wherever the ``+0`` is):
-  :func:`emufloat.tree_max`.
+  [`emufloat.tree_max()`][emufloat.tree_max].
 * NaN payloads are not modelled: emufloat returns its canonical quiet NaN (``0x7fc00000`` in FP32) where
   the H100's FADD writes ``0x7fffffff``.
 """
@@ -61,7 +62,7 @@ def tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> R
     ``layout="dot"``: ``x`` is a ``tl.dot`` result (the wgmma accumulator layout, e.g. attention scores);
     ``"load"``: ``x`` came from ``tl.load`` (Triton's blocked layout).  The tree is the same for every row
     of the tile.  Recorded with Triton 3.6.0 on an H100 80GB HBM3 (provenance in ``data/reduction_trees.json``)
-    for 16 tiles; any other tile gets :func:`derived_tl_sum`, the same rules, checked against the GPU for
+    for 16 tiles; any other tile gets `derived_tl_sum()`, the same rules, checked against the GPU for
     further tiles (docs/hardware-models.md).  Other Triton versions may order differently.  Leaves are column
     positions 0..block_n-1.
     """
@@ -83,7 +84,8 @@ def tl_sum_loaded_16bit(n: int) -> ReductionTree:
     load) added left to right, then the lanes by shuffle-xor with offsets T/2, ..., 1 (T = n / 8 lanes).
 
     Recorded on the H100 (Triton 3.6) for (64, head dim) tiles with 4 warps; ``n / 8`` must be a power of
-    two.  This is :meth:`emufloat.ReductionTree.thread_butterfly` with 8 values a lane.
+    two.  This is [`emufloat.ReductionTree.thread_butterfly()`][emufloat.ReductionTree.thread_butterfly] with 8 values
+    a lane.
     """
     return ReductionTree.thread_butterfly(n, 8)
 
@@ -95,7 +97,7 @@ def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "do
     most here); within a half, lane t of a quad holds columns 8j + 2t and 8j + 2t + 1 and adds them in that
     order; the quad meets by shuffle-xor 2 then 1; the halves are added last.  ``"load"`` (Triton's blocked
     layout for fp32): a lane holds 4 contiguous columns, up to 32 lanes span the row (so at most 128 columns),
-    lanes meet by a shuffle butterfly.  Every recorded tree (:func:`tl_sum`) is reproduced by these rules,
+    lanes meet by a shuffle butterfly.  Every recorded tree (`tl_sum()`) is reproduced by these rules,
     and the GPU agrees with them on tiles of 16 to 256 columns (128 for ``"load"``).
     """
     for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):

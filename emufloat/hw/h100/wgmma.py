@@ -1,10 +1,12 @@
-"""The H100's tensor cores (wgmma, what Triton's ``tl.dot`` runs, and mma.sync) as :class:`emufloat.FusedBlock` presets.
+"""The H100's tensor cores (wgmma, what Triton's ``tl.dot`` runs, and mma.sync) as
+[`emufloat.FusedBlock`][emufloat.FusedBlock] presets.
 
 Each preset is a FusedBlock with the H100's parameters: products per step (``width``), fraction bits kept
 below the step's largest exponent (``align_bits``), the accumulator format and rounding (RZ).  They encode
 the published models of Hopper's tensor cores; ``gpu/probes`` re-derives each parameter on the hardware
 and the recorded cases in tests/data decide (docs/hardware-models.md, "Tensor cores").  On import they are
-registered with :data:`emufloat.accum.PRESETS` (whose table of built-in rooms lists their names, so that
+registered with [`emufloat.accum.PRESETS`][emufloat.accum.PRESETS] (whose table of built-in rooms lists their names, so
+that
 ``emufloat.matmul(a, b, "h100_wgmma_bf16")`` imports this room on first use).
 """
 

@@ -1,7 +1,8 @@
 """The emulator reproduces our Triton kernels bit for bit: every recorded H100 case, checked on the CPU.
 
 Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (provenance in
-gpu/data/recorded.json); inputs are regenerated from their seeds (gpu/crosscheck/cases.py).
+gpu/data/recorded.json, which keeps the SHA-256 of every output: flashsim.recording); inputs are regenerated
+from their seeds (gpu/crosscheck/cases.py), the emulator's outputs hashed and compared.
 """
 
 from pathlib import Path
@@ -11,11 +12,13 @@ import pytest
 
 from emufloat.hw import h100
 from flashsim.crosscheck import check_bits as check
-from gpu.crosscheck import DATA, compare, load_recorded
+from gpu.crosscheck import load_recorded
 from gpu.crosscheck.cases import Case
+from gpu.crosscheck.recorded import case_recorded_run
 
-META, ARRAYS = load_recorded()
-FORWARD = [Case(**c) for c in META["record"]["forward"] if f"f/{Case(**c).key}/o" in ARRAYS]
+REC = load_recorded()
+META = REC.meta
+FORWARD = [Case(**c) for c in META["record"]["forward"] if f"f/{Case(**c).key}/o" in REC]
 BACKWARD = [Case(**c) for c in META["record"]["backward"]]
 
 
@@ -25,6 +28,7 @@ def test_enough_recorded_cases():
     assert {c.softmax for c in FORWARD} == {"standard", "stabilised", "robust"}
     assert {c.causal for c in FORWARD} == {False, True}
     assert any(c.n_q % 64 for c in FORWARD) and any(c.n_q != c.n_k for c in FORWARD)
+    assert all(f"b/{c.key}/{n}" in REC for c in BACKWARD for n in ("o", "lse", "dq", "dk", "dv", "delta"))
 
 
 @pytest.mark.parametrize("chunk", range(8))
@@ -32,17 +36,15 @@ def test_forward_bit_identical(chunk):
     """Every element, NaNs included: where the stabilised fix's l underflows (O = 0/0) the kernel writes
     0x7FFF (div.full's canonical NaN, payload kept by cvt), which the policy's output step models."""
     for case in FORWARD[chunk::8]:
-        rec = {n: ARRAYS[f"f/{case.key}/{n}"] for n in ("o", "lse")}
-        for res in compare(case, rec):
-            assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
+        rep = case_recorded_run(case, REC, "f").check(counts=False)
+        assert list(rep.same) == ["o", "lse"] and rep.identical, str(rep)
 
 
 @pytest.mark.parametrize("chunk", range(3))
 def test_backward_bit_identical(chunk):
     for case in BACKWARD[chunk::3]:
-        rec = {n: ARRAYS[f"b/{case.key}/{n}"] for n in ("o", "lse", "dq", "dk", "dv", "delta")}
-        for res in compare(case, rec):
-            assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
+        rep = case_recorded_run(case, REC, "b").check(counts=False)
+        assert len(rep.same) == 6 and rep.identical, str(rep)
 
 
 def test_log2_fma_bit_identical_to_the_kernel():
@@ -63,42 +65,38 @@ def test_check_reports_differences():
 
 # ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
 def test_fp8_forward_bit_identical():
-    """Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8`` (gpu/data/fp8.npz): q, k, v and
-    P in e4m3 on the fp8 tensor cores, O in bf16; emulated by gpu.policies.triton_policy('e4m3')."""
-    z = np.load(DATA / "fp8.npz")
-    cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in z.files]
+    """Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8`` (gpu/data/recorded.json, 'fp8'):
+    q, k, v and P in e4m3 on the fp8 tensor cores, O in bf16; emulated by gpu.policies.triton_policy('e4m3')."""
+    cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in REC]
     assert len(cases) >= 40 and {c.softmax for c in cases} == {"standard", "stabilised", "robust"}
     for case in cases:
-        for res in compare(case, {n: z[f"f8/{case.key}/{n}"] for n in ("o", "lse")}):
-            assert res.identical == res.n, f"{case.key} {res.name}: {res.n - res.identical} differ, {res.ulp_hist}"
+        rep = case_recorded_run(case, REC, "f8").check(counts=False)
+        assert list(rep.same) == ["o", "lse"] and rep.identical, str(rep)
 
 
 def test_fp8_recording_pins_its_query_tiles():
     """The 333 x 150 causal cases at d=128 tell FP8's 64-row tiles (gpu.configs.FP8_FWD_CONFIGS, with which
     the H100 recorded them) from the bf16 kernel's 128-row ones: emulated with those, some output differs."""
-    from flashsim.crosscheck import crosscheck
     from gpu.configs import FWD_CONFIGS, fwd_config
-    from gpu.crosscheck import case_run
 
     assert fwd_config("e4m3", 128, True) != FWD_CONFIGS[(128, True)]
-    z = np.load(DATA / "fp8.npz")
     cases = [
         Case(**c) for c in META["fp8"]["cases"] if (c["n_q"], c["n_k"], c["d"], c["causal"]) == (333, 150, 128, True)
     ]
     assert len(cases) == 3
     differ = 0
     for case in cases:
-        rec = {n: z[f"f8/{case.key}/{n}"] for n in ("o", "lse")}
-        assert crosscheck(case_run(case, rec)).identical
-        differ += not crosscheck(case_run(case, rec, fwd=FWD_CONFIGS[(128, True)])).identical
+        assert case_recorded_run(case, REC, "f8").check(counts=False).identical
+        differ += not case_recorded_run(case, REC, "f8", fwd=FWD_CONFIGS[(128, True)]).check(counts=False).identical
     assert differ >= 1
 
 
 # ---- KernelRun files, the divergence report, the CLI ------------------------------------------------------
 def _debug_run():
+    """A recorded run kept whole (recorded.npz), with its per-block intermediates, as a KernelRun."""
     from gpu.crosscheck import recorded_runs
 
-    return next(r for r in recorded_runs() if r.debug and not r.causal)
+    return next(r for r in recorded_runs() if r.debug and not r.causal).kernel_run()
 
 
 def _multi_block_run():

@@ -82,7 +82,7 @@ def _ones_per_block(case, softmax: str) -> int:
 @settings(max_examples=30, deadline=None)
 @given(st.sampled_from(RUNS))
 def test_recorded_kernel_runs_equal_the_emulator(run):
-    rep = crosscheck(run)
+    rep = run.check(counts=False)  # the SHA-256 of each output's bits against the recorded one
     assert rep.identical, str(rep)
 
 

@@ -3,9 +3,9 @@
 The kernel below is a small Triton flash-attention forward written here (fp16, 64 x 64 tiles, 4 warps, N a
 multiple of 64, no masking; the LSE in base 2 from ``tl.math.log2``).  Its policy is built from flashsim's
 step specs and emufloat's H100 models, and registered under a name so that saved runs name it.  On a GPU
-the kernel runs live; everywhere, its recorded H100 runs (``tests/data/model_your_kernel``, written by the
-live test with ``RECORD_DIR`` set) are checked against the emulator.  docs/model-your-kernel.md walks
-through the same steps.
+the kernel runs live; everywhere, its recorded H100 runs (``tests/data/model_your_kernel/tiny.json``: the SHA-256
+of each run's outputs, kept from the live test's files with ``RECORD_DIR`` set) are checked against the emulator.
+docs/model-your-kernel.md walks through the same steps.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import pytest
 import flashsim as fs
 from emufloat import FP16, FP32
 from emufloat.hw import h100
-from flashsim.crosscheck import crosscheck, load_run, save_run
+from flashsim.crosscheck import crosscheck, save_run
+from flashsim.recording import RecordedRun, Recording, run_from_entry
 from flashsim.testing import make_inputs
 
 DATA = Path(__file__).resolve().parent / "data" / "model_your_kernel"
@@ -135,24 +136,34 @@ def test_live_kernel_is_the_policy_bit_for_bit(kind, n, d, seed):
     assert report.identical, str(report)
 
 
-def recorded() -> list[Path]:
-    return sorted(DATA.glob("tiny_*.npz"))
+def recorded() -> list[RecordedRun]:
+    """The recorded runs: each named tiny_<kind>_<n>_<d>_<seed>, its inputs regenerated (and checked against the
+    recording's digests of them)."""
+    if not (DATA / "tiny.json").is_file():
+        return []
+    rec = Recording.load(DATA / "tiny.json")
+    runs = []
+    for entry in rec.meta["runs"]:
+        kind, n, d, seed = entry["name"].removeprefix("tiny_").rsplit("_", 3)
+        x = make_inputs(kind, int(n), int(n), int(d), "fp16", int(seed))
+        runs.append(run_from_entry(rec, entry, {name: x[name][None] for name in ("q", "k", "v")}))
+    return runs
 
 
 @pytest.mark.skipif(not recorded(), reason="no recorded runs of the tiny kernel")
 def test_recorded_runs_are_the_policy_bit_for_bit():
     """Every run the H100 recorded (provenance: tests/data/model_your_kernel/README.md) is reproduced."""
-    runs = [load_run(p) for p in recorded()]
+    runs = recorded()
     assert len(runs) == len(CASES)
     for run in runs:
         assert run.resolve_policy() == TINY
-        report = crosscheck(run)
+        report = run.check(counts=False)
         assert report.identical, str(report)
 
 
 def test_a_changed_step_is_seen():
     """Not vacuous: the same recorded run under a policy with the correctly rounded log2 for the LSE."""
-    runs = [load_run(p) for p in recorded()]
+    runs = recorded()
     if not runs:
         pytest.skip("no recorded runs of the tiny kernel")
     import dataclasses
@@ -160,9 +171,9 @@ def test_a_changed_step_is_seen():
     other = dataclasses.replace(TINY, name="tiny_kernel_log2", lse=fs.specs.Func("log2", FP32))
     changed = 0
     for run in runs:
-        rep = crosscheck(dataclasses.replace(run, policy=other))
-        changed += sum(c.n - c.identical for c in rep.checks if c.name == "lse")
-        assert all(c.identical == c.n for c in rep.checks if c.name == "o")
+        rep = run.check(policy=other, counts=False)
+        changed += not rep.same["lse"]
+        assert rep.same["o"]
     assert changed > 0
 
 

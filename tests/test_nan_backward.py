@@ -1,7 +1,8 @@
 """The backward's NaN encoding: a recorded case whose rows are NaN matches the kernel's bits in every output.
 
 Recorded on the GPU by ``PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT`` (card and versions in each
-run's note; gpu/data/README.md): the stabilised fix's l = 0 rows (O = 0/0) carry NaN into
+run's note; kept whole by ``python -m tools.keep_recording nan-backward $OUT``; gpu/data/README.md): the stabilised
+fix's l = 0 rows (O = 0/0) carry NaN into
 delta, dS, dQ, dK and dV.  The kernels write every such NaN as 0x7FFF (bf16 and fp16) and 0x7FFFFFFF (fp32
 delta), emufloat its canonical quiet NaN; ``triton_policy``'s ``nan_bits`` on the gradients' output casts and
 on delta model the hardware's encoding, as the forward's output step does.
@@ -12,8 +13,8 @@ import pytest
 
 import flashsim as fs
 from flashsim import arith
-from flashsim.crosscheck import BACKWARD_OUTPUTS, crosscheck, load_run
-from gpu.crosscheck import DATA
+from flashsim.crosscheck import BACKWARD_OUTPUTS
+from gpu.crosscheck.recorded import nan_runs
 from gpu.policies import triton_policy
 from gpu.scripts.record_nan_backward import NAN_ROWS, nan_encodings, nan_rows_inputs, output_values
 
@@ -22,7 +23,8 @@ DTYPES = ("bf16", "fp16")
 
 @pytest.fixture(scope="module", params=DTYPES)
 def run(request):
-    return load_run(DATA / "runs" / f"nan_backward_{request.param}.npz")
+    """The kept run (gpu/data/runs/nan_backward.json: its outputs' bits in nan_backward.npz)."""
+    return next(r for r in nan_runs() if r.dtype == request.param)
 
 
 def test_recording_is_the_constructed_case_with_nan_rows(run):
@@ -32,20 +34,21 @@ def test_recording_is_the_constructed_case_with_nan_rows(run):
     for name in ("q", "k", "v", "do"):
         assert np.array_equal(getattr(run, name)[0], x[name]), name
     assert run.softmax.name == "stabilised" and not run.causal and run.backward
-    o = output_values(run.outputs["o"], run.dtype)[0]
+    out = run.outputs()  # the kept bits
+    o = output_values(out["o"], run.dtype)[0]
     assert np.flatnonzero(np.isnan(o).any(axis=-1)).tolist() == list(NAN_ROWS)
     assert np.isfinite(np.delete(o, NAN_ROWS, axis=0)).all()
-    assert np.isneginf(output_values(run.outputs["lse"], run.dtype)[0, list(NAN_ROWS)]).all()
+    assert np.isneginf(output_values(out["lse"], run.dtype)[0, list(NAN_ROWS)]).all()
     for name in ("o",) + BACKWARD_OUTPUTS:
         want = ["0x7fffffff"] if name == "delta" else ["0x7fff"]
-        assert nan_encodings(run.outputs[name], run.dtype) == want, name
+        assert nan_encodings(out[name], run.dtype) == want, name
 
 
 def test_backward_nan_rows_bit_identical(run):
     """Every element of O, LSE, dQ, dK, dV and delta, the NaNs' bits included."""
-    rep = crosscheck(run)
-    assert [c.name for c in rep.checks] == ["o", "lse", "dq", "dk", "dv", "delta"]
-    for c in rep.checks:
+    rep = run.check()
+    assert list(rep.checks) == ["o", "lse", "dq", "dk", "dv", "delta"]
+    for c in rep.checks.values():
         assert c.identical == c.n, str(c)
 
 

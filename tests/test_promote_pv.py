@@ -1,9 +1,7 @@
 """FP8 P V promoted to FP32 every 32 keys (``promote_pv``, the FP8 kernel's default): the policy that models it,
-the lean it removes on dense rows, and the H100 recording (gpu/data/promote_pv.npz) against the emulator, bit
-for bit.  The compiled code's shape is checked in tests/test_gpu_kernels.py
+the lean it removes on dense rows, and the H100 recording (gpu/data/promote_pv.json: the SHA-256 of every output)
+against the emulator, bit for bit.  The compiled code's shape is checked in tests/test_gpu_kernels.py
 (``test_fp8_promotion_starts_every_pv_wgmma_from_zero``)."""
-
-from dataclasses import replace
 
 import pytest
 
@@ -13,7 +11,7 @@ from flashsim.analysis.families import get_family
 from flashsim.analysis.stats import summarize
 from flashsim.policy import PolicyRef
 from gpu.crosscheck.cases import Case, promote_pv_cases
-from gpu.crosscheck.recorded import differences, has_section, load_section, section_cases
+from gpu.crosscheck.recorded import has_section, load_section, section_runs
 from gpu.policies import (
     DEFAULT_PROMOTE_PV,
     default_promote_pv,
@@ -83,8 +81,8 @@ def test_promote_pv_cases_cover_the_grid():
 
 recorded = pytest.mark.skipif(
     not has_section("promote_pv"),
-    reason="gpu/data/promote_pv.npz/.json not recorded yet: run OUT=$OUT bash gpu/scripts/run_attention.sh "
-    "--sections promote_pv on a GPU, then PYTHONPATH=. python tools/keep_recording.py $OUT (docs/crosscheck.md)",
+    reason="gpu/data/promote_pv.json not recorded yet: run OUT=$OUT bash gpu/scripts/run_attention.sh "
+    "--sections promote_pv on a GPU, then python -m tools.keep_recording attention $OUT (docs/crosscheck.md)",
 )
 
 
@@ -92,22 +90,22 @@ recorded = pytest.mark.skipif(
 @pytest.mark.parametrize("chunk", range(2))
 def test_recorded_promote_pv_cases_equal_the_emulator(chunk):
     """Every recorded O and LSE bit for bit under the promoted policy."""
-    runs = section_cases("promote_pv")
+    runs = section_runs("promote_pv")
     assert len(runs) >= 40 and all(case.promote_pv for case, _ in runs)
-    for case, rec in runs[chunk::2]:
-        assert rec, case.key
-        assert differences(case, rec) == [], case.key
+    for _, run in runs[chunk::2]:
+        rep = run.check(counts=False)
+        assert rep.identical, str(rep)
 
 
 @recorded
 def test_recorded_promotion_changes_o_and_the_kernels_agree():
     """Not vacuous: the promoted kernel's O differs from the plain policy's emulation in many recorded cases
     (the 13-bit accumulation is another computation), and the tl and overlap kernels gave the same bits."""
-    meta, _ = load_section("promote_pv")
-    assert meta["kernels_differ"] == []
-    long = [(case, rec) for case, rec in section_cases("promote_pv") if case.n_k >= 1024]
+    assert load_section("promote_pv").meta["kernels_differ"] == []
+    long = [(case, run) for case, run in section_runs("promote_pv") if case.n_k >= 1024]
     assert long
     differ = 0
-    for case, rec in long:
-        differ += any(line.startswith("o:") for line in differences(replace(case, promote_pv=False), rec))
+    for case, run in long:
+        plain = kernel_policy_ref(case.dtype, case.d, case.causal, promote_pv=False)
+        differ += not run.check(policy=plain, counts=False).same["o"]
     assert differ >= len(long) // 2, (differ, len(long))

@@ -3,7 +3,9 @@ and, for causal cases, backward) and PyTorch SDPA's flash backend (FlashAttentio
 and backward).
 
 The GPU ran the tutorial file unmodified, its autotuner included, and SDPA through torch, on fresh inputs of
-every kind (gpu/scripts/record_kernels.py; provenance in each folder's others.json); each case is held to
+every kind (gpu/scripts/record_kernels.py; provenance in each folder's others.json, which keeps the SHA-256 of
+every output: flashsim.recording; others.npz, where present, the GPU's bits where the emulator differs); each
+case is held to
 ``gpu.policies.tutorial_policy`` for the tiles the autotuner chose, or to ``gpu.policies.sdpa_flash_policy``.
 """
 
@@ -13,24 +15,25 @@ import numpy as np
 import pytest
 
 from flashsim.crosscheck import crosscheck
+from flashsim.recording import Recording
 from gpu.crosscheck import others
 
 DATA = Path(__file__).resolve().parent / "data" / "others"
-RUNS = others.runs(DATA, "tutorial")
+RUNS = others.recorded_runs(DATA, "tutorial")
 
 
 def test_the_recording_covers_the_grid():
     assert sum(r.backward for r in RUNS) >= 36  # the causal cases carry dQ, dK, dV
     from flashsim.testing import KINDS
 
-    kinds = {c["case"]["kind"] for c in others.load(DATA)[0]["cases"]}
+    kinds = {c["case"]["kind"] for c in others.recording(DATA).meta["cases"]}
     assert len(RUNS) >= 50 and kinds == set(KINDS)
     assert {r.causal for r in RUNS} == {False, True} and {r.q.shape[-1] for r in RUNS} == {64, 128}
 
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.note for r in RUNS])
 def test_tutorial_is_bit_identical(run):
-    report = crosscheck(run)
+    report = run.check(counts=False)
     assert report.identical, str(report)
 
 
@@ -45,9 +48,9 @@ def test_the_lse_needs_libdevice_log2f():
     for run in RUNS[:16]:
         pol = run.resolve_policy()
         other = dataclasses.replace(pol, name=pol.name + "_log2fma", lse=Func("log2_fma", FP32))
-        rep = crosscheck(dataclasses.replace(run, policy=other))
-        assert [c.identical == c.n for c in rep.checks if c.name == "o"] == [True]
-        changed += sum(c.n - c.identical for c in rep.checks if c.name == "lse")
+        rep = run.check(policy=other, counts=False)
+        assert rep.same["o"]
+        changed += not rep.same["lse"]
     assert changed > 0
 
 
@@ -67,14 +70,14 @@ def test_the_backward_needs_its_own_schedule():
         for run in runs:
             pol = run.resolve_policy()
             other = dataclasses.replace(pol, name=pol.name + "_changed", **change)
-            rep = crosscheck(dataclasses.replace(run, policy=other))
-            differ += sum(c.n - c.identical for c in rep.checks if c.name in ("dq", "dk", "dv"))
+            rep = run.check(policy=other, counts=False)
+            differ += not all(rep.same[n] for n in ("dq", "dk", "dv"))
         assert differ > 0, change
 
 
 # ---- SDPA's flash backend (FlashAttention-2 as PyTorch builds it): forward and backward bit for bit -------------
 SDPA_DATA = Path(__file__).resolve().parent / "data" / "sdpa_flash"
-SDPA = others.runs(DATA, "sdpa_flash") + others.runs(SDPA_DATA, "sdpa_flash")
+SDPA = others.recorded_runs(DATA, "sdpa_flash") + others.recorded_runs(SDPA_DATA, "sdpa_flash")
 
 
 def test_sdpa_cases_cover_both_kernels_of_fa2_and_the_backward():
@@ -86,20 +89,20 @@ def test_sdpa_cases_cover_both_kernels_of_fa2_and_the_backward():
     assert {r.resolve_policy().tiling.kv_splits for r in SDPA} == {1, 2}
     assert {r.dtype for r in SDPA} == {"bf16", "fp16"} and {r.causal for r in SDPA} == {False, True}
     assert sum(r.backward for r in SDPA) == 28
-    kinds = {c["case"]["kind"] for c in others.load(SDPA_DATA)[0]["cases"]}
+    kinds = {c["case"]["kind"] for c in others.recording(SDPA_DATA).meta["cases"]}
     assert kinds == set(KINDS)
 
 
 @pytest.mark.parametrize("run", SDPA, ids=[r.note for r in SDPA])
 def test_sdpa_flash_is_bit_identical(run):
-    report = crosscheck(run)
+    report = run.check(counts=False)
     assert report.identical, str(report)
 
 
 def test_fa2_dq_atomics_are_nondeterministic_only_beyond_two_kv_blocks():
     """Recorded on the GPU: 8 identical backward launches a length; dQ (atomicAdd over K/V blocks) varies from
     three K/V blocks on, dK and dV never.  The recorded cases have at most two K/V blocks."""
-    seen = others.load(SDPA_DATA)[0]["fa2_dq_atomics"]
+    seen = others.recording(SDPA_DATA).meta["fa2_dq_atomics"]
     assert seen["n128_kv_blocks1"] == seen["n256_kv_blocks2"] == {"dq": 1, "dk": 1, "dv": 1}
     for key in ("n384_kv_blocks3", "n1024_kv_blocks8"):
         assert seen[key]["dq"] > 1 and seen[key]["dk"] == seen[key]["dv"] == 1
@@ -107,14 +110,15 @@ def test_fa2_dq_atomics_are_nondeterministic_only_beyond_two_kv_blocks():
 
 
 def _differ(runs, outputs, **change) -> int:
+    """How many of ``runs`` differ in some of ``outputs`` under their policy with ``change`` (by the digests)."""
     import dataclasses
 
     total = 0
     for run in runs:
         pol = run.resolve_policy()
         other = dataclasses.replace(pol, name=pol.name + "_changed", **change)
-        rep = crosscheck(dataclasses.replace(run, policy=other))
-        total += sum(c.n - c.identical for c in rep.checks if c.name in outputs)
+        rep = run.check(policy=other, counts=False)
+        total += not all(rep.same[n] for n in outputs)
     return total
 
 
@@ -150,11 +154,9 @@ def test_the_split_is_what_sdpa_computes():
     one_pass = dataclasses.replace(one_pass, name="one_pass", tiling=Tiling(128, 64, "reverse"))
     split_ok = one_ok = total = 0
     for run in split_runs:
-        total += run.outputs["o"].size
-        split_ok += next(c.identical for c in crosscheck(run).checks if c.name == "o")
-        one_ok += next(
-            c.identical for c in crosscheck(dataclasses.replace(run, policy=one_pass)).checks if c.name == "o"
-        )
+        total += run.q.shape[1] * run.q.shape[2]
+        split_ok += run.check().agreement("o")[0]  # the GPU's bits: the emulator's, proven by the digest
+        one_ok += run.check(policy=one_pass).agreement("o")[0]
     assert split_ok == total and one_ok < 0.99 * total
 
 
@@ -194,7 +196,7 @@ def test_live_sdpa_forward(case):
 
 # ---- SDPA's memory-efficient backend (xformers' CUTLASS kernels as PyTorch builds them) -------------------------
 EFF_DATA = Path(__file__).resolve().parent / "data" / "sdpa_efficient"
-EFFICIENT = others.runs(EFF_DATA, "sdpa_efficient")
+EFFICIENT = others.recorded_runs(EFF_DATA, "sdpa_efficient")
 
 
 def _key_blocks(run) -> int:
@@ -209,19 +211,22 @@ def test_efficient_cases_cover_the_grid():
     assert len(EFFICIENT) == 84 and sum(r.backward for r in EFFICIENT) == 42
     assert {r.dtype for r in EFFICIENT} == {"bf16", "fp16"} and {r.causal for r in EFFICIENT} == {False, True}
     assert {_key_blocks(r) for r in EFFICIENT if r.backward} == {1, 2}
-    assert {c["case"]["kind"] for c in others.load(EFF_DATA)[0]["cases"]} == set(KINDS)
+    assert {c["case"]["kind"] for c in others.recording(EFF_DATA).meta["cases"]} == set(KINDS)
 
 
 @pytest.mark.parametrize("run", EFFICIENT, ids=[r.note for r in EFFICIENT])
 def test_sdpa_efficient_is_bit_identical_but_for_dq_with_several_key_splits(run):
-    """O, LSE, dK and dV always; dQ where one thread block owns every key block (a single key block here)."""
-    report = crosscheck(run)
-    for c in report.checks:
-        if c.name != "dq" or _key_blocks(run) == 1:
-            assert c.identical == c.n, str(report)
+    """O, LSE, dK and dV always; dQ where one thread block owns every key block (a single key block here).  The
+    recording keeps the GPU's dQ elements that the emulator does not give (others.npz): the dQ rebuilt from them
+    has the recorded digest."""
+    report = run.check()
+    for name, same in report.same.items():
+        if name != "dq" or _key_blocks(run) == 1:
+            assert same, str(report)
+    assert set(report.checks) == set(report.same)  # every output's GPU bits are known
 
 
-EFF_DET = others.runs(Path(__file__).resolve().parent / "data" / "sdpa_efficient_det", "sdpa_efficient")
+EFF_DET = others.recorded_runs(Path(__file__).resolve().parent / "data" / "sdpa_efficient_det", "sdpa_efficient")
 
 
 @pytest.mark.parametrize("run", EFF_DET, ids=[r.note for r in EFF_DET])
@@ -229,7 +234,7 @@ def test_sdpa_efficient_deterministic_path_is_bit_identical(run):
     """Recorded under torch.use_deterministic_algorithms(True): one thread block takes the key blocks in order,
     so dQ (four key blocks at N = 200) is identical too; the policy is the deterministic one."""
     assert run.resolve_policy().bwd_tiling.q_order == "forward"
-    report = crosscheck(run)
+    report = run.check(counts=False)
     assert report.identical, str(report)
 
 
@@ -239,25 +244,25 @@ def test_efficient_deterministic_cases_have_several_key_blocks():
 
 
 def _with_kv_order(run, order: str):
+    """The run's policy with the key blocks continuing dQ in ``order``."""
     import dataclasses
 
     pol = run.resolve_policy()
     tiling = dataclasses.replace(pol.bwd_tiling, kv_order=order)
-    return dataclasses.replace(run, policy=dataclasses.replace(pol, name=f"{pol.name}_{order}", bwd_tiling=tiling))
+    return dataclasses.replace(pol, name=f"{pol.name}_{order}", bwd_tiling=tiling)
 
 
 def test_efficient_dq_is_one_of_the_orders_the_key_blocks_can_take():
     """With two key blocks in parallel thread blocks, each query block's dQ is continued by one key block, then
     the other, in the order they reach the lock: every recorded query block equals the model with one of the
     two orders, and both orders occur (the order is the GPU's, not the model's)."""
-    from flashsim.crosscheck import emulate
-
     seen = {"forward": 0, "reverse": 0}
     for run in [r for r in EFFICIENT if r.backward and _key_blocks(r) == 2][:14]:
-        emu = {o: emulate(_with_kv_order(run, o))["dq"].reshape(run.outputs["dq"].shape) for o in seen}
+        gpu = run.outputs()["dq"]  # the GPU's bits: the emulator's with the recorded patch, proven by the digest
+        emu = {o: run.emulate(_with_kv_order(run, o))["dq"] for o in seen}
         bm = run.resolve_policy().bwd_tiling.block_m
         for i0 in range(0, run.q.shape[1], bm):
-            hit = [o for o in seen if np.array_equal(emu[o][:, i0 : i0 + bm], run.outputs["dq"][:, i0 : i0 + bm])]
+            hit = [o for o in seen if np.array_equal(emu[o][:, i0 : i0 + bm], gpu[:, i0 : i0 + bm])]
             assert hit, f"{run.note}, query block at {i0}"
             if len(hit) == 1:
                 seen[hit[0]] += 1
@@ -302,7 +307,7 @@ def test_efficient_key_splits_follow_pytorch():
 
 # ---- SDPA's cuDNN backend: closed; each step pinned by crafted inputs, then checked on fresh cases ------------
 CUDNN_DATA = Path(__file__).resolve().parent / "data" / "sdpa_cudnn"
-CUDNN = others.runs(CUDNN_DATA, "sdpa_cudnn")
+CUDNN = others.recorded_runs(CUDNN_DATA, "sdpa_cudnn")
 
 
 def _agreement(runs, **change) -> dict[str, float]:
@@ -311,9 +316,8 @@ def _agreement(runs, **change) -> dict[str, float]:
     hits: dict[str, list[int]] = {}
     for run in runs:
         pol = run.resolve_policy()
-        if change:
-            run = dataclasses.replace(run, policy=dataclasses.replace(pol, name=pol.name + "_changed", **change))
-        for c in crosscheck(run).checks:
+        other = dataclasses.replace(pol, name=pol.name + "_changed", **change) if change else None
+        for c in run.check(policy=other).checks.values():  # against the GPU's bits (kept as digests and patches)
             h = hits.setdefault(c.name, [0, 0])
             h[0] += c.identical
             h[1] += c.n
@@ -327,9 +331,9 @@ def test_cudnn_cases_cover_the_grid():
 
 @pytest.mark.parametrize("run", CUDNN, ids=[r.note for r in CUDNN])
 def test_sdpa_cudnn_forward_is_bit_identical(run):
-    checks = {c.name: c for c in crosscheck(run).checks}
-    assert set(checks) == ({"o", "lse", "dq", "dk", "dv"} if run.backward else {"o", "lse"})
-    assert all(checks[n].identical == checks[n].n for n in ("o", "lse")), {n: str(c) for n, c in checks.items()}
+    report = run.check()
+    assert set(report.checks) == ({"o", "lse", "dq", "dk", "dv"} if run.backward else {"o", "lse"})
+    assert report.same["o"] and report.same["lse"], str(report)
 
 
 def test_cudnn_backward_agreement_is_what_the_docs_say():
@@ -367,7 +371,7 @@ def test_cudnn_crafted_inputs_are_reproduced():
     from gpu.policies import sdpa_cudnn_policy, sdpa_flash_policy
     from gpu.probes import cudnn_steps
 
-    z = np.load(CUDNN_DATA / "cudnn_steps.npz")
+    rec = Recording.load(CUDNN_DATA / "cudnn_steps.json")
     scale = 1.0 / np.sqrt(cudnn_steps.D)
     checked = 0
     for dtype in ("bf16", "fp16"):
@@ -379,10 +383,10 @@ def test_cudnn_crafted_inputs_are_reproduced():
             ):
                 r = flash_forward(case["q"], case["k"], case["v"], pol, sm_scale=scale)
                 key = f"{backend}/{case['name']}"
-                assert np.array_equal(np.asarray(r.lse, np.float32).reshape(-1).view(np.uint32), z[key + "/lse"])
-                assert np.array_equal(to_bits(np.asarray(r.o), dtype).reshape(z[key + "/o"].shape), z[key + "/o"]), key
+                rec.verify(key + "/lse", np.asarray(r.lse, np.float32).reshape(-1).view(np.uint32))
+                rec.verify(key + "/o", to_bits(np.asarray(r.o), dtype))
                 checked += 1
-    assert checked == 76
+    assert checked == 76 and len(rec.keys()) == 2 * checked  # every recorded output
 
 
 def test_each_modelled_detail_of_cudnn_matters():

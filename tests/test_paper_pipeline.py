@@ -1,10 +1,11 @@
 """Qiu & Yao's reference attention as it runs on the GPU, replayed bit for bit by the ``qiu_yao`` policy.
 
 Their ``attention.py`` ran eagerly under CUDA bf16 autocast on an H200 (torch 2.11), forward and their
-hand-written backward, fix off and on (``gpu/scripts/run_pipelines.sh``); the kept cases are in
-tests/data/paper (N = 200: one 512-key tile, O, LSE, dQ, dK, dV) and tests/data/paper_640 (two tiles,
-forward).  The torch ops between its GEMMs were probed on their own (``python -m gpu.probes.torch_ops``):
-torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and torch.log of every bf16 value.
+hand-written backward, fix off and on (``gpu/scripts/run_pipelines.sh``); the kept cases (the SHA-256 of their
+outputs, flashsim.recording) are in tests/data/paper (N = 200: one 512-key tile, O, LSE, dQ, dK, dV) and
+tests/data/paper_640 (two tiles, forward).  The torch ops between its GEMMs were probed on their own
+(``python -m gpu.probes.torch_ops``): torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and
+torch.log of every bf16 value.
 """
 
 from __future__ import annotations
@@ -18,13 +19,12 @@ import pytest
 
 import emufloat as ef
 from emufloat.hw import libdevice, torch_cuda
-from flashsim.crosscheck import crosscheck
 from flashsim.specs import Dot, Func, Recompute, RowSum
 from gpu.crosscheck import others
 
 DATA = Path(__file__).resolve().parent / "data"
-ONE_TILE = others.runs(DATA / "paper", "paper")
-TWO_TILES = others.runs(DATA / "paper_640", "paper")
+ONE_TILE = others.recorded_runs(DATA / "paper", "paper")
+TWO_TILES = others.recorded_runs(DATA / "paper_640", "paper")
 RUNS = ONE_TILE + TWO_TILES
 #: the kept cases a sequential row sum (instead of torch's tree) changes: the only two of the 85, found by
 #: running every case with it
@@ -42,7 +42,7 @@ def test_the_kept_cases_cover_the_grid():
 
 @pytest.mark.parametrize("run", RUNS, ids=[r.note for r in RUNS])
 def test_qiu_yao_is_bit_identical_to_their_code_on_the_gpu(run):
-    report = crosscheck(run)
+    report = run.check(counts=False)
     assert report.identical, str(report)
 
 
@@ -50,8 +50,7 @@ def _identical_cases(runs, **change) -> int:
     hits = 0
     for run in runs:
         pol = run.resolve_policy()
-        changed = dataclasses.replace(run, policy=dataclasses.replace(pol, name="changed", **change))
-        hits += crosscheck(changed).identical
+        hits += run.check(policy=dataclasses.replace(pol, name="changed", **change), counts=False).identical
     return hits
 
 

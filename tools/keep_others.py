@@ -1,74 +1,119 @@
-"""Keep a subset of a record_kernels.py recording as test data (the CI checks it bit for bit on every run).
+"""Keep a record_kernels.py recording (other people's kernels) in the repository compactly, as test data.
 
-    PYTHONPATH=. python tools/keep_others.py SRC DST --kernel sdpa_flash --cells 64:128,128:200 --backward bf16
+    python -m tools.keep_others SRC DST [--kernel sdpa_flash] [--cells 64:128,128:200] [--backward bf16]
 
-Keeps, of ``--kernel``'s recorded cases in SRC, those whose (head dim, N) is one of ``--cells``: O and LSE of
-each (DST/others.npz), and dQ, dK, dV of those whose dtype is in ``--backward`` (DST/others_bwd.npz), with
-SRC's others.json cut to them and a ``kept`` line saying so (DST/others.json).
+Keeps, of the recorded cases in SRC (of ``--kernel``; all by default), those whose (head dim, N) is one of
+``--cells`` (all by default): the SHA-256 of O and LSE of each, and of dQ, dK, dV of those whose dtype is in
+``--backward``, in DST/others.json with SRC's others.json cut to them and a ``kept`` line saying so
+(:mod:`flashsim.recording`).  Every kept case is emulated under its policy first: an output the emulator does not
+reproduce (the cuDNN backward, the memory-efficient backend's dQ over several key splits) is kept as a patch,
+the elements where the GPU differs, in DST/others.npz, which the tests rebuild the GPU's bits from.  SRC may
+also be a folder this tool wrote (a subset of it kept again).
 """
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
 
-import numpy as np
+from flashsim.recording import Recording
+from gpu.crosscheck import others
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from emufloat.console import ArgumentParser  # noqa: E402
-from gpu.crosscheck import others  # noqa: E402
+from .keep_recording import patches_of, recording_entry
 
 
-def _cells(text: str) -> set[tuple[int, int]]:
+def _cells(text: str | None) -> set[tuple[int, int]] | None:
+    if not text:
+        return None
     try:
         return {tuple(int(v) for v in cell.split(":")) for cell in text.split(",")}  # type: ignore[misc]
     except ValueError:
         raise SystemExit(f"--cells: expected HEAD_DIM:N pairs separated by commas, got {text!r}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python tools/keep_others.py", description=__doc__.split("\n")[0])
-    ap.add_argument("src", type=Path, help="a record_kernels.py output folder")
-    ap.add_argument("dst", type=Path, help="the folder to write (tests/data/...)")
-    ap.add_argument("--kernel", required=True, choices=others.KERNELS)
-    ap.add_argument("--cells", required=True, help="HEAD_DIM:N pairs to keep, e.g. 64:128,128:200")
-    ap.add_argument("--backward", default="", help="dtypes whose dQ, dK, dV are kept (comma list)")
-    ap.add_argument("--recorded-by", help="the command that made SRC, where its others.json does not say")
-    args = ap.parse_args(argv)
-    cells = _cells(args.cells)
-    meta, arrays = others.load(args.src)
+def keep(
+    src: Path,
+    dst: Path,
+    kernel: str | None = None,
+    cells: set[tuple[int, int]] | None = None,
+    backward: set[str] = frozenset(),
+    recorded_by: str | None = None,
+    kept_line: str | None = None,
+) -> Recording:
+    """DST/others.json (and others.npz where some output is patched) from the recording folder ``src``;
+    ``kept_line``: what others.json says was kept (default: the selection, in words)."""
+    full = others.recording(src)
+    meta = full.meta
     kept = [
         rec
         for rec in meta["cases"]
-        if rec["case"]["kernel"] == args.kernel and (rec["case"]["d"], rec["case"]["n"]) in cells and "error" not in rec
+        if (kernel is None or rec["case"]["kernel"] == kernel)
+        and (cells is None or (rec["case"]["d"], rec["case"]["n"]) in cells)
+        and "error" not in rec
     ]
-    back = {d for d in args.backward.split(",") if d}
-    fwd, bwd = {}, {}
+    keys = []
     for rec in kept:
         key = others.KernelCase(**rec["case"]).key
-        fwd.update({f"{key}/{n}": arrays[f"{key}/{n}"] for n in ("o", "lse")})
-        if rec["case"]["dtype"] in back:
-            bwd.update({f"{key}/{n}": arrays[f"{key}/{n}"] for n in ("dq", "dk", "dv")})
-    args.dst.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(args.dst / "others.npz", **fwd)
-    if bwd:
-        np.savez_compressed(args.dst / "others_bwd.npz", **bwd)
-    out = {k: v for k, v in meta.items() if k != "cases"}
-    if args.recorded_by:
-        out["recorded_by"] = args.recorded_by
+        keys += [f"{key}/{n}" for n in ("o", "lse")]
+        if rec["case"]["dtype"] in backward:
+            keys += [f"{key}/{n}" for n in ("dq", "dk", "dv") if f"{key}/{n}" in full]
+    out = {k: v for k, v in meta.items() if k not in ("cases", "recording")}
+    if recorded_by:
+        out["recorded_by"] = recorded_by
     if "recorded_by" not in out:
         raise SystemExit("--recorded-by: SRC's others.json does not say how it was recorded; give the command")
-    out["kept"] = (
-        f"{len(kept)} {args.kernel} cases (head dim:N in {args.cells}): forward O and LSE"
-        + (f"; dQ, dK, dV of the {', '.join(sorted(back))} ones" if back else "")
-        + f" (python tools/keep_others.py SRC DST --kernel {args.kernel} --cells {args.cells}"
-        + (f" --backward {args.backward})" if back else ")")
+    names = sorted({rec["case"]["kernel"] for rec in kept})
+    cells_text = ",".join(f"{d}:{n}" for d, n in sorted(cells)) if cells else "all"
+    how = f"{len(kept)} {', '.join(names)} cases (head dim:N in {cells_text}): forward O and LSE" + (
+        f"; dQ, dK, dV of the {', '.join(sorted(backward))} ones" if backward else ""
+    )
+    out["kept"] = kept_line or how
+    out["recording"] = recording_entry(
+        out["recorded_by"],
+        f"{how}, as the SHA-256 of their bits; others.npz: the patches of the outputs the emulator does not "
+        "reproduce (the GPU's bits where they differ)",
+        "gpu.crosscheck.others.KernelCase.inputs(): flashsim.inputs.make_inputs(kind, n, n, d, dtype, seed)",
+        "python -m tools.keep_others SRC DST"
+        + (f" --kernel {kernel}" if kernel else "")
+        + (f" --cells {cells_text}" if cells else "")
+        + (f" --backward {','.join(sorted(backward))}" if backward else ""),
     )
     out["cases"] = kept
-    (args.dst / "others.json").write_text(json.dumps(out, indent=1))
-    print(out["kept"])
+    bits = {k: full.bits(k) if k in full.kept else None for k in keys}
+    part = Recording(out, {k: full.digests[k] for k in keys}, {}, {k: p for k, p in full.patches.items() if k in keys})
+    runs = [run for run in (others.recorded_run_of(rec, part, bool(out.get("deterministic"))) for rec in kept) if run]
+    if all(b is not None for b in bits.values()):  # the GPU's bits: emulate every run, patch where they differ
+        patches, lines = patches_of(runs, bits)
+        part.patches = patches
+    else:  # a compact source: its patches carry over; every run must still rebuild its bits
+        lines = []
+    for run in runs:
+        run.outputs()  # the GPU's bits, rebuilt from the emulator (and the patches) and proven by the digests
+    dst.mkdir(parents=True, exist_ok=True)
+    part.save(dst / "others.json")
+    for stale in ("others_bwd.npz",):
+        if (dst / stale).exists():
+            (dst / stale).unlink()
+    print(f"{dst}: {how}; {len(lines)} cases differ from the emulator (patched)")
+    for line in lines[:10]:
+        print("  " + line)
+    return part
+
+
+def main(argv: list[str] | None = None) -> int:
+    from flashsim.console import ArgumentParser
+
+    ap = ArgumentParser(prog="python -m tools.keep_others", description=__doc__.split("\n")[0])
+    ap.add_argument("src", type=Path, help="a record_kernels.py output folder")
+    ap.add_argument("dst", type=Path, help="the folder to write (tests/data/...)")
+    ap.add_argument("--kernel", choices=others.KERNELS, help="only this kernel's cases (default: all)")
+    ap.add_argument("--cells", help="HEAD_DIM:N pairs to keep, e.g. 64:128,128:200 (default: all)")
+    ap.add_argument("--backward", default="", help="dtypes whose dQ, dK, dV are kept (comma list)")
+    ap.add_argument("--recorded-by", help="the command that made SRC, where its others.json does not say")
+    args = ap.parse_args(argv)
+    if not (args.src / "others.json").is_file():
+        ap.error(f"src: {args.src} holds no others.json (a record_kernels.py output folder is expected)")
+    backward = {d for d in args.backward.split(",") if d}
+    keep(args.src, args.dst, args.kernel, _cells(args.cells), backward, args.recorded_by)
     return 0
 
 

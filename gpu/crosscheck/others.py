@@ -4,10 +4,12 @@ recorded outputs as kernel runs checked against a policy.
 Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128), PyTorch SDPA's
 ``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends, and ``paper`` (Qiu & Yao's pure-PyTorch
 attention, eager under CUDA bf16 autocast, fix off and on).  Inputs come from
-:func:`flashsim.inputs.make_inputs` (every kind: ties at the max, near-ties, sinks, large and tiny
+`make_inputs()` (every kind: ties at the max, near-ties, sinks, large and tiny
 magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
 them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
-``others_bwd.npz`` (the kept copy the tests check: tests/data/others).  numpy only.
+``others_bwd.npz``.  The repository keeps a subset compactly (``python -m tools.keep_others``: others.json with the
+SHA-256 of every output, `flashsim.recording`; others.npz only the patches of outputs the emulator does not
+reproduce): tests/data/others and the folders beside it.  numpy only.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from flashsim.crosscheck import KernelRun
 from flashsim.inputs import ALL_KINDS, make_inputs
 from flashsim.policy import PolicyRef
+from flashsim.recording import RecordedRun, Recording
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
 KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "paper")
@@ -72,7 +75,7 @@ def grid(
     The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; the
     paper's pipeline bf16 at 200 and 640 (one and two of its 512-key tiles), fix off and on; SDPA's
     backends, and any other kernel name (a user's kernel, ``python -m gpu.crosscheck --kernel``), bf16 and
-    fp16 with one ragged length, one seed a cell.  Each name of :data:`KERNELS` draws seeds of its own, and
+    fp16 with one ragged length, one seed a cell.  Each name of `KERNELS` draws seeds of its own, and
     each recording ``round_`` fresh ones (10,000 apart)."""
     if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 10:
         raise ValueError(f"round_: expected an integer 0..9, got {round_!r}")
@@ -97,9 +100,9 @@ def grid(
 
 def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool = False) -> PolicyRef:
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
-    SDPA's flash backend (:func:`gpu.policies.sdpa_flash_policy`, forward and backward) and memory-efficient
-    backend (:func:`gpu.policies.sdpa_efficient_policy`; its dQ in key order); the cuDNN backend's
-    (:func:`gpu.policies.sdpa_cudnn_policy`: its forward exact, its backward the closest found); ``qiu_yao``
+    SDPA's flash backend (`sdpa_flash_policy()`, forward and backward) and memory-efficient
+    backend (`sdpa_efficient_policy()`; its dQ in key order); the cuDNN backend's
+    (`sdpa_cudnn_policy()`: its forward exact, its backward the closest found); ``qiu_yao``
     for the paper's pipeline; ``fa2`` for other kernels.
     ``deterministic``: the run was recorded under ``torch.use_deterministic_algorithms(True)``."""
     if case.kernel == "tutorial":
@@ -129,23 +132,39 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
 
 
 def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(others.json, the arrays of others.npz and, where present, others_bwd*.npz) of a recording folder."""
+    """(others.json, the arrays of others.npz and, where present, others_bwd*.npz) of a recording folder as
+    gpu/scripts/record_kernels.py writes it (the outputs' bits); a compact folder (`recording()`) is refused."""
     meta_path, arr_path = Path(folder) / "others.json", Path(folder) / "others.npz"
     for p in (meta_path, arr_path):
         if not p.is_file():
             raise FileNotFoundError(f"others: {p} is missing (record with gpu/scripts/record_kernels.py)")
+    meta = json.loads(meta_path.read_text())
+    if "digests" in meta:
+        raise ValueError(f"others: {folder} is kept compactly (digests, not bits): read it with others.recording()")
     arrays = {}
     for path in (arr_path, *sorted(Path(folder).glob("others_bwd*.npz"))):
         if path.is_file():
             with np.load(path) as z:
                 arrays.update({k: z[k] for k in z.files})
-    return json.loads(meta_path.read_text()), arrays
+    return meta, arrays
+
+
+def recording(folder: Path) -> Recording:
+    """A recording folder as a `Recording`: the kept copy (others.json with the digests
+    of every output, others.npz with the patches where the emulator differs), or a device folder (`load()`:
+    every output's bits kept)."""
+    meta_path = Path(folder) / "others.json"
+    if meta_path.is_file() and "digests" in json.loads(meta_path.read_text()):
+        return Recording.load(meta_path)
+    meta, arrays = load(folder)
+    return Recording.of_arrays(meta, arrays, keep=list(arrays))
 
 
 def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False) -> KernelRun | None:
-    """One recorded case (an entry of others.json) as a kernel run with the policy of its launch: O and LSE,
-    and dQ, dK, dV where they were recorded (the tutorial's causal cases: its backward always masks
-    causally; SDPA's backends in later recordings); None when its outputs are not in ``arrays``."""
+    """One recorded case (an entry of others.json) with its outputs' bits (``arrays``, `load()`) as a kernel
+    run with the policy of its launch: O and LSE, and dQ, dK, dV where they were recorded (the tutorial's causal
+    cases: its backward always masks causally; SDPA's backends in later recordings); None when its outputs are
+    not in ``arrays``."""
     case = KernelCase(**rec["case"])
     if f"{case.key}/o" not in arrays:
         return None
@@ -168,12 +187,57 @@ def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False
     )
 
 
+def recorded_run_of(rec: dict, recorded: Recording, deterministic: bool = False) -> RecordedRun | None:
+    """One recorded case (an entry of others.json) as a `RecordedRun` of ``recorded``
+    (`recording()`), with the policy of its launch: O and LSE, and dQ, dK, dV where they were recorded;
+    None when its outputs are not in the recording."""
+    case = KernelCase(**rec["case"])
+    if f"{case.key}/o" not in recorded:
+        return None
+    grads = all(f"{case.key}/{g}" in recorded for g in ("dq", "dk", "dv"))
+    names = ("o", "lse") + (("dq", "dk", "dv") if grads else ())
+    x = case.inputs()
+    return RecordedRun.build(
+        recorded,
+        {n: f"{case.key}/{n}" for n in names},
+        x["q"][None],
+        x["k"][None],
+        x["v"][None],
+        x["do"][None] if grads else None,
+        dtype=case.dtype,
+        causal=case.causal,
+        sm_scale=float(rec["sm_scale"]),
+        softmax=case.softmax_variant(),
+        policy=policy_of(case, rec.get("config"), deterministic),
+        note=case.key,
+    )
+
+
 def runs(folder: Path, kernel: str | None = None) -> list[KernelRun]:
-    """The recorded runs of a folder (of one kernel, when given) as kernel runs (:func:`run_of`)."""
+    """The runs of a device recording folder (of one kernel, when given) with their outputs' bits (`run_of()`)."""
     meta, arrays = load(folder)
     recs = [rec for rec in meta["cases"] if kernel is None or rec["case"]["kernel"] == kernel]
     det = bool(meta.get("deterministic", False))
     return [run for run in (run_of(rec, arrays, det) for rec in recs) if run is not None]
 
 
-__all__ = ["KERNELS", "KernelCase", "grid", "load", "policy_of", "run_of", "runs"]
+def recorded_runs(folder: Path, kernel: str | None = None) -> list[RecordedRun]:
+    """The recorded runs of a folder, kept compactly or not (of one kernel, when given; `recorded_run_of()`)."""
+    rec = recording(folder)
+    cases = [c for c in rec.meta["cases"] if kernel is None or c["case"]["kernel"] == kernel]
+    det = bool(rec.meta.get("deterministic", False))
+    return [run for run in (recorded_run_of(c, rec, det) for c in cases) if run is not None]
+
+
+__all__ = [
+    "KERNELS",
+    "KernelCase",
+    "grid",
+    "load",
+    "policy_of",
+    "recorded_run_of",
+    "recorded_runs",
+    "recording",
+    "run_of",
+    "runs",
+]

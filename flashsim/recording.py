@@ -1,7 +1,7 @@
 """Compact recordings of what a device computed: the SHA-256 of each output's bits, the bits only where kept.
 
 A recording is a JSON file, ``NAME.json``: what the device script wrote about its run (cases, seeds, command,
-card, versions), a ``"recording"`` entry (:data:`FORMAT`, the device command that re-records it, what is
+card, versions), a ``"recording"`` entry (`FORMAT`, the device command that re-records it, what is
 kept) and under ``"digests"`` one line per recorded array, ``"DTYPE SHAPE SHA256"`` (e.g.
 ``"uint16 1x1x333x64 9f86d0..."``): the SHA-256 of the array's bytes in C order, little-endian.  Inputs
 that a seed regenerates are digested too, so that a check can first prove it regenerated them.  Beside it,
@@ -13,10 +13,10 @@ that a seed regenerates are digested too, so that a check can first prove it reg
   elements where the device's bits differ from the emulator's (flat indices and the device's bits): the
   device's bits are then the emulator's output with those elements replaced, and the digest proves it.
 
-A check recomputes the emulator's output, hashes it and compares with the digest (:meth:`Recording.matches`,
-:meth:`Recording.verify`); where a test needs the device's bits themselves (to count how many elements a
-changed model gets wrong), :meth:`Recording.bits` gives them: kept, or the emulator's output (patched) once
-its digest matches.  :class:`RecordedRun` is a kernel run (:class:`flashsim.crosscheck.KernelRun`) recorded
+A check recomputes the emulator's output, hashes it and compares with the digest (`matches()`,
+`verify()`); where a test needs the device's bits themselves (to count how many elements a
+changed model gets wrong), `bits()` gives them: kept, or the emulator's output (patched) once
+its digest matches.  `RecordedRun` is a kernel run (`KernelRun`) recorded
 this way.  numpy only.
 """
 
@@ -47,6 +47,11 @@ def sha256_of(bits: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")).tobytes()).hexdigest()
 
 
+def _dtype_name(dtype: np.dtype) -> str:
+    """A dtype as a digest names it: numpy's name for numbers ('uint16'), its code otherwise ('<U16')."""
+    return dtype.name if dtype.kind in "biuf" else dtype.str
+
+
 @dataclass(frozen=True)
 class Digest:
     """The fingerprint of a recorded array: its dtype, its shape and the SHA-256 of its bytes."""
@@ -58,7 +63,7 @@ class Digest:
     @classmethod
     def of(cls, bits: np.ndarray) -> Digest:
         a = np.asarray(bits)
-        return cls(sha256_of(a), a.dtype.name, tuple(int(n) for n in a.shape))
+        return cls(sha256_of(a), _dtype_name(a.dtype), tuple(int(n) for n in a.shape))
 
     @property
     def size(self) -> int:
@@ -68,7 +73,7 @@ class Digest:
         """Whether ``bits`` are the recorded array: the same dtype and number of elements (any shape: a run may
         drop a batch axis) and the same bytes."""
         a = np.asarray(bits)
-        return a.dtype.name == self.dtype and a.size == self.size and sha256_of(a) == self.sha256
+        return _dtype_name(a.dtype) == self.dtype and a.size == self.size and sha256_of(a) == self.sha256
 
     def __str__(self) -> str:
         return f"{self.dtype} {'x'.join(map(str, self.shape)) or 'scalar'} {self.sha256}"
@@ -113,7 +118,7 @@ class Patch:
 def _message(source: str, key: str, want: Digest, got: np.ndarray, command: str, what: str = "emulated") -> str:
     a = np.asarray(got)
     return (
-        f"{source}: {key}: the {what} bits ({a.dtype.name} {'x'.join(map(str, a.shape))}, SHA-256 "
+        f"{source}: {key}: the {what} bits ({_dtype_name(a.dtype)} {'x'.join(map(str, a.shape))}, SHA-256 "
         f"{sha256_of(a)[:16]}...) are not the recorded ones ({want.dtype} {'x'.join(map(str, want.shape))}, SHA-256 "
         f"{want.sha256[:16]}...). The recording keeps digests, not bits: to see which elements differ, re-record "
         f"the full bits on a GPU machine with `{command}` ({RECORDS_DOC}) and compare them there"
@@ -229,19 +234,19 @@ class Recording:
         return _message(self.source, key, self.digest(key), bits, self.command, what)
 
     def verify(self, key: str, bits: np.ndarray, what: str = "emulated") -> None:
-        """Raise :class:`RecordingMismatch` unless ``bits`` are the recorded array ``key``."""
+        """Raise `RecordingMismatch` unless ``bits`` are the recorded array ``key``."""
         if not self.matches(key, bits):
             raise RecordingMismatch(self.mismatch(key, bits, what))
 
     def verify_all(self, arrays: dict[str, np.ndarray], what: str = "regenerated") -> None:
-        """:meth:`verify` every array of ``arrays`` (e.g. inputs regenerated from a seed)."""
+        """`verify()` every array of ``arrays`` (e.g. inputs regenerated from a seed)."""
         for k, a in arrays.items():
             self.verify(k, a, what)
 
     def bits(self, key: str, emulated: np.ndarray | None = None) -> np.ndarray:
         """The device's bits of ``key``, in the recorded shape: the kept array, or ``emulated`` (the emulator's
         output, with the recording's patch of ``key`` applied) once its digest matches; otherwise
-        :class:`RecordingMismatch`."""
+        `RecordingMismatch`."""
         want = self.digest(key)
         if key in self.kept:
             return self.kept[key]
@@ -271,12 +276,12 @@ def dumps(obj: object, width: int = 160, indent: str = "") -> str:
 # ---- kernel runs -----------------------------------------------------------------------------------------
 def placeholders(digests: dict[str, Digest], shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
     """Read-only zero arrays of the outputs' dtypes in ``shapes``: what a run's shell holds where its outputs are
-    digests (never compared: :class:`RecordedRun` compares digests)."""
+    digests (never compared: `RecordedRun` compares digests)."""
     return {n: np.broadcast_to(np.zeros((), np.dtype(digests[n].dtype)), shapes[n]) for n in shapes}
 
 
 def run_shapes(h: int, n_q: int, n_k: int, d: int, names: list[str] | tuple[str, ...]) -> dict[str, tuple[int, ...]]:
-    """The shapes :class:`~flashsim.crosscheck.KernelRun` gives its outputs."""
+    """The shapes `KernelRun` gives its outputs."""
     shapes = {"o": (h, n_q, d), "lse": (h, n_q), "dq": (h, n_q, d), "dk": (h, n_k, d), "dv": (h, n_k, d)}
     shapes["delta"] = (h, n_q)
     return {n: shapes[n] for n in names}
@@ -317,8 +322,8 @@ class RunCheck:
 
 class RecordedRun:
     """A kernel run kept compactly: its inputs (regenerated), settings and policy as a
-    :class:`~flashsim.crosscheck.KernelRun`, its outputs as the digests of a :class:`Recording` (bits where
-    kept).  :meth:`check` reruns it; :meth:`outputs` and :meth:`kernel_run` give the device's bits, proven by the
+    `KernelRun`, its outputs as the digests of a `Recording` (bits where
+    kept).  `check()` reruns it; `outputs()` and `kernel_run()` give the device's bits, proven by the
     digests."""
 
     def __init__(self, shell: KernelRun, recording: Recording, keys: dict[str, str]) -> None:
@@ -343,7 +348,7 @@ class RecordedRun:
         debug: dict[str, np.ndarray] | None = None,
         **settings,
     ) -> RecordedRun:
-        """A recorded run from its inputs ((H, N, d) each), its settings (as :class:`KernelRun` takes them, but
+        """A recorded run from its inputs ((H, N, d) each), its settings (as `KernelRun` takes them, but
         outputs) and ``keys`` (output name -> the recording's key)."""
         h, n_q, d = q.shape
         shapes = run_shapes(h, n_q, k.shape[1], d, list(keys))
@@ -441,8 +446,8 @@ class RecordedRun:
         return None
 
     def outputs(self) -> dict[str, np.ndarray]:
-        """The device's bits of every recorded output (shapes as :class:`KernelRun` has them), proven by the
-        digests: kept, or the emulator's outputs (patched); :class:`RecordingMismatch` if the emulator no longer
+        """The device's bits of every recorded output (shapes as `KernelRun` has them), proven by the
+        digests: kept, or the emulator's outputs (patched); `RecordingMismatch` if the emulator no longer
         gives them."""
         own = None if all(n in self._device for n in self.keys) else self.emulate()
         out = {}
@@ -456,7 +461,7 @@ class RecordedRun:
     def check(self, policy: Policy | PolicyRef | None = None, counts: bool = True) -> RunCheck:
         """Rerun under the run's policy (or ``policy``) and compare every recorded output with the device's bits:
         by digest, and with ``counts`` the number of identical elements and the ulp histogram where the device's
-        bits are known (for another policy they are first proven under the run's own: :meth:`outputs`)."""
+        bits are known (for another policy they are first proven under the run's own: `outputs()`)."""
         emu = self.emulate(policy)
         same = self.matches(emu)
         checks: dict[str, OutputCheck] = {}
@@ -473,9 +478,9 @@ class RecordedRun:
         return RunCheck(self.note, same, checks, self.recording.source, self.recording.command)
 
     def kernel_run(self) -> KernelRun:
-        """The run with the device's bits as its outputs (:meth:`outputs`): for
-        :func:`flashsim.crosscheck.crosscheck`'s report, :func:`~flashsim.crosscheck.save_run`,
-        :func:`~flashsim.crosscheck.first_divergence`."""
+        """The run with the device's bits as its outputs (`outputs()`): for
+        `crosscheck()`'s report, `save_run()`,
+        `first_divergence()`."""
         out = self.outputs()
         return dataclasses.replace(self._shell, outputs={n: np.array(b) for n, b in out.items()})
 
@@ -505,7 +510,7 @@ def run_entry(run: KernelRun, name: str, inputs: str) -> dict:
 def run_from_entry(
     recording: Recording, entry: dict, inputs: dict[str, np.ndarray], debug: dict[str, np.ndarray] | None = None
 ) -> RecordedRun:
-    """A run of a recording of runs (:func:`run_entry`) from its regenerated ``inputs`` (q, k, v and, for a
+    """A run of a recording of runs (`run_entry()`) from its regenerated ``inputs`` (q, k, v and, for a
     backward run, do; (H, N, d) each), which are first checked against the recording's digests of them."""
     from .softmax import get_softmax
 

@@ -48,10 +48,16 @@ def test_backward_bit_identical(chunk):
 
 
 def test_log2_fma_bit_identical_to_the_kernel():
-    z = np.load(Path(__file__).parent / "data" / "h100" / "attention" / "log2.npz")
-    got = h100.log2_fma(z["x"].view(np.float32)).view(np.uint32)
-    res = check("log2", got, z["y"], "fp32")
-    assert res.n >= 40_000 and res.identical == res.n
+    """The kernels' log2_fma on a sample of run_attention.sh's log2 inputs (tests/data/h100/attention/log2.json:
+    the SHA-256 of the GPU's outputs; the sample's positions in log2.npz)."""
+    from flashsim.recording import Recording
+    from gpu.crosscheck.probe_inputs import log2_fma_inputs
+
+    rec = Recording.load(Path(__file__).parent / "data" / "h100" / "attention" / "log2.json")
+    x = log2_fma_inputs()[np.cumsum(rec.kept["index"], dtype=np.int64)]
+    rec.verify("x", x)
+    assert x.size >= 40_000
+    rec.verify("y", h100.log2_fma(x.view(np.float32)).view(np.uint32))
 
 
 def test_check_reports_differences():

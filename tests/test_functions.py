@@ -12,6 +12,8 @@ from oracles import gf_round, gfloat_info, round_fraction
 import emufloat as ef
 from emufloat import functions as F
 from emufloat.hw import h100
+from flashsim.recording import Recording
+from gpu.crosscheck import probe_inputs
 
 H100 = Path(__file__).parent / "data" / "h100"
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -144,13 +146,17 @@ def test_ex2_model_reads_the_table_at_grid_points():
 
 
 # ---- recorded on the H100 ------------------------------------------------------------------------------
-def _functions_npz():
-    return np.load(H100 / "functions.npz")
+def _functions() -> tuple[Recording, dict[str, np.ndarray]]:
+    """functions.json (the SHA-256 of the GPU's outputs) and its inputs, regenerated from its seed and checked."""
+    rec = Recording.load(H100 / "functions.json")
+    x = probe_inputs.functions_inputs(rec.meta["seed"])
+    rec.verify_all(x)
+    return rec, x
 
 
 @pytest.mark.parametrize("name", ["exp2", "exp", "ex2_nonftz", "rcp"])
 def test_unary_models_reproduce_recorded_gpu_outputs(name):
-    z = _functions_npz()
+    rec, z = _functions()
     x = z["x"].view(np.float32)
     model = {
         "exp2": h100.triton_exp2,
@@ -160,19 +166,23 @@ def test_unary_models_reproduce_recorded_gpu_outputs(name):
     }[name]
     got = model(x).view(np.uint32)
     assert x.size > 100_000
-    assert np.array_equal(got, z[f"{name}_out"]), np.count_nonzero(got != z[f"{name}_out"])
+    rec.verify(f"{name}_out", got)
 
 
 def test_division_model_reproduces_recorded_gpu_outputs():
-    z = _functions_npz()
+    rec, z = _functions()
     got = h100.div_full(z["div_a"].view(np.float32), z["div_b"].view(np.float32)).view(np.uint32)
-    assert got.size > 100_000 and np.array_equal(got, z["div_out"])
-    # the first probe run's sample (populations of gpu/probes/division.py, a/b through Triton's `/`)
-    d = np.load(H100 / "division.npz")
-    got = h100.triton_div(d["a"].view(np.float32), d["b"].view(np.float32)).view(np.uint32)
-    assert np.array_equal(got, d["out_div"]) and np.array_equal(got, d["out_asm_div_full"])
-    ieee = ef.div(d["a"].view(np.float32), d["b"].view(np.float32)).view(np.uint32)
-    assert np.count_nonzero(ieee != d["out_div"]) > 1000  # not correctly rounded: the model matters
+    assert got.size > 100_000
+    rec.verify("div_out", got)
+    # the first probe run's sample (populations of gpu/probes/division.py, a/b through Triton's `/`): drawn on the
+    # GPU, so its inputs are kept whole (division.npz), the outputs as digests (division.json)
+    d = Recording.load(H100 / "division.json")
+    a, b = d.kept["a"].view(np.float32), d.kept["b"].view(np.float32)
+    got = h100.triton_div(a, b).view(np.uint32)
+    d.verify("out_div", got)
+    d.verify("out_asm_div_full", got)
+    ieee = ef.div(a, b).view(np.uint32)
+    assert np.count_nonzero(ieee != d.bits("out_div", got)) > 1000  # not correctly rounded: the model matters
 
 
 def test_traces_record_the_hardware_error():

@@ -2,14 +2,15 @@
 GPU outputs, the FPRev reconstruction, textbook orders against step-by-step oracles, and argument errors.
 
 The package data emufloat/hw/h100/data/reduction_trees.json is built from tests/data/h100 by
-``python tools/build_package_data.py tests/data/h100``.
+``python -m tools.build_package_data tests/data/h100``; the recorded rows' sums and maxima are kept as their SHA-256
+(tests/data/h100/reduction.json), the rows regenerated from the probe's seed.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
-import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -19,6 +20,8 @@ import pytest
 import emufloat as ef
 from emufloat.hw import h100
 from emufloat.trees import ReductionTree, tree_max, tree_sum
+from flashsim.recording import Recording
+from gpu.crosscheck.probe_inputs import reduction_rows
 from gpu.probes import trees as T
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,8 +32,7 @@ KEY = re.compile(r"BM(\d+)_BN(\d+)_w(\d+)_(dot|load)")
 
 # ---- the package data is what the recording says -------------------------------------------------
 def test_package_data_is_the_recording():
-    sys.path.insert(0, str(REPO / "tools"))
-    from build_package_data import build_trees
+    from tools.build_package_data import build_trees
 
     assert json.loads(PACKAGE_DATA.read_text()) == build_trees(H100)
 
@@ -41,7 +43,15 @@ def _configs():
 
 
 CONFIGS = _configs()
-RECORDED = np.load(H100 / "reduction.npz")
+RECORDED = Recording.load(H100 / "reduction.json")
+
+
+@functools.cache
+def _recorded_rows() -> dict[str, np.ndarray]:
+    """The probe's random rows, regenerated from its seed and checked against the recording."""
+    rows = reduction_rows(RECORDED.meta["seed"], n=RECORDED.meta["rows"])
+    RECORDED.verify_all(rows)
+    return rows
 
 
 def _tile(rows: np.ndarray, layout: str) -> np.ndarray:
@@ -55,7 +65,7 @@ def _tile(rows: np.ndarray, layout: str) -> np.ndarray:
 
 @pytest.mark.parametrize(("key", "cfg"), CONFIGS, ids=[k for k, _ in CONFIGS])
 def test_h100_model_reproduces_recorded_rows(key, cfg):
-    rows = RECORDED[f"rows_BN{cfg['block_n']}"].view(np.float32)
+    rows = _recorded_rows()[f"rows_BN{cfg['block_n']}"].view(np.float32)
     assert rows.shape == (10240, cfg["block_n"])
     tree = h100.tl_sum(cfg["block_m"], cfg["block_n"], cfg["num_warps"], cfg["layout"])
     assert tree.to_nested() == cfg["tree"]
@@ -63,12 +73,10 @@ def test_h100_model_reproduces_recorded_rows(key, cfg):
     assert np.array_equal(x.view(np.uint32), rows.view(np.uint32))  # as the GPU's pass-through check found
     got_sum = tree_sum(x, tree)
     got_max = tree_max(x, tree)
-    want_sum = RECORDED[f"{key}_sum"]
-    want_max = RECORDED[f"{key}_max"]
     assert got_sum.dtype == np.float32 and got_max.dtype == np.float32
-    diff = np.flatnonzero(got_sum.view(np.uint32) != want_sum)
-    assert diff.size == 0, f"{diff.size} sums differ, first row {diff[0]}"
-    assert np.array_equal(got_max.view(np.uint32), want_max)
+    RECORDED.verify(f"{key}_sum", got_sum.view(np.uint32))
+    RECORDED.verify(f"{key}_max", got_max.view(np.uint32))
+    want_sum = RECORDED.bits(f"{key}_sum", got_sum.view(np.uint32))  # the GPU's bits, proven by the digest
     # the rows tell orders apart: a sequential sum misses many of them
     seq = tree_sum(x, ReductionTree.sequential(cfg["block_n"]))
     assert np.count_nonzero(seq.view(np.uint32) != want_sum) > 500
@@ -152,8 +160,10 @@ def test_fprev_reinfers_the_recorded_tree(key):
     tree = h100.tl_sum(cfg["block_m"], n, cfg["num_warps"], cfg["layout"])
     pairs = T.all_pairs(n)
     sums = tree_sum(T.fprev_rows(n, pairs), tree)
-    gpu = RECORDED[f"{key}_fprev_sums"]  # [pair, row position]; 255 marks a failed probe
-    assert (gpu == gpu[:, :1]).all() and np.array_equal(sums, gpu[:, 0].astype(np.float32))
+    # the GPU's sums [pair, row position] (255 marked a failed probe): every row of the tile the model's sum
+    assert np.array_equal(sums, sums.astype(np.uint8))
+    rows = RECORDED.digest(f"{key}_fprev_sums").shape[1]
+    RECORDED.verify(f"{key}_fprev_sums", np.repeat(sums.astype(np.uint8)[:, None], rows, axis=1))
     sizes, bad = T.lca_sizes_from_sums(sums, n)
     assert bad == 0
     inf = T.infer_tree(n, pairs, sizes)

@@ -1,9 +1,11 @@
 """Build the H100 room's package data (emufloat/hw/h100/data: ex2 and rcp tables, tl.sum trees) from a GPU recording.
 
-    python tools/build_package_data.py FOLDER      # e.g. tests/data/h100, the recording the package data came from
+    python -m tools.build_package_data FOLDER      # $OUT of the device scripts; tests/data/h100: the trees only
 
 FOLDER is what the device scripts wrote to $OUT: ``gpu/scripts/run_probes.sh`` (results.json, exp2.npz) and, for
-the rcp table, ``gpu/scripts/run_verify.sh`` (rcp.npz; skipped when absent).
+the rcp table, ``gpu/scripts/run_verify.sh`` (rcp.npz); a table whose file is absent is skipped.  tests/data/h100
+keeps the probe run's results.json (as results.json.gz), not its tables: the package data holds them, and the
+device's exp2.npz and rcp.npz gave exactly its arrays.
 
 Each table ships as int8 corrections to the correctly rounded values plus the SHA-256 of the table bits
 as the GPU computed them; emufloat rebuilds the table on load and refuses it if the digest differs.
@@ -12,32 +14,41 @@ as the GPU computed them; emufloat rebuilds the table on load and refuses it if 
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 
+from gpu.probes import trees as T  # numpy-only tree helpers of the probes
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from gpu.probes import trees as T  # noqa: E402  (numpy-only tree helpers of the probes)
 
 KEY = re.compile(r"BM(\d+)_BN(\d+)_w(\d+)_(dot|load)")
 DST = REPO / "emufloat" / "hw" / "h100" / "data"
 
 
-def build_ex2(src: Path) -> dict:
+def results(src: Path) -> dict:
+    """The probe run's results.json (or results.json.gz, as tests/data/h100 keeps it)."""
+    if (src / "results.json").is_file():
+        return json.loads((src / "results.json").read_text())
+    return json.loads(gzip.decompress((src / "results.json.gz").read_bytes()))
+
+
+def build_ex2(src: Path) -> dict | None:
+    if not (src / "exp2.npz").is_file():
+        return None
     z = np.load(src / "exp2.npz")
-    table = json.loads((src / "results.json").read_text())["probes"]["exp2"]["result"]["table"]
+    table = results(src)["probes"]["exp2"]["result"]["table"]
     out = {}
     for side in ("neg", "pos"):
         out[f"{side}_delta"] = z[f"exp2_table_{side}_delta"].astype(np.int8)
         out[f"{side}_near_idx"] = z[f"exp2_table_{side}_near_idx"].astype(np.int64)
         out[f"{side}_bits_at_near"] = z[f"exp2_table_{side}_bits_at_near"].astype(np.uint32)
         out[f"{side}_sha256"] = np.array(table[side]["sha256_table_bits"])
-    out["source"] = np.array("tests/data/h100/exp2.npz + results.json (gpu/scripts/run_probes.sh on an H100)")
+    out["source"] = np.array("exp2.npz + results.json of gpu/scripts/run_probes.sh (an H100)")
     return out
 
 
@@ -49,13 +60,13 @@ def build_rcp(src: Path) -> dict | None:
     return {
         "delta": z["rcp_table_delta"].astype(np.int8),
         "sha256": np.array(str(z["rcp_table_sha256"])),
-        "source": np.array("tests/data/h100/rcp.npz (gpu/scripts/verify_models.py on an H100)"),
+        "source": np.array("rcp.npz of gpu/scripts/verify_models.py (an H100)"),
     }
 
 
 def build_trees(src: Path) -> dict:
     """The tl.sum trees of the reduction probe, with the facts and provenance they came with."""
-    res = json.loads((src / "results.json").read_text())
+    res = results(src)
     env = res["env"]
     red = res["probes"]["reduction"]
     assert red["status"] == "ok"
@@ -148,9 +159,8 @@ def main() -> None:
         help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/scripts/run_verify.sh)",
     )
     args = ap.parse_args()
-    missing = [f for f in ("results.json", "exp2.npz") if not (args.src / f).is_file()]
-    if missing:
-        ap.error(f"FOLDER {args.src} lacks {', '.join(missing)}: give the output folder of gpu/scripts/run_probes.sh")
+    if not any((args.src / f).is_file() for f in ("results.json", "results.json.gz")):
+        ap.error(f"FOLDER {args.src} lacks results.json: give the output folder of gpu/scripts/run_probes.sh")
     DST.mkdir(exist_ok=True)
     for name, arrays in (("ex2", build_ex2(args.src)), ("rcp", build_rcp(args.src))):
         if arrays is None:

@@ -2,7 +2,7 @@
 
 Each function draws what a device script drew, in the same order from the same ``numpy.random.default_rng``
 seed, and returns the input arrays under the names the device file gave them (bits as unsigned integers).
-The recordings keep only the SHA-256 of those arrays (:mod:`flashsim.recording`), so a test checks the
+The recordings keep only the SHA-256 of those arrays (`flashsim.recording`), so a test checks the
 regenerated inputs against their digests before it checks any output; ``tools/keep_recording.py`` checks
 them against a fresh device file before it drops the inputs.  numpy and emufloat only: the device scripts
 import torch, these functions do not.
@@ -78,7 +78,7 @@ def special_pairs() -> tuple[np.ndarray, np.ndarray]:
 
 def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.ndarray]:
     """functions.npz (``verify_models --sections cases``): ``x`` (n random bit patterns, then
-    :func:`edge_bits`) and the division's ``div_a``, ``div_b`` (n random pairs, then :func:`special_pairs`)."""
+    `edge_bits()`) and the division's ``div_a``, ``div_b`` (n random pairs, then `special_pairs()`)."""
     rng = np.random.default_rng(seed)
     x = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])
     sa, sb = special_pairs()
@@ -89,7 +89,7 @@ def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.
 
 def libdevice_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.ndarray]:
     """libdevice/log2f.npz (``verify_models --sections libdevice``): ``x``, n random bit patterns then
-    :func:`edge_bits`."""
+    `edge_bits()`."""
     rng = np.random.default_rng(seed)
     return {"x": np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])}
 
@@ -153,15 +153,19 @@ STRESS_K = {"bf16": (16, 32, 64, 128, 256), "fp16": (16, 32, 64, 128, 256), "e4m
             "e5m2": (32, 64, 128, 256)}  # fmt: skip
 
 
-def stress_tiles(seed: int = PROBE_SEED, n_target: int = 200_000) -> dict[str, np.ndarray]:
-    """mma.npz's inputs (``python -m gpu.probes.run``, probe mma): per input type, a generator seeded with
-    ``seed + 1000 * (1 + its index)`` draws the tiles of each (K, with C or not) in order
+def stress_tiles(
+    seed: int = PROBE_SEED, n_target: int = 200_000, formats: tuple[str, ...] | None = None
+) -> dict[str, np.ndarray]:
+    """mma.npz's inputs (``python -m gpu.probes.run``, probe mma): per input type (of ``formats``; default all), a
+    generator seeded with ``seed + 1000 * (1 + its index)`` draws the tiles of each (K, with C or not) in order
     (``gpu.probes.mma_cases.gen_stress_tiles``); keys '<type>_K<K>_<c|noc>_<a|bt|scen_a|scen_b|c>'."""
     from gpu.probes import mma_cases
     from gpu.probes.formats import FORMATS
 
     out: dict[str, np.ndarray] = {}
     for index, (name, fmt) in enumerate(FORMATS.items()):
+        if formats is not None and name not in formats:
+            continue
         configs = [(k, hc) for k in STRESS_K[name] for hc in (False, True)]
         n_tiles = max(1, -(-n_target // (4096 * len(configs))))
         rng = np.random.default_rng(seed + 1000 * (1 + index))
@@ -239,7 +243,7 @@ ROW_KINDS = ("normal", "exp_like", "wide", "cancel", "bits")
 
 
 def _random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray, np.ndarray]:
-    """``gpu.probes.reduction.random_rows``: n rows of bn float32 values, each of one of :data:`ROW_KINDS`."""
+    """``gpu.probes.reduction.random_rows``: n rows of bn float32 values, each of one of `ROW_KINDS`."""
     kind = rng.integers(0, len(ROW_KINDS), size=n)
     out = np.zeros((n, bn), dtype=np.float32)
     for i in range(n):

@@ -1,5 +1,5 @@
 """The recorded cases of our kernels as kernel runs: the kept copy (package data, gpu/data: digests of the
-outputs, :mod:`flashsim.recording`) or a device recording's folder (the outputs' bits), inputs regenerated from
+outputs, `flashsim.recording`) or a device recording's folder (the outputs' bits), inputs regenerated from
 each case's seed (numpy and the emulator only)."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ NAN_RUNS = Path("runs") / "nan_backward.json"  # the backward runs whose rows ar
 
 
 def section_files(name: str) -> tuple[str, str]:
-    """The kept files of a section of :data:`KEPT_SECTIONS` (NAME.json; NAME.npz, where something is kept
+    """The kept files of a section of `KEPT_SECTIONS` (NAME.json; NAME.npz, where something is kept
     whole)."""
     if name not in KEPT_SECTIONS:
         raise ValueError(f"name: expected one of {sorted(KEPT_SECTIONS)}, got {name!r}")
@@ -62,7 +62,7 @@ def case_run(
 
 
 def compare(case: Case, recorded: dict[str, np.ndarray]) -> list[OutputCheck]:
-    """Emulate ``case`` and check each output of ``recorded`` (bits, as :func:`case_run` takes them)."""
+    """Emulate ``case`` and check each output of ``recorded`` (bits, as `case_run()` takes them)."""
     return crosscheck(case_run(case, recorded)).checks
 
 
@@ -113,7 +113,7 @@ def load_recorded(path: Path = DATA) -> Recording:
 
 def load_section(name: str, path: Path = DATA) -> Recording:
     """NAME.json of a kept section: the cases ('forward', 'backward'), how they were recorded, and the digests
-    of their outputs keyed '<prefix>/<case key>/<output>', prefixes as :data:`KEPT_SECTIONS` names them."""
+    of their outputs keyed '<prefix>/<case key>/<output>', prefixes as `KEPT_SECTIONS` names them."""
     return Recording.load(Path(path) / section_files(name)[0])
 
 
@@ -203,7 +203,7 @@ def device_recording(folder: Path) -> tuple[Recording, dict[str, Recording]]:
 
 def recorded_runs(path: Path = DATA, folder: Path | None = None) -> list[RecordedRun]:
     """Every recorded case (forward, backward, FP8 and the kept sections) as a RecordedRun: the kept copy in
-    ``path`` (with the runs kept whole in ``path/runs``; each of :data:`KEPT_SECTIONS` where recorded), or a
+    ``path`` (with the runs kept whole in ``path/runs``; each of `KEPT_SECTIONS` where recorded), or a
     device run's output ``folder`` (every output's bits kept)."""
     if folder is not None:
         return runs_of(*device_recording(folder))

@@ -288,7 +288,7 @@ def test_trained_rows_are_windows_of_the_recorded_model():
     assert np.all(layer2.v < 0)
     with pytest.raises(ValueError, match="d: the trained model's head dimension is 64"):
         fam.get_family("trained").make(2, seed=0, n_keys=8, d=32)
-    with pytest.raises(ValueError, match="n_keys: the trained window has 512 positions"):
-        fam.get_family("trained").make(2, seed=0, n_keys=600, d=64)
+    with pytest.raises(ValueError, match="n_keys: the trained window has 256 positions"):  # the kept 256 of 512
+        fam.get_family("trained").make(2, seed=0, n_keys=300, d=64)
     with pytest.raises(ValueError, match="layer: expected 0..5"):
         fam.get_family("trained").make(2, seed=0, n_keys=8, d=64, layer=6)

@@ -322,11 +322,13 @@ def test_recorded_runs_are_complete_and_finite():
 
 def test_trained_family_file():
     with np.load(ROOT / "flashsim" / "data" / "trained_attention.npz") as z:
-        assert z["q"].shape == z["k"].shape == z["v"].shape == (6, 4, 512, 64) and z["q"].dtype == np.uint16
+        # the window's first 256 of 512 positions (python -m tools.keep_recording trained-family)
+        assert z["q"].shape == z["k"].shape == z["v"].shape == (6, 4, 256, 64) and z["q"].dtype == np.uint16
         assert float(z["sm_scale"]) == 0.125 and z["tokens"].shape == (513,)
         meta = json.loads(str(z["meta"]))
         q = z["q"].view(ml_dtypes.bfloat16).astype(np.float32)
     assert meta["run"] == "sdpa" and len(meta["scores"]) == 6 and np.isfinite(q).all()
+    assert meta["positions"].startswith("the first 256 of the window's 512 positions")
 
 
 # ---- command line -------------------------------------------------------------------------------------

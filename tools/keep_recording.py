@@ -4,6 +4,8 @@
     python -m tools.keep_recording nan-backward DIR  # python -m gpu.scripts.record_nan_backward
     python -m tools.keep_recording tiny-kernel DIR   # RECORD_DIR=DIR pytest tests/test_model_your_kernel.py -k live
     python -m tools.keep_recording probes DIR        # any of the probe files below that DIR holds
+    python -m tools.keep_recording trained-family FILE   # gpu.train.report --family FILE: the first 256 positions
+    python -m tools.keep_recording xz FILE.npz       # FILE.npz.xz (docs/data/fix_table.npz)
 
 DIR is what the device command wrote ($OUT).  Each recording becomes ``NAME.json`` (the device's description,
 the command, the SHA-256 of every output and of every input a seed regenerates) and, where something is kept
@@ -621,6 +623,52 @@ def keep_probes(folder: Path, dest_root: Path = REPO) -> list[Path]:
     return written
 
 
+# ---- the trained input family's data ---------------------------------------------------------------------
+def keep_trained_family(src: Path, dest: Path, positions: int = 256) -> Path:
+    """The trained family's file (``python -m gpu.train.report --family SRC``: q, k, v bits (layers, heads, N, d),
+    the window's bytes, the scale, ``meta``) cut to the window's first ``positions`` positions.  A causal model's
+    q, k, v at position t depend on the bytes 0..t only, so these are what the model computes on the window's
+    first ``positions`` bytes; ``meta`` says so, with the SHA-256 of the whole arrays."""
+    from flashsim.recording import sha256_of
+
+    with np.load(src) as z:
+        arrays = {k: z[k] for k in z.files}
+    meta = json.loads(str(arrays["meta"]))
+    n = arrays["q"].shape[2]
+    if n > positions:
+        meta["positions"] = (
+            f"the first {positions} of the window's {n} positions (a causal model's q, k, v at position t depend "
+            f"on bytes 0..t only: what it computes on the window's first {positions} bytes); 'scores' describe "
+            f"all {n}; kept by {KEPT_BY} trained-family SRC"
+        )
+        meta["sha256_all_positions"] = {name: sha256_of(arrays[name]) for name in "qkv"}
+        arrays.update({name: np.ascontiguousarray(arrays[name][:, :, :positions]) for name in "qkv"})
+    arrays["meta"] = np.array(json.dumps(meta))
+    np.savez_compressed(dest, **arrays)
+    print(f"{dest}: q, k, v {arrays['q'].shape} ({dest.stat().st_size} bytes)")
+    return dest
+
+
+def xz_npz(src: Path) -> Path:
+    """``FILE.npz`` as ``FILE.npz.xz``: the same arrays in an uncompressed npz, compressed by xz (far smaller for
+    float arrays than the npz's own deflate; ``xz -dk FILE.npz.xz`` gives an npz numpy reads); FILE.npz removed."""
+    import io
+    import lzma
+
+    with np.load(src, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    dest = src.with_name(src.name + ".xz")
+    dest.write_bytes(lzma.compress(buf.getvalue(), preset=9 | lzma.PRESET_EXTREME))
+    with np.load(io.BytesIO(lzma.decompress(dest.read_bytes()))) as z:
+        if set(z.files) != set(arrays) or not all(np.array_equal(z[k], a) for k, a in arrays.items()):
+            raise SystemExit(f"{dest}: the arrays did not come back unchanged")
+    src.unlink()
+    print(f"{dest}: {len(arrays)} arrays, {dest.stat().st_size} bytes")
+    return dest
+
+
 # ---- command line ------------------------------------------------------------------------------------------
 def main(argv: list[str] | None = None) -> int:
     from flashsim.console import ArgumentParser
@@ -635,7 +683,22 @@ def main(argv: list[str] | None = None) -> int:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("folder", type=Path, help="what the device command wrote ($OUT)")
+    p = sub.add_parser("trained-family", help="gpu.train.report --family's file -> flashsim/data/trained_attention.npz")
+    p.add_argument("file", type=Path, help="the file python -m gpu.train.report --family FILE wrote")
+    p.add_argument("--positions", type=int, default=256, help="the window's first positions kept (default 256)")
+    p = sub.add_parser("xz", help="FILE.npz -> FILE.npz.xz (e.g. tools/fix_table.py's --npz docs/data/fix_table.npz)")
+    p.add_argument("file", type=Path, help="an .npz file")
     args = ap.parse_args(argv)
+    if args.what == "xz":
+        if args.file.suffix != ".npz" or not args.file.is_file():
+            ap.error(f"file: expected an .npz file, got {args.file}")
+        xz_npz(args.file)
+        return 0
+    if args.what == "trained-family":
+        if not args.file.is_file():
+            ap.error(f"file: no such file {args.file}")
+        keep_trained_family(args.file, REPO / "flashsim" / "data" / "trained_attention.npz", args.positions)
+        return 0
     folder = args.folder
     if not folder.is_dir():
         ap.error(f"folder: {folder} is not a folder")

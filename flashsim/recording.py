@@ -209,7 +209,13 @@ class Recording:
 
     @property
     def source(self) -> str:
-        return str(self.path) if self.path else "recording"
+        """The recording's file, relative to the working directory where it lies below it."""
+        if self.path is None:
+            return "recording"
+        try:
+            return str(self.path.resolve().relative_to(Path.cwd()))
+        except ValueError:
+            return str(self.path)
 
     def __contains__(self, key: str) -> bool:
         return key in self.digests
@@ -314,7 +320,7 @@ class RunCheck:
                 lines.append(str(self.checks[name]))
             else:
                 lines.append(
-                    f"{name:>5}: {'bit-identical' if same else 'differs from'} the recorded bits (SHA-256)"
+                    f"{name:>5}: {'bit-identical to' if same else 'differs from'} the recorded bits (SHA-256)"
                     + ("" if same else f"; to see where, re-record the full bits with `{self.command}` ({RECORDS_DOC})")
                 )
         return "\n".join(lines + ([f"recording: {self.source}"] if self.source and not self.identical else []))

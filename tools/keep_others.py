@@ -1,14 +1,17 @@
 """Keep a record_kernels.py recording (other people's kernels) in the repository compactly, as test data.
 
     python -m tools.keep_others SRC DST [--kernel sdpa_flash] [--cells 64:128,128:200] [--backward bf16]
+    python -m tools.keep_others SRC DST --like DST     # a re-recording: the cases DST keeps now
 
 Keeps, of the recorded cases in SRC (of ``--kernel``; all by default), those whose (head dim, N) is one of
 ``--cells`` (all by default): the SHA-256 of O and LSE of each, and of dQ, dK, dV of those whose dtype is in
 ``--backward``, in DST/others.json with SRC's others.json cut to them and a ``kept`` line saying so
-(:mod:`flashsim.recording`).  Every kept case is emulated under its policy first: an output the emulator does not
-reproduce (the cuDNN backward, the memory-efficient backend's dQ over several key splits) is kept as a patch,
-the elements where the GPU differs, in DST/others.npz, which the tests rebuild the GPU's bits from.  SRC may
-also be a folder this tool wrote (a subset of it kept again).
+(`flashsim.recording`).  ``--like FOLDER`` keeps instead the cases a folder kept before holds (the same keys:
+record_kernels.py draws them from the same seeds), with dQ, dK, dV where it has them.  Every kept case is
+emulated under its policy first: an output the emulator does not reproduce (the cuDNN backward, the
+memory-efficient backend's dQ over several key splits) is kept as a patch, the elements where the GPU differs,
+in DST/others.npz, which the tests rebuild the GPU's bits from.  SRC may also be a folder this tool wrote (a
+subset of it kept again).
 """
 
 from __future__ import annotations
@@ -17,8 +20,7 @@ from pathlib import Path
 
 from flashsim.recording import Recording
 from gpu.crosscheck import others
-
-from .keep_recording import patches_of, recording_entry
+from tools.keep_recording import patches_of, recording_entry
 
 
 def _cells(text: str | None) -> set[tuple[int, int]] | None:
@@ -38,9 +40,11 @@ def keep(
     backward: set[str] = frozenset(),
     recorded_by: str | None = None,
     kept_line: str | None = None,
+    like: Recording | None = None,
 ) -> Recording:
     """DST/others.json (and others.npz where some output is patched) from the recording folder ``src``;
-    ``kept_line``: what others.json says was kept (default: the selection, in words)."""
+    ``kept_line``: what others.json says was kept (default: the selection, in words); ``like``: keep the cases
+    (and gradients) this recording holds instead."""
     full = others.recording(src)
     meta = full.meta
     kept = [
@@ -48,14 +52,20 @@ def keep(
         for rec in meta["cases"]
         if (kernel is None or rec["case"]["kernel"] == kernel)
         and (cells is None or (rec["case"]["d"], rec["case"]["n"]) in cells)
+        and (like is None or f"{others.KernelCase(**rec['case']).key}/o" in like)
         and "error" not in rec
     ]
     keys = []
     for rec in kept:
         key = others.KernelCase(**rec["case"]).key
         keys += [f"{key}/{n}" for n in ("o", "lse")]
-        if rec["case"]["dtype"] in backward:
+        if rec["case"]["dtype"] in backward or (like is not None and f"{key}/dq" in like):
             keys += [f"{key}/{n}" for n in ("dq", "dk", "dv") if f"{key}/{n}" in full]
+    if like is not None:
+        missing = sorted({k[: -len("/o")] for k in like.keys() if k.endswith("/o")} - {k[: -len("/o")] for k in keys})
+        if missing:
+            raise SystemExit(f"--like: {src} lacks {len(missing)} of the cases to keep, e.g. {missing[:3]}")
+        kept_line = kept_line or like.meta.get("kept")
     out = {k: v for k, v in meta.items() if k not in ("cases", "recording")}
     if recorded_by:
         out["recorded_by"] = recorded_by
@@ -109,11 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cells", help="HEAD_DIM:N pairs to keep, e.g. 64:128,128:200 (default: all)")
     ap.add_argument("--backward", default="", help="dtypes whose dQ, dK, dV are kept (comma list)")
     ap.add_argument("--recorded-by", help="the command that made SRC, where its others.json does not say")
+    ap.add_argument("--like", type=Path, help="keep the cases this kept folder holds (a re-recording of them)")
     args = ap.parse_args(argv)
     if not (args.src / "others.json").is_file():
         ap.error(f"src: {args.src} holds no others.json (a record_kernels.py output folder is expected)")
+    like = others.recording(args.like) if args.like else None
     backward = {d for d in args.backward.split(",") if d}
-    keep(args.src, args.dst, args.kernel, _cells(args.cells), backward, args.recorded_by)
+    keep(args.src, args.dst, args.kernel, _cells(args.cells), backward, args.recorded_by, like=like)
     return 0
 
 

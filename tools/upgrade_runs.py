@@ -1,6 +1,6 @@
 """Convert kernel-run files written before runs named their policy: 'policy_args' -> a policy reference.
 
-    PYTHONPATH=. python tools/upgrade_runs.py RUN.npz|DIR ...
+    python -m tools.upgrade_runs RUN.npz|DIR ...
 
 A ``flashsim.crosscheck.save_run`` file used to store the keyword arguments of the project's Triton kernels'
 policy (``"policy_args"``: dtype, tiles, warps) in its meta; it now stores a policy reference
@@ -21,9 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from flashsim.crosscheck import crosscheck, load_run  # noqa: E402
+from flashsim.crosscheck import crosscheck, load_run
 
 TARGET = "gpu.policies:triton_policy"  # what 'policy_args' were the arguments of
 
@@ -45,7 +43,7 @@ def upgrade(path: Path) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python tools/upgrade_runs.py", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m tools.upgrade_runs", description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", metavar="RUN", help="run files (.npz), or folders of them")
     args = ap.parse_args(argv)
     paths = []

@@ -703,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-check",
         action="store_true",
         help="sections cast_sum and promote_pv: record and time only, no emulator on the spot "
-        "(tools/keep_recording.py keeps the bits; the CPU tests hold them to the emulator)",
+        "(python -m tools.keep_recording keeps their digests; the CPU tests hold them to the emulator)",
     )
     return ap
 

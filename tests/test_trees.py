@@ -80,6 +80,10 @@ def test_h100_model_reproduces_recorded_rows(key, cfg):
     # the rows tell orders apart: a sequential sum misses many of them
     seq = tree_sum(x, ReductionTree.sequential(cfg["block_n"]))
     assert np.count_nonzero(seq.view(np.uint32) != want_sum) > 500
+    # FPRev's probe rows through the tile: the GPU's sums (one a pair, the same in every row) are the tree's
+    fprev = tree_sum(T.fprev_rows(cfg["block_n"], T.all_pairs(cfg["block_n"])), tree)
+    assert np.array_equal(fprev, fprev.astype(np.uint8))
+    RECORDED.verify(f"{key}_fprev_sums", np.repeat(fprev.astype(np.uint8)[:, None], cfg["block_m"], axis=1))
 
 
 def _zero_nan_rows(n: int) -> dict[str, np.ndarray]:

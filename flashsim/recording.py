@@ -32,6 +32,8 @@ import numpy as np
 
 from .crosscheck import KernelRun, OutputCheck, check_bits, emulate, stored_formats
 from .policy import Policy, PolicyRef
+from .softmax import SoftmaxVariant
+from .trust import AllowImport
 
 FORMAT = "lowprec-recording/1"
 RECORDS_DOC = "docs/crosscheck.md, 'Recordings'"  # where the device commands are listed
@@ -392,7 +394,7 @@ class RecordedRun:
         return self._shell.sm_scale
 
     @property
-    def softmax(self):
+    def softmax(self) -> SoftmaxVariant:
         return self._shell.softmax
 
     @property
@@ -416,7 +418,8 @@ class RecordedRun:
         """The recorded outputs."""
         return list(self.keys)
 
-    def resolve_policy(self, allow_import=False) -> Policy:
+    def resolve_policy(self, allow_import: AllowImport = False) -> Policy:
+        """The run's policy, resolved (as `KernelRun.resolve_policy()`)."""
         return self._shell.resolve_policy(allow_import)
 
     def digest(self, name: str) -> Digest:
@@ -457,10 +460,11 @@ class RecordedRun:
         gives them."""
         own = None if all(n in self._device for n in self.keys) else self.emulate()
         out = {}
-        for n in self.keys:
+        for n, key in self.keys.items():
             bits = self._known(n, own)
             if bits is None:
-                raise RecordingMismatch(self.recording.mismatch(self.keys[n], own[n] if own else None))
+                patch = self.recording.patches.get(key)
+                raise RecordingMismatch(self.recording.mismatch(key, patch.apply(own[n]) if patch else own[n]))
             out[n] = bits
         return out
 

@@ -725,7 +725,8 @@ def main(argv: list[str] | None = None) -> int:
         keep_runs(files, REPO / "tests/data/model_your_kernel/tiny.json", tiny_kernel_inputs, TINY_META, False)
     else:
         if not keep_probes(folder):
-            ap.error(f"folder: {folder} holds none of the probe files ({__doc__.split('Probe files')[1][:60]}...)")
+            names = ", ".join([p.file for p in probes()] + ["results.json"])
+            ap.error(f"folder: {folder} holds none of the probe files ({names})")
     return 0
 
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.scripts.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
+from studies.device.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
 
 B, H = 4, 32
 

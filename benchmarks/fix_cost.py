@@ -14,7 +14,7 @@ median over the rounds and the 10th-90th percentile range, so a reader sees both
 is.  ``--mode flush`` keeps the pairing but times the way do_bench does: one eager launch per softmax and
 round, each after zeroing a 256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
 ``--layer`` adds what the fix costs a training step: per (d, N), forward and backward of one causal pre-LN
-transformer block (``gpu.scripts.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
+transformer block (``studies.device.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
 ``flash.attention``), paired rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the
 linear layers (forward and backward) plus 3.5x the attention forward.
 
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash  # noqa: E402
-from gpu.scripts.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
+from studies.device.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
 
 B, H = 4, 32
 SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
@@ -95,7 +95,7 @@ def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph"
 def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
     """Per softmax: ms per training step (forward + backward) of one causal transformer block, paired
     rounds; and the step's FLOPs."""
-    from gpu.scripts.train_check import Block
+    from studies.device.train_check import Block
 
     c = H * d
     blk = Block(c, H, "ours", "standard").cuda().to(torch.bfloat16)

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from gpu import flash, launch  # noqa: E402
-from gpu.scripts.run_attention import cuda_graph, env, env_line, rand, run_sdpa, sdpa_backends  # noqa: E402
+from studies.device.run_attention import cuda_graph, env, env_line, rand, run_sdpa, sdpa_backends  # noqa: E402
 
 B, H = 4, 32
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 clocks: longer than any batch of calls below

@@ -50,7 +50,7 @@ class Config:
 
 
 #: (head_dim, causal) -> forward config: at d=64 and 128 the fastest of eight tiles measured on the H100 at
-#: N=4096 (gpu/scripts/run_attention.py --sections configs; history/tried.md, "Tiles, kernel choice and host
+#: N=4096 (studies/device/run_attention.py --sections configs; history/tried.md, "Tiles, kernel choice and host
 #: time").  The tiles and warps are part of what the kernel computes.
 FWD_CONFIGS = {
     (64, False): Config(128, 64, 4, 3),

@@ -70,7 +70,7 @@ ROBUST_LEANS = (
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
 #: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
 #: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
-#: (tests/test_gpu_kernels.py, gpu/scripts/run_attention.py --sections overlap).
+#: (tests/test_gpu_kernels.py, studies/device/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
 _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(
     Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, transpose_keys)

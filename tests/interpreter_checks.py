@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from gpu import flash  # noqa: E402
 from gpu.crosscheck import bits_of, same_bits  # noqa: E402
 from gpu.policies import kernel_policy, kernel_variant  # noqa: E402
-from gpu.scripts.run_attention import reference  # noqa: E402
+from studies.device.run_attention import reference  # noqa: E402
 
 SHAPES = [(100, 77, 64), (70, 300, 64), (129, 200, 128), (90, 150, 256)]  # (N_q, N_k, d): ragged against every tile
 

@@ -108,7 +108,7 @@ def test_cast_sum_cases_cover_the_grid():
 
 recorded = pytest.mark.skipif(
     not has_section("cast_sum"),
-    reason="gpu/data/cast_sum.json not recorded yet: run OUT=$OUT bash gpu/scripts/run_attention.sh "
+    reason="gpu/data/cast_sum.json not recorded yet: run OUT=$OUT bash studies/device/run_attention.sh "
     "--sections cast_sum on a GPU, then python -m tools.keep_recording attention $OUT (docs/crosscheck.md)",
 )
 

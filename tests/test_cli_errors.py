@@ -32,8 +32,8 @@ from flashsim.crosscheck import KernelRun, save_run
 from flashsim.policy import PolicyRef
 from flashsim.softmax import get_softmax
 from gpu import crosscheck as gpu_crosscheck
-from gpu.probes import run as probes_run
-from gpu.scripts import record_nan_backward
+from studies.device import record_nan_backward
+from studies.probes import run as probes_run
 
 ROOT = Path(__file__).resolve().parents[1]
 _DEMO = importlib.util.spec_from_file_location("emufloat_demo", ROOT / "examples" / "emufloat_demo.py")
@@ -406,30 +406,30 @@ TABLE = [
         ],
         "--policy",
     ),
-    ("gpu.probes.run", ["--out", "{t}/p", "--child", "os"], "--child"),
-    ("gpu.probes.run", ["--out", "{t}/p", "--probes", "nope"], "--probes"),
-    ("gpu.probes.run", ["--out", "{t}/p", "--budget", "-1"], "--budget"),
-    ("gpu.probes.run", ["--out", "{t}/p", "--params", "{{x"], "--params"),
-    ("gpu.probes.run", ["--out", "{t}/p", "--params", "[1]"], "--params"),
-    ("gpu.probes.run", ["--out", "{t}/file", "--quick"], "--out"),
-    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--sections", "bogus"], "--sections"),
-    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--seconds", "0"], "--seconds"),
-    ("gpu.scripts.run_attention", ["--out", "{t}/ra", "--replay-from", "-1"], "--replay-from"),
-    ("gpu.scripts.run_attention", ["--out", "{t}/file"], "--out"),
-    ("gpu.scripts.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
-    ("gpu.scripts.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
-    ("gpu.scripts.verify_models", ["--out", "{t}/file"], "--out"),
-    ("gpu.scripts.record_nan_backward", ["--out", "{t}/n", "--dtypes", "fp8"], "--dtypes"),
-    ("gpu.scripts.record_nan_backward", ["--out", "{t}/file"], "--out"),
-    ("gpu.scripts.train_check", ["--out", "{t}/tc", "--steps", "0"], "--steps"),
-    ("gpu.scripts.train_check", ["--out", "{t}/tc", "--seconds", "-1"], "--seconds"),
-    ("gpu.scripts.train_check", ["--out", "{t}/file"], "--out"),
-    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "paper"], "--paper"),
-    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "tutorial,nope"], "--kernels"),
-    ("gpu.scripts.record_kernels", ["--out", "{t}/rk", "--kernels", "paper", "--paper", "{t}/none.py"], "--paper"),
-    ("gpu.scripts.record_kernels", ["--out", "{t}/file", "--kernels", "sdpa_flash"], "--out"),
-    ("gpu.probes.torch_ops", ["--out", "{t}/file"], "--out"),
-    ("gpu.probes.cudnn_steps", ["--out", "{t}/file"], "--out"),
+    ("studies.probes.run", ["--out", "{t}/p", "--child", "os"], "--child"),
+    ("studies.probes.run", ["--out", "{t}/p", "--probes", "nope"], "--probes"),
+    ("studies.probes.run", ["--out", "{t}/p", "--budget", "-1"], "--budget"),
+    ("studies.probes.run", ["--out", "{t}/p", "--params", "{{x"], "--params"),
+    ("studies.probes.run", ["--out", "{t}/p", "--params", "[1]"], "--params"),
+    ("studies.probes.run", ["--out", "{t}/file", "--quick"], "--out"),
+    ("studies.device.run_attention", ["--out", "{t}/ra", "--sections", "bogus"], "--sections"),
+    ("studies.device.run_attention", ["--out", "{t}/ra", "--seconds", "0"], "--seconds"),
+    ("studies.device.run_attention", ["--out", "{t}/ra", "--replay-from", "-1"], "--replay-from"),
+    ("studies.device.run_attention", ["--out", "{t}/file"], "--out"),
+    ("studies.device.verify_models", ["--out", "{t}/vm", "--sections", "nope"], "--sections"),
+    ("studies.device.verify_models", ["--out", "{t}/vm", "--params", "{{x"], "--params"),
+    ("studies.device.verify_models", ["--out", "{t}/file"], "--out"),
+    ("studies.device.record_nan_backward", ["--out", "{t}/n", "--dtypes", "fp8"], "--dtypes"),
+    ("studies.device.record_nan_backward", ["--out", "{t}/file"], "--out"),
+    ("studies.device.train_check", ["--out", "{t}/tc", "--steps", "0"], "--steps"),
+    ("studies.device.train_check", ["--out", "{t}/tc", "--seconds", "-1"], "--seconds"),
+    ("studies.device.train_check", ["--out", "{t}/file"], "--out"),
+    ("studies.device.record_kernels", ["--out", "{t}/rk", "--kernels", "paper"], "--paper"),
+    ("studies.device.record_kernels", ["--out", "{t}/rk", "--kernels", "tutorial,nope"], "--kernels"),
+    ("studies.device.record_kernels", ["--out", "{t}/rk", "--kernels", "paper", "--paper", "{t}/none.py"], "--paper"),
+    ("studies.device.record_kernels", ["--out", "{t}/file", "--kernels", "sdpa_flash"], "--out"),
+    ("studies.probes.torch_ops", ["--out", "{t}/file"], "--out"),
+    ("studies.probes.cudnn_steps", ["--out", "{t}/file"], "--out"),
 ]
 
 
@@ -440,27 +440,27 @@ def _main(command: str):
         return demo.main
     if command == "gpu.crosscheck":
         return gpu_crosscheck.main
-    if command == "gpu.probes.run":
+    if command == "studies.probes.run":
         return probes_run.main
-    if command == "gpu.scripts.record_nan_backward":
+    if command == "studies.device.record_nan_backward":
         return record_nan_backward.main
-    if command == "gpu.scripts.record_kernels":
-        from gpu.scripts import record_kernels
+    if command == "studies.device.record_kernels":
+        from studies.device import record_kernels
 
         return record_kernels.main
-    if command in ("gpu.probes.torch_ops", "gpu.probes.cudnn_steps"):
+    if command in ("studies.probes.torch_ops", "studies.probes.cudnn_steps"):
         return importlib.import_module(command).main
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    if command == "gpu.scripts.run_attention":
-        from gpu.scripts import run_attention
+    if command == "studies.device.run_attention":
+        from studies.device import run_attention
 
         return run_attention.main
-    if command == "gpu.scripts.train_check":
-        from gpu.scripts import train_check
+    if command == "studies.device.train_check":
+        from studies.device import train_check
 
         return train_check.main
-    from gpu.scripts import verify_models
+    from studies.device import verify_models
 
     return verify_models.main
 
@@ -471,14 +471,14 @@ def test_the_table_covers_every_command():
         "flashsim",
         "emufloat",
         "gpu.crosscheck",
-        "gpu.probes.run",
-        "gpu.scripts.run_attention",
-        "gpu.scripts.verify_models",
-        "gpu.scripts.record_nan_backward",
-        "gpu.scripts.train_check",
-        "gpu.scripts.record_kernels",
-        "gpu.probes.torch_ops",
-        "gpu.probes.cudnn_steps",
+        "studies.probes.run",
+        "studies.device.run_attention",
+        "studies.device.verify_models",
+        "studies.device.record_nan_backward",
+        "studies.device.train_check",
+        "studies.device.record_kernels",
+        "studies.probes.torch_ops",
+        "studies.probes.cudnn_steps",
     }
     assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
 
@@ -589,7 +589,7 @@ def test_random_bytes_fail_cleanly(tmp_path, blob):
 )
 def test_commands_as_processes(files, argv, argument):
     if "--live" in argv:
-        from gpu.scripts.device_cli import gpu_stack_missing
+        from gpu.commands import gpu_stack_missing
 
         if gpu_stack_missing() is None:
             pytest.skip("this machine can run --live")

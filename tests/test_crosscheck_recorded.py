@@ -1,6 +1,6 @@
 """The emulator reproduces our Triton kernels bit for bit: every recorded H100 case, checked on the CPU.
 
-Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections record`` (provenance in
+Recorded by ``OUT=$OUT bash studies/device/run_attention.sh --sections record`` (provenance in
 gpu/data/recorded.json, which keeps the SHA-256 of every output: flashsim.recording); inputs are regenerated
 from their seeds (gpu/crosscheck/cases.py), the emulator's outputs hashed and compared.
 """
@@ -51,7 +51,7 @@ def test_log2_fma_bit_identical_to_the_kernel():
     """The kernels' log2_fma on a sample of run_attention.sh's log2 inputs (tests/data/h100/attention/log2.json:
     the SHA-256 of the GPU's outputs; the sample's positions in log2.npz)."""
     from flashsim.recording import Recording
-    from gpu.crosscheck.probe_inputs import log2_fma_inputs
+    from studies.probes.inputs import log2_fma_inputs
 
     rec = Recording.load(Path(__file__).parent / "data" / "h100" / "attention" / "log2.json")
     x = log2_fma_inputs()[np.cumsum(rec.kept["index"], dtype=np.int64)]
@@ -71,7 +71,7 @@ def test_check_reports_differences():
 
 # ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
 def test_fp8_forward_bit_identical():
-    """Recorded by ``OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8`` (gpu/data/recorded.json, 'fp8'):
+    """Recorded by ``OUT=$OUT bash studies/device/run_attention.sh --sections fp8`` (gpu/data/recorded.json, 'fp8'):
     q, k, v and P in e4m3 on the fp8 tensor cores, O in bf16; emulated by gpu.policies.triton_policy('e4m3')."""
     cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in REC]
     assert len(cases) >= 40 and {c.softmax for c in cases} == {"standard", "stabilised", "robust"}
@@ -240,13 +240,14 @@ def test_output_step_nan_encoding():
 
 
 def test_replay_start_and_stop_bookkeeping():
-    """gpu/scripts/run_attention.py --sections replay --replay-from K: the start is checked against the recording, and
+    """studies/device/run_attention.py --sections replay --replay-from K: the start is checked against the recording,
+    and
     the result says which runs a call compared (no GPU needed for the cases that run nothing; the script needs
     torch and Triton to import)."""
     pytest.importorskip("torch")
     pytest.importorskip("triton")
     from gpu.crosscheck import recorded_runs
-    from gpu.scripts.run_attention import replay
+    from studies.device.run_attention import replay
 
     n = len(recorded_runs())
     for bad in (-1, n + 1):

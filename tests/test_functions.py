@@ -13,7 +13,7 @@ import emufloat as ef
 from emufloat import functions as F
 from emufloat.hw import h100
 from flashsim.recording import Recording
-from gpu.crosscheck import probe_inputs
+from studies.probes import inputs as probe_inputs
 
 H100 = Path(__file__).parent / "data" / "h100"
 MODES = ("rne", "rna", "rtz", "rup", "rdown", "rto")
@@ -174,7 +174,7 @@ def test_division_model_reproduces_recorded_gpu_outputs():
     got = h100.div_full(z["div_a"].view(np.float32), z["div_b"].view(np.float32)).view(np.uint32)
     assert got.size > 100_000
     rec.verify("div_out", got)
-    # the first probe run's sample (populations of gpu/probes/division.py, a/b through Triton's `/`): drawn on the
+    # the first probe run's sample (populations of studies/probes/division.py, a/b through Triton's `/`): drawn on the
     # GPU, so its inputs are kept whole (division.npz), the outputs as digests (division.json)
     d = Recording.load(H100 / "division.json")
     a, b = d.kept["a"].view(np.float32), d.kept["b"].view(np.float32)

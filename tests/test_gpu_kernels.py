@@ -589,7 +589,7 @@ def test_live_against_fp64(dtype, causal, softmax, d):
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
     o = flash.attention(qq, kk, vv, causal=causal, softmax=softmax)
     o.backward(do)
-    from gpu.scripts.run_attention import reference
+    from studies.device.run_attention import reference
 
     o64, _, g64 = reference(q, k, v, causal, 1 / math.sqrt(d), do)
     tol = 2e-2 if dtype == "bf16" else 4e-3
@@ -629,7 +629,7 @@ def test_live_overlap_kernel_equals_triton_kernel(d, causal):
     """The Gluon forward computes the tl forward's bits (O and LSE), ragged lengths and adversarial inputs."""
     from gpu import flash
     from gpu.crosscheck import same_bits
-    from gpu.scripts.run_attention import kind_inputs
+    from studies.device.run_attention import kind_inputs
 
     for kind, n, dtype in (("repeated", 1000, "bf16"), ("sink", 517, "fp16"), ("large", 4096 - 3, "bf16")):
         q, k, v, _ = kind_inputs(kind, dtype, (1, 2, n, d), n)
@@ -643,7 +643,7 @@ def _fp8_cases(d: int):
     """(kind, N_q, N_k, q, k, v) in e4m3 on the GPU: adversarial inputs, ragged lengths (rows of V^T padded
     to 16 keys) down to one key."""
     from gpu import flash
-    from gpu.scripts.run_attention import kind_inputs
+    from studies.device.run_attention import kind_inputs
 
     for kind, nq, nk in (("repeated", 1000, 1000), ("sink", 517, 333), ("large", 333, 150), ("random", 64, 1)):
         q, k, v, _ = kind_inputs(kind, "bf16", (1, 2, max(nq, nk), d), nq + nk)

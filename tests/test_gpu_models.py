@@ -1,6 +1,6 @@
 """emufloat's hardware models against this machine's GPU, live (``-m gpu``; skipped without CUDA).
 
-Small versions of the sections of gpu/scripts/verify_models.py, which the recorded data in tests/data/h100 came from.
+Small versions of the sections of studies/device/verify_models.py, which the recorded data in tests/data/h100 came from.
 """
 
 import time
@@ -16,7 +16,7 @@ def ctx(tmp_path):
     pytest.importorskip("triton")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from gpu.scripts import verify_models as V
+    from studies.device import verify_models as V
 
     return V.Ctx(tmp_path, 12345, time.monotonic() + 300, {"dots_per_type": 40_000, "reduction_rows": 4096})
 
@@ -28,19 +28,19 @@ def _clean(res: dict) -> None:
 
 
 def test_function_models(ctx):
-    from gpu.scripts import verify_models as V
+    from studies.device import verify_models as V
 
     _clean(V.section_cases(ctx))
 
 
 def test_tensor_core_models(ctx):
-    from gpu.scripts import verify_models as V
+    from studies.device import verify_models as V
 
     _clean(V.section_dot(ctx))
 
 
 def test_reduction_trees(ctx):
-    from gpu.scripts import verify_models as V
+    from studies.device import verify_models as V
 
     for r in V.section_reduction(ctx).values():
         _clean(r)

@@ -162,8 +162,8 @@ def test_kernel_run_resolves_the_users_policy_with_the_opt_in(planted):
 
 # ---- the probes: names from the command line map to fixed modules ----------------------------------------------
 def test_a_probe_name_imports_only_its_own_module(tmp_path):
-    from gpu.probes import env
-    from gpu.probes import run as probes_run
+    from studies.probes import env
+    from studies.probes import run as probes_run
 
     assert probes_run.probe_module("env") is env
     with pytest.raises(ValueError, match=r"^probe: expected one of env, exp2, division, mma, reduction, got 'os'$"):
@@ -171,4 +171,4 @@ def test_a_probe_name_imports_only_its_own_module(tmp_path):
     err = io.StringIO()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
         code = probes_run.main(["--out", str(tmp_path / "p"), "--child", "os.path"])
-    assert code == 2 and err.getvalue().startswith("python -m gpu.probes.run: error: --child: expected one of env,")
+    assert code == 2 and err.getvalue().startswith("python -m studies.probes.run: error: --child: expected one of env,")

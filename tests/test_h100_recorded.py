@@ -1,7 +1,7 @@
 """emufloat's tensor-core models against tl.dot outputs recorded on an H100 (tests/data/h100).
 
 The recordings keep the SHA-256 of the GPU's outputs (flashsim.recording) and the seeds of their inputs
-(gpu.crosscheck.probe_inputs): the inputs are regenerated and checked against their digests, the models' outputs
+(studies.probes.inputs): the inputs are regenerated and checked against their digests, the models' outputs
 hashed and compared.  A mismatch names the device command that re-records the full bits.
 """
 
@@ -16,7 +16,7 @@ import pytest
 import emufloat as ef
 from emufloat.hw import h100
 from flashsim.recording import Recording
-from gpu.crosscheck import probe_inputs
+from studies.probes import inputs as probe_inputs
 
 DATA = Path(__file__).parent / "data" / "h100"
 MMA = Recording.load(DATA / "mma.json")
@@ -99,7 +99,7 @@ def test_fp8_promotion_is_chunks_added_to_an_fp32_accumulator(dtype, with_c):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("shape", ["k16", "k64", "k8", "k8x4"])
 def test_mma_sync_models(dtype, shape):
-    """Ampere's mma.sync on the H100 (gpu/probes/mma_sync.py): m16n8k16 (FlashAttention-2) rounds as the wgmma
+    """Ampere's mma.sync on the H100 (studies/probes/mma_sync.py): m16n8k16 (FlashAttention-2) rounds as the wgmma
     presets, m16n8k8 (the memory-efficient kernel) as 8-product blocks; one step D = A B + C, and chains over
     K = 64 and 32 from C = 0.  The k16 model fails the k8 chains (not vacuous)."""
     rec, z = _mma_sync()

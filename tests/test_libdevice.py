@@ -11,7 +11,7 @@ import pytest
 
 from emufloat.hw import libdevice
 from flashsim.recording import Recording
-from gpu.crosscheck.probe_inputs import libdevice_inputs
+from studies.probes.inputs import libdevice_inputs
 
 DATA = Path(__file__).resolve().parent / "data" / "libdevice" / "log2f.json"
 

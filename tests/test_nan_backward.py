@@ -1,6 +1,7 @@
 """The backward's NaN encoding: a recorded case whose rows are NaN matches the kernel's bits in every output.
 
-Recorded on the GPU by ``PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT`` (card and versions in each
+Recorded on the GPU by ``PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT`` (card and versions in
+each
 run's note; kept whole by ``python -m tools.keep_recording nan-backward $OUT``; gpu/data/README.md): the stabilised
 fix's l = 0 rows (O = 0/0) carry NaN into
 delta, dS, dQ, dK and dV.  The kernels write every such NaN as 0x7FFF (bf16 and fp16) and 0x7FFFFFFF (fp32
@@ -16,7 +17,7 @@ from flashsim import arith
 from flashsim.crosscheck import BACKWARD_OUTPUTS
 from gpu.crosscheck.recorded import nan_runs
 from gpu.policies import triton_policy
-from gpu.scripts.record_nan_backward import NAN_ROWS, nan_encodings, nan_rows_inputs, output_values
+from studies.device.record_nan_backward import NAN_ROWS, nan_encodings, nan_rows_inputs, output_values
 
 DTYPES = ("bf16", "fp16")
 

@@ -3,7 +3,7 @@ and, for causal cases, backward) and PyTorch SDPA's flash backend (FlashAttentio
 and backward).
 
 The GPU ran the tutorial file unmodified, its autotuner included, and SDPA through torch, on fresh inputs of
-every kind (gpu/scripts/record_kernels.py; provenance in each folder's others.json, which keeps the SHA-256 of
+every kind (studies/device/record_kernels.py; provenance in each folder's others.json, which keeps the SHA-256 of
 every output: flashsim.recording; others.npz, where present, the GPU's bits where the emulator differs); each
 case is held to
 ``gpu.policies.tutorial_policy`` for the tiles the autotuner chose, or to ``gpu.policies.sdpa_flash_policy``.
@@ -362,14 +362,14 @@ def test_each_modelled_detail_of_the_cudnn_backward_matters():
 
 
 def test_cudnn_crafted_inputs_are_reproduced():
-    """gpu.probes.cudnn_steps, recorded on the GPU: equal scores (l = n_k exactly, so only the LSE's form
+    """studies.probes.cudnn_steps, recorded on the GPU: equal scores (l = n_k exactly, so only the LSE's form
     shows) and one max among equal keys (l's rounding shows the row sum's order), 38 launches; O and LSE of
     every one identical under the cuDNN model, and under the flash model for the flash backend (the
     probe's control)."""
     from flashsim import flash_forward
     from flashsim.crosscheck import to_bits
     from gpu.policies import sdpa_cudnn_policy, sdpa_flash_policy
-    from gpu.probes import cudnn_steps
+    from studies.probes import cudnn_steps
 
     rec = Recording.load(CUDNN_DATA / "cudnn_steps.json")
     scale = 1.0 / np.sqrt(cudnn_steps.D)

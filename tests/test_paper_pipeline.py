@@ -1,10 +1,10 @@
 """Qiu & Yao's reference attention as it runs on the GPU, replayed bit for bit by the ``qiu_yao`` policy.
 
 Their ``attention.py`` ran eagerly under CUDA bf16 autocast on an H200 (torch 2.11), forward and their
-hand-written backward, fix off and on (``gpu/scripts/run_pipelines.sh``); the kept cases (the SHA-256 of their
+hand-written backward, fix off and on (``studies/device/run_pipelines.sh``); the kept cases (the SHA-256 of their
 outputs, flashsim.recording) are in tests/data/paper (N = 200: one 512-key tile, O, LSE, dQ, dK, dV) and
 tests/data/paper_640 (two tiles, forward).  The torch ops between its GEMMs were probed on their own
-(``python -m gpu.probes.torch_ops``): torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and
+(``python -m studies.probes.torch_ops``): torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and
 torch.log of every bf16 value.
 """
 
@@ -122,7 +122,7 @@ def test_torch_exp_and_log_are_cudas_expf_and_logf():
     the SHA-256 of the GPU's bits (tests/data/h100/torch_exp_log.json); the models give them all, the NaNs'
     payloads included."""
     from flashsim.recording import Recording
-    from gpu.crosscheck.probe_inputs import bf16_grid
+    from studies.probes.inputs import bf16_grid
 
     rec = Recording.load(DATA / "h100" / "torch_exp_log.json")
     x = bf16_grid().view(np.float32)

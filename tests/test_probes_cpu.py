@@ -1,4 +1,4 @@
-"""Tests of the GPU calibration probes (gpu/probes) that need no GPU.
+"""Tests of the GPU calibration probes (studies/probes) that need no GPU.
 
 - Pure-Python/numpy parts (always run): histograms, PTX evidence, JSON and output-folder checks, the result
   schema, the input formats (an adapter over emufloat), the mapping of fitted parameters onto emufloat's
@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 import emufloat as ef
 from emufloat.hw import h100
-from gpu.probes import common, formats, mma_cases, trees
-from gpu.probes.common import Hist, ProbeContext
+from studies.probes import common, formats, mma_cases, trees
+from studies.probes.common import Hist, ProbeContext
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -492,8 +492,8 @@ def test_describe_tree():
 # ----------------------------------------------------------------------------------------------------------
 def test_pure_modules_import_without_torch():
     code = (
-        "import sys; import gpu.probes.common, gpu.probes.formats, gpu.probes.mma_cases, "
-        "gpu.probes.trees, gpu.probes.run; "
+        "import sys; import studies.probes.common, studies.probes.formats, studies.probes.mma_cases, "
+        "studies.probes.trees, studies.probes.run; "
         "bad = [m for m in ('torch', 'triton') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -501,19 +501,19 @@ def test_pure_modules_import_without_torch():
 
 
 def test_runner_rejects_unknown_probe(tmp_path):
-    from gpu.probes import run as runmod
+    from studies.probes import run as runmod
 
     assert runmod.main(["--out", str(tmp_path), "--probes", "nope"]) == 2
 
 
 def test_run_script_syntax_and_contents():
-    script = ROOT / "gpu" / "scripts" / "run_probes.sh"
+    script = ROOT / "studies" / "device" / "run_probes.sh"
     assert script.exists()
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     text = script.read_text()
-    assert "gpu.probes.run" in text and "run_module.sh" in text
-    runner = (ROOT / "gpu" / "scripts" / "run_module.sh").read_text()
+    assert "studies.probes.run" in text and "run_module.sh" in text
+    runner = (ROOT / "studies" / "device" / "run_module.sh").read_text()
     assert "PYTHONPATH" in runner and "PYTHONUNBUFFERED" in runner
 
 
@@ -534,7 +534,7 @@ def _torch():
 
 def test_torchutil_helpers():
     torch = _torch()
-    from gpu.probes import torchutil as tu
+    from studies.probes import torchutil as tu
 
     b = tu.bit_range(2**32 - 2, 4, "cpu")
     assert tu.u32(b).tolist() == [2**32 - 2, 2**32 - 1, 0, 1]
@@ -561,7 +561,7 @@ class FakeEx2:
     def __init__(self):
         import torch
 
-        from gpu.probes import exp2 as E
+        from studies.probes import exp2 as E
 
         self.E = E
         k = torch.arange(E.NGRID + 1, dtype=torch.float64)
@@ -594,7 +594,7 @@ class FakeEx2:
 def test_exp2_pipeline_with_fake_unit(tmp_path):
     pytest.importorskip("triton")  # the probe modules define Triton kernels at import
     _torch()
-    from gpu.probes import exp2 as E
+    from studies.probes import exp2 as E
 
     ctx = ProbeContext(out=tmp_path, device="cpu", quick=True, backend=FakeEx2(), log=lambda s: None)
     # 2**20 inputs each from (-1, -0.5], [-134, -126) (exp2 flushes) and [-100, -92) (exp gives subnormals);
@@ -640,7 +640,7 @@ class FakeDiv:
 def test_division_pipeline_with_fake(tmp_path):
     pytest.importorskip("triton")  # the probe modules define Triton kernels at import
     _torch()
-    from gpu.probes import division as D
+    from studies.probes import division as D
 
     ctx = ProbeContext(out=tmp_path, device="cpu", quick=True, backend=FakeDiv(), log=lambda s: None)
     ctx.params = {"div_chunk": 4096, "div_chunks": 2, "div_samples_per_pop": 100, "div_samples_disagree": 50}
@@ -676,7 +676,7 @@ class FakeReduce:
 def test_reduction_pipeline_with_fake(tmp_path):
     pytest.importorskip("triton")  # the probe modules define Triton kernels at import
     _torch()
-    from gpu.probes import reduction as R
+    from studies.probes import reduction as R
 
     ctx = ProbeContext(out=tmp_path, device="cpu", quick=True, backend=FakeReduce(), log=lambda s: None)
     ctx.params = {"reduction_configs": [[64, 32, 4]], "reduction_variants": ["dot"], "reduction_rows": 256}
@@ -693,7 +693,7 @@ def test_reduction_pipeline_with_fake(tmp_path):
 def test_mma_dot_fn_with_fake_tiles():
     pytest.importorskip("triton")  # the probe modules define Triton kernels at import
     torch = _torch()
-    from gpu.probes import mma as M
+    from studies.probes import mma as M
 
     class FakeTiles:
         """Every row of A / column of B is the same in these probes: compute one dot product per tile."""
@@ -734,7 +734,7 @@ class FakeTensorCore:
 def test_mma_run_with_fake_tensor_core(tmp_path):
     pytest.importorskip("triton")  # the probe modules define Triton kernels at import
     _torch()
-    from gpu.probes import mma as M
+    from studies.probes import mma as M
 
     ctx = ProbeContext(out=tmp_path, device="cpu", quick=True, backend=FakeTensorCore(), log=lambda s: None)
     ctx.params = {"mma_formats": ["bf16", "e4m3"], "mma_stress_per_type": 2 * 4096, "mma_stress_K": [32]}
@@ -759,7 +759,7 @@ def test_mma_run_with_fake_tensor_core(tmp_path):
 def test_sass_excerpt_formats():
     _torch()
     pytest.importorskip("triton")
-    from gpu.probes.division import _sass_excerpt
+    from studies.probes.division import _sass_excerpt
 
     nvdisasm = "Function:k\n--:-:1:-:2\tMUFU.RCP R0, R0;\n--:-:-:Y:0\tNOP;\n02:-:-:-:1\tFMUL R7, R0, R7;\n"
     cuobjdump = "        /*0090*/  MUFU.RCP R5, R0 ;   /* 0x0000000000057308 */\n  /* 0x000fe20000001000 */\n"
@@ -772,7 +772,7 @@ def test_offline_compile_for_sm90():
     instructions: ex2.approx.ftz.f32, div.full.f32, wgmma for each input type."""
     pytest.importorskip("triton")
     _torch()
-    from gpu.probes import compile_check
+    from studies.probes import compile_check
 
     res = compile_check.run_all(90, quick=True, log=lambda s: None)
     assert res["failed"] == [], [r for r in res["kernels"] if not r["ok"]]
@@ -795,7 +795,7 @@ def _need_gpu():
 @pytest.mark.parametrize("probe", ["exp2", "division", "mma", "reduction"])
 def test_probe_tiny_on_gpu(probe, tmp_path):
     _need_gpu()
-    from gpu.probes import run as runmod
+    from studies.probes import run as runmod
 
     params = {
         "exp2_chunk_starts": [0xBF000000, 0x3F000000],

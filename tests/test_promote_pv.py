@@ -81,7 +81,7 @@ def test_promote_pv_cases_cover_the_grid():
 
 recorded = pytest.mark.skipif(
     not has_section("promote_pv"),
-    reason="gpu/data/promote_pv.json not recorded yet: run OUT=$OUT bash gpu/scripts/run_attention.sh "
+    reason="gpu/data/promote_pv.json not recorded yet: run OUT=$OUT bash studies/device/run_attention.sh "
     "--sections promote_pv on a GPU, then python -m tools.keep_recording attention $OUT (docs/crosscheck.md)",
 )
 

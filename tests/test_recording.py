@@ -157,14 +157,14 @@ def test_a_flipped_bit_fails_the_probe_checks():
     import emufloat as ef
     from emufloat.hw import h100
     from emufloat.ops import div
-    from gpu.crosscheck import probe_inputs
+    from studies.probes import inputs as probe_inputs
 
     mma = Recording.load(DATA / "h100" / "mma.json")
     x = probe_inputs.stress_tiles(mma.meta["seed"], formats=("bf16",))
     a, bt = (x[f"bf16_K16_noc_{p}"].view(ml_dtypes.bfloat16) for p in ("a", "bt"))
     d = np.stack([ef.matmul(a[t], bt[t].T, h100.WGMMA_BF16) for t in range(len(a))]).view(np.uint32)
     mma.verify("bf16_K16_noc_d", d)
-    with pytest.raises(RecordingMismatch, match=r"bf16_K16_noc_d: .*gpu/scripts/run_probes\.sh"):
+    with pytest.raises(RecordingMismatch, match=r"bf16_K16_noc_d: .*studies/device/run_probes\.sh"):
         mma.verify("bf16_K16_noc_d", _flipped(d, index=100, bit=0))
     cm = Recording.load(DATA / "h100" / "cuda_math.json")
     xs = probe_inputs.cuda_math_inputs(cm.meta["seed"], keep=cm.meta["per_part"])["x"].view(np.float32)

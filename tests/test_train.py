@@ -1,4 +1,4 @@
-"""gpu.train on the CPU: the byte corpus, the model's backends, the statistics the training logs (against
+"""studies.training on the CPU: the byte corpus, the model's backends, the statistics the training logs (against
 direct counts and numpy), a short deterministic run, the emulator's lean of O on a sample, the report's
 helpers and the command line's errors.  The paper's backend needs Qiu & Yao's attention.py in .upstream/
 (never committed): those tests skip without it."""
@@ -19,9 +19,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu.train import data, lean, report, stats  # noqa: E402
-from gpu.train import train as trainer  # noqa: E402
-from gpu.train.model import GPT, PAPER_FILE, GPTConfig, loss_of  # noqa: E402
+from studies.training import data, lean, report, stats  # noqa: E402
+from studies.training import train as trainer  # noqa: E402
+from studies.training.model import GPT, PAPER_FILE, GPTConfig, loss_of  # noqa: E402
 
 needs_paper = pytest.mark.skipif(not PAPER_FILE.is_file(), reason="Qiu & Yao's attention.py is not in .upstream/")
 TINY = dict(layers=2, dim=128, heads=2, ctx=32)
@@ -173,7 +173,7 @@ def test_model_shapes_and_capture(attn):
 def test_paper_backend_matches_sdpa_closely_and_frees_its_graph():
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 40, 64, dtype=torch.bfloat16) for _ in range(3))
-    from gpu.train.model import attention_fn
+    from studies.training.model import attention_fn
 
     o = attention_fn("paper")(q, k, v)
     ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
@@ -306,7 +306,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_recorded_runs_are_complete_and_finite():
     for name in report.RUNS:
-        log = json.loads((ROOT / "gpu" / "data" / "train" / f"{name}.json").read_text())
+        log = json.loads((ROOT / "studies" / "training" / "data" / f"{name}.json").read_text())
         assert log["nonfinite"] == {
             "loss_steps": 0,
             "grad_norm_steps": 0,
@@ -315,7 +315,7 @@ def test_recorded_runs_are_complete_and_finite():
         }
         assert len(log["loss"]) == log["steps_done"] >= 3800 and None not in log["loss"]
         assert log["data"]["sha256"].startswith("473f4dde")
-    result = json.loads((ROOT / "gpu" / "data" / "train" / "lean.json").read_text())
+    result = json.loads((ROOT / "studies" / "training" / "data" / "lean.json").read_text())
     assert set(result["runs"]) == set(report.RUNS) and result["margin"] == lean.MARGIN
     assert all(rec["identical"] == 1.0 for run in result["runs"].values() for rec in run["layers"])
 

@@ -21,8 +21,8 @@ import emufloat as ef
 from emufloat.hw import h100
 from emufloat.trees import ReductionTree, tree_max, tree_sum
 from flashsim.recording import Recording
-from gpu.crosscheck.probe_inputs import reduction_rows
-from gpu.probes import trees as T
+from studies.probes import trees as T
+from studies.probes.inputs import reduction_rows
 
 REPO = Path(__file__).resolve().parents[1]
 H100 = REPO / "tests" / "data" / "h100"
@@ -87,7 +87,7 @@ def test_h100_model_reproduces_recorded_rows(key, cfg):
 
 
 def _zero_nan_rows(n: int) -> dict[str, np.ndarray]:
-    """The probe's rows (gpu/probes/reduction.max_zero_nan_tests), by family."""
+    """The probe's rows (studies/probes/reduction.max_zero_nan_tests), by family."""
     fam = {"neg0_with_pos0": [], "pos0_with_neg0": [], "nan": []}
     for p in range(n):
         r = np.full(n, -0.0, dtype=np.float32)

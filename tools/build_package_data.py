@@ -2,8 +2,8 @@
 
     python -m tools.build_package_data FOLDER      # $OUT of the device scripts; tests/data/h100: the trees only
 
-FOLDER is what the device scripts wrote to $OUT: ``gpu/scripts/run_probes.sh`` (results.json, exp2.npz) and, for
-the rcp table, ``gpu/scripts/run_verify.sh`` (rcp.npz); a table whose file is absent is skipped.  tests/data/h100
+FOLDER is what the device scripts wrote to $OUT: ``studies/device/run_probes.sh`` (results.json, exp2.npz) and, for
+the rcp table, ``studies/device/run_verify.sh`` (rcp.npz); a table whose file is absent is skipped.  tests/data/h100
 keeps the probe run's results.json (as results.json.gz), not its tables: the package data holds them, and the
 device's exp2.npz and rcp.npz gave exactly its arrays.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.probes import trees as T  # numpy-only tree helpers of the probes
+from studies.probes import trees as T  # numpy-only tree helpers of the probes
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,7 +48,7 @@ def build_ex2(src: Path) -> dict | None:
         out[f"{side}_near_idx"] = z[f"exp2_table_{side}_near_idx"].astype(np.int64)
         out[f"{side}_bits_at_near"] = z[f"exp2_table_{side}_bits_at_near"].astype(np.uint32)
         out[f"{side}_sha256"] = np.array(table[side]["sha256_table_bits"])
-    out["source"] = np.array("exp2.npz + results.json of gpu/scripts/run_probes.sh (an H100)")
+    out["source"] = np.array("exp2.npz + results.json of studies/device/run_probes.sh (an H100)")
     return out
 
 
@@ -60,7 +60,7 @@ def build_rcp(src: Path) -> dict | None:
     return {
         "delta": z["rcp_table_delta"].astype(np.int8),
         "sha256": np.array(str(z["rcp_table_sha256"])),
-        "source": np.array("rcp.npz of gpu/scripts/verify_models.py (an H100)"),
+        "source": np.array("rcp.npz of studies/device/verify_models.py (an H100)"),
     }
 
 
@@ -119,10 +119,10 @@ def build_trees(src: Path) -> dict:
             "is +0), so the tile held +0 before the reduction",
         },
         "provenance": {
-            "probe": "gpu/probes/reduction.py (FPRev tree inference: gpu/probes/trees.py)",
+            "probe": "studies/probes/reduction.py (FPRev tree inference: studies/probes/trees.py)",
             "source": "tests/data/h100/results.json: probes.reduction.result.configs; random rows and GPU "
             "outputs in tests/data/h100/reduction.npz",
-            "recording_command": "OUT=$OUT bash gpu/scripts/run_probes.sh",
+            "recording_command": "OUT=$OUT bash studies/device/run_probes.sh",
             "recorded": res["started"],
             "seed": red["result"]["seed"],
             "gpu": env["gpu_name"],
@@ -156,11 +156,11 @@ def main() -> None:
         "src",
         type=Path,
         metavar="FOLDER",
-        help="a probe run's output folder (results.json, exp2.npz; rcp.npz from gpu/scripts/run_verify.sh)",
+        help="a probe run's output folder (results.json, exp2.npz; rcp.npz from studies/device/run_verify.sh)",
     )
     args = ap.parse_args()
     if not any((args.src / f).is_file() for f in ("results.json", "results.json.gz")):
-        ap.error(f"FOLDER {args.src} lacks results.json: give the output folder of gpu/scripts/run_probes.sh")
+        ap.error(f"FOLDER {args.src} lacks results.json: give the output folder of studies/device/run_probes.sh")
     DST.mkdir(exist_ok=True)
     for name, arrays in (("ex2", build_ex2(args.src)), ("rcp", build_rcp(args.src))):
         if arrays is None:

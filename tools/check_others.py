@@ -1,4 +1,4 @@
-"""Hold a recording of other people's kernels (gpu/scripts/record_kernels.py's folder) to the emulator.
+"""Hold a recording of other people's kernels (studies/device/record_kernels.py's folder) to the emulator.
 
     PYTHONPATH=. python tools/check_others.py FOLDER [--kernel NAME]
 

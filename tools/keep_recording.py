@@ -1,10 +1,11 @@
 """Keep a fresh GPU recording in the repository compactly: digests of its outputs, bits only where needed.
 
     python -m tools.keep_recording attention DIR     # run_attention.sh: record, fp8, cast_sum, promote_pv, log2
-    python -m tools.keep_recording nan-backward DIR  # python -m gpu.scripts.record_nan_backward
+    python -m tools.keep_recording nan-backward DIR  # python -m studies.device.record_nan_backward
     python -m tools.keep_recording tiny-kernel DIR   # RECORD_DIR=DIR pytest tests/test_model_your_kernel.py -k live
     python -m tools.keep_recording probes DIR        # any of the probe files below that DIR holds
-    python -m tools.keep_recording trained-family FILE   # gpu.train.report --family FILE: the first 256 positions
+    python -m tools.keep_recording trained-family FILE   # studies.training.report --family FILE: the first 256
+    positions
     python -m tools.keep_recording xz FILE.npz       # FILE.npz.xz (docs/data/fix_table.npz)
 
 DIR is what the device command wrote ($OUT).  Each recording becomes ``NAME.json`` (the device's description,
@@ -15,7 +16,7 @@ every output is compared with the emulator: identical ones are kept as their dig
 elements where the device differs) beside its digest, and the tool says so.  Probe files (``probes``):
 mma.npz, reduction.npz, division.npz and results.json (run_probes.sh), functions.npz, tf32.npz and
 libdevice.npz (run_verify.sh), lg2_sample.npz, cuda_math.npz, mma_sync.npz, torch_ops.npz, cudnn_steps.npz (the
-``python -m gpu.probes.NAME`` probes).
+``python -m studies.probes.NAME`` probes).
 """
 
 from __future__ import annotations
@@ -117,12 +118,12 @@ def keep_attention(meta: dict, arrays: dict[str, np.ndarray], data: Path) -> lis
             out_meta["env"] = meta["env"]
         if "fp8" in parts:
             out_meta["fp8"] = {
-                "command": "OUT=$OUT bash gpu/scripts/run_attention.sh --sections fp8",
+                "command": "OUT=$OUT bash studies/device/run_attention.sh --sections fp8",
                 "env": meta["env"],
             } | meta["fp8"]
             out_meta["fp8"].pop("kept", None)
         out_meta["recording"] = recording_entry(
-            "OUT=$OUT bash gpu/scripts/run_attention.sh --sections record,fp8",
+            "OUT=$OUT bash studies/device/run_attention.sh --sections record,fp8",
             "the SHA-256 of every output (forward O and LSE of the cases with n_q * n_k <= 333^2, all backward "
             "cases; FP8: n_q * n_k <= 333^2); recorded.npz: O, LSE and the per-block m, l, P, acc of one causal "
             "and one full forward case (the first-divergence tests)",
@@ -148,7 +149,7 @@ def keep_attention(meta: dict, arrays: dict[str, np.ndarray], data: Path) -> lis
             continue
         mine = {k: a for k, a in arrays.items() if k.split("/")[0] in (fwd, bwd)}
         section = meta[name] | {
-            "command": meta[name].get("command", f"OUT=$OUT bash gpu/scripts/run_attention.sh --sections {name}"),
+            "command": meta[name].get("command", f"OUT=$OUT bash studies/device/run_attention.sh --sections {name}"),
             "env": meta[name].get("env", meta.get("env")),
             "check": meta.get(f"{name}_check", meta[name].get("check", {})),
             "bench": meta.get(f"{name}_bench", meta[name].get("bench", [])),
@@ -189,7 +190,7 @@ def keep_log2(folder: Path, dest: Path) -> Path | None:
     """run_attention.sh --sections log2 (log2.npz: x, y): the kernels' log2_fma on every input of
     `log2_fma_inputs()`, kept as the digest of y."""
     from emufloat.hw import h100
-    from gpu.crosscheck.probe_inputs import log2_fma_inputs
+    from studies.probes.inputs import log2_fma_inputs
 
     src = folder / "log2.npz"
     if not src.is_file():
@@ -210,10 +211,10 @@ def keep_log2(folder: Path, dest: Path) -> Path | None:
         index = steps.astype(np.uint8 if steps.max() < 256 else np.uint32)  # positions as steps: they compress
     meta = {
         "recording": recording_entry(
-            "OUT=$OUT bash gpu/scripts/run_attention.sh --sections log2",
+            "OUT=$OUT bash studies/device/run_attention.sh --sections log2",
             "the SHA-256 of y = log2_fma(x)"
             + ("" if index is None else "; log2.npz: the sample's positions, as steps ('index': np.cumsum gives them)"),
-            "gpu.crosscheck.probe_inputs.log2_fma_inputs()" + ("" if index is None else "[np.cumsum(index)]"),
+            "studies.probes.inputs.log2_fma_inputs()" + ("" if index is None else "[np.cumsum(index)]"),
             "attention $OUT",
         ),
         "n": int(x.size),
@@ -268,7 +269,7 @@ def keep_runs(
 
 
 def nan_backward_inputs(name: str) -> dict[str, np.ndarray]:
-    from gpu.scripts.record_nan_backward import nan_rows_inputs
+    from studies.device.record_nan_backward import nan_rows_inputs
 
     return nan_rows_inputs(name.rsplit("_", 1)[1])
 
@@ -377,7 +378,7 @@ def _seed(arrays: Arrays, default: int) -> int:
 
 def _probes_seed(folder: Path) -> int:
     """The seed of a run_probes.sh run (its results.json; the default where absent)."""
-    from gpu.crosscheck.probe_inputs import PROBE_SEED
+    from studies.probes.inputs import PROBE_SEED
 
     for name in ("results.json", "results.json.gz"):
         p = folder / name
@@ -389,7 +390,7 @@ def _probes_seed(folder: Path) -> int:
 
 def _verify_seed(folder: Path) -> int:
     """The seed of a run_verify.sh run (its verify.json; the default where absent)."""
-    from gpu.crosscheck.probe_inputs import VERIFY_SEED
+    from studies.probes.inputs import VERIFY_SEED
 
     runs = _json(folder, "verify.json").get("runs") or [{}]
     return int(runs[0].get("argv", {}).get("seed", VERIFY_SEED))
@@ -402,7 +403,7 @@ def _tiles(fn: Callable[[int], np.ndarray], n: int) -> np.ndarray:
 def _mma_model(arrays: Arrays, key: str) -> np.ndarray:
     import emufloat as ef
     from emufloat.hw import h100
-    from gpu.probes.formats import FORMATS
+    from studies.probes.formats import FORMATS
 
     fmt = FORMATS[key.split("_")[0]]
     model = {"bf16": h100.WGMMA_BF16, "fp16": h100.WGMMA_FP16}.get(fmt.name, h100.WGMMA_FP8)
@@ -456,7 +457,7 @@ def _reduction_model(arrays: Arrays, key: str) -> np.ndarray | None:
         return None
     bm, bn, w, layout, what = int(m[1]), int(m[2]), int(m[3]), m[4], m[5]
     if what == "fprev_sums":  # FPRev's probe rows: one sum a pair, the same in every row of the tile
-        from gpu.probes import trees as T
+        from studies.probes import trees as T
 
         sums = tree_sum(T.fprev_rows(bn, T.all_pairs(bn)), h100.tl_sum(bm, bn, w, layout))
         return np.repeat(sums.astype(np.uint8)[:, None], bm, axis=1)
@@ -507,7 +508,7 @@ def _cudnn_steps_model(arrays: Arrays, key: str) -> np.ndarray:
     from flashsim.attention import flash_forward
     from flashsim.crosscheck import to_bits
     from gpu.policies import sdpa_cudnn_policy, sdpa_flash_policy
-    from gpu.probes import cudnn_steps
+    from studies.probes import cudnn_steps
 
     backend, name, out = key.split("/")
     dtype = name.split("_")[0]
@@ -525,23 +526,23 @@ def _cudnn_steps_model(arrays: Arrays, key: str) -> np.ndarray:
 def probes() -> list[Probe]:
     """The probe files this tool keeps, with their recordings' paths in the repository."""
     from emufloat.hw import h100, libdevice
-    from gpu.crosscheck import probe_inputs as P
-    from gpu.probes.cuda_math import models as cuda_math_models
+    from studies.probes import inputs as P
+    from studies.probes.cuda_math import models as cuda_math_models
 
     h = "tests/data/h100"
-    probes_cmd = "OUT=$OUT bash gpu/scripts/run_probes.sh"
-    verify_cmd = "OUT=$OUT bash gpu/scripts/run_verify.sh --sections rcp,cases,dot,tf32,reduction --seconds 540"
+    probes_cmd = "OUT=$OUT bash studies/device/run_probes.sh"
+    verify_cmd = "OUT=$OUT bash studies/device/run_verify.sh --sections rcp,cases,dot,tf32,reduction --seconds 540"
     tiles = lambda z: (len(z["bf16_k16_d"]), len(z["bf16_k64_d"]))  # noqa: E731
     per_part = lambda z: (z["x"].size - 16) // 5  # noqa: E731
     lg2 = {"ftz": h100.lg2_approx, "noftz": lambda x: h100.lg2_approx(x, ftz=False), "fast_logf": h100.cuda_fast_logf}
     return [
         Probe(
-            "mma.npz", f"{h}/mma.json", probes_cmd, "gpu.crosscheck.probe_inputs.stress_tiles(seed)",
+            "mma.npz", f"{h}/mma.json", probes_cmd, "studies.probes.inputs.stress_tiles(seed)",
             lambda z, f: P.stress_tiles(_probes_seed(f)), _mma_model, lambda k: k.endswith("_d"),
             meta=lambda z, f: {"seed": _probes_seed(f)},
         ),
         Probe(
-            "reduction.npz", f"{h}/reduction.json", probes_cmd, "gpu.crosscheck.probe_inputs.reduction_rows(seed, n)",
+            "reduction.npz", f"{h}/reduction.json", probes_cmd, "studies.probes.inputs.reduction_rows(seed, n)",
             lambda z, f: P.reduction_rows(_probes_seed(f), n=len(z["rows_BN64"])), _reduction_model,
             lambda k: k.endswith(("_sum", "_max", "_fprev_sums")),
             meta=lambda z, f: {"seed": _probes_seed(f), "rows": len(z["rows_BN64"])},
@@ -554,56 +555,56 @@ def probes() -> list[Probe]:
             keep=lambda k: k in ("a", "b", "source", "special_tag", "special_tag_names"),
         ),
         Probe(
-            "functions.npz", f"{h}/functions.json", verify_cmd, "gpu.crosscheck.probe_inputs.functions_inputs(seed)",
+            "functions.npz", f"{h}/functions.json", verify_cmd, "studies.probes.inputs.functions_inputs(seed)",
             lambda z, f: P.functions_inputs(_seed(z, P.VERIFY_SEED)), _functions_model, lambda k: k.endswith("_out"),
             meta=lambda z, f: {"seed": _seed(z, P.VERIFY_SEED)},
         ),
         Probe(
-            "tf32.npz", f"{h}/tf32.json", verify_cmd, "gpu.crosscheck.probe_inputs.tf32_tiles(seed)",
+            "tf32.npz", f"{h}/tf32.json", verify_cmd, "studies.probes.inputs.tf32_tiles(seed)",
             lambda z, f: P.tf32_tiles(_verify_seed(f)), _tf32_model, lambda k: k.endswith("_d"),
             meta=lambda z, f: {"seed": _verify_seed(f)},
         ),
         Probe(
             "libdevice.npz", "tests/data/libdevice/log2f.json",
-            "OUT=$OUT TUTORIAL=.upstream/triton_06_fused_attention.py bash gpu/scripts/run_others.sh (its "
+            "OUT=$OUT TUTORIAL=.upstream/triton_06_fused_attention.py bash studies/device/run_others.sh (its "
             "verify_models --sections libdevice step)",
-            "gpu.crosscheck.probe_inputs.libdevice_inputs(seed)",
+            "studies.probes.inputs.libdevice_inputs(seed)",
             lambda z, f: P.libdevice_inputs(_seed(z, P.VERIFY_SEED)),
             _unary({"log2_out": libdevice.log2f}, lambda z: z["x"]), lambda k: k.endswith("_out"),
             meta=lambda z, f: {"seed": _seed(z, P.VERIFY_SEED)},
         ),
         Probe(
-            "lg2_sample.npz", f"{h}/lg2_sample.json", "PYTHONPATH=. python -m gpu.probes.lg2 --out $OUT",
-            "gpu.crosscheck.probe_inputs.lg2_sample_inputs(seed)",
+            "lg2_sample.npz", f"{h}/lg2_sample.json", "PYTHONPATH=. python -m studies.probes.lg2 --out $OUT",
+            "studies.probes.inputs.lg2_sample_inputs(seed)",
             lambda z, f: P.lg2_sample_inputs(_seed(z, P.LG2_SEED)), _unary(lg2, lambda z: z["x"]),
             lambda k: k in lg2, meta=lambda z, f: {"seed": _seed(z, P.LG2_SEED)},
         ),
         Probe(
-            "cuda_math.npz", f"{h}/cuda_math.json", "PYTHONPATH=. python -m gpu.probes.cuda_math --out $OUT",
-            "gpu.crosscheck.probe_inputs.cuda_math_inputs(seed, keep=per_part)",
+            "cuda_math.npz", f"{h}/cuda_math.json", "PYTHONPATH=. python -m studies.probes.cuda_math --out $OUT",
+            "studies.probes.inputs.cuda_math_inputs(seed, keep=per_part)",
             lambda z, f: P.cuda_math_inputs(_seed(z, P.CUDA_MATH_SEED), keep=per_part(z)),
             _unary(cuda_math_models(), lambda z: z["x"]), lambda k: k in cuda_math_models(),
             meta=lambda z, f: _json(f, "cuda_math.json")
             | {"seed": _seed(z, P.CUDA_MATH_SEED), "per_part": per_part(z)},
         ),
         Probe(
-            "mma_sync.npz", f"{h}/mma_sync.json", "PYTHONPATH=. python -m gpu.probes.mma_sync --out $OUT",
-            "gpu.crosscheck.probe_inputs.mma_sync_inputs(seed, keep=(tiles, chains))",
+            "mma_sync.npz", f"{h}/mma_sync.json", "PYTHONPATH=. python -m studies.probes.mma_sync --out $OUT",
+            "studies.probes.inputs.mma_sync_inputs(seed, keep=(tiles, chains))",
             lambda z, f: P.mma_sync_inputs(_seed(z, P.MMA_SYNC_SEED), keep=tiles(z)), _mma_sync_model,
             lambda k: k.endswith("_d"),
             meta=lambda z, f: _json(f, "mma_sync.json")
             | {"seed": _seed(z, P.MMA_SYNC_SEED), "tiles": tiles(z)[0], "chains": tiles(z)[1]},
         ),
         Probe(
-            "torch_ops.npz", f"{h}/torch_exp_log.json", "PYTHONPATH=. python -m gpu.probes.torch_ops --out $OUT",
-            "gpu.crosscheck.probe_inputs.bf16_grid(): every bf16 value as float32 bits",
+            "torch_ops.npz", f"{h}/torch_exp_log.json", "PYTHONPATH=. python -m studies.probes.torch_ops --out $OUT",
+            "studies.probes.inputs.bf16_grid(): every bf16 value as float32 bits",
             lambda z, f: {}, _unary({"exp_bf16": libdevice.expf, "log_bf16": libdevice.logf}, lambda z: P.bf16_grid()),
             lambda k: k in ("exp_bf16", "log_bf16"),
         ),
         Probe(
             "cudnn_steps.npz", "tests/data/sdpa_cudnn/cudnn_steps.json",
-            "PYTHONPATH=. python -m gpu.probes.cudnn_steps --out $OUT",
-            "gpu.probes.cudnn_steps.cases(dtype): crafted q, k, v, numpy from fixed seeds",
+            "PYTHONPATH=. python -m studies.probes.cudnn_steps --out $OUT",
+            "studies.probes.cudnn_steps.cases(dtype): crafted q, k, v, numpy from fixed seeds",
             lambda z, f: {}, _cudnn_steps_model, lambda k: k.endswith(("/o", "/lse")),
             meta=lambda z, f: _json(f, "cudnn_steps.json"),
         ),
@@ -625,7 +626,8 @@ def keep_probes(folder: Path, dest_root: Path = REPO) -> list[Path]:
 
 # ---- the trained input family's data ---------------------------------------------------------------------
 def keep_trained_family(src: Path, dest: Path, positions: int = 256) -> Path:
-    """The trained family's file (``python -m gpu.train.report --family SRC``: q, k, v bits (layers, heads, N, d),
+    """The trained family's file (``python -m studies.training.report --family SRC``: q, k, v bits (layers, heads, N,
+    d),
     the window's bytes, the scale, ``meta``) cut to the window's first ``positions`` positions.  A causal model's
     q, k, v at position t depend on the bytes 0..t only, so these are what the model computes on the window's
     first ``positions`` bytes; ``meta`` says so, with the SHA-256 of the whole arrays."""
@@ -676,17 +678,19 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog=KEPT_BY, description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     for name, helptext in (
-        ("attention", "gpu/scripts/run_attention.sh's folder (attention.json, *_cases_*.npz, log2.npz)"),
-        ("nan-backward", "python -m gpu.scripts.record_nan_backward's folder (nan_backward_<dtype>.npz)"),
+        ("attention", "studies/device/run_attention.sh's folder (attention.json, *_cases_*.npz, log2.npz)"),
+        ("nan-backward", "python -m studies.device.record_nan_backward's folder (nan_backward_<dtype>.npz)"),
         ("tiny-kernel", "the live test of tests/test_model_your_kernel.py with RECORD_DIR (tiny_*.npz)"),
         ("probes", "a probe run's folder (mma.npz, reduction.npz, functions.npz, ..., results.json)"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("folder", type=Path, help="what the device command wrote ($OUT)")
-    p = sub.add_parser("trained-family", help="gpu.train.report --family's file -> flashsim/data/trained_attention.npz")
-    p.add_argument("file", type=Path, help="the file python -m gpu.train.report --family FILE wrote")
+    p = sub.add_parser(
+        "trained-family", help="studies.training.report --family's file -> flashsim/data/trained_attention.npz"
+    )
+    p.add_argument("file", type=Path, help="the file python -m studies.training.report --family FILE wrote")
     p.add_argument("--positions", type=int, default=256, help="the window's first positions kept (default 256)")
-    p = sub.add_parser("xz", help="FILE.npz -> FILE.npz.xz (e.g. tools/fix_table.py's --npz docs/data/fix_table.npz)")
+    p = sub.add_parser("xz", help="FILE.npz -> FILE.npz.xz (e.g. studies/fix_table.py's --npz docs/data/fix_table.npz)")
     p.add_argument("file", type=Path, help="an .npz file")
     args = ap.parse_args(argv)
     if args.what == "xz":
@@ -734,16 +738,16 @@ NAN_META = {
     "description": "Our kernels' forward + backward on inputs whose rows are NaN under the stabilised fix (l = 0): "
     "every output's bits kept, for the NaN encodings (tests/test_nan_backward.py).",
     "recording": recording_entry(
-        "PYTHONPATH=. python -m gpu.scripts.record_nan_backward --out $OUT",
+        "PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT",
         "every output's bits (nan_backward.npz: '<run>/<output>'), the SHA-256 of the inputs",
-        "gpu.scripts.record_nan_backward.nan_rows_inputs(dtype)",
+        "studies.device.record_nan_backward.nan_rows_inputs(dtype)",
         "nan-backward $OUT",
     ),
 }
 TINY_META = {
     "description": "The small Triton kernel of tests/test_model_your_kernel.py on the GPU: O (fp16) and base-2 LSE.",
     "recording": recording_entry(
-        "OUT=$OUT TUTORIAL=.upstream/triton_06_fused_attention.py bash gpu/scripts/run_others.sh (its "
+        "OUT=$OUT TUTORIAL=.upstream/triton_06_fused_attention.py bash studies/device/run_others.sh (its "
         "RECORD_DIR=... pytest tests/test_model_your_kernel.py -k live step)",
         "the SHA-256 of each run's inputs and outputs",
         "flashsim.testing.make_inputs(kind, n, n, d, 'fp16', seed) of the run's name tiny_<kind>_<n>_<d>_<seed>",

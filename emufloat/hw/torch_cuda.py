@@ -14,7 +14,7 @@ A lane folds its accumulators left to right; lanes beyond the first warp are add
 adds lane t + W/2, ..., down to 32 lanes), and the warp combines its lanes by shuffle-down with offsets
 16, 8, ..., 1.  Inferred on the GPU by FPRev pair probes at the shapes Qiu & Yao's attention runs (fp32 rows
 of 64 to 512 values, bf16 rows of 64 to 256, launches of 1 to 512 rows) and confirmed on random rows with 0
-mismatches (``python -m gpu.probes.torch_ops``).  Rows of 128 or more values that are not whole vectors
+mismatches (``python -m studies.probes.torch_ops``).  Rows of 128 or more values that are not whole vectors
 (torch then handles a misaligned head and a tail) take another order, not modelled: `row_sum_tree()`
 refuses them.
 """

@@ -363,7 +363,7 @@ def make_sinks(
     return build_rows(n_rows, row, seed=seed, first_row=first_row, description=desc)
 
 
-#: q, k, v of a small GPT trained on the GPU (gpu.train; docs/training.md): bf16 bits, (layers, heads, N, d)
+#: q, k, v of a small GPT trained on the GPU (studies.training; docs/training.md): bf16 bits, (layers, heads, N, d)
 TRAINED_DATA = "trained_attention.npz"
 
 
@@ -391,7 +391,7 @@ def make_trained(
     layer: int | None = None,
     v: str = "trained",
 ) -> BiasRows:
-    """Scores of a trained model: a small byte-level GPT trained on the GPU by ``gpu.train`` (6 layers, 4 heads,
+    """Scores of a trained model: a small byte-level GPT trained on the GPU by ``studies.training`` (6 layers, 4 heads,
     d = 64; docs/training.md).  A row is a random (layer, head, query position t >= n_keys - 1) of one held-out
     window, its keys the n_keys positions up to t (causal), q scaled by the model's 1/sqrt(d) (exact: a power
     of two).  ``layer``: one layer only (default: all).  ``v``: 'trained' (the model's own V rows) or, to

@@ -1,6 +1,6 @@
 """Triton's kernels on the H100 and H200 (sm_90): the recorded ``tl.sum`` trees, ``div.full.f32`` and
 ``rcp.approx``, and the exp2 / log2 of the special-function unit with what CUDA and Triton build on them
-(models in [`emufloat.hw.h100`][emufloat.hw.h100], calibrated by the probes of ``gpu.probes``)."""
+(models in [`emufloat.hw.h100`][emufloat.hw.h100], calibrated by the probes of ``studies.probes``)."""
 
 from __future__ import annotations
 

@@ -191,7 +191,29 @@ def backward_cases() -> list[Case]:
     return out
 
 
+# ---- the NaN-row backward case (studies/device/record_nan_backward.py records it) ---------------------------
+NAN_N, NAN_D, NAN_SEED = 128, 64, 2828
+NAN_ROWS = (3, 77, 120)  # in both of the backward's 64-row query blocks
+Q_ROW_VALUE = 1024.0  # scores of those rows: 1024 * sm_scale * log2 e = 184.7 exp2 units; the fix subtracts 369
+
+
+def nan_rows_inputs(
+    dtype: str = "bf16", n: int = NAN_N, d: int = NAN_D, seed: int = NAN_SEED, rows: tuple[int, ...] = NAN_ROWS
+) -> dict[str, np.ndarray]:
+    """q, k, v, do of one head, shapes (n, d), as float32 arrays of ``dtype`` values (rounded RNE): the rows
+    ``rows`` of q are ``Q_ROW_VALUE`` e_0 and column 0 of k is 1, every other value an N(0, 1) draw."""
+    rng = np.random.default_rng(seed)
+    x = {name: rng.standard_normal((n, d)) for name in ("q", "k", "v", "do")}
+    x["k"][:, 0] = 1.0
+    x["q"][list(rows)] = 0.0
+    x["q"][list(rows), 0] = Q_ROW_VALUE
+    fmt = kernel_format(dtype)
+    return {name: ef.quantize(a, fmt).astype(np.float32) for name, a in x.items()}
+
+
 __all__ = [
+    "NAN_ROWS",
+    "nan_rows_inputs",
     "Case",
     "KINDS",
     "SOFTMAXES",

@@ -31,7 +31,7 @@ from flashsim.policy import PolicyRef
 from flashsim.recording import RecordedRun
 from flashsim.userdata import InputError, check_attention_shapes, load_named
 
-from ..scripts.device_cli import json_params, require_gpu
+from ..commands import json_params, require_gpu
 from .cases import backward_cases, inputs
 from .kernels import SDPA_BACKENDS, kernel_run, sdpa
 from .live import live_cases, live_run
@@ -235,7 +235,7 @@ def _main(args: argparse.Namespace) -> int:
             if not (folder / "attention.json").is_file():
                 raise UsageError(
                     f"--folder: {folder} holds no attention.json (expected the output folder of "
-                    "gpu/scripts/run_attention.sh --sections record[,fp8])"
+                    "studies/device/run_attention.sh --sections record[,fp8])"
                 )
         else:
             missing = [n for n in RECORDED_FILES if not (DATA / n).is_file()]
@@ -283,7 +283,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--folder",
         metavar="DIR",
-        help="recorded: the output folder of gpu/scripts/run_attention.sh "
+        help="recorded: the output folder of studies/device/run_attention.sh "
         "--sections record[,fp8,cast_sum] (every case) instead of the copy installed with the package",
     )
     ap.add_argument(

@@ -5,7 +5,7 @@ Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 
 ``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends, and ``paper`` (Qiu & Yao's pure-PyTorch
 attention, eager under CUDA bf16 autocast, fix off and on).  Inputs come from
 `make_inputs()` (every kind: ties at the max, near-ties, sinks, large and tiny
-magnitudes, negative-mean V) with seeds no other recording uses; ``gpu/scripts/record_kernels.py`` records
+magnitudes, negative-mean V) with seeds no other recording uses; ``studies/device/record_kernels.py`` records
 them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
 ``others_bwd.npz``.  The repository keeps a subset compactly (``python -m tools.keep_others``: others.json with the
 SHA-256 of every output, `flashsim.recording`; others.npz only the patches of outputs the emulator does not
@@ -133,11 +133,11 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
 
 def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
     """(others.json, the arrays of others.npz and, where present, others_bwd*.npz) of a recording folder as
-    gpu/scripts/record_kernels.py writes it (the outputs' bits); a compact folder (`recording()`) is refused."""
+    studies/device/record_kernels.py writes it (the outputs' bits); a compact folder (`recording()`) is refused."""
     meta_path, arr_path = Path(folder) / "others.json", Path(folder) / "others.npz"
     for p in (meta_path, arr_path):
         if not p.is_file():
-            raise FileNotFoundError(f"others: {p} is missing (record with gpu/scripts/record_kernels.py)")
+            raise FileNotFoundError(f"others: {p} is missing (record with studies/device/record_kernels.py)")
     meta = json.loads(meta_path.read_text())
     if "digests" in meta:
         raise ValueError(f"others: {folder} is kept compactly (digests, not bits): read it with others.recording()")

@@ -142,7 +142,7 @@ def row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
     """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows and FOLD is set.
 
     FOLD: whether the fixes' row reductions (this max and the tie count) are folded.  The bits are the same
-    either way: FMNMX orders -0 below +0 and drops NaN (gpu/probes/reduction.py), so a max does not depend
+    either way: FMNMX orders -0 below +0 and drops NaN (studies/probes/reduction.py), so a max does not depend
     on its order, and a count of 0s and 1s is exact in any order.  Only the time differs: the folds pay in
     the overlap kernel and in the tl kernel's 64-key blocks, the plain reductions in its 128-key blocks, and
     the standard shift (standard, cast_sum) keeps the plain max (history/tried.md, "Row reductions for the fixes")."""

@@ -24,7 +24,7 @@ from flashsim.specs import (
 )
 
 #: cuBLAS's bf16 GEMMs on the H100/H200 round as the wgmma model, every dot product over its whole K
-#: (every einsum of the paper's pipeline identical: gpu/scripts/record_kernels.py --capture)
+#: (every einsum of the paper's pipeline identical: studies/device/record_kernels.py --capture)
 CUBLAS_BF16 = "h100_wgmma_bf16"
 
 QIU_YAO = Policy(

@@ -16,7 +16,7 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
     """PyTorch SDPA's cuDNN backend (cuDNN 9.19) on the H100/H200: the forward bit-exact, the backward the
     closest model found.
 
-    cuDNN is closed; each forward step was pinned by crafted inputs (``gpu.probes.cudnn_steps``) and checked on
+    cuDNN is closed; each forward step was pinned by crafted inputs (``studies.probes.cudnn_steps``) and checked on
     recorded cases: 128-key blocks in order; S * (scale * log2 e) rounded; P = ``ex2.approx.ftz(s - m)``;
     each of the four threads that own a row sums its own columns of the block left to right, then updates
     its partial l_t = fma(l_t, alpha, s_t); l = (t0 + t1) + (t2 + t3) at the end; O * ``rcp.approx`` (1 / l);

@@ -16,7 +16,7 @@
 * reductions (`.trees`): ``tl_sum``, the recorded order of Triton's ``tl.sum`` over an fp32 tile, and
   ``tl_sum_loaded_16bit``, its order over values computed from a loaded 16-bit tile.
 
-The tables and trees are package data (``data/``), read off the GPU by ``gpu/probes`` and checked by
+The tables and trees are package data (``data/``), read off the GPU by ``studies/probes`` and checked by
 SHA-256 on load.  docs/hardware-models.md says how each model was verified against the GPU.
 """
 

@@ -2,7 +2,7 @@
 
 * `ex2_approx()` — a table of ``ex2`` at every multiple of 2**-23 in (-1, 1), indexed by |z|
   truncated to 23 fraction bits, scaled by an exact power of two.  The tables were read off the GPU
-  (``gpu/probes``) and ship as corrections to the correctly rounded values (``data/ex2.npz``).
+  (``studies/probes``) and ship as corrections to the correctly rounded values (``data/ex2.npz``).
 * `triton_exp2()` / `triton_exp()` — Triton's ``tl.math.exp2`` (``ex2.approx.ftz.f32``) and
   ``tl.exp`` (``mul.f32`` by log2(e), then ``ex2.approx.f32``).
 

@@ -1,7 +1,7 @@
 """The H100's ``lg2.approx[.ftz].f32`` (MUFU.LG2), and CUDA's fast-math ``__logf`` built on it.
 
 The unit computes log2(2**e m) = e + F(m) with a fixed-point F finer than float32 and truncates toward
-zero.  The model holds three arrays read off the GPU (``gpu/probes/lg2.py``; ``data/lg2.npz``):
+zero.  The model holds three arrays read off the GPU (``studies/probes/lg2.py``; ``data/lg2.npz``):
 
 * T[k] = lg2.approx(1 + k 2**-23), the outputs on [1, 2);
 * the outputs on [1/2, 1), where |-1 + F| is small enough for F's extra bits to show;

@@ -1,7 +1,7 @@
 """The order of Triton's ``tl.sum`` on the H100, recorded: `tl_sum()` gives it as a ReductionTree.
 
 `tl_sum()` is the order in which Triton 3.6's ``tl.sum(x, 1)`` reduces an fp32 ``[BLOCK_M, BLOCK_N]``
-tile row, inferred on the GPU by FPRev probing (gpu/probes/reduction.py) and shipped as package data
+tile row, inferred on the GPU by FPRev probing (studies/probes/reduction.py) and shipped as package data
 (``data/reduction_trees.json``).  Each thread first folds the elements it holds left to right, then the
 per-thread partial sums meet in a butterfly of warp shuffles (and, across warps, through shared memory):
 see the JSON file for every tree.  ``emufloat.tree_sum(x, tl_sum(...))`` is ``tl.sum(x, 1)`` bit for bit.

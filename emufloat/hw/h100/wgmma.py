@@ -3,7 +3,7 @@
 
 Each preset is a FusedBlock with the H100's parameters: products per step (``width``), fraction bits kept
 below the step's largest exponent (``align_bits``), the accumulator format and rounding (RZ).  They encode
-the published models of Hopper's tensor cores; ``gpu/probes`` re-derives each parameter on the hardware
+the published models of Hopper's tensor cores; ``studies/probes`` re-derives each parameter on the hardware
 and the recorded cases in tests/data decide (docs/hardware-models.md, "Tensor cores").  On import they are
 registered with [`emufloat.accum.PRESETS`][emufloat.accum.PRESETS] (whose table of built-in rooms lists their names, so
 that
@@ -27,7 +27,7 @@ WGMMA_FP8_PROMOTED = FusedBlock(width=32, align_bits=13, acc_fmt=FP32_13, chunk=
 WGMMA_TF32 = FusedBlock(width=8, align_bits=25, name="h100_wgmma_tf32")
 
 #: Ampere's ``mma.sync.m16n8k16`` on the H100 (FlashAttention-2) rounds as ``wgmma``: use WGMMA_BF16/FP16
-#: (probed: gpu/probes/mma_sync.py).  ``mma.sync.m16n8k8`` (the CUTLASS sm80 GEMMs of PyTorch's
+#: (probed: studies/probes/mma_sync.py).  ``mma.sync.m16n8k8`` (the CUTLASS sm80 GEMMs of PyTorch's
 #: memory-efficient attention) fuses 8 products a step: these reproduce that kernel's recorded outputs.
 MMA_K8_BF16 = FusedBlock(width=8, align_bits=25, name="h100_mma_k8_bf16")
 MMA_K8_FP16 = FusedBlock(width=8, align_bits=25, name="h100_mma_k8_fp16")

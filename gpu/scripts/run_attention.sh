@@ -1,6 +1,0 @@
-#!/usr/bin/env bash
-# All GPU work of the attention kernels: see gpu/scripts/run_attention.py.
-#
-#   OUT=/path/to/empty/folder bash gpu/scripts/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
-#
-exec bash "$(dirname "$0")/run_module.sh" gpu.scripts.run_attention "$@"

@@ -1,7 +1,0 @@
-#!/usr/bin/env bash
-# Verify emufloat's hardware models against the GPU (see gpu/scripts/verify_models.py and
-# docs/hardware-models.md).
-#
-#   OUT=/path/to/empty/folder bash gpu/scripts/run_verify.sh [--sections rcp,cases,...] [--seconds 540]
-#
-exec bash "$(dirname "$0")/run_module.sh" gpu.scripts.verify_models "$@"

@@ -2,7 +2,7 @@
 
 `matmul_kernel()` runs every model element by element (and traces FusedBlock steps);
 `block_matmul()` is the untraced FusedBlock fast path on integer significands, tiles of output columns
-at a time.  The two agree bit for bit (tests/test_accum.py).  A model reaches them as a `ModelParams`
+at a time.  The two agree bit for bit (tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams`
 record, which [`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``)
 builds.
 """

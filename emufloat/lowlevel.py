@@ -4,7 +4,7 @@ arithmetic.
 A device model of one unit (an approximate ``ex2``, a reciprocal table, ...) takes FP32-representable values,
 runs a Numba kernel over their float32 bits and, given a trace, records its results against a correctly
 rounded reference.  This module holds exactly those pieces, so that device models need none of emufloat's
-underscore modules (which stay internal and may change; ``tests/test_device_api.py`` checks the rooms).
+underscore modules (which stay internal and may change; ``tests/emufloat/test_device_api.py`` checks the rooms).
 
 Arguments:
 

@@ -273,7 +273,7 @@ def load_run(path: str | Path) -> KernelRun:
     if isinstance(meta, dict) and "policy_args" in meta and "policy" not in meta:
         raise ValueError(
             f"run: {path} names its policy the old way ('policy_args', before runs carried a policy "
-            f"reference); convert it with: python tools/upgrade_runs.py {path}"
+            f"reference); convert it with: python -m tools.upgrade_runs {path}"
         )
     try:
         sm = dict(meta["softmax"])

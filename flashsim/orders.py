@@ -16,7 +16,7 @@ your own adds one by subclassing and registering, in a file of its own::
 
     ROW_SUMS.register(MyOrder())
 
-(``tests/test_extensions.py`` does exactly this.)
+(``tests/flashsim/test_extensions.py`` does exactly this.)
 
 Orders are stateless values: the state (the running l) lives in `flashsim.arith.RowSumState`.
 """

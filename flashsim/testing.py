@@ -307,7 +307,7 @@ def rounding_bound(
     plus tau sum_j |v_j| / l_min for values near zero (subnormal spacing; l >= e^-shift, the variant's shift
     above the max), (u_norm + u_out) |O| and the output's subnormal spacing; LSE is off by -log(1 - beta) plus
     the log's and the LSE step's roundings.  For an FP32 accumulator and a BF16 P this is the kernels' property
-    bound (2u + 2 n_k 2^-23 + 2^-20) max|v| (tests/test_kernel_properties.py), per element with |P||V|.
+    bound (2u + 2 n_k 2^-23 + 2^-20) max|v| (tests/gpu/test_kernel_properties.py), per element with |P||V|.
     """
     pol = _policy_of(policy)
     variant = get_softmax(softmax)

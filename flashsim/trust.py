@@ -8,7 +8,7 @@ allows its module: ``--allow-import MODULE`` on the command line, ``allow_import
 (``True`` allows every module).  An allowed module allows its submodules.
 
 This module is the one place in the packages that imports code by a name known only at run time
-(``tests/test_trust.py`` reads the packages' source to keep it so).
+(``tests/flashsim/test_trust.py`` reads the packages' source to keep it so).
 """
 
 from __future__ import annotations

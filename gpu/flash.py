@@ -70,7 +70,7 @@ ROBUST_LEANS = (
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
 #: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
 #: dtype, head dim and length (configs.overlap_from_keys) where it can run.  Both compute the same bits
-#: (tests/test_gpu_kernels.py, studies/device/run_attention.py --sections overlap).
+#: (tests/gpu/test_gpu_kernels.py, studies/device/run_attention.py --sections overlap).
 KERNELS = ("auto", "overlap", "triton")
 _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(
     Launcher, (attn_fwd, attn_bwd_delta, attn_bwd_dkdv, attn_bwd_dq, transpose_keys)
@@ -80,7 +80,7 @@ _FWD, _DELTA, _DKDV, _DQ, _TRANSPOSE = map(
 @functools.lru_cache(maxsize=4096)
 def _f32(x: float) -> float:
     """x rounded to float32 (RNE, past the largest float32 to inf), as flashsim rounds a kernel's constants
-    (tests/test_gpu_kernels.py compares the two); cached, as every call needs a few."""
+    (tests/gpu/test_gpu_kernels.py compares the two); cached, as every call needs a few."""
     with np.errstate(over="ignore"):
         return float(np.float32(x))
 

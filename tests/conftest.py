@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
-# Importable without `pip install -e .` (e.g. `pytest tests/test_ops_oracle.py` from a checkout).
+# Importable without `pip install -e .` (e.g. `pytest tests/emufloat/test_ops_oracle.py` from a checkout).
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)

@@ -131,7 +131,7 @@ def build_trees(src: Path) -> dict:
             "ptxas": ptxas,
             "torch": env["torch"],
             "triton": env["triton"],
-            "built_by": "python tools/build_package_data.py",
+            "built_by": "python -m tools.build_package_data",
         },
         "configs": configs,
     }

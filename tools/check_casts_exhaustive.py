@@ -1,7 +1,7 @@
 """Cast ALL 2**32 float32 bit patterns with emufloat (RNE) and compare with ml_dtypes / numpy, bit for bit.
 
 Usage:
-    PYTHONPATH=. python tools/check_casts_exhaustive.py [--formats bf16,fp16,e4m3fn,e5m2] [--chunk 16777216]
+    python -m tools.check_casts_exhaustive [--formats bf16,fp16,e4m3fn,e5m2] [--chunk 16777216]
 
 Per format it prints the patterns checked, how many encodings are bit-identical,
 how many differ only in a NaN payload (numpy's float32 -> float16 cast keeps

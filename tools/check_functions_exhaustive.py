@@ -1,6 +1,6 @@
 """Re-check emufloat's H100 function models on all 2**32 float32 inputs, on a CPU, against the GPU record.
 
-    python tools/check_functions_exhaustive.py [--record tests/data/h100/verify.json] [--only exp2,exp]
+    python -m tools.check_functions_exhaustive [--record tests/data/h100/verify.json] [--only exp2,exp]
 
 studies/device/verify_models.py (section ``sweep``) stored, per function and per chunk of 2**27 consecutive input bit
 patterns, the weighted checksum sum_i bits_i * (2 i + 1) mod 2**64 of the GPU's output bits (i = the input's
@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from emufloat.hw import h100  # noqa: E402
+from emufloat.hw import h100
 
 MODELS = {
     "exp2": h100.triton_exp2,

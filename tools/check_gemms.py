@@ -1,6 +1,6 @@
 """Hold the einsums captured from Qiu & Yao's pipeline on the GPU to emufloat's GEMM models.
 
-    PYTHONPATH=. python tools/check_gemms.py FOLDER [--models h100_wgmma_bf16,h100_mma_k8_bf16]
+    python -m tools.check_gemms FOLDER [--models h100_wgmma_bf16,h100_mma_k8_bf16]
 
 FOLDER is a ``record_kernels.py --kernels paper --capture ...`` output folder (others.json and gemms.npz:
 every einsum's bf16 operands and bf16 output).  Each einsum is recomputed with each accumulation model
@@ -10,16 +10,13 @@ every einsum's bf16 operands and bf16 output).  Each einsum is recomputed with e
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import emufloat as ef  # noqa: E402
-from emufloat.console import ArgumentParser  # noqa: E402
-from gpu.crosscheck.others import KernelCase  # noqa: E402
+import emufloat as ef
+from emufloat.console import ArgumentParser
+from gpu.crosscheck.others import KernelCase
 
 
 def _bf16(bits: np.ndarray) -> np.ndarray:
@@ -36,7 +33,7 @@ def operands(eq: str, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python tools/check_gemms.py", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m tools.check_gemms", description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="a record_kernels.py --capture output folder")
     ap.add_argument("--models", default="h100_wgmma_bf16,h100_mma_k8_bf16", help="accumulation model presets")
     args = ap.parse_args(argv)

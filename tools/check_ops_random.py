@@ -1,11 +1,11 @@
 """emufloat add/sub/mul/div/fma/sqrt on >= 10**7 BF16 and >= 10**7 FP32 operand sets, against SoftFloat.
 
 Usage:
-    PYTHONPATH=. python tools/check_ops_random.py [--per-combo 280000] [--chunk 35000] [--workers 2]
+    python -m tools.check_ops_random [--per-combo 280000] [--chunk 35000] [--workers 2]
                                                   [--formats bf16,fp32] [--ops add,...] [--modes rne,...]
     (--formats may also name fp16: its operand sets are rounded by gfloat from the exact results, as bf16's)
 
-Operands come from tests/hardcases.py (weighted to carries, exact ties,
+Operands come from tools/hardcases.py (weighted to carries, exact ties,
 cancellation, exponent gaps, subnormals, overflow and specials; fma's third
 operand drawn the same way, including c = -(a*b) + a few ulps).  Every
 (format, op, mode) combination gets ``--per-combo`` fresh operand sets, so the
@@ -16,7 +16,7 @@ Oracles:
   round-to-odd = SoftFloat toward zero with the last bit jammed when inexact.
   In RNE, numpy float32 is checked as well for add/sub/mul/div/sqrt.
 * BF16: SoftFloat binary64 round-to-odd of the exact result, then gfloat into
-  BF16 in the mode (exact double rounding, see tests/oracles.py).
+  BF16 in the mode (exact double rounding, see tools/oracles.py).
 
 Work is spread over processes (one per core, one Numba thread each).  Prints
 a table (op, mode, format, oracle, pairs, mismatches) and the total time; exit
@@ -29,18 +29,15 @@ import os
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")  # processes, not threads, share the cores
 
-import argparse  # noqa: E402
-import multiprocessing as mp  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
+import argparse
+import multiprocessing as mp
+import sys
+import time
 
-import numpy as np  # noqa: E402
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from hardcases import CATEGORIES, hard_operands  # noqa: E402
-from oracles import ARITY, MODES, gfloat_info, mismatch, op_oracle, rto64, sf_apply, sf_rto  # noqa: E402
+from tools.hardcases import CATEGORIES, hard_operands
+from tools.oracles import ARITY, MODES, gfloat_info, mismatch, op_oracle, rto64, sf_apply, sf_rto
 
 OPS = ("add", "sub", "mul", "div", "fma", "sqrt")
 FORMATS = ("bf16", "fp32", "fp16")
@@ -125,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
                     tasks.append((fmt, op, mode, n, seed, args.self_test))
                     done += n
                     k += 1
-    from check_casts_exhaustive import header
+    from tools.check_casts_exhaustive import header
 
     print(header())
     print(

@@ -1,6 +1,6 @@
 """Hold a recording of other people's kernels (studies/device/record_kernels.py's folder) to the emulator.
 
-    PYTHONPATH=. python tools/check_others.py FOLDER [--kernel NAME]
+    python -m tools.check_others FOLDER [--kernel NAME]
 
 Prints, per kernel and per dtype and for each output, the fraction of bit-identical elements and the
 number of cases identical in that output, and the cases identical in every output, under the policy
@@ -9,19 +9,16 @@ number of cases identical in that output, and the cases identical in every outpu
 
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from emufloat.console import ArgumentParser  # noqa: E402
-from flashsim.crosscheck import crosscheck  # noqa: E402
-from gpu.crosscheck import others  # noqa: E402
+from emufloat.console import ArgumentParser
+from flashsim.crosscheck import crosscheck
+from gpu.crosscheck import others
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python tools/check_others.py", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m tools.check_others", description=__doc__.split("\n")[0])
     ap.add_argument("folder", type=Path, help="a record_kernels.py output folder (others.json, others.npz)")
     ap.add_argument("--kernel", choices=others.KERNELS, help="only this kernel")
     args = ap.parse_args(argv)

@@ -2,7 +2,7 @@
 
     python -m tools.keep_recording attention DIR     # run_attention.sh: record, fp8, cast_sum, promote_pv, log2
     python -m tools.keep_recording nan-backward DIR  # python -m studies.device.record_nan_backward
-    python -m tools.keep_recording tiny-kernel DIR   # RECORD_DIR=DIR pytest tests/test_model_your_kernel.py -k live
+    python -m tools.keep_recording tiny-kernel DIR   # RECORD_DIR=DIR pytest tests/gpu/test_model_your_kernel.py -k live
     python -m tools.keep_recording probes DIR        # any of the probe files below that DIR holds
     python -m tools.keep_recording trained-family FILE   # studies.training.report --family FILE: the first 256
     positions
@@ -227,7 +227,7 @@ def keep_log2(folder: Path, dest: Path) -> Path | None:
     return rec.save(dest)
 
 
-# ---- saved runs: the NaN rows of the backward, the small kernel of tests/test_model_your_kernel.py -------------
+# ---- saved runs: the NaN rows of the backward, the small kernel of tests/gpu/test_model_your_kernel.py -------------
 def keep_runs(
     files: list[Path], dest: Path, inputs: Callable[[str], dict[str, np.ndarray]], meta: dict, keep_outputs: bool
 ) -> Path:
@@ -275,7 +275,7 @@ def nan_backward_inputs(name: str) -> dict[str, np.ndarray]:
 
 
 def register_tiny_kernel() -> None:
-    """Register the policy 'tiny_kernel' (tests/test_model_your_kernel.py defines it) by loading that file."""
+    """Register the policy 'tiny_kernel' (tests/gpu/test_model_your_kernel.py defines it) by loading that file."""
     import importlib.util
 
     path = REPO / "tests" / "test_model_your_kernel.py"
@@ -680,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, helptext in (
         ("attention", "studies/device/run_attention.sh's folder (attention.json, *_cases_*.npz, log2.npz)"),
         ("nan-backward", "python -m studies.device.record_nan_backward's folder (nan_backward_<dtype>.npz)"),
-        ("tiny-kernel", "the live test of tests/test_model_your_kernel.py with RECORD_DIR (tiny_*.npz)"),
+        ("tiny-kernel", "the live test of tests/gpu/test_model_your_kernel.py with RECORD_DIR (tiny_*.npz)"),
         ("probes", "a probe run's folder (mma.npz, reduction.npz, functions.npz, ..., results.json)"),
     ):
         p = sub.add_parser(name, help=helptext)
@@ -736,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
 
 NAN_META = {
     "description": "Our kernels' forward + backward on inputs whose rows are NaN under the stabilised fix (l = 0): "
-    "every output's bits kept, for the NaN encodings (tests/test_nan_backward.py).",
+    "every output's bits kept, for the NaN encodings (tests/gpu/test_nan_backward.py).",
     "recording": recording_entry(
         "PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT",
         "every output's bits (nan_backward.npz: '<run>/<output>'), the SHA-256 of the inputs",
@@ -745,10 +745,10 @@ NAN_META = {
     ),
 }
 TINY_META = {
-    "description": "The small Triton kernel of tests/test_model_your_kernel.py on the GPU: O (fp16) and base-2 LSE.",
+    "description": "The small Triton kernel of tests/gpu/test_model_your_kernel.py on the GPU: O (fp16), base-2 LSE.",
     "recording": recording_entry(
         "OUT=$OUT TUTORIAL=.upstream/triton_06_fused_attention.py bash studies/device/run_others.sh (its "
-        "RECORD_DIR=... pytest tests/test_model_your_kernel.py -k live step)",
+        "RECORD_DIR=... pytest tests/gpu/test_model_your_kernel.py -k live step)",
         "the SHA-256 of each run's inputs and outputs",
         "flashsim.testing.make_inputs(kind, n, n, d, 'fp16', seed) of the run's name tiny_<kind>_<n>_<d>_<seed>",
         "tiny-kernel $OUT",

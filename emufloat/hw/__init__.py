@@ -11,7 +11,7 @@ models.  A room here gives them one device's parameters and calibration data:
 ``import emufloat`` imports none of them.  A new device is a sibling package ``emufloat/hw/<device>`` with its
 own ``data`` folder (loaded through [`emufloat.hw.calibration`][emufloat.hw.calibration]), built on
 [`emufloat.lowlevel`][emufloat.lowlevel] and
-emufloat's other public modules only (``tests/test_device_api.py`` checks every room).  Its accumulation
+emufloat's other public modules only (``tests/emufloat/test_device_api.py`` checks every room).  Its accumulation
 presets register with [`emufloat.accum.register()`][emufloat.accum.register] when it is imported; a room of the package
 lists
 their names in ``emufloat.accum``'s table of built-in rooms too, so that ``emufloat.matmul(a, b, name)``

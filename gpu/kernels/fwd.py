@@ -117,7 +117,7 @@ def _kv_loop(
 # N_Q is not specialised: Triton 3.6 turns an integer argument equal to 1 into a constant, and the ptxas it
 # bundles (CUDA 12.8) once crashed (SIGSEGV) on the kernel for N_Q = N_K = N_BLK = 1 (d=64, causal, robust).
 # Such crashes come and go with the code's shape, so the guard stays (docs/gpu.md;
-# tests/test_gpu_kernels.py::test_forward_compiles_for_one_query compiles that case on the CPU).
+# tests/gpu/test_gpu_kernels.py::test_forward_compiles_for_one_query compiles that case on the CPU).
 @triton.jit(do_not_specialize=["N_Q"])
 def attn_fwd(
     Q,

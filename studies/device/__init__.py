@@ -7,7 +7,7 @@
 - ``record_nan_backward.py``: the backward runs whose rows are NaN (gpu/data/runs).
 - ``run_probes.sh``: the calibration probes (``python -m studies.probes.run``); ``run_checks.sh``: the GPU tests
   and ``python -m gpu.crosscheck --live``; ``run_module.sh``: what the other .sh files call.
-- ``device_cli.py``: the argument checks they share.
+- their shared argument checks are ``gpu.commands``.
 
 Each Python script takes ``--help``; a bad argument ends it with one line naming it and exit status 2,
 before any GPU work.

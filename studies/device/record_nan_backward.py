@@ -7,7 +7,7 @@ backward carries the NaN into delta and dS (so all of dK and the NaN rows of dQ)
 rows into dV.  The other rows are N(0, 1) draws.  :func:`gpu.crosscheck.cases.nan_rows_inputs` builds the inputs (numpy
 only);
 :func:`main` runs our kernels' forward and backward on the GPU and writes one
-:func:`flashsim.crosscheck.save_run` file per dtype; tests/test_nan_backward.py checks the kept copy
+:func:`flashsim.crosscheck.save_run` file per dtype; tests/gpu/test_nan_backward.py checks the kept copy
 (gpu/data/runs/nan_backward.json, ``python -m tools.keep_recording nan-backward $OUT``) against the emulator.
 
     PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT    # on a GPU machine

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 mkdir -p "$OUT/runs"
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 PY="${PYTHON:-python}"
-"$PY" -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_kernels.py tests/test_kernel_properties.py \
+"$PY" -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gpu_kernels.py tests/gpu/test_kernel_properties.py \
     ${2:+-k "$2"} --hypothesis-show-statistics 2>&1 | tee "$OUT/pytest_gpu.txt" | tail -30
 status=${PIPESTATUS[0]}
 [ -n "${2:-}" ] && exit "$status"

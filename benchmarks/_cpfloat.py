@@ -1,10 +1,10 @@
 """CPFloat (Fasi & Mikaitis; C, OpenMP) as a benchmark baseline, built from source at run time.
 
-Nothing of CPFloat is vendored.  :func:`load` finds its source (a checkout or a bare/mirror git directory
-named by ``--cpfloat-src`` or ``CPFLOAT_SRC``, else a shallow clone of the upstream repository into a
-temporary directory), compiles a small C shim around the header-only ``cpfloat_binary32.h`` with
-``gcc -O3 -march=native -fopenmp`` and returns a :class:`CPFloat` that calls it through ctypes on numpy
-float32 arrays.  Anything missing (git, network, a C compiler) raises :class:`Unavailable` with one line
+Nothing of CPFloat is vendored.  `load` finds its source (a checkout or a bare/mirror git directory
+named by `--cpfloat-src` or `CPFLOAT_SRC`, else a shallow clone of the upstream repository into a
+temporary directory), compiles a small C shim around the header-only `cpfloat_binary32.h` with
+`gcc -O3 -march=native -fopenmp` and returns a `CPFloat` that calls it through ctypes on numpy
+float32 arrays.  Anything missing (git, network, a C compiler) raises `Unavailable` with one line
 saying what and how to supply it.
 
 CPFloat rounds float32 values to a target format and stores the results as float32 values; its arithmetic
@@ -91,7 +91,7 @@ E4M3 = Target("e4m3", 4, -6, 8, subnormals=True, infinity=False)
 
 @dataclass(frozen=True)
 class Source:
-    """A directory holding CPFloat's ``src/`` and a line saying where it came from."""
+    """A directory holding CPFloat's `src/` and a line saying where it came from."""
 
     root: Path
     origin: str
@@ -113,7 +113,7 @@ def _commit(git_args: list[str]) -> str:
 
 
 def _from_git_dir(git_dir: Path, workdir: Path) -> Source:
-    """Extract ``src/`` of HEAD from a bare or mirror git directory (no work tree needed)."""
+    """Extract `src/` of HEAD from a bare or mirror git directory (no work tree needed)."""
     proc = _run(["git", f"--git-dir={git_dir}", "archive", "--format=tar", "HEAD", "src"], timeout=120)
     if proc.returncode != 0:
         raise Unavailable(f"git archive of src/ at HEAD failed in {git_dir}: {_last_line(proc)}")
@@ -136,13 +136,13 @@ def _is_git_dir(path: Path) -> bool:
 
 
 def is_source(spec: str) -> bool:
-    """Whether ``spec`` names a directory find_source can take (SOURCE_KINDS)."""
+    """Whether `spec` names a directory find_source can take (SOURCE_KINDS)."""
     path = Path(spec).expanduser()
     return _is_checkout(path) or _is_git_dir(path)
 
 
 def find_source(spec: str | None, workdir: Path) -> Source:
-    """CPFloat's source from ``spec`` (SOURCE_KINDS), else a shallow clone of UPSTREAM into ``workdir``."""
+    """CPFloat's source from `spec` (SOURCE_KINDS), else a shallow clone of UPSTREAM into `workdir`."""
     path = None if spec is None else Path(spec).expanduser()
     if path is not None and _is_checkout(path):
         return Source(path, f"{path} at {_commit(['-C', str(path)])}")
@@ -165,7 +165,7 @@ def find_source(spec: str | None, workdir: Path) -> Source:
 
 
 def build(source: Source, workdir: Path, compiler: str = "gcc") -> Path:
-    """Compile the shim against ``source`` into ``workdir``; the shared library's path."""
+    """Compile the shim against `source` into `workdir`; the shared library's path."""
     cc = shutil.which(compiler)
     if cc is None:
         raise Unavailable(f"no C compiler: {compiler} not found on PATH")
@@ -239,7 +239,7 @@ class CPFloat:
         return out
 
     def round(self, x: np.ndarray, target: Target, out: np.ndarray | None = None) -> np.ndarray:
-        """x rounded to ``target``, as float32 values (into ``out`` when given)."""
+        """x rounded to `target`, as float32 values (into `out` when given)."""
         _check("x", x)
         res = self._out(x.size, out)
         self._lib.shim_round(self._options(target), res.ctypes.data, x.ctypes.data, x.size)
@@ -255,16 +255,16 @@ class CPFloat:
         return res
 
     def add(self, a: np.ndarray, b: np.ndarray, target: Target, out: np.ndarray | None = None) -> np.ndarray:
-        """fl32(a + b) rounded to ``target``."""
+        """fl32(a + b) rounded to `target`."""
         return self._binary(self._lib.shim_add, a, b, target, out)
 
     def mul(self, a: np.ndarray, b: np.ndarray, target: Target, out: np.ndarray | None = None) -> np.ndarray:
-        """fl32(a * b) rounded to ``target``."""
+        """fl32(a * b) rounded to `target`."""
         return self._binary(self._lib.shim_mul, a, b, target, out)
 
 
 def load(spec: str | None, compiler: str = "gcc") -> CPFloat:
-    """Find CPFloat's source (``spec``: a checkout or git directory, None: clone), build the shim, load it."""
+    """Find CPFloat's source (`spec`: a checkout or git directory, None: clone), build the shim, load it."""
     tmp = tempfile.TemporaryDirectory(prefix="cpfloat-")
     workdir = Path(tmp.name)
     source = find_source(spec, workdir)
@@ -272,7 +272,7 @@ def load(spec: str | None, compiler: str = "gcc") -> CPFloat:
 
 
 def same_values(narrow: np.ndarray, wide: np.ndarray) -> str:
-    """Whether ``narrow`` (a low-precision array) widened to float32 equals CPFloat's float32 ``wide``
+    """Whether `narrow` (a low-precision array) widened to float32 equals CPFloat's float32 `wide`
     bit for bit; otherwise how many elements differ, and how many of those are NaN on both sides."""
     w = narrow.astype(np.float32)
     if w.shape != wide.shape:

@@ -8,20 +8,20 @@ baseline should compute the same correctly rounded result, "same bits" says
 whether the two agree bit for bit; "other load" is the CPU other processes
 used meanwhile (see OtherLoad).
 
-    PYTHONPATH=. python benchmarks/bench_emufloat.py            # n = 2**24, 5 repeats
-    PYTHONPATH=. python benchmarks/bench_emufloat.py --quick    # n = 2**18, a smoke run
-    PYTHONPATH=. python benchmarks/bench_emufloat.py --small    # per-call cost at n = 1, 2**12, 2**16
+    python -m benchmarks.bench_emufloat            # n = 2**24, 5 repeats
+    python -m benchmarks.bench_emufloat --quick    # n = 2**18, a smoke run
+    python -m benchmarks.bench_emufloat --small    # per-call cost at n = 1, 2**12, 2**16
 
 Baselines: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays), numpy, torch's CPU kernels
 when torch is installed (its default threads), and CPFloat (C, OpenMP, as many threads as Numba's), built
-from source at start-up by benchmarks/_cpfloat.py (``--cpfloat-src PATH`` or ``CPFLOAT_SRC``: a checkout or
+from source at start-up by benchmarks/_cpfloat.py (`--cpfloat-src PATH` or `CPFLOAT_SRC`: a checkout or
 a git directory; otherwise a shallow clone), its rows skipped with one line saying why when that fails.
-Rows marked "out=" write into a preallocated array on both sides (``ef.quantize(x, fmt, out=buf)`` against
-``np.copyto(buf, x, casting="unsafe")``); the others allocate their output on every call, as most users' calls do.
+Rows marked "out=" write into a preallocated array on both sides (`ef.quantize(x, fmt, out=buf)` against
+`np.copyto(buf, x, casting="unsafe")`); the others allocate their output on every call, as most users' calls do.
 
 Every callable runs once untimed first (Numba compilation or cache loading),
-then a parallel kernel runs for ``--spin-up`` seconds, then each row's
-callables run ``--repeat`` times, interleaved with the baseline's
+then a parallel kernel runs for `--spin-up` seconds, then each row's
+callables run `--repeat` times, interleaved with the baseline's
 repetitions; the table reports the best and the median.  Outputs are
 allocated by every call, as users' calls do, on both sides.  Inputs are
 float32 draws of a standard normal (bf16 operands are those rounded to
@@ -47,11 +47,8 @@ import ml_dtypes
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-
-import _cpfloat  # noqa: E402  (next to this file)
-
-import emufloat as ef  # noqa: E402
+import emufloat as ef
+from benchmarks import _cpfloat
 
 
 @dataclass
@@ -298,7 +295,7 @@ def cpfloat_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray, cpf: _cpfloat.CPFl
 
 
 def load_cpfloat(src: str | None, threads: int) -> _cpfloat.CPFloat | None:
-    """CPFloat built from ``src`` (else CPFLOAT_SRC, else a clone), with ``threads`` OpenMP threads; a
+    """CPFloat built from `src` (else CPFLOAT_SRC, else a clone), with `threads` OpenMP threads; a
     header line saying what was built, or why there are no CPFloat rows."""
     env = os.environ.get("CPFLOAT_SRC") or None
     spec = src if src is not None else env
@@ -385,7 +382,9 @@ def print_footer() -> None:
 def print_header(title: str) -> None:
     """Date, command, versions, CPU and load: what a reader needs to compare two runs."""
     print(f"# {title}, {datetime.datetime.now().isoformat(timespec='seconds')}")
-    print(f"# command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    spec = getattr(sys.modules["__main__"], "__spec__", None)  # python -m benchmarks.NAME: the module's name
+    script = ["-m", spec.name] if spec is not None else sys.argv[:1]
+    print(f"# command: {' '.join([Path(sys.executable).name, *script, *sys.argv[1:]])}")
     print(
         f"# python {platform.python_version()}, numpy {np.__version__}, numba {numba.__version__}, "
         f"ml_dtypes {ml_dtypes.__version__}"
@@ -397,7 +396,7 @@ def print_header(title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_emufloat", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
     add_common_args(p, "small run: n = 2**18, 3 repeats")
     p.add_argument("--small", action="store_true", help="only the per-call table: n = 1, 2**12, 2**16")

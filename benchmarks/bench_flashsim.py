@@ -1,8 +1,8 @@
 """flashsim forward (and backward) of one attention head under precision policies, beside a float64 numpy
 reference measured in the same run.
 
-    PYTHONPATH=. python benchmarks/bench_flashsim.py            # N = 1024, d = 64, best/median of 3
-    PYTHONPATH=. python benchmarks/bench_flashsim.py --n 256 --repeat 2
+    python -m benchmarks.bench_flashsim            # N = 1024, d = 64, best/median of 3
+    python -m benchmarks.bench_flashsim --n 256 --repeat 2
 
 Rows: every policy untraced; the H100 policies (triton_h100: our Triton kernel bit for bit; fa2: FA2's
 order on H100 arithmetic) also traced (every rounding recorded); the backward. Ratio = numpy reference
@@ -12,19 +12,13 @@ time / flashsim time (below 1: flashsim slower). Results and how to read them: b
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from bench_emufloat import cpu_model, measure  # noqa: E402
-
-import emufloat as ef  # noqa: E402
-import flashsim as fs  # noqa: E402
+import emufloat as ef
+import flashsim as fs
+from benchmarks.bench_emufloat import cpu_model, measure
 
 
 def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
@@ -34,7 +28,7 @@ def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_flashsim", description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=1024)
     ap.add_argument("--d", type=int, default=64)
     ap.add_argument("--repeat", type=int, default=3)

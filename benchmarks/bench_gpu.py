@@ -1,41 +1,38 @@
 """Forward and backward TFLOP/s of our Triton attention (fix off, fix on) beside every SDPA backend, one run.
 
-    PYTHONPATH=. python benchmarks/bench_gpu.py [--n 1024,4096,16384] [--d 64,128] [--rounds 2] [--json FILE]
+    python -m benchmarks.bench_gpu [--n 1024,4096,16384] [--d 64,128] [--rounds 2] [--json FILE]
 
 B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median),
-the best of ``--rounds`` (2) rounds over all implementations of a shape.
-Rows: ours standard / stabilised (Qiu & Yao) / robust / cast_sum (``flash.attention``: the forward kernel "auto"
-picks, gpu.configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (``tl_*``, same
-bits); our FP8 E4M3 forward (O in bf16): ``fp8_standard`` (the standard softmax, the FP8 tensor cores' own
-accumulation: the fast one) and ``fp8_default`` (cast_sum with P V promoted to FP32: the accurate one,
+the best of `--rounds` (2) rounds over all implementations of a shape.
+Rows: ours standard / stabilised (Qiu & Yao) / robust / cast_sum (`flash.attention`: the forward kernel "auto"
+picks, gpu.configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (`tl_*`, same
+bits); our FP8 E4M3 forward (O in bf16): `fp8_standard` (the standard softmax, the FP8 tensor cores' own
+accumulation: the fast one) and `fp8_default` (cast_sum with P V promoted to FP32: the accurate one,
 docs/fix.md). Ratios in the same run: fix on against SDPA flash and cuDNN,
 and the cost of each fix against our kernel without it (from unpaired timings, so it moves by several points
 between passes: benchmarks/fix_cost.py measures it by paired launches). Needs a CUDA GPU (torch, Triton); on
 the lent H100:
-``PYTHONPATH=. python benchmarks/bench_gpu.py --json $OUT/bench.json --seconds 480``.
+`python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds 480`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from gpu import flash  # noqa: E402
-from studies.device.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends  # noqa: E402
+from gpu import flash
+from studies.device.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends
 
 B, H = 4, 32
 
 
 def measure(d: int, n: int, causal: bool, fp8: bool = True, rounds: int = 2) -> dict:
-    """TFLOP/s (forward, backward) of every implementation on one shape, the best of ``rounds`` rounds over
+    """TFLOP/s (forward, backward) of every implementation on one shape, the best of `rounds` rounds over
     all of them (a single pass at N=1024 put whichever implementation came first far too low: history/tried.md,
     "How the GPU numbers are measured");
     errors as strings."""
@@ -151,7 +148,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--json", metavar="FILE", help="also write the rows and the environment as JSON")

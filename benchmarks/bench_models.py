@@ -9,8 +9,8 @@ emufloat is faster.  "other load" is the CPU other processes used meanwhile
 (see bench_emufloat.OtherLoad).  Each side of a row is timed in its own
 block after a pause (see _measure_alone), not interleaved.
 
-    PYTHONPATH=. python benchmarks/bench_models.py            # M = N = K = 512, n = 2**24, 5 repeats
-    PYTHONPATH=. python benchmarks/bench_models.py --quick    # M = N = K = 128, n = 2**18, 3 repeats
+    python -m benchmarks.bench_models            # M = N = K = 512, n = 2**24, 5 repeats
+    python -m benchmarks.bench_models --quick    # M = N = K = 128, n = 2**18, 3 repeats
 
 Matmul inputs are standard normal draws rounded to the model's input format;
 numpy multiplies the same values held as float32 (converted before timing;
@@ -21,22 +21,17 @@ FusedBlock models take their integer fast path.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import ml_dtypes
 import numba
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_emufloat, next to this file
-
-from bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_footer, print_header  # noqa: E402
-
-import emufloat as ef  # noqa: E402  (bench_emufloat puts the checkout on sys.path)
-from emufloat.hw import h100  # noqa: E402
+import emufloat as ef
+from benchmarks.bench_emufloat import OtherLoad, Timing, add_common_args, measure, print_footer, print_header
+from emufloat.hw import h100
 
 
 @dataclass
@@ -117,7 +112,7 @@ def _measure_alone(fn: Callable[[], object], repeat: int) -> Timing:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_models", description=__doc__.split("\n\n")[0])
     p.add_argument("--size", type=int, default=512, help="M = N = K of the matmul rows (default 512)")
     p.add_argument("--n", type=int, default=1 << 24, help="elements of the function rows (default 2**24)")
     add_common_args(p, "small run: size 128, n = 2**18, 3 repeats")

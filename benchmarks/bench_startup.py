@@ -1,13 +1,13 @@
-"""How long the first use takes: the README's main job and a first ``emufloat.quantize``, cold and warm.
+"""How long the first use takes: the README's main job and a first `emufloat.quantize`, cold and warm.
 
-    python benchmarks/bench_startup.py [--repeat 1] [--compile-detail]
+    python -m benchmarks.bench_startup [--repeat 1] [--compile-detail]
 
 Each measurement is a fresh Python process.  Cold: Numba's cache and emufloat's table cache in empty folders
-(``NUMBA_CACHE_DIR``, ``EMUFLOAT_CACHE_DIR``), so every kernel the command uses is compiled and every table
+(`NUMBA_CACHE_DIR`, `EMUFLOAT_CACHE_DIR`), so every kernel the command uses is compiled and every table
 rebuilt; warm: the same command again on the caches the cold run filled.
-The baseline is ``python -c "import numba"`` in the same way (what any Numba program pays before its first
-kernel).  Prints one table: wall seconds (best of ``--repeat``) and the ratio to the baseline;
-``--compile-detail`` adds the cold main job's compile seconds per Numba kernel.
+The baseline is `python -c "import numba"` in the same way (what any Numba program pays before its first
+kernel).  Prints one table: wall seconds (best of `--repeat`) and the ratio to the baseline;
+`--compile-detail` adds the cold main job's compile seconds per Numba kernel.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def timed(cmd: list[str], cache: str, out: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_startup", description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=1, help="cold and warm runs per command (best is kept)")
     ap.add_argument("--compile-detail", action="store_true", help="also the cold main job's compile time per kernel")
     args = ap.parse_args(argv)

@@ -1,6 +1,6 @@
 """Where emufloat and CPFloat give different bits: every float32 input of the casts, every bf16 operand pair.
 
-    PYTHONPATH=. python benchmarks/cpfloat_bits.py --cpfloat-src PATH [--ops bf16,e4m3fn,add,mul]
+    python -m benchmarks.cpfloat_bits --cpfloat-src PATH [--ops bf16,e4m3fn,add,mul]
 
 The casts run over all 2**32 float32 bit patterns, add and mul over all 2**32 pairs of bfloat16 bit
 patterns (CPFloat computes fl32(a op b) and rounds that to bf16).  emufloat's output is widened to float32
@@ -17,16 +17,12 @@ import argparse
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import _cpfloat  # noqa: E402  (next to this file)
-
-import emufloat as ef  # noqa: E402
+import emufloat as ef
+from benchmarks import _cpfloat
 
 CHUNK = 1 << 24
 OPS = ("bf16", "e4m3fn", "add", "mul")
@@ -41,7 +37,7 @@ class Tally:
     examples: dict[str, list[str]] = field(default_factory=dict)
 
     def add(self, emu: np.ndarray, cpf: np.ndarray, describe) -> None:
-        """Count one chunk; ``describe(i, mask, emu, cpf)`` says which input element i came from (the first
+        """Count one chunk; `describe(i, mask, emu, cpf)` says which input element i came from (the first
         and last element of a kind in a chunk are described, up to 6 a kind)."""
         self.total += emu.size
         differ = emu.view(np.uint32) != cpf.view(np.uint32)
@@ -111,7 +107,7 @@ def check_binary(cpf: _cpfloat.CPFloat, op: str) -> Tally:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.cpfloat_bits", description=__doc__.split("\n\n")[0])
     p.add_argument("--cpfloat-src", default=None, metavar="PATH", help=f"{_cpfloat.SOURCE_KINDS} (default: a clone)")
     p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
     args = p.parse_args(argv)

@@ -1,28 +1,28 @@
 """What each fix costs against the same forward kernel without it, from paired launches.
 
-    PYTHONPATH=. python benchmarks/fix_cost.py [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
+    python -m benchmarks.fix_cost [--d 64,128] [--n 1024,4096,16384] [--kernels overlap,triton]
         [--inputs randn] [--rounds 30] [--mode graph] [--layer] [--json FILE]
 
 Why not bench_gpu's numbers: there each implementation gets its own do_bench rounds, and on the H100 the
 standard softmax alone moved between such rounds by more than a fix costs, so one pass could put a fix's
 cost almost anywhere (history/tried.md, "How the GPU numbers are measured").  Here a round runs standard,
-stabilised, robust and cast_sum (the variants of ``gpu.flash.SOFTMAX_IDS``) back to back (the order
+stabilised, robust and cast_sum (the variants of `gpu.flash.SOFTMAX_IDS`) back to back (the order
 rotated from round to round), each as one CUDA-graph replay of
 enough forward launches to last ~3 ms (no host time inside), timed by its own CUDA events; neighbouring
 replays see the same clocks and power state.  A round's cost is 1 - t_standard / t_fix; the table gives the
 median over the rounds and the 10th-90th percentile range, so a reader sees both the cost and how sure it
-is.  ``--mode flush`` keeps the pairing but times the way do_bench does: one eager launch per softmax and
+is.  `--mode flush` keeps the pairing but times the way do_bench does: one eager launch per softmax and
 round, each after zeroing a 256 MB buffer (L2 flushed, a gap between kernels), the flush outside the events.
-``--layer`` adds what the fix costs a training step: per (d, N), forward and backward of one causal pre-LN
-transformer block (``studies.device.train_check.Block``: width H*d, MLP 4x, bf16 weights, attention by
-``flash.attention``), paired rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the
+`--layer` adds what the fix costs a training step: per (d, N), forward and backward of one causal pre-LN
+transformer block (`studies.device.train_check.Block`: width H*d, MLP 4x, bf16 weights, attention by
+`flash.attention`), paired rounds of one eager step per softmax; TFLOP/s count 72 C^2 per token for the
 linear layers (forward and backward) plus 3.5x the attention forward.
 
-B=4, H=32, bf16, softmax_scale 1/sqrt(d); ``kernel`` as in ``gpu.flash.forward`` (the overlap kernel
+B=4, H=32, bf16, softmax_scale 1/sqrt(d); `kernel` as in `gpu.flash.forward` (the overlap kernel
 where it runs: BLOCK_N equal to the head dim, d=64 and 128; rows it refuses are printed with the reason).
-Inputs: ``randn`` N(0, 1) (bench_gpu's), ``repeated`` (gpu/crosscheck/cases.py: every
+Inputs: `randn` N(0, 1) (bench_gpu's), `repeated` (gpu/crosscheck/cases.py: every
 row has repeated maxima, so the fixes change the shift).  Needs a CUDA GPU; on the lent H100:
-``PYTHONPATH=. python benchmarks/fix_cost.py --json $OUT/fix_cost.json``.
+`python -m benchmarks.fix_cost --json $OUT/fix_cost.json`.
 """
 
 from __future__ import annotations
@@ -36,13 +36,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import torch  # noqa: E402
-
-from gpu import flash  # noqa: E402
-from studies.device.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand  # noqa: E402
+from gpu import flash
+from studies.device.run_attention import cuda_graph, env, env_line, fwd_flops, kind_inputs, rand
 
 B, H = 4, 32
 SOFTMAXES = tuple(flash.SOFTMAX_IDS)  # standard first: the costs are against it
@@ -50,9 +47,9 @@ TARGET_MS = 3.0
 
 
 def paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -> dict:
-    """ms per call of each launch[key]() (which makes ``per_launch`` calls) in every round: the callables
+    """ms per call of each launch[key]() (which makes `per_launch` calls) in every round: the callables
     back to back, their order (the dict's) rotated from round to round, each timed by its own CUDA events
-    (``before``, e.g. an L2 flush, runs outside them)."""
+    (`before`, e.g. an L2 flush, runs outside them)."""
     keys = list(launch)
     events = []
     for r in range(rounds):
@@ -72,7 +69,7 @@ def paired_rounds(launch: dict, rounds: int, per_launch: int = 1, before=None) -
 
 
 def measure(q, k, v, causal: bool, kernel: str, rounds: int, mode: str = "graph") -> dict:
-    """Per softmax: ms per forward in every round (paired rounds); ``mode`` as in the module docstring."""
+    """Per softmax: ms per forward in every round (paired rounds); `mode` as in the module docstring."""
     fns = {sm: (lambda sm=sm: flash.forward(q, k, v, causal=causal, softmax=sm, kernel=kernel)) for sm in SOFTMAXES}
     for fn in fns.values():  # compile, then estimate one launch's time
         fn()
@@ -125,7 +122,7 @@ def summarise(ms: dict, flops: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.fix_cost", description=__doc__.split("\n")[0])
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--kernels", default="overlap,triton", help="of gpu.flash.KERNELS")
@@ -150,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--inputs: {kind!r} is not one of randn, repeated")
     if a.rounds < 3:
         ap.error(f"--rounds: at least 3 (a rotation of the order), got {a.rounds}")
-    command = " ".join(sys.argv if argv is None else ["benchmarks/fix_cost.py", *argv])
+    command = " ".join(["python -m benchmarks.fix_cost", *(sys.argv[1:] if argv is None else argv)])
     res = {"env": env(), "command": command, "rounds": a.rounds, "rows": []}
     print(
         f"# {env_line(res['env'])}; B={B} H={H} bf16; "

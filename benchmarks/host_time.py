@@ -1,23 +1,23 @@
 """CPU time per call of the attention kernels' Python entry points, against SDPA's, and whether it shows.
 
-    PYTHONPATH=. python benchmarks/host_time.py [--d 64,128] [--n 1024] [--calls 100] [--profile]
+    python -m benchmarks.host_time [--d 64,128] [--n 1024] [--calls 100] [--profile]
         [--json FILE]
 
 A launch that costs more CPU time than its kernel takes on the GPU leaves the GPU waiting: then the
 Python call, not the kernel, sets the speed (small N, training loops that do not overlap host and device
-work).  Host time is measured with the GPU kept busy by ``torch.cuda._sleep`` so no call waits for it:
-``--calls`` calls (an eighth of that where a call launches a backward too, so the launch queue never
-fills) timed by ``time.perf_counter``, the best of 7 batches, garbage collection off inside a batch.
-Our rows are timed two ways, batch by batch interleaved: through :mod:`gpu.launch` (the compiled kernel
-launched directly, the default) and through Triton's own ``kernel[grid](...)`` (inside ``with
-gpu.launch.direct(False):``), the baseline it replaces.  GPU time is one call replayed in a CUDA graph (no
-host time inside), median of 20 replays; ``host/GPU`` above 1 means the row is host-bound when calls follow each other.
-Rows: ``gpu.flash.forward`` (the kernel ``auto`` picks; both kernels at d=128), ``gpu.flash.backward``
-(three kernels), autograd forward + backward through ``flash.attention``, and the same through
-``torch.nn.functional.scaled_dot_product_attention`` per backend.  ``--profile`` prints cProfile's top
+work).  Host time is measured with the GPU kept busy by `torch.cuda._sleep` so no call waits for it:
+`--calls` calls (an eighth of that where a call launches a backward too, so the launch queue never
+fills) timed by `time.perf_counter`, the best of 7 batches, garbage collection off inside a batch.
+Our rows are timed two ways, batch by batch interleaved: through `gpu.launch` (the compiled kernel
+launched directly, the default) and through Triton's own `kernel[grid](...)` (inside `with
+gpu.launch.direct(False):`), the baseline it replaces.  GPU time is one call replayed in a CUDA graph (no
+host time inside), median of 20 replays; `host/GPU` above 1 means the row is host-bound when calls follow each other.
+Rows: `gpu.flash.forward` (the kernel `auto` picks; both kernels at d=128), `gpu.flash.backward`
+(three kernels), autograd forward + backward through `flash.attention`, and the same through
+`torch.nn.functional.scaled_dot_product_attention` per backend.  `--profile` prints cProfile's top
 functions (by own time) of 200 forward and backward calls per d (direct launches).
 B=4, H=32, bf16, non-causal, the standard softmax (the fixes change the kernel, not the launch).  Needs a
-CUDA GPU; on the lent H100: ``PYTHONPATH=. python benchmarks/host_time.py --profile --json $OUT/host.json``.
+CUDA GPU; on the lent H100: `python -m benchmarks.host_time --profile --json $OUT/host.json`.
 """
 
 from __future__ import annotations
@@ -35,12 +35,10 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from gpu import flash, launch  # noqa: E402
-from studies.device.run_attention import cuda_graph, env, env_line, rand, run_sdpa, sdpa_backends  # noqa: E402
+from gpu import flash, launch
+from studies.device.run_attention import cuda_graph, env, env_line, rand, run_sdpa, sdpa_backends
 
 B, H = 4, 32
 SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 clocks: longer than any batch of calls below
@@ -48,7 +46,7 @@ SLEEP_CYCLES = 200_000_000  # ~0.1 s of GPU time at H100 clocks: longer than any
 
 def host_us(fns: dict, calls: int, batches: int = 7) -> dict:
     """Microseconds of CPU time per call of each fns[name]() (a context, entered around a batch, and a
-    callable), with the GPU busy so that no call waits for it: the best of ``batches`` batches, the entries
+    callable), with the GPU busy so that no call waits for it: the best of `batches` batches, the entries
     interleaved batch by batch (garbage collection off inside a batch)."""
     best = {}
     for name, (context, fn) in fns.items():
@@ -110,7 +108,7 @@ def rows_for(d: int, n: int) -> dict:
 
 
 def profile(d: int, n: int, calls: int = 200) -> str:
-    """cProfile's top 25 functions by own time over ``calls`` forward and backward calls."""
+    """cProfile's top 25 functions by own time over `calls` forward and backward calls."""
     q, k, v = rand((B, H, n, d), torch.bfloat16)
     o, lse, _ = flash.forward(q, k, v)
     do = torch.randn_like(q)
@@ -130,7 +128,7 @@ def profile(d: int, n: int, calls: int = 200) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.host_time", description=__doc__.split("\n")[0])
     ap.add_argument("--d", default="64,128")
     ap.add_argument("--n", default="1024")
     ap.add_argument("--calls", type=int, default=100)
@@ -143,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     for d in ds:
         if d not in flash.HEAD_DIMS:
             ap.error(f"--d: {d} is not one of {flash.HEAD_DIMS}")
-    command = " ".join(sys.argv if argv is None else ["benchmarks/host_time.py", *argv])
+    command = " ".join(["python -m benchmarks.host_time", *(sys.argv[1:] if argv is None else argv)])
     res = {"env": env(), "command": command, "calls": a.calls, "rows": []}
     print(
         f"# {env_line(res['env'])}; B={B} H={H} bf16, "

@@ -1,14 +1,14 @@
 """The fix table of docs/fix.md: softmax variant x policy x gap case, per-row O errors against FP64.
 
-    PYTHONPATH=. python studies/fix_table.py [--rows 2000] [--jobs 2] [--margin 1e-4] [--cache /tmp/fix_cache]
+    python -m studies.fix_table [--rows 2000] [--jobs 2] [--margin 1e-4] [--cache /tmp/fix_cache]
         [--policies triton_h100,...] [--cases zero,...] [--npz docs/data/fix_table.npz] [--markdown FILE]
 
-Each cell (policy, case) draws ``--rows`` rows of its input family (seed 1, d = 64) and runs each variant the
-policy is measured with through :func:`flashsim.analysis.experiments.row_errors`; the per-row errors of each
-(policy, case, variant) are cached in ``--cache`` (one npz each, never recomputed; ``--cached`` tables only
+Each cell (policy, case) draws `--rows` rows of its input family (seed 1, d = 64) and runs each variant the
+policy is measured with through `flashsim.analysis.experiments.row_errors`; the per-row errors of each
+(policy, case, variant) are cached in `--cache` (one npz each, never recomputed; `--cached` tables only
 those), the FP64 reference once per (input format, case).  The table summarises each (cell, variant)
-with :func:`flashsim.analysis.stats.summarize` at ``--margin`` and corrects the whole table with Holm
-(:func:`~flashsim.analysis.stats.summary_table`).  ``--npz`` keeps the per-row O errors (float32) and ulps.
+with `flashsim.analysis.stats.summarize` at `--margin` and corrects the whole table with Holm
+(`flashsim.analysis.stats.summary_table`).  `--npz` keeps the per-row O errors (float32) and ulps.
 """
 
 from __future__ import annotations
@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from emufloat.console import ArgumentParser  # noqa: E402
-from flashsim.analysis.experiments import BiasRows, Reference, reference, row_errors, rows_in_format  # noqa: E402
-from flashsim.analysis.families import get_family  # noqa: E402
-from flashsim.analysis.stats import summarize, summary_table  # noqa: E402
-from flashsim.console import UsageError, run_command  # noqa: E402
-from flashsim.softmax import (  # noqa: E402
+from emufloat.console import ArgumentParser
+from flashsim.analysis.experiments import BiasRows, Reference, reference, row_errors, rows_in_format
+from flashsim.analysis.families import get_family
+from flashsim.analysis.stats import summarize, summary_table
+from flashsim.console import UsageError, run_command
+from flashsim.softmax import (
     CastSumSoftmax,
     DitheredSoftmax,
     RobustSoftmax,
@@ -65,7 +63,7 @@ CASES = {
 
 @dataclass(frozen=True)
 class PolicyRow:
-    """A policy of the table: how to build it (``n_rows`` rows of ``n_keys``), its input format, P's precision."""
+    """A policy of the table: how to build it (`n_rows` rows of `n_keys`), its input format, P's precision."""
 
     name: str
     inputs: str  # 'bf16' or 'e4m3fn': q, k, v rounded to it (the FP64 reference sees the same values)
@@ -115,7 +113,7 @@ VARIANT_ORDER = ("standard", "stabilised", "robust", "dithered", "cast_sum")
 
 
 def cell_rows(case: Case, n_rows: int, inputs: str) -> BiasRows:
-    """The case's rows, q, k and v rounded to ``inputs`` (all three: the FP8 kernel casts q too)."""
+    """The case's rows, q, k and v rounded to `inputs` (all three: the FP8 kernel casts q too)."""
     rows = get_family(case.family).make(n_rows, seed=SEED, n_keys=case.n_keys, d=D, **case.params)
     return rows if inputs == "bf16" else rows_in_format(rows, inputs)
 
@@ -174,7 +172,7 @@ def _p(x: float) -> str:
 
 
 def _cell(text: str) -> str:
-    """``text`` safe inside a markdown table cell (its '|' escaped)."""
+    """`text` safe inside a markdown table cell (its '|' escaped)."""
     return text.replace("|", "\\|")
 
 
@@ -217,7 +215,7 @@ def _names(text: str, known: dict, arg: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python studies/fix_table.py", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m studies.fix_table", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=2000, help="rows a cell (default 2000)")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--margin", type=float, default=1e-4, help="equivalence margin in units of O (default 1e-4)")

@@ -3,28 +3,24 @@ tensor cores' P V accumulation (13 significand bits, truncated), with the BF16 t
 place, and with P V promoted to FP32 every 32 keys (the kernel's default), standard and cast_sum softmax
 (docs/fix.md, "The table").
 
-    PYTHONPATH=. python studies/fp8_pv_accumulation.py [--rows 600]
+    python -m studies.fp8_pv_accumulation [--rows 600]
 """
 
 from __future__ import annotations
 
 import dataclasses
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from emufloat.console import ArgumentParser  # noqa: E402
-from flashsim.analysis.experiments import reference, row_errors, rows_in_format  # noqa: E402
-from flashsim.analysis.families import get_family  # noqa: E402
-from flashsim.console import UsageError, run_command  # noqa: E402
-from gpu.policies import kernel_policy  # noqa: E402
+from emufloat.console import ArgumentParser
+from flashsim.analysis.experiments import reference, row_errors, rows_in_format
+from flashsim.analysis.families import get_family
+from flashsim.console import UsageError, run_command
+from gpu.policies import kernel_policy
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(prog="python studies/fp8_pv_accumulation.py", description=__doc__.split("\n")[0])
+    ap = ArgumentParser(prog="python -m studies.fp8_pv_accumulation", description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=600, help="dense rows, scale 1/sqrt(d) (default 600)")
     args = ap.parse_args(argv)
 

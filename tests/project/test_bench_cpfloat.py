@@ -1,22 +1,16 @@
 """benchmarks/_cpfloat.py: finding CPFloat's source, the skip paths, the value comparison, and (slow, only where
 CPFLOAT_SRC names a CPFloat source and gcc exists) the built shim's results against exact rational rounding."""
 
-import importlib.util
 import math
 import os
 import shutil
-import sys
 from fractions import Fraction
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-_spec = importlib.util.spec_from_file_location("_cpfloat", Path(__file__).parents[2] / "benchmarks" / "_cpfloat.py")
-cpfloat = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("_cpfloat", cpfloat)  # its dataclasses look their module up
-_spec.loader.exec_module(cpfloat)
+from benchmarks import _cpfloat as cpfloat
 
 
 def test_is_source_takes_checkouts_and_git_directories(tmp_path):

@@ -1,15 +1,10 @@
 """benchmarks/fix_cost.py's CPU parts: the paired cost summary and the option checks (the timing needs a GPU)."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("triton")
-_spec = importlib.util.spec_from_file_location("fix_cost", Path(__file__).parents[2] / "benchmarks" / "fix_cost.py")
-fix_cost = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fix_cost)
+from benchmarks import fix_cost  # noqa: E402  (after the skips: it imports torch)
 
 
 def test_costs_are_paired_per_round_not_ratios_of_medians():

@@ -1,6 +1,6 @@
 """A two-minute tour on built-in data: the Qiu & Yao rounding bias, traced.
 
-Run ``python examples/emufloat_demo.py``.  Part 1 replays the paper's
+Run `python examples/emufloat_demo.py`.  Part 1 replays the paper's
 worked example bit for bit; part 2 builds synthetic attention rows whose
 unnormalised P·V product is accumulated exactly and rounded once to BF16 (the
 paper's model) and shows that rows with repeated maxima and mostly negative V
@@ -34,7 +34,7 @@ def worked_example() -> str:
 
 
 def synthetic_rows(rows: int, tokens: int, repeated: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """P̄ (BF16, max entries exactly 1) and V (BF16, mean -1.5) for ``rows`` attention rows.
+    """P̄ (BF16, max entries exactly 1) and V (BF16, mean -1.5) for `rows` attention rows.
 
     Scores are sharp (std 8), as in a trained model whose attention concentrates,
     so the non-maximal P̄ are small and the maxima dominate the sum.

@@ -1,12 +1,12 @@
-"""Do the fixes remove a lean when P is FP8?  The bias experiment of ``flashsim bias-rows`` with K, V and P in e4m3.
+"""Do the fixes remove a lean when P is FP8?  The bias experiment of `flashsim bias-rows` with K, V and P in e4m3.
 
-The rows of ``flashsim bias-rows`` (2..8 scores exactly at the row max r ~ U(-4, 4), the others about
+The rows of `flashsim bias-rows` (2..8 scores exactly at the row max r ~ U(-4, 4), the others about
 10..20 below, V in -[1, 2)), with K and V rounded to e4m3, run under the policy of our FP8 kernel
-(``gpu.policies.kernel_policy('e4m3', 64, False)``: e4m3 tensor cores, P cast to e4m3, fp32 accumulators,
+(`gpu.policies.kernel_policy('e4m3', 64, False)`: e4m3 tensor cores, P cast to e4m3, fp32 accumulators,
 bit-exact to the H100, docs/crosscheck.md) and compared with FP64 attention on the same values.
 
 Run: PYTHONPATH=. python3 examples/fp8_fix_bias.py [--rows 10000] [--max-shift 2,1,0.5]
-(``--max-shift`` adds the robust variant with smaller shift caps; 10^4 rows take minutes on two cores)
+(`--max-shift` adds the robust variant with smaller shift caps; 10^4 rows take minutes on two cores)
 Results and why: docs/flashsim.md, "Bias on many rows".
 """
 

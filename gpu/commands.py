@@ -1,6 +1,6 @@
-"""Argument checks the device scripts share (studies/device, ``python -m gpu.crosscheck``, ``studies.probes.run``):
-each bad argument ends the script with one line naming it, before any GPU work (run the script's ``main``
-through :func:`flashsim.console.run_command`).
+"""Argument checks the device scripts share (studies/device, `python -m gpu.crosscheck`, `studies.probes.run`):
+each bad argument ends the script with one line naming it, before any GPU work (run the script's `main`
+through `flashsim.console.run_command`).
 """
 
 from __future__ import annotations
@@ -29,10 +29,10 @@ def gpu_stack_missing() -> str | None:
 
 
 def missing_extra(module: str, name: str, exc: ImportError, needs: str = "torch and Triton") -> Exception:
-    """What the device script ``module`` raises when its top-level import of the ``gpu`` extra fails (``raise
-    missing_extra("studies.device.X", __name__, exc) from None``): run as a script (``name == "__main__"``), a
+    """What the device script `module` raises when its top-level import of the `gpu` extra fails (`raise
+    missing_extra("studies.device.X", __name__, exc) from None`): run as a script (`name == "__main__"`), a
     SystemExit that ends it in one line; imported, a ModuleNotFoundError naming what is missing, which a caller can
-    catch (``pytest.importorskip`` skips on it) instead of the whole process ending."""
+    catch (`pytest.importorskip` skips on it) instead of the whole process ending."""
     missing = getattr(exc, "name", None) or str(exc)
     message = f"{module}: needs {needs} ({missing} is not installed); pip install 'lowprec-attention[gpu]'"
     return SystemExit(message) if name == "__main__" else ModuleNotFoundError(message, name=missing)
@@ -46,8 +46,8 @@ def require_gpu(prog: str) -> None:
 
 
 def probe_main(module: str, description: str, outputs: str, run, argv: list[str] | None = None) -> int:
-    """``main`` of a standalone probe, ``python -m MODULE --out DIR``: the folder is checked to be writable and
-    the GPU to be there before ``run(DIR)``; bad input and failures end in one line."""
+    """`main` of a standalone probe, `python -m MODULE --out DIR`: the folder is checked to be writable and
+    the GPU to be there before `run(DIR)`; bad input and failures end in one line."""
     from flashsim.console import ArgumentParser, run_command, writable_dir
 
     prog = f"python -m {module}"
@@ -64,7 +64,7 @@ def probe_main(module: str, description: str, outputs: str, run, argv: list[str]
 
 
 def sections(value: str, accepted, flag: str = "--sections") -> list[str]:
-    """A comma list of names, each one of ``accepted``."""
+    """A comma list of names, each one of `accepted`."""
     names = [x.strip() for x in value.split(",") if x.strip()]
     unknown = [n for n in names if n not in accepted]
     if not names or unknown:

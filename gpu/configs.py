@@ -1,6 +1,6 @@
 """Launch configurations of the attention kernels: the formats of each dtype, tiles, warps and stages, which
 forward kernel runs, and the softmax and P V promotion a launch gets when not told (no torch needed).  These
-are part of what a kernel computes: :mod:`gpu.policies` turns a launch's configs into the flashsim policy that
+are part of what a kernel computes: `gpu.policies` turns a launch's configs into the flashsim policy that
 repeats it."""
 
 from __future__ import annotations
@@ -95,8 +95,8 @@ DELTA_BLOCK = 64
 
 
 def fwd_config(dtype: str, head_dim: int, causal: bool) -> Config:
-    """The forward kernel's default tiles for inputs of ``dtype`` ('bf16', 'fp16' or 'e4m3'); a ValueError naming
-    ``head_dim`` for a head dim the tables have no tiles for."""
+    """The forward kernel's default tiles for inputs of `dtype` ('bf16', 'fp16' or 'e4m3'); a ValueError naming
+    `head_dim` for a head dim the tables have no tiles for."""
     key = (head_dim, bool(causal))
     if key not in FWD_CONFIGS:
         heads = sorted({h for h, _ in FWD_CONFIGS})
@@ -105,20 +105,20 @@ def fwd_config(dtype: str, head_dim: int, causal: bool) -> Config:
 
 
 def overlap_from_keys(dtype: str, head_dim: int, causal: bool) -> float:
-    """The number of keys from which ``kernel='auto'`` runs the overlap kernel for inputs of ``dtype`` (inf:
+    """The number of keys from which `kernel='auto'` runs the overlap kernel for inputs of `dtype` (inf:
     never)."""
     table = FP8_OVERLAP_FROM_KEYS if dtype == "e4m3" else OVERLAP_FROM_KEYS
     return table.get((head_dim, bool(causal)), float("inf"))
 
 
 #: the forward kernels' softmax when none is named, per dtype (docs/fix.md, "Which softmax with which kernel"):
-#: the standard softmax where P is BF16 or FP16 (within the margin on every gap case measured), ``cast_sum``
+#: the standard softmax where P is BF16 or FP16 (within the margin on every gap case measured), `cast_sum`
 #: (l summed from the E4M3 P) for FP8, where the standard softmax leans on sharp rows
 DEFAULT_SOFTMAX = {"bf16": "standard", "fp16": "standard", "e4m3": "cast_sum"}
 
 
 def default_softmax(dtype: str) -> str:
-    """The kernels' softmax for ``dtype`` when none is named (:data:`DEFAULT_SOFTMAX`)."""
+    """The kernels' softmax for `dtype` when none is named (`DEFAULT_SOFTMAX`)."""
     kernel_format(dtype)  # refuses an unknown dtype, naming the accepted ones
     return DEFAULT_SOFTMAX[dtype]
 
@@ -130,14 +130,14 @@ DEFAULT_PROMOTE_PV = {"bf16": False, "fp16": False, "e4m3": True}
 
 
 def default_promote_pv(dtype: str) -> bool:
-    """Whether the kernels promote P V's partial sums for ``dtype`` when not told (:data:`DEFAULT_PROMOTE_PV`)."""
+    """Whether the kernels promote P V's partial sums for `dtype` when not told (`DEFAULT_PROMOTE_PV`)."""
     kernel_format(dtype)
     return DEFAULT_PROMOTE_PV[dtype]
 
 
 def kernel_variant(softmax: str | SoftmaxVariant | None, dtype: str) -> SoftmaxVariant:
-    """flashsim's variant object for the kernel's ``softmax`` ('robust' gets P's precision from ``dtype``;
-    None: :func:`default_softmax`)."""
+    """flashsim's variant object for the kernel's `softmax` ('robust' gets P's precision from `dtype`;
+    None: [`default_softmax`][gpu.policies.default_softmax])."""
     if softmax is None:
         softmax = default_softmax(dtype)
     if isinstance(softmax, str):

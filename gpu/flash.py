@@ -1,15 +1,15 @@
 """The project's flash attention on the GPU: forward and backward Triton kernels behind a torch API.
 
-``attention(q, k, v, causal=..., softmax=...)`` returns O for (B, H, N, d) tensors, with autograd
-(:class:`FlashAttention`); :func:`forward` and :func:`backward` run the kernels directly (O, LSE and the
-gradients), and :func:`scaled_dot_product_attention` has the calling convention of
-``torch.nn.functional.scaled_dot_product_attention``.  The softmax variant (``standard``,
-``stabilised`` = Qiu & Yao's fix, ``robust`` = the project's first fix, ``cast_sum`` = the standard shift with
-l summed from P as cast for P V) is a compile-time choice of the kernel; its thresholds are the constants
-flashsim's variants use, rounded to float32 the way flashsim rounds them, so the ``triton_h100`` policy
-(:mod:`gpu.policies`) with the same tiles computes what the kernel computes.  Unnamed, the softmax is the
-dtype's default (:data:`gpu.policies.DEFAULT_SOFTMAX`): ``standard`` for bf16 and fp16, ``cast_sum`` for FP8
-(docs/fix.md, "Which softmax with which kernel"); ``robust`` leans O and warns (FutureWarning).
+`attention(q, k, v, causal=..., softmax=...)` returns O for (B, H, N, d) tensors, with autograd
+([`FlashAttention`][gpu.flash.FlashAttention]); [`forward`][gpu.flash.forward] and [`backward`][gpu.flash.backward] run
+the kernels directly (O, LSE and the gradients), and
+[`scaled_dot_product_attention`][gpu.flash.scaled_dot_product_attention] has the calling convention of
+`torch.nn.functional.scaled_dot_product_attention`.  The softmax variant (`standard`, `stabilised` = Qiu & Yao's fix,
+`robust` = the project's first fix, `cast_sum` = the standard shift with l summed from P as cast for P V) is a
+compile-time choice of the kernel; its thresholds are the constants flashsim's variants use, rounded to float32 the way
+flashsim rounds them, so the `triton_h100` policy ([`gpu.policies`][gpu.policies]) with the same tiles computes what the
+kernel computes.  Unnamed, the softmax is the dtype's default (`gpu.policies.DEFAULT_SOFTMAX`): `standard` for bf16 and
+fp16, `cast_sum` for FP8 (docs/fix.md, "Which softmax with which kernel"); `robust` leans O and warns (FutureWarning).
 
 LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 for the natural log.
 """
@@ -86,20 +86,20 @@ def _f32(x: float) -> float:
 
 
 #: (batch, head) pairs per launch.  Every kernel puts them on the grid's y axis, which CUDA caps at 65535;
-#: larger batches run as several launches over consecutive heads (:func:`_by_heads`).  A multiple of 16, so
+#: larger batches run as several launches over consecutive heads (`_by_heads`).  A multiple of 16, so
 #: every slice starts 16-byte aligned and runs the kernel the whole batch would.
 HEADS_PER_LAUNCH = 65520
 _HEADS = contextvars.ContextVar("heads_per_launch", default=HEADS_PER_LAUNCH)
-#: dtypes whose V the forward kernels read transposed, (B, H, d, N) (:func:`_keys_contiguous`), unless
-#: ``forward(..., v_transposed=...)`` says otherwise: e4m3, whose tensor cores want P V's keys contiguous.
+#: dtypes whose V the forward kernels read transposed, (B, H, d, N) (`_keys_contiguous`), unless
+#: `forward(..., v_transposed=...)` says otherwise: e4m3, whose tensor cores want P V's keys contiguous.
 V_TRANSPOSED = (FP8,)
 TRANSPOSE_BLOCK = 64  # keys per program of the transpose
 
 
 @contextlib.contextmanager
 def heads_per_launch(n: int):
-    """Inside the block, launch every kernel on at most ``n`` (batch, head) pairs at a time instead of
-    :data:`HEADS_PER_LAUNCH` (a check of the split on small batches; each head gets the bits it gets alone)."""
+    """Inside the block, launch every kernel on at most `n` (batch, head) pairs at a time instead of
+    `HEADS_PER_LAUNCH` (a check of the split on small batches; each head gets the bits it gets alone)."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= HEADS_PER_LAUNCH:
         raise ValueError(f"heads_per_launch: expected an integer from 1 to {HEADS_PER_LAUNCH}, got {n!r}")
     token = _HEADS.set(n)
@@ -110,8 +110,8 @@ def heads_per_launch(n: int):
 
 
 def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Tensor, ...]]]:
-    """(heads, tensors) per launch: ``[(bh, tensors)]`` up to :data:`HEADS_PER_LAUNCH` heads (or
-    :func:`heads_per_launch`'s limit), else the contiguous tensors viewed as (bh, -1) and sliced into runs of
+    """(heads, tensors) per launch: `[(bh, tensors)]` up to `HEADS_PER_LAUNCH` heads (or
+    `heads_per_launch`'s limit), else the contiguous tensors viewed as (bh, -1) and sliced into runs of
     consecutive heads (the kernels find a head from its pointer and its index on the grid, so a slice is
     simply a smaller batch)."""
     per = _HEADS.get()
@@ -122,12 +122,12 @@ def _by_heads(bh: int, *tensors: torch.Tensor) -> list[tuple[int, tuple[torch.Te
 
 
 def _cdiv(a: int, b: int) -> int:
-    """Ceiling division (``triton.cdiv`` is a constexpr function in Triton 3.6, slow to call on the host)."""
+    """Ceiling division (`triton.cdiv` is a constexpr function in Triton 3.6, slow to call on the host)."""
     return -(-a // b)
 
 
 def softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConstants:
-    """The forward kernels' float32 scalars for ``variant`` (as the ``triton_h100`` policy rounds them)."""
+    """The forward kernels' float32 scalars for `variant` (as the `triton_h100` policy rounds them)."""
     if not isinstance(variant, _KERNEL_VARIANTS):
         raise ValueError(f"softmax: the kernels implement {', '.join(SOFTMAX_IDS)}; got {variant!r}")
     if isinstance(variant, CastSumSoftmax) and not sums_cast_p(variant, FP32):
@@ -173,7 +173,7 @@ def _softmax_constants(variant: SoftmaxVariant, sm_scale: float) -> SoftmaxConst
 def _check(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fp8: bool = False, names: tuple[str, str, str] = ("q", "k", "v")
 ) -> None:
-    """Refuse what the kernels cannot run, naming the argument (``names``: the caller's names for q, k, v)."""
+    """Refuse what the kernels cannot run, naming the argument (`names`: the caller's names for q, k, v)."""
     accepted = DTYPES + ((FP8,) if fp8 else ())
     nq, nk, nv = names
     qkv = ", ".join(names)
@@ -216,14 +216,14 @@ def _check(
 
 
 def _config(config: Config | None) -> Config | None:
-    """``config`` if it is a :class:`Config` or None (Config itself refuses tiles the kernels cannot run)."""
+    """`config` if it is a `Config` or None (Config itself refuses tiles the kernels cannot run)."""
     if config is not None and not isinstance(config, Config):
         raise TypeError(f"config: expected a gpu.configs.Config or None (the tuned tiles), got {type(config).__name__}")
     return config
 
 
 def _flag(x: bool, name: str) -> bool:
-    """A boolean argument, refused rather than coerced (``bool("False")`` is True)."""
+    """A boolean argument, refused rather than coerced (`bool("False")` is True)."""
     if not isinstance(x, bool):
         raise TypeError(f"{name}: expected a bool, got {x!r}")
     return x
@@ -270,21 +270,21 @@ def forward(
     v_transposed: bool | None = None,
     promote_pv: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
-    """(O, LSE base 2, debug) of the forward kernel; ``debug=True`` also returns per-K/V-block m, l, P, acc
+    """(O, LSE base 2, debug) of the forward kernel; `debug=True` also returns per-K/V-block m, l, P, acc
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
-    ``softmax``: a name of :data:`SOFTMAX_IDS`, a flashsim variant of those kinds, or None for the dtype's
-    default (:data:`gpu.policies.DEFAULT_SOFTMAX`): ``standard`` for bfloat16 and float16, ``cast_sum`` for
+    `softmax`: a name of `SOFTMAX_IDS`, a flashsim variant of those kinds, or None for the dtype's
+    default (`gpu.policies.DEFAULT_SOFTMAX`): `standard` for bfloat16 and float16, `cast_sum` for
     float8_e4m3fn, where P's 4 significand bits underflow on sharp rows and l, summed from the E4M3 P that P V
-    uses, keeps O from leaning (docs/fix.md).  ``robust`` runs but warns (FutureWarning): it leans O.
+    uses, keeps O from leaning (docs/fix.md).  `robust` runs but warns (FutureWarning): it leans O.
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
     bfloat16 (P in e4m3 has 4 significand bits: the shifting fixes cost accuracy there, see docs/fix.md).
-    ``kernel``: one of :data:`KERNELS`.  ``v_transposed``: whether the kernels read V from a transposed copy,
-    (B, H, d, N), rather than as given; None: for the dtypes in :data:`V_TRANSPOSED` (FP8).  The bits are the
-    same either way.  ``promote_pv`` (float8_e4m3fn only): P V's partial sums added to the FP32 accumulator
-    every 32 keys (Triton's ``max_num_imprecise_acc=32``) instead of accumulated by the FP8 tensor cores in 13
+    `kernel`: one of `KERNELS`.  `v_transposed`: whether the kernels read V from a transposed copy,
+    (B, H, d, N), rather than as given; None: for the dtypes in `V_TRANSPOSED` (FP8).  The bits are the
+    same either way.  `promote_pv` (float8_e4m3fn only): P V's partial sums added to the FP32 accumulator
+    every 32 keys (Triton's `max_num_imprecise_acc=32`) instead of accumulated by the FP8 tensor cores in 13
     truncated bits, which lean O on dense rows (docs/fix.md); None: the dtype's default
-    (:data:`gpu.policies.DEFAULT_PROMOTE_PV`: on for FP8).  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's
+    (`gpu.policies.DEFAULT_PROMOTE_PV`: on for FP8).  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's
     convention (flashsim refuses empty inputs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
@@ -325,7 +325,7 @@ def _forward(
     v_t: bool,
     promote_pv: bool | None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict | None]:
-    """:func:`forward` on checked arguments, on q's device (``promote_pv`` None: the dtype's default)."""
+    """`forward` on checked arguments, on q's device (`promote_pv` None: the dtype's default)."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     dtype = next(n for n, t in TORCH_DTYPES.items() if t == q.dtype)
@@ -464,8 +464,8 @@ def overlap_options(cfg: Config, head_dim: int, itemsize: int) -> dict:
 def _forward_overlap(
     q, k, v, o, lse, consts: SoftmaxConstants, cfg: Config, causal: bool, softmax: int, v_t: bool, promote: bool
 ) -> None:
-    """Launch :func:`gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
-    K and V by 3-D ones over (B*H, N, d) (zeros past N); with ``v_t`` V is :func:`_keys_contiguous`'s
+    """Launch `gpu.kernels.fwd_overlap.attn_fwd_overlap`: Q by a 2-D TMA descriptor over (B*H*N, d),
+    K and V by 3-D ones over (B*H, N, d) (zeros past N); with `v_t` V is `_keys_contiguous`'s
     (B, H, d, N') copy, read over (B*H, d, N) with its row stride N'."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -511,8 +511,8 @@ def backward(
     sm_scale: float | None = None,
     config: Config | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV, delta) from the forward's O and base-2 LSE; ``o`` and ``do`` of q's shape and dtype,
-    ``lse`` float32 (B, H, N_q), all on q's device."""
+    """(dQ, dK, dV, delta) from the forward's O and base-2 LSE; `o` and `do` of q's shape and dtype,
+    `lse` float32 (B, H, N_q), all on q's device."""
     _check(q, k, v)
     for name, x, shape, dtype in (
         ("o", o, q.shape, q.dtype),
@@ -535,7 +535,7 @@ def backward(
 def _backward(
     q, k, v, o, lse, do, causal: bool, scale: float, config: Config | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`backward` on checked arguments, on q's device."""
+    """`backward` on checked arguments, on q's device."""
     b, h, n_q, d = q.shape
     n_k = k.shape[2]
     cfg = config or BWD_CONFIGS[d]
@@ -584,8 +584,8 @@ def attention(
     sm_scale: float | None = None,
     softmax: str | None = None,
 ) -> torch.Tensor:
-    """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors (``softmax``
-    as :func:`forward` takes it; None: the standard softmax there)."""
+    """softmax(q k^T * sm_scale) v with autograd, for (B, H, N, d) bfloat16/float16 CUDA tensors (`softmax`
+    as [`forward`][gpu.flash.forward] takes it; None: the standard softmax there)."""
     return FlashAttention.apply(q, k, v, causal, sm_scale, softmax)
 
 
@@ -601,8 +601,8 @@ def scaled_dot_product_attention(
     *,
     softmax: str | None = None,
 ) -> torch.Tensor:
-    """Drop-in for ``torch.nn.functional.scaled_dot_product_attention`` for 4-D (B, H, N, d) bfloat16/float16
-    CUDA tensors with d in :data:`HEAD_DIMS`; no mask tensor, dropout, GQA, broadcasting or zero scale."""
+    """Drop-in for `torch.nn.functional.scaled_dot_product_attention` for 4-D (B, H, N, d) bfloat16/float16
+    CUDA tensors with d in `HEAD_DIMS`; no mask tensor, dropout, GQA, broadcasting or zero scale."""
     if attn_mask is not None:
         raise ValueError("attn_mask: not supported by these kernels; use is_causal for causal masking")
     if dropout_p != 0.0:

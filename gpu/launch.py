@@ -1,14 +1,14 @@
 """Launching the compiled kernels without Triton's per-call argument binding.
 
-``kernel[grid](...)`` binds and specialises every argument and looks the compiled kernel up on every
+`kernel[grid](...)` binds and specialises every argument and looks the compiled kernel up on every
 call, a large share of a call's CPU time, which at small N is longer than the kernels take on the GPU
-(benchmarks/host_time.py, docs/performance.md "Host time").  :class:`Launcher` does that lookup once per
+(benchmarks/host_time.py, docs/performance.md "Host time").  `Launcher` does that lookup once per
 specialisation: its key holds everything Triton 3.6 specialises a kernel on (per tensor argument its dtype
 and 16-byte alignment; per integer whether it is 1, divisible by 16 and its width; per tensor descriptor
 its dtype, block, layout and padding; per record (a tuple) the same for each field; the constexprs and
 launch options; the device), so a call with a new specialisation compiles through Triton
 as before and the same kernel is never launched on arguments it was not compiled for.  Under
-``TRITON_INTERPRET=1``, or inside ``with direct(False):``, it calls the kernel the plain way.
+`TRITON_INTERPRET=1`, or inside `with direct(False):`, it calls the kernel the plain way.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ _DIRECT = contextvars.ContextVar("direct", default=True)
 
 @contextlib.contextmanager
 def direct(on: bool):
-    """Inside the block, launch the compiled kernels directly (``on``, the default) or every call through
-    Triton's own ``fn[grid](...)`` (False: the path benchmarks/host_time.py and the GPU tests compare with)."""
+    """Inside the block, launch the compiled kernels directly (`on`, the default) or every call through
+    Triton's own `fn[grid](...)` (False: the path benchmarks/host_time.py and the GPU tests compare with)."""
     if not isinstance(on, bool):
         raise TypeError(f"direct: expected a bool, got {on!r}")
     token = _DIRECT.set(on)
@@ -56,9 +56,9 @@ def _arg_key(x: Any) -> Any:
 
 
 class Launcher:
-    """``Launcher(fn)(grid, args, constexprs, options)`` runs ``fn[grid](*args, **constexprs, **options)``;
-    from the second call with the same specialisation on, through the compiled kernel directly.  ``args``
-    are the kernel's leading, run-time parameters; ``constexprs`` name all the ones after them."""
+    """`Launcher(fn)(grid, args, constexprs, options)` runs `fn[grid](*args, **constexprs, **options)`;
+    from the second call with the same specialisation on, through the compiled kernel directly.  `args`
+    are the kernel's leading, run-time parameters; `constexprs` name all the ones after them."""
 
     def __init__(self, fn) -> None:
         self.fn = fn

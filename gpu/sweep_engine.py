@@ -1,20 +1,20 @@
-"""The ``gpu`` row engine of ``flashsim sweep --engine gpu``: O of the cells whose policy models a GPU kernel bit
-for bit, computed by that kernel; every other cell stays on the emulator (:mod:`flashsim.sweep.engines`).
+"""The `gpu` row engine of `flashsim sweep --engine gpu`: O of the cells whose policy models a GPU kernel bit
+for bit, computed by that kernel; every other cell stays on the emulator (`flashsim.sweep.engines`).
 
 A cell runs on the GPU only when its policy's forward steps and tiles are exactly those of one of these
 launches, for the cell's head dimension and input format, and its K/V tile is the kernel's:
 
-- our Triton kernels (:func:`gpu.flash.forward`) at their default tiles (:func:`gpu.policies.kernel_policy`,
+- our Triton kernels (`gpu.flash.forward`) at their default tiles (`gpu.policies.kernel_policy`,
   not causal): bf16 and fp16, and e4m3fn under the FP8 kernel's policy with or without P V promoted to FP32
-  (``promote_pv``); any softmax variant
-  :mod:`gpu.flash` accepts when the engine runs (its ``SOFTMAX_IDS`` and ``softmax_constants``);
-- PyTorch SDPA's flash and memory-efficient backends (:func:`gpu.policies.sdpa_flash_policy` without a K/V
-  split, :func:`~gpu.policies.sdpa_efficient_policy`), bf16 and fp16, standard softmax only, and only with the
+  (`promote_pv`); any softmax variant
+  `gpu.flash` accepts when the engine runs (its `SOFTMAX_IDS` and `softmax_constants`);
+- PyTorch SDPA's flash and memory-efficient backends (`gpu.policies.sdpa_flash_policy` without a K/V
+  split, `sdpa_efficient_policy`), bf16 and fp16, standard softmax only, and only with the
   torch version those models were calibrated on.  Not cuDNN: with one query a head it runs another kernel than
-  the one :func:`~gpu.policies.sdpa_cudnn_policy` models (1-ulp differences in O on sampled rows).
+  the one `sdpa_cudnn_policy` models (1-ulp differences in O on sampled rows).
 
-Each row is one head: q, k, v of shape (1, rows, 1 query, n_keys) with ``sm_scale`` 1.  The mapping
-(:func:`plan_cell`) needs no torch; computing does.
+Each row is one head: q, k, v of shape (1, rows, 1 query, n_keys) with `sm_scale` 1.  The mapping
+(`plan_cell`) needs no torch; computing does.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from .versions import calibration_mismatch, torch_cuda
 KERNELS = ("triton", "sdpa_flash", "sdpa_efficient")
 SDPA_DTYPES = ("bf16", "fp16")
 #: heads the model of SDPA's flash backend is made for: enough that FA2 never splits the keys
-#: (:func:`gpu.policies.fa2_num_splits`); the engine pads smaller launches to that many heads of the GPU
+#: (`gpu.policies.fa2_num_splits`); the engine pads smaller launches to that many heads of the GPU
 FA2_UNSPLIT_HEADS = 65520
 #: heads a launch of SDPA takes at most (CUDA's grid y and z axes stop at 65535)
 SDPA_HEADS_PER_LAUNCH = 32768
@@ -59,9 +59,9 @@ SDPA_HEADS_PER_LAUNCH = 32768
 
 @dataclass(frozen=True)
 class KernelPlan:
-    """How the engine computes a cell: which launch (:data:`KERNELS`) with inputs of which dtype
-    (:data:`gpu.policies.KERNEL_FORMATS`); ``promote_pv``: our FP8 kernel's P V promoted to FP32 every 32 keys
-    (:func:`gpu.flash.forward`'s argument)."""
+    """How the engine computes a cell: which launch (`KERNELS`) with inputs of which dtype
+    (`gpu.policies.KERNEL_FORMATS`); `promote_pv`: our FP8 kernel's P V promoted to FP32 every 32 keys
+    (`gpu.flash.forward`'s argument)."""
 
     kernel: str
     dtype: str
@@ -76,7 +76,7 @@ def forward_steps(policy: Policy) -> tuple:
 
 @functools.lru_cache(maxsize=256)
 def launches(fmt: str, head_dim: int, n_keys: int) -> tuple[tuple[KernelPlan, Policy], ...]:
-    """The launches the engine can run for inputs of format ``fmt`` (e.g. 'bf16', 'e4m3fn') and this head
+    """The launches the engine can run for inputs of format `fmt` (e.g. 'bf16', 'e4m3fn') and this head
     dimension and key count, each with the policy that models it."""
     out: list[tuple[KernelPlan, Policy]] = []
     for dtype, f in KERNEL_FORMATS.items():
@@ -105,7 +105,7 @@ def _installed(pkg: str) -> str:
 
 def _triton_softmax(cell: Cell) -> str | None:
     """Why our kernels cannot run the cell's softmax variant as flashsim defines it, or None (asked of
-    :mod:`gpu.flash` when the engine runs, so variants added to the kernels are taken up)."""
+    `gpu.flash` when the engine runs, so variants added to the kernels are taken up)."""
     try:
         from . import flash
     except ImportError as exc:
@@ -122,7 +122,7 @@ def _triton_softmax(cell: Cell) -> str | None:
 
 @functools.lru_cache(maxsize=4096)
 def plan_cell(cell: Cell) -> KernelPlan | str:
-    """The launch that computes ``cell``'s O bit for bit, or why none does."""
+    """The launch that computes `cell`'s O bit for bit, or why none does."""
     g = cell.group
     formats = sorted({f.name for f in KERNEL_FORMATS.values()})
     if ef.as_format(g.fmt).name not in formats:
@@ -155,7 +155,7 @@ def plan_cell(cell: Cell) -> KernelPlan | str:
 
 # ---- computing ----------------------------------------------------------------------------------
 def _on_gpu(a: np.ndarray, dtype, device):
-    """Heads (rows, N, d) as a (1, rows, N, d) tensor of ``dtype`` on ``device``; the values must be exact in it
+    """Heads (rows, N, d) as a (1, rows, N, d) tensor of `dtype` on `device`; the values must be exact in it
     (a family whose values the format cannot hold would be rounded on the way in, and differ from the
     emulator's inputs)."""
     import torch
@@ -168,8 +168,8 @@ def _on_gpu(a: np.ndarray, dtype, device):
 
 
 def _sdpa(kernel: str, q, k, v, min_heads: int):
-    """SDPA's backend on heads (1, H, 1, d) in launches of at most :data:`SDPA_HEADS_PER_LAUNCH` heads, each
-    padded (with copies of its first head) to at least ``min_heads`` so that FA2 does not split the keys."""
+    """SDPA's backend on heads (1, H, 1, d) in launches of at most `SDPA_HEADS_PER_LAUNCH` heads, each
+    padded (with copies of its first head) to at least `min_heads` so that FA2 does not split the keys."""
     import torch
 
     from .crosscheck.kernels import sdpa
@@ -188,8 +188,8 @@ def _sdpa(kernel: str, q, k, v, min_heads: int):
 
 @dataclass(frozen=True)
 class GpuEngine(RowEngine):
-    """O on one CUDA device (``device``: its index) for the cells :func:`plan_cell` maps to a launch.
-    ``local_slots``: tasks of a local cluster on the GPU at once (each worker prepares inputs and the FP64
+    """O on one CUDA device (`device`: its index) for the cells `plan_cell` maps to a launch.
+    `local_slots`: tasks of a local cluster on the GPU at once (each worker prepares inputs and the FP64
     reference on its core meanwhile)."""
 
     name: str = "gpu"

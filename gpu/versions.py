@@ -1,11 +1,11 @@
 """What the kernels the project models were calibrated on, and the one warning when this machine differs.
 
 A policy reproduces a kernel bit for bit only as that kernel was built: our Triton kernels and Triton's
-tutorial as Triton 3.6 compiles them (the project pins ``triton>=3.6,<3.7``), PyTorch SDPA's backends and Qiu &
-Yao's attention as torch 2.11 built for CUDA 13.0 runs them (``gpu/data/recorded.json``; Hopper GPUs).
-:data:`CALIBRATED_ON` says so per policy; :func:`calibration_mismatch` tells one policy's claim from the
-versions here; :func:`environment_mismatch` lists the kernels that can run on this machine but were
-calibrated on other versions, which ``import gpu`` reports once per process as a :class:`CalibrationWarning`.
+tutorial as Triton 3.6 compiles them (the project pins `triton>=3.6,<3.7`), PyTorch SDPA's backends and Qiu &
+Yao's attention as torch 2.11 built for CUDA 13.0 runs them (`gpu/data/recorded.json`; Hopper GPUs).
+`CALIBRATED_ON` says so per policy; `calibration_mismatch` tells one policy's claim from the
+versions here; `environment_mismatch` lists the kernels that can run on this machine but were
+calibrated on other versions, which `import gpu` reports once per process as a `CalibrationWarning`.
 
 The versions are read from the installed packages' metadata: neither torch nor Triton is imported.  A CPU
 build of torch runs none of the torch-calibrated kernels, so its version is not held to theirs (the project's
@@ -47,8 +47,8 @@ _CUDA_LABEL = re.compile(r"\+cu(\d+)(\d)$")
 
 class CalibrationWarning(UserWarning):
     """torch, Triton or CUDA here differ from what a kernel's policy was calibrated on, so that policy may not
-    reproduce the kernel as it runs on this machine.  ``import gpu`` gives it once per process; filter it
-    by its text before that import (``warnings.filterwarnings("ignore", message="gpu: ")``) or by this
+    reproduce the kernel as it runs on this machine.  `import gpu` gives it once per process; filter it
+    by its text before that import (`warnings.filterwarnings("ignore", message="gpu: ")`) or by this
     category afterwards."""
 
 
@@ -61,8 +61,8 @@ def _version(pkg: str) -> str | None:
 
 def torch_cuda() -> str | None:
     """The CUDA version the installed torch was built for ("13.0"; None: a CPU build or no torch, "unknown":
-    undetermined).  ``torch.version.cuda`` where torch is already imported, else read from the installed
-    ``torch/version.py`` as text (not run), else from the version's local label ("+cu130", "+cpu")."""
+    undetermined).  `torch.version.cuda` where torch is already imported, else read from the installed
+    `torch/version.py` as text (not run), else from the version's local label ("+cu130", "+cpu")."""
     torch = sys.modules.get("torch")
     version = getattr(torch, "version", None)
     if version is not None and hasattr(version, "cuda"):
@@ -90,12 +90,12 @@ def installed_versions() -> dict[str, str | None]:
 
 
 def _matches(installed: str, want: str) -> bool:
-    """Whether ``installed`` ("2.11.0+cu130", "13.0") is a version of the calibrated prefix ``want`` ("2.11.")."""
+    """Whether `installed` ("2.11.0+cu130", "13.0") is a version of the calibrated prefix `want` ("2.11.")."""
     return f"{installed}.".startswith(want)
 
 
 def _off(want: dict[str, str], versions: dict[str, str | None]) -> list[str]:
-    """The pins of ``want`` that the known ``versions`` miss, each as "torch 2.13.0 (calibrated on 2.11.x)"."""
+    """The pins of `want` that the known `versions` miss, each as "torch 2.13.0 (calibrated on 2.11.x)"."""
     return [
         f"{_LABELS.get(pkg, pkg)} {versions[pkg]} (calibrated on {v}x)"
         for pkg, v in want.items()
@@ -104,9 +104,9 @@ def _off(want: dict[str, str], versions: dict[str, str | None]) -> list[str]:
 
 
 def calibration_mismatch(policy_name: str, versions: dict[str, str | None]) -> str | None:
-    """Why a match claimed under ``policy_name`` may not hold with these ``versions`` ({"torch": "2.13.0",
+    """Why a match claimed under `policy_name` may not hold with these `versions` ({"torch": "2.13.0",
     "triton": ..., "cuda": ...}; a package absent or None is not compared), or None (also for policies not
-    in :data:`CALIBRATED_ON`)."""
+    in `CALIBRATED_ON`)."""
     for prefix, want in CALIBRATED_ON.items():
         if policy_name.startswith(prefix):
             off = _off(want, versions)
@@ -119,7 +119,7 @@ def calibration_mismatch(policy_name: str, versions: dict[str, str | None]) -> s
 
 
 def environment_mismatch(versions: dict[str, str | None] | None = None) -> str | None:
-    """The warning ``import gpu`` gives for these ``versions`` (default: :func:`installed_versions`), or None.
+    """The warning `import gpu` gives for these `versions` (default: `installed_versions`), or None.
 
     It names each installed version that differs from a calibrated one, with the kernels and policies it
     affects: Triton's for our kernels and the tutorial; torch's and its CUDA's for SDPA's backends and Qiu &
@@ -147,7 +147,7 @@ _warned = False
 
 
 def _importer_stacklevel() -> int:
-    """The stack level, for :func:`warnings.warn` called in :func:`warn_once`, of the first frame outside this
+    """The stack level, for `warnings.warn` called in `warn_once`, of the first frame outside this
     package and the import machinery: the user's import.  warnings skips importlib's frames without counting them."""
     here = os.path.dirname(os.path.abspath(__file__)) + os.sep
     frame, level = sys._getframe(2), 2
@@ -161,7 +161,7 @@ def _importer_stacklevel() -> int:
 
 
 def warn_once(versions: dict[str, str | None] | None = None) -> str | None:
-    """Give :func:`environment_mismatch`'s warning, once per process (``import gpu`` calls it); returns its text,
+    """Give `environment_mismatch`'s warning, once per process (`import gpu` calls it); returns its text,
     or None when the versions match or it was given before."""
     global _warned
     if _warned:

@@ -1,5 +1,5 @@
 """Shared test configuration: the hypothesis profile, the GPU kernels compiled ahead in the background, and the list
-of test files that skipped for want of torch or Triton (``LOWPREC_SKIPPED_FILES``: .ci/run runs them again once it
+of test files that skipped for want of torch or Triton (`LOWPREC_SKIPPED_FILES`: .ci/run runs them again once it
 has installed both)."""
 
 import os
@@ -23,7 +23,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 #: When a run collects them among other files, a second process runs them at once, in the background, so that
 #: their compiles fill Triton's on-disk cache on the other core while the earlier files run; the session's own run
 #: of these files then finds most kernels compiled.  The background run's results are discarded: the session's
-#: run is the test.  ``LOWPREC_COMPILE_AHEAD=0`` turns it off.
+#: run is the test.  `LOWPREC_COMPILE_AHEAD=0` turns it off.
 COMPILE_AHEAD = ("test_gpu_kernels.py",)
 _ahead: list = []
 
@@ -53,7 +53,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
                 proc.kill()
 
 
-#: skip reasons that say a test needs torch or Triton (the ``gpu`` extra)
+#: skip reasons that say a test needs torch or Triton (the `gpu` extra)
 _NEEDS_GPU_STACK = ("torch", "triton")
 _skipped_files: set[str] = set()
 

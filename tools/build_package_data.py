@@ -2,8 +2,8 @@
 
     python -m tools.build_package_data FOLDER      # $OUT of the device scripts; tests/data/h100: the trees only
 
-FOLDER is what the device scripts wrote to $OUT: ``studies/device/run_probes.sh`` (results.json, exp2.npz) and, for
-the rcp table, ``studies/device/run_verify.sh`` (rcp.npz); a table whose file is absent is skipped.  tests/data/h100
+FOLDER is what the device scripts wrote to $OUT: `studies/device/run_probes.sh` (results.json, exp2.npz) and, for
+the rcp table, `studies/device/run_verify.sh` (rcp.npz); a table whose file is absent is skipped.  tests/data/h100
 keeps the probe run's results.json (as results.json.gz), not its tables: the package data holds them, and the
 device's exp2.npz and rcp.npz gave exactly its arrays.
 

@@ -2,7 +2,7 @@
 
     python -m tools.check_functions_exhaustive [--record tests/data/h100/verify.json] [--only exp2,exp]
 
-studies/device/verify_models.py (section ``sweep``) stored, per function and per chunk of 2**27 consecutive input bit
+studies/device/verify_models.py (section `sweep`) stored, per function and per chunk of 2**27 consecutive input bit
 patterns, the weighted checksum sum_i bits_i * (2 i + 1) mod 2**64 of the GPU's output bits (i = the input's
 bit pattern). This script recomputes the models' outputs and their checksums; any differing output word
 changes its chunk's checksum. About 2-4 minutes per function on 2 cores.

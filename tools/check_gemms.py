@@ -2,9 +2,9 @@
 
     python -m tools.check_gemms FOLDER [--models h100_wgmma_bf16,h100_mma_k8_bf16]
 
-FOLDER is a ``record_kernels.py --kernels paper --capture ...`` output folder (others.json and gemms.npz:
+FOLDER is a `record_kernels.py --kernels paper --capture ...` output folder (others.json and gemms.npz:
 every einsum's bf16 operands and bf16 output).  Each einsum is recomputed with each accumulation model
-(``emufloat.matmul``, then rounded to bf16) and the identical fraction printed per equation and K.
+(`emufloat.matmul`, then rounded to bf16) and the identical fraction printed per equation and K.
 """
 
 from __future__ import annotations

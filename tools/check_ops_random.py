@@ -8,7 +8,7 @@ Usage:
 Operands come from tools/hardcases.py (weighted to carries, exact ties,
 cancellation, exponent gaps, subnormals, overflow and specials; fma's third
 operand drawn the same way, including c = -(a*b) + a few ulps).  Every
-(format, op, mode) combination gets ``--per-combo`` fresh operand sets, so the
+(format, op, mode) combination gets `--per-combo` fresh operand sets, so the
 default 6 ops x 6 deterministic modes x 280,000 = 10,080,000 per format.
 
 Oracles:

@@ -4,7 +4,7 @@
 
 Prints, per kernel and per dtype and for each output, the fraction of bit-identical elements and the
 number of cases identical in that output, and the cases identical in every output, under the policy
-:func:`gpu.crosscheck.others.policy_of` names.
+`gpu.crosscheck.others.policy_of` names.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Uniform random bit patterns almost never produce an exact tie, a carry out of
 the significand, catastrophic cancellation, a subnormal or an overflow, so
 these generators build them on purpose.  Values are constructed in float64 on
-the grid of a *target* format (precision ``p``, exponent range ``emin..emax``)
-and then stored in the operand dtype; with ``dtype`` = the target's own dtype
+the grid of a *target* format (precision `p`, exponent range `emin..emax`)
+and then stored in the operand dtype; with `dtype` = the target's own dtype
 every constructed value is exact, with a wider operand dtype (FP32 operands,
 BF16 target) ties of the target become reachable for div and sqrt too.
 
@@ -26,7 +26,7 @@ def grid(name: str) -> tuple[int, int, int]:
 
 
 def _sig(rng, n: int, bits) -> np.ndarray:
-    """Random integer significands with exactly ``bits`` bits (leading one set)."""
+    """Random integer significands with exactly `bits` bits (leading one set)."""
     bits = np.broadcast_to(np.asarray(bits, dtype=np.int64), (n,))
     lo = np.ldexp(1.0, bits - 1)
     return np.floor(lo + rng.random(n) * lo)
@@ -92,10 +92,10 @@ CATEGORIES = (
 
 
 def hard_operands(op: str, target: str, n: int, seed: int, dtype=None) -> dict[str, np.ndarray]:
-    """Operands a, b, c (c for fma) of ``dtype`` for ``op``, hard for rounding into ``target``.
+    """Operands a, b, c (c for fma) of `dtype` for `op`, hard for rounding into `target`.
 
     Returns a dict with arrays "a", "b", "c" and an integer array "cat"
-    (index into :data:`CATEGORIES`) saying which construction made each row.
+    (index into `CATEGORIES`) saying which construction made each row.
     """
     with np.errstate(all="ignore"):
         return _hard_operands(op, target, n, seed, dtype)

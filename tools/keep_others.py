@@ -3,10 +3,10 @@
     python -m tools.keep_others SRC DST [--kernel sdpa_flash] [--cells 64:128,128:200] [--backward bf16]
     python -m tools.keep_others SRC DST --like DST     # a re-recording: the cases DST keeps now
 
-Keeps, of the recorded cases in SRC (of ``--kernel``; all by default), those whose (head dim, N) is one of
-``--cells`` (all by default): the SHA-256 of O and LSE of each, and of dQ, dK, dV of those whose dtype is in
-``--backward``, in DST/others.json with SRC's others.json cut to them and a ``kept`` line saying so
-(`flashsim.recording`).  ``--like FOLDER`` keeps instead the cases a folder kept before holds (the same keys:
+Keeps, of the recorded cases in SRC (of `--kernel`; all by default), those whose (head dim, N) is one of
+`--cells` (all by default): the SHA-256 of O and LSE of each, and of dQ, dK, dV of those whose dtype is in
+`--backward`, in DST/others.json with SRC's others.json cut to them and a `kept` line saying so
+(`flashsim.recording`).  `--like FOLDER` keeps instead the cases a folder kept before holds (the same keys:
 record_kernels.py draws them from the same seeds), with dQ, dK, dV where it has them.  Every kept case is
 emulated under its policy first: an output the emulator does not reproduce (the cuDNN backward, the
 memory-efficient backend's dQ over several key splits) is kept as a patch, the elements where the GPU differs,
@@ -42,8 +42,8 @@ def keep(
     kept_line: str | None = None,
     like: Recording | None = None,
 ) -> Recording:
-    """DST/others.json (and others.npz where some output is patched) from the recording folder ``src``;
-    ``kept_line``: what others.json says was kept (default: the selection, in words); ``like``: keep the cases
+    """DST/others.json (and others.npz where some output is patched) from the recording folder `src`;
+    `kept_line`: what others.json says was kept (default: the selection, in words); `like`: keep the cases
     (and gradients) this recording holds instead."""
     full = others.recording(src)
     meta = full.meta

@@ -3,8 +3,8 @@
 The judges are ml_dtypes (round-to-nearest-even casts), gfloat (casts in every
 rounding mode) and Berkeley SoftFloat through softfloatpy (IEEE 754 add, sub,
 mul, div, fma, sqrt).  emufloat is used for two things only: the public fields
-of a custom :class:`emufloat.Format` (to describe it to gfloat) and
-:func:`emufloat.rounding.stochastic_bits`, because stochastic rounding's random
+of a custom `emufloat.Format` (to describe it to gfloat) and
+`emufloat.rounding.stochastic_bits`, because stochastic rounding's random
 integers are an input of the specification, not a result.
 
 Operation oracle ("RTO64 + gfloat").  For operands that are FP32 values the
@@ -16,7 +16,7 @@ equal to a single rounding of the exact value for every mode, stochastic ones
 included (Boldo & Melquiond, "When double rounding is odd"); binary64 never
 overflows or underflows for FP32 operands, so the intermediate is always
 normal.  The only thing it loses is the sign of an exact zero under
-round-toward-negative, which :func:`rto64` recomputes.
+round-toward-negative, which `rto64` recomputes.
 """
 
 from __future__ import annotations
@@ -87,10 +87,10 @@ PRESET_INFO: dict[str, FormatInfo] = {
 def build_info(exp_bits: int, man_bits: int, bias: int, specials: str) -> FormatInfo:
     """A gfloat FormatInfo for an (exp_bits, man_bits, bias, specials) format with subnormals.
 
-    ``specials`` as in emufloat: "ieee" (all-ones exponent = Inf/NaN), "fn" (only
+    `specials` as in emufloat: "ieee" (all-ones exponent = Inf/NaN), "fn" (only
     the all-ones pattern is NaN), "fnuz" (NaN at the negative-zero pattern),
     "none" (every pattern finite).  Formats without subnormals are outside
-    gfloat's model (its ``has_subnormals=False`` reinterprets the zero exponent).
+    gfloat's model (its `has_subnormals=False` reinterprets the zero exponent).
     """
     k = 1 + exp_bits + man_bits
     common = dict(k=k, precision=man_bits + 1, bias=bias, is_signed=True, has_subnormals=True, is_twos_complement=False)
@@ -132,10 +132,10 @@ def nan_has_sign(fi: FormatInfo) -> bool:
 
 
 def gf_round(fi: FormatInfo, v, mode: str, *, sat: bool = False, srbits=None, srnumbits: int = 0) -> np.ndarray:
-    """Round float64 values into ``fi`` with gfloat; returns float64 values of the format.
+    """Round float64 values into `fi` with gfloat; returns float64 values of the format.
 
-    ``mode`` is one of :data:`MODES` or "sr" (stochastic rounding, see
-    :func:`gf_round_sr`).  Round-to-odd is built from gfloat's toward-zero
+    `mode` is one of `MODES` or "sr" (stochastic rounding, see
+    `gf_round_sr`).  Round-to-odd is built from gfloat's toward-zero
     result: when that is inexact and its encoding even, step one value away
     from zero; beyond the largest finite value round-to-odd gives that value,
     as toward-zero does.
@@ -162,10 +162,10 @@ def _away(fi: FormatInfo, v: np.ndarray, sat: bool) -> np.ndarray:
 def gf_round_sr(fi: FormatInfo, v, *, sat: bool, srbits, srnumbits: int) -> np.ndarray:
     """Stochastic rounding: gfloat's StochasticFastest, made exact where float64 betrays it.
 
-    StochasticFastest rounds away from zero iff ``delta + R * 2**-r >= 1``
-    (``delta`` the discarded fraction of an ulp), which is emufloat's
-    ``floor(delta * 2**r) + R >= 2**r``.  gfloat evaluates the sum in float64,
-    which rounds when ``delta`` has bits below 2**-53 (inputs far below the
+    StochasticFastest rounds away from zero iff `delta + R * 2**-r >= 1`
+    (`delta` the discarded fraction of an ulp), which is emufloat's
+    `floor(delta * 2**r) + R >= 2**r`.  gfloat evaluates the sum in float64,
+    which rounds when `delta` has bits below 2**-53 (inputs far below the
     smallest subnormal, e.g. -0x1.fffffffffffffp-151 into FP32 with r=3, R=4:
     exactly 1 - 2**-54, but 1.0 in float64).  So the decision is also made
     exactly from gfloat's toward-zero and away-from-zero neighbours, and where
@@ -217,7 +217,7 @@ def mismatch(got, want, *, nan_sign: bool) -> np.ndarray:
 
     Non-NaN: equal value and equal sign bit (so -0 != +0), which for every
     format here is the same as equal encodings.  NaN: got must be NaN, and
-    with ``nan_sign`` also carry want's sign.
+    with `nan_sign` also carry want's sign.
     """
     got = np.asarray(got, dtype=np.float64)
     want = np.asarray(want, dtype=np.float64)
@@ -247,7 +247,7 @@ def _fmt(x) -> str:
 
 
 def assert_same(got, want, *, nan_sign: bool, ctx: str = "", **cols) -> None:
-    """Assert got matches want (see :func:`mismatch`), listing offending rows otherwise."""
+    """Assert got matches want (see `mismatch`), listing offending rows otherwise."""
     bad = mismatch(got, want, nan_sign=nan_sign)
     if bad.any():
         allcols = {**cols, "got": np.ravel(np.asarray(got, np.float64)), "want": np.ravel(want)}
@@ -275,11 +275,11 @@ _UINT_OF_WIDTH = {16: np.uint16, 32: np.uint32, 64: np.uint64}
 
 
 def sf_apply(op: str, width: int, mode: str, *cols) -> tuple[np.ndarray, np.ndarray]:
-    """SoftFloat's ``f{width}_{op}`` element by element in ``mode``.
+    """SoftFloat's `f{width}_{op}` element by element in `mode`.
 
     Operands are float arrays whose values are exactly representable in the
     width (they are converted exactly).  Returns (results as float64,
-    exception flags as uint8).  ``fma`` is a * b + c with one rounding.
+    exception flags as uint8).  `fma` is a * b + c with one rounding.
     """
     cls = _SF_TYPE[width]
     fn = _SF_FN[(width, op)]
@@ -308,15 +308,15 @@ def jam_odd(vals: np.ndarray, flags: np.ndarray, width: int) -> np.ndarray:
 
 
 def sf_rto(op: str, width: int, *cols) -> np.ndarray:
-    """Exact result of ``op`` rounded to odd in binary{width} (SoftFloat + jamming)."""
+    """Exact result of `op` rounded to odd in binary{width} (SoftFloat + jamming)."""
     vals, flags = sf_apply(op, width, "rtz", *cols)
     return jam_odd(vals, flags, width)
 
 
 def rto64(op: str, *cols) -> tuple[np.ndarray, np.ndarray]:
-    """The exact result of ``op`` on FP32-valued operands, rounded to odd in binary64.
+    """The exact result of `op` on FP32-valued operands, rounded to odd in binary64.
 
-    Returns (rto, rto_down): identical except that in ``rto_down`` exact zeros
+    Returns (rto, rto_down): identical except that in `rto_down` exact zeros
     carry the sign IEEE 754 gives them under round-toward-negative (x - x =
     -0), recomputed by SoftFloat in that mode.
     """
@@ -340,7 +340,7 @@ def op_oracle(
     srbits=None,
     srnumbits: int = 0,
 ) -> np.ndarray:
-    """Target-format result from the :func:`rto64` pair of an exact result."""
+    """Target-format result from the `rto64` pair of an exact result."""
     v = rto_pair[1] if mode == "rdown" else rto_pair[0]
     return gf_round(fi, v, mode, sat=sat, srbits=srbits, srnumbits=srnumbits)
 
@@ -394,7 +394,7 @@ def all_patterns(dtype, width: int) -> np.ndarray:
 
 
 def exact_value(op: str, *xs: float):
-    """The exact result of ``op`` on finite floats as a Fraction.
+    """The exact result of `op` on finite floats as a Fraction.
 
     For an inexact square root, returns the midpoint of the 2**-400-wide
     interval that holds the irrational root: every rounding decision that
@@ -425,8 +425,8 @@ def exact_value(op: str, *xs: float):
 def round_fraction(v, p: int, emin: int, emax: int, mode: str, R: int = 0, r: int = 0) -> float:
     """Round a non-zero Fraction to an IEEE-style format (precision p, subnormals, Inf), exactly.
 
-    ``mode`` as in :data:`MODES` or "sr" (away from zero iff the discarded
-    fraction d of an ulp has ``floor(d * 2**r) + R >= 2**r``).  Overflow gives
+    `mode` as in `MODES` or "sr" (away from zero iff the discarded
+    fraction d of an ulp has `floor(d * 2**r) + R >= 2**r`).  Overflow gives
     Inf except where the mode rounds toward zero-side (then the largest value).
     """
     neg = v < 0
@@ -461,7 +461,7 @@ def round_fraction(v, p: int, emin: int, emax: int, mode: str, R: int = 0, r: in
 
 
 def sr_discarded_bits(v, p: int, emin: int, r: int) -> int:
-    """floor(d * 2**r) for the fraction d of an ulp that rounding a non-zero Fraction ``v`` discards."""
+    """floor(d * 2**r) for the fraction d of an ulp that rounding a non-zero Fraction `v` discards."""
     a = abs(v)
     L = a.numerator.bit_length() - a.denominator.bit_length()
     if Fraction(2) ** L > a:

@@ -2,9 +2,9 @@
 
     python -m tools.upgrade_runs RUN.npz|DIR ...
 
-A ``flashsim.crosscheck.save_run`` file used to store the keyword arguments of the project's Triton kernels'
-policy (``"policy_args"``: dtype, tiles, warps) in its meta; it now stores a policy reference
-(``"policy": {"target": "gpu.policies:triton_policy", "kwargs": ...}``, :class:`flashsim.policy.PolicyRef`),
+A `flashsim.crosscheck.save_run` file used to store the keyword arguments of the project's Triton kernels'
+policy (`"policy_args"`: dtype, tiles, warps) in its meta; it now stores a policy reference
+(`"policy": {"target": "gpu.policies:triton_policy", "kwargs": ...}`, `flashsim.policy.PolicyRef`),
 so that any kernel's runs name their own policy.  This rewrites each old file in place: the same arrays,
 the meta with 'policy_args' replaced by that reference, nothing else changed; files already converted are
 left alone.  Each file is then loaded and checked against the emulator (exit status 1 if one is not
@@ -27,7 +27,7 @@ TARGET = "gpu.policies:triton_policy"  # what 'policy_args' were the arguments o
 
 
 def upgrade(path: Path) -> bool:
-    """Rewrite ``path`` if it is an old run file; True if it was rewritten."""
+    """Rewrite `path` if it is an old run file; True if it was rewritten."""
     with np.load(path, allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files}
     meta = json.loads(str(arrays["meta"]))

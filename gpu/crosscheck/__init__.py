@@ -1,23 +1,23 @@
 """The cross-check of our Triton kernels against the emulator, in one place.
 
-- :mod:`gpu.crosscheck.cases`: the recorded grid of cases (shapes, dtype, causal, softmax, input kind, seed)
+- `gpu.crosscheck.cases`: the recorded grid of cases (shapes, dtype, causal, softmax, input kind, seed)
   and their inputs, regenerated from the seed with numpy.
-- :mod:`gpu.crosscheck.recorded`: the recorded outputs (package data, gpu/data, or a device recording's
-  folder) as :class:`~flashsim.crosscheck.KernelRun` objects, each carrying the policy of its launch
-  (:func:`gpu.policies.kernel_policy_ref`).
-- :mod:`gpu.crosscheck.live`: the kernels run on this machine's GPU and packaged the same way; torch,
+- `gpu.crosscheck.recorded`: the recorded outputs (package data, gpu/data, or a device recording's
+  folder) as [`KernelRun`][flashsim.crosscheck.KernelRun] objects, each carrying the policy of its launch
+  ([`gpu.policies.kernel_policy_ref`][gpu.policies.kernel_policy_ref]).
+- `gpu.crosscheck.live`: the kernels run on this machine's GPU and packaged the same way; torch,
   Triton and a GPU are needed only there.
-- :mod:`gpu.crosscheck.kernels`: any kernel ``kernel(q, k, v, causal, sm_scale) -> (O, LSE)`` run on the GPU and
+- `gpu.crosscheck.kernels`: any kernel `kernel(q, k, v, causal, sm_scale) -> (O, LSE)` run on the GPU and
   packaged as a kernel run against a policy of your choice; PyTorch SDPA with a chosen backend as one.
-- :mod:`gpu.crosscheck.others`: the recorded grid of other people's kernels (Triton's tutorial, SDPA).
-- :mod:`gpu.crosscheck.cli`: ``python -m gpu.crosscheck``.
+- `gpu.crosscheck.others`: the recorded grid of other people's kernels (Triton's tutorial, SDPA).
+- `gpu.crosscheck.cli`: `python -m gpu.crosscheck`.
 
-The comparison itself is kernel-agnostic and lives in :mod:`flashsim.crosscheck` (numpy only: any kernel's
-recorded run against any policy; :class:`~flashsim.crosscheck.KernelRun`, :func:`~flashsim.crosscheck.crosscheck`,
-:func:`~flashsim.crosscheck.first_divergence`, :func:`~flashsim.crosscheck.save_run`,
-:func:`~flashsim.crosscheck.load_run`).  A recorded case's outputs are rerun under the ``triton_h100``
-policy of the kernel's tiles and compared per output (the fraction of bit-identical elements, an ulp
-histogram, the first divergent step).  NaN payloads are reported as such: the GPU's ``cvt`` keeps payload
+The comparison itself is kernel-agnostic and lives in [`flashsim.crosscheck`][flashsim.crosscheck] (numpy only: any
+kernel's recorded run against any policy; [`KernelRun`][flashsim.crosscheck.KernelRun],
+[`crosscheck`][flashsim.crosscheck.crosscheck], [`first_divergence`][flashsim.crosscheck.first_divergence],
+[`save_run`][flashsim.crosscheck.save_run], [`load_run`][flashsim.crosscheck.load_run]).  A recorded case's outputs are
+rerun under the `triton_h100` policy of the kernel's tiles and compared per output (the fraction of bit-identical
+elements, an ulp histogram, the first divergent step).  NaN payloads are reported as such: the GPU's `cvt` keeps payload
 bits, emufloat returns the canonical quiet NaN unless the policy models the encoding.
 """
 

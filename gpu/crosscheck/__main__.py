@@ -1,4 +1,4 @@
-"""``python -m gpu.crosscheck``: the cross-check's command line (see :mod:`gpu.crosscheck.cli`)."""
+"""`python -m gpu.crosscheck`: the cross-check's command line (see `gpu.crosscheck.cli`)."""
 
 from .cli import main
 

@@ -1,9 +1,9 @@
 """Attention inputs by seed, for the GPU recordings and the emulator cross-check (numpy only).
 
-A :class:`Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
-variant, input kind, seed and (FP8) whether P V's partial sums are promoted to FP32.  :func:`inputs` builds
-q, k, v (and dO) from the seed with numpy and rounds them to the dtype (RNE, as ``torch.Tensor.to`` does),
-so the CPU regenerates exactly the tensors the GPU ran on; the kinds are :mod:`flashsim.inputs`' (``repeated``
+A `Case` names everything that decides the kernel's result: shapes, dtype, causal, softmax
+variant, input kind, seed and (FP8) whether P V's partial sums are promoted to FP32.  `inputs` builds
+q, k, v (and dO) from the seed with numpy and rounds them to the dtype (RNE, as `torch.Tensor.to` does),
+so the CPU regenerates exactly the tensors the GPU ran on; the kinds are `flashsim.inputs`' (`repeated`
 with pairs of identical keys).
 """
 
@@ -48,8 +48,8 @@ class Case:
 def batch(
     kind: str, dtype: str, shape: tuple[int, int, int, int], seed: int, n_k: int | None = None
 ) -> dict[str, np.ndarray]:
-    """q, k, v, dO of shape (B, H, N, d) (k, v with ``n_k`` rows if given): every head drawn as
-    :func:`inputs` draws one, from one generator seeded with ``seed``; float32 arrays of dtype values."""
+    """q, k, v, dO of shape (B, H, N, d) (k, v with `n_k` rows if given): every head drawn as
+    `inputs` draws one, from one generator seeded with `seed`; float32 arrays of dtype values."""
     b, h, nq, d = shape
     rng = np.random.default_rng(seed)
     heads = [draw_head(rng, kind, nq, nq if n_k is None else n_k, d) for _ in range(b * h)]
@@ -118,7 +118,7 @@ def fp8_cases() -> list[Case]:
 
 
 def cast_sum_cases() -> list[Case]:
-    """Forward cases of the ``cast_sum`` softmax: FP8 E4M3 (its default) at every size, each input also with the
+    """Forward cases of the `cast_sum` softmax: FP8 E4M3 (its default) at every size, each input also with the
     standard softmax (the same seed), so the recording shows where they differ; bf16 or fp16 beside it; ragged
     lengths, d 64/128, causal or not; sharp rows ('large', where an E4M3 P underflows), 'random', and ties
     ('repeated', 'sink')."""
@@ -138,7 +138,7 @@ def cast_sum_cases() -> list[Case]:
 
 def promote_pv_cases() -> list[Case]:
     """FP8 forward cases with P V promoted to FP32 every 32 keys (the FP8 default), cast_sum and the standard
-    softmax on the same inputs, at the sizes of :func:`cast_sum_cases` and two with many key blocks (1024 and
+    softmax on the same inputs, at the sizes of `cast_sum_cases` and two with many key blocks (1024 and
     2000 keys, where the 13-bit accumulation loses most); every kind but 'tiny' (mostly zeros in E4M3)."""
     out = []
     seed = 9700
@@ -153,7 +153,7 @@ def promote_pv_cases() -> list[Case]:
 
 
 def cast_sum_backward_cases() -> list[Case]:
-    """Forward with ``cast_sum`` then the backward (bf16, fp16): the backward sees the variant only through the
+    """Forward with `cast_sum` then the backward (bf16, fp16): the backward sees the variant only through the
     forward's O and LSE = m + log2 l, with l summed from the cast P."""
     out = []
     seed = 9500
@@ -200,8 +200,8 @@ Q_ROW_VALUE = 1024.0  # scores of those rows: 1024 * sm_scale * log2 e = 184.7 e
 def nan_rows_inputs(
     dtype: str = "bf16", n: int = NAN_N, d: int = NAN_D, seed: int = NAN_SEED, rows: tuple[int, ...] = NAN_ROWS
 ) -> dict[str, np.ndarray]:
-    """q, k, v, do of one head, shapes (n, d), as float32 arrays of ``dtype`` values (rounded RNE): the rows
-    ``rows`` of q are ``Q_ROW_VALUE`` e_0 and column 0 of k is 1, every other value an N(0, 1) draw."""
+    """q, k, v, do of one head, shapes (n, d), as float32 arrays of `dtype` values (rounded RNE): the rows
+    `rows` of q are `Q_ROW_VALUE` e_0 and column 0 of k is 1, every other value an N(0, 1) draw."""
     rng = np.random.default_rng(seed)
     x = {name: rng.standard_normal((n, d)) for name in ("q", "k", "v", "do")}
     x["k"][:, 0] = 1.0

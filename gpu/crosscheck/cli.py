@@ -1,4 +1,4 @@
-"""``python -m gpu.crosscheck``: the emulator against our Triton kernels, on the recorded cases (any machine)
+"""`python -m gpu.crosscheck`: the emulator against our Triton kernels, on the recorded cases (any machine)
 or live on this machine's GPU.
 
     python -m gpu.crosscheck                     # recorded cases (package data, gpu/data), any machine
@@ -8,11 +8,11 @@ or live on this machine's GPU.
     python -m gpu.crosscheck --live --kernel sdpa:flash --policy fa2   # another kernel against a policy
     python -m gpu.crosscheck --live --kernel mykernels:attn --allow-import mykernels --policy fa2
 
-Each run is checked by :func:`flashsim.crosscheck.crosscheck`; exit status 1 when some run is not
-bit-identical, 2 for a bad argument (an option of the other mode included: :data:`LIVE_ONLY`,
-:data:`RECORDED_ONLY`).  Only ``--live`` needs torch, Triton and a GPU.  A ``module:function`` that
-``--kernel`` or ``--policy`` names is imported only when ``--allow-import`` names its module
-(:mod:`flashsim.trust`); registered kernels (``sdpa:BACKEND``) and policies need none.
+Each run is checked by `flashsim.crosscheck.crosscheck`; exit status 1 when some run is not
+bit-identical, 2 for a bad argument (an option of the other mode included: `LIVE_ONLY`,
+`RECORDED_ONLY`).  Only `--live` needs torch, Triton and a GPU.  A `module:function` that
+`--kernel` or `--policy` names is imported only when `--allow-import` names its module
+(`flashsim.trust`); registered kernels (`sdpa:BACKEND`) and policies need none.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def _live_data(path: str) -> dict[str, np.ndarray]:
 
 
 def _allow_import(args: argparse.Namespace) -> tuple[str, ...]:
-    """The modules ``--allow-import`` names (checked): those a ``module:function`` of --kernel or --policy may
+    """The modules `--allow-import` names (checked): those a `module:function` of --kernel or --policy may
     import."""
     try:
         allowed = trust.allowed_modules(args.allow_import or (), "--allow-import")
@@ -59,7 +59,7 @@ def _allow_import(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _kernel(spec: str, allow: tuple[str, ...]):
-    """The callable a --kernel names: 'sdpa:BACKEND', or 'module:function' of a module ``allow`` names."""
+    """The callable a --kernel names: 'sdpa:BACKEND', or 'module:function' of a module `allow` names."""
     mod, _, attr = spec.partition(":")
     if not mod or not attr:
         raise UsageError(f"--kernel: expected 'sdpa:BACKEND' or 'module:function', got {spec!r}")
@@ -79,7 +79,7 @@ def _kernel(spec: str, allow: tuple[str, ...]):
 
 
 def _policy(target: str, kwargs: str | None, allow: tuple[str, ...]) -> PolicyRef:
-    """The reference --policy and --policy-args give, resolved once here (importing only what ``allow`` covers)
+    """The reference --policy and --policy-args give, resolved once here (importing only what `allow` covers)
     so that a bad one ends the command before any work."""
     args = json_params(kwargs or "{}", "--policy-args")
     if args and ":" not in target:

@@ -1,10 +1,10 @@
-"""Any attention kernel against the emulator: a callable ``kernel(q, k, v, causal, sm_scale) -> (O, LSE)``.
+"""Any attention kernel against the emulator: a callable `kernel(q, k, v, causal, sm_scale) -> (O, LSE)`.
 
 A kernel takes torch tensors of shape (1, H, N, d) (SDPA's layout) in the run's dtype and returns O of the
-same shape and the LSE (1, H, N) as float32, or None when it gives none.  :func:`kernel_run` runs it on
-one set of heads and packages the result as a :class:`~flashsim.crosscheck.KernelRun` with the policy it
-is to be checked against, so :func:`flashsim.crosscheck.crosscheck`, :func:`~flashsim.crosscheck.save_run`
-and ``python -m flashsim crosscheck`` work as for our own kernels.  :func:`sdpa` gives PyTorch's
+same shape and the LSE (1, H, N) as float32, or None when it gives none.  `kernel_run` runs it on
+one set of heads and packages the result as a `KernelRun` with the policy it
+is to be checked against, so `flashsim.crosscheck.crosscheck`, `save_run`
+and `python -m flashsim crosscheck` work as for our own kernels.  `sdpa` gives PyTorch's
 scaled_dot_product_attention with a chosen backend as such a kernel.  torch is imported only when called.
 """
 
@@ -74,13 +74,13 @@ def kernel_run(
     note: str = "",
     allow_import: trust.AllowImport = False,
 ) -> KernelRun:
-    """Run ``kernel`` on heads q, k, v (N, d) or (H, N, d), rounded RNE to ``dtype`` first, and package its O
-    (and LSE, where it gives one) as a run to be checked against ``policy`` (a Policy, a PolicyRef or a
-    registered name; the policy's ``lse`` step must give the LSE in the kernel's units).
+    """Run `kernel` on heads q, k, v (N, d) or (H, N, d), rounded RNE to `dtype` first, and package its O
+    (and LSE, where it gives one) as a run to be checked against `policy` (a Policy, a PolicyRef or a
+    registered name; the policy's `lse` step must give the LSE in the kernel's units).
 
-    ``allow_import``: modules whose unregistered ``"module:function"`` policy reference may be imported
-    (:mod:`flashsim.trust`; pass the same to :func:`flashsim.crosscheck.crosscheck`).  The arguments, the
-    policy and what ``device`` needs (torch; for 'cuda', a CUDA GPU) are checked before the kernel runs.
+    `allow_import`: modules whose unregistered `"module:function"` policy reference may be imported (`flashsim.trust`;
+    pass the same to [`flashsim.crosscheck.crosscheck`][flashsim.crosscheck.crosscheck]).  The arguments, the policy and
+    what `device` needs (torch; for 'cuda', a CUDA GPU) are checked before the kernel runs.
     """
     if dtype not in TORCH_DTYPES:
         raise ValueError(f"dtype: expected one of {TORCH_DTYPES}, got {dtype!r}")
@@ -121,8 +121,8 @@ def kernel_run(
 
 
 def _resolved(policy: Policy | PolicyRef | str, allow_import: trust.AllowImport) -> Policy:
-    """The Policy ``policy`` names (a ValueError naming ``policy`` when none, or when it would import code that
-    ``allow_import`` does not cover)."""
+    """The Policy `policy` names (a ValueError naming `policy` when none, or when it would import code that
+    `allow_import` does not cover)."""
     if isinstance(policy, Policy):
         return policy
     if isinstance(policy, str):
@@ -133,8 +133,8 @@ def _resolved(policy: Policy | PolicyRef | str, allow_import: trust.AllowImport)
 
 
 def _require_device(device: str):
-    """torch, once it is known to be here and to reach ``device``: an ImportError naming torch where it is
-    missing, a ValueError naming ``device`` where it is no torch device or a CUDA GPU it needs is missing."""
+    """torch, once it is known to be here and to reach `device`: an ImportError naming torch where it is
+    missing, a ValueError naming `device` where it is no torch device or a CUDA GPU it needs is missing."""
     try:
         import torch
     except ImportError:
@@ -155,7 +155,7 @@ def _require_device(device: str):
 
 
 def _warn_if_uncalibrated(policy: Policy) -> None:
-    """A :class:`gpu.versions.CalibrationWarning` when the policy models a kernel of another build than the one
+    """A `gpu.versions.CalibrationWarning` when the policy models a kernel of another build than the one
     installed here."""
     why = calibration_mismatch(policy.name, installed_versions())
     if why:

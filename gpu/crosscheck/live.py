@@ -1,5 +1,5 @@
-"""Our kernels run live on a GPU and packaged as kernel runs (:func:`live_run`), and how two kernels' outputs are
-held to each other bit for bit (:func:`same_bits`).  torch, Triton and a CUDA GPU are imported only when called."""
+"""Our kernels run live on a GPU and packaged as kernel runs (`live_run`), and how two kernels' outputs are
+held to each other bit for bit (`same_bits`).  torch, Triton and a CUDA GPU are imported only when called."""
 
 from __future__ import annotations
 
@@ -23,14 +23,14 @@ def bits_of(t) -> np.ndarray:
 
 
 def same_bits(got, ref) -> bool:
-    """Whether every tensor of ``got`` has the shape and bits of its partner in ``ref`` (-0 is not +0, NaN
+    """Whether every tensor of `got` has the shape and bits of its partner in `ref` (-0 is not +0, NaN
     payloads count): how two kernels' outputs are held to each other."""
     return all(np.array_equal(bits_of(x), bits_of(y)) for x, y in zip(got, ref, strict=True))
 
 
 def on_device(arrays: dict[str, np.ndarray], dtype, device: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """Heads (N, d) or (H, N, d) as torch tensors (1, H, N, d) of ``dtype`` on ``device`` (rounded RNE, as
-    ``Tensor.to`` rounds), and the rounded values back as float32 arrays (H, N, d) for the run's inputs."""
+    """Heads (N, d) or (H, N, d) as torch tensors (1, H, N, d) of `dtype` on `device` (rounded RNE, as
+    `Tensor.to` rounds), and the rounded values back as float32 arrays (H, N, d) for the run's inputs."""
     import torch
 
     x = {}
@@ -60,7 +60,7 @@ def live_run(
 ) -> KernelRun:
     """Run our kernels on the GPU on one head's q, k, v (N, d) or heads (H, N, d) and package the result.
 
-    The inputs are rounded to ``dtype`` (RNE) first; ``do`` adds the backward; ``debug`` records the
+    The inputs are rounded to `dtype` (RNE) first; `do` adds the backward; `debug` records the
     per-block intermediates for the first-divergence report.
     """
 
@@ -98,7 +98,7 @@ def live_run(
 
 
 def live_cases(max_len: int = 512) -> list[Case]:
-    """The recorded cases' grid (forward and backward) up to ``max_len`` keys, to rerun live."""
+    """The recorded cases' grid (forward and backward) up to `max_len` keys, to rerun live."""
     return [c for c in forward_cases() + backward_cases() if max(c.n_q, c.n_k) <= max_len]
 
 

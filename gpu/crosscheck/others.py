@@ -1,13 +1,13 @@
 """Other people's attention kernels, recorded on the GPU: the grid of fresh cases, inputs by seed, and the
 recorded outputs as kernel runs checked against a policy.
 
-Kernels: ``tutorial`` (Triton's fused-attention tutorial, fp16, N a multiple of 128), PyTorch SDPA's
-``sdpa_flash``, ``sdpa_efficient`` and ``sdpa_cudnn`` backends, and ``paper`` (Qiu & Yao's pure-PyTorch
+Kernels: `tutorial` (Triton's fused-attention tutorial, fp16, N a multiple of 128), PyTorch SDPA's
+`sdpa_flash`, `sdpa_efficient` and `sdpa_cudnn` backends, and `paper` (Qiu & Yao's pure-PyTorch
 attention, eager under CUDA bf16 autocast, fix off and on).  Inputs come from
 `make_inputs()` (every kind: ties at the max, near-ties, sinks, large and tiny
-magnitudes, negative-mean V) with seeds no other recording uses; ``studies/device/record_kernels.py`` records
-them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds ``others.json``, ``others.npz`` and
-``others_bwd.npz``.  The repository keeps a subset compactly (``python -m tools.keep_others``: others.json with the
+magnitudes, negative-mean V) with seeds no other recording uses; `studies/device/record_kernels.py` records
+them (O, LSE, and the tutorial's dQ, dK, dV); a recording folder holds `others.json`, `others.npz` and
+`others_bwd.npz`.  The repository keeps a subset compactly (`python -m tools.keep_others`: others.json with the
 SHA-256 of every output, `flashsim.recording`; others.npz only the patches of outputs the emulator does not
 reproduce): tests/data/others and the folders beside it.  numpy only.
 """
@@ -34,8 +34,8 @@ SEED_BLOCK = {"tutorial": 0, "sdpa_flash": 1, "sdpa_efficient": 2, "sdpa_cudnn":
 
 @dataclass(frozen=True)
 class KernelCase:
-    """One head of one kernel's launch: q, k, v of (n, d) drawn by ``kind`` from ``seed``; ``softmax`` the
-    variant the kernel ran (the paper's pipeline: ``standard`` or its fix, ``stabilised``)."""
+    """One head of one kernel's launch: q, k, v of (n, d) drawn by `kind` from `seed`; `softmax` the
+    variant the kernel ran (the paper's pipeline: `standard` or its fix, `stabilised`)."""
 
     kernel: str
     n: int
@@ -69,14 +69,14 @@ class KernelCase:
 def grid(
     kernel: str, lengths: tuple[int, ...] | None = None, seeds_per_cell: int | None = None, round_: int = 0
 ) -> list[KernelCase]:
-    """Every kind x head dim (64, 128) x causal x length x dtype (x softmax) x ``seeds_per_cell`` seeds of
-    ``kernel``: 112 cases by default.
+    """Every kind x head dim (64, 128) x causal x length x dtype (x softmax) x `seeds_per_cell` seeds of
+    `kernel`: 112 cases by default.
 
     The tutorial runs fp16 at lengths that are multiples of 128 (its own limits), two seeds a cell; the
     paper's pipeline bf16 at 200 and 640 (one and two of its 512-key tiles), fix off and on; SDPA's
-    backends, and any other kernel name (a user's kernel, ``python -m gpu.crosscheck --kernel``), bf16 and
+    backends, and any other kernel name (a user's kernel, `python -m gpu.crosscheck --kernel`), bf16 and
     fp16 with one ragged length, one seed a cell.  Each name of `KERNELS` draws seeds of its own, and
-    each recording ``round_`` fresh ones (10,000 apart)."""
+    each recording `round_` fresh ones (10,000 apart)."""
     if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 10:
         raise ValueError(f"round_: expected an integer 0..9, got {round_!r}")
     tutorial, paper = kernel == "tutorial", kernel == "paper"
@@ -102,9 +102,9 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
     """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
     SDPA's flash backend (`sdpa_flash_policy()`, forward and backward) and memory-efficient
     backend (`sdpa_efficient_policy()`; its dQ in key order); the cuDNN backend's
-    (`sdpa_cudnn_policy()`: its forward exact, its backward the closest found); ``qiu_yao``
-    for the paper's pipeline; ``fa2`` for other kernels.
-    ``deterministic``: the run was recorded under ``torch.use_deterministic_algorithms(True)``."""
+    (`sdpa_cudnn_policy()`: its forward exact, its backward the closest found); `qiu_yao`
+    for the paper's pipeline; `fa2` for other kernels.
+    `deterministic`: the run was recorded under `torch.use_deterministic_algorithms(True)`."""
     if case.kernel == "tutorial":
         cfg = config or {}
         return PolicyRef(
@@ -161,10 +161,10 @@ def recording(folder: Path) -> Recording:
 
 
 def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False) -> KernelRun | None:
-    """One recorded case (an entry of others.json) with its outputs' bits (``arrays``, `load()`) as a kernel
+    """One recorded case (an entry of others.json) with its outputs' bits (`arrays`, `load()`) as a kernel
     run with the policy of its launch: O and LSE, and dQ, dK, dV where they were recorded (the tutorial's causal
     cases: its backward always masks causally; SDPA's backends in later recordings); None when its outputs are
-    not in ``arrays``."""
+    not in `arrays`."""
     case = KernelCase(**rec["case"])
     if f"{case.key}/o" not in arrays:
         return None
@@ -188,7 +188,7 @@ def run_of(rec: dict, arrays: dict[str, np.ndarray], deterministic: bool = False
 
 
 def recorded_run_of(rec: dict, recorded: Recording, deterministic: bool = False) -> RecordedRun | None:
-    """One recorded case (an entry of others.json) as a `RecordedRun` of ``recorded``
+    """One recorded case (an entry of others.json) as a `RecordedRun` of `recorded`
     (`recording()`), with the policy of its launch: O and LSE, and dQ, dK, dV where they were recorded;
     None when its outputs are not in the recording."""
     case = KernelCase(**rec["case"])

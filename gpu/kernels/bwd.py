@@ -1,11 +1,11 @@
 """Flash-attention backward in Triton (FlashAttention-2 layout, deterministic: no atomics).
 
-Three kernels: ``attn_bwd_delta`` (delta = rowsum(dO * O) from the rounded O, ``tl.sum`` in fp32),
-``attn_bwd_dkdv`` (one K/V block per program, Q blocks inner: P recomputed as exp2(fma(qk, c, -lse)),
-dV += P^T dO, dS = P * (dP - delta), dK += dS^T Q, then dK *= sm_scale) and ``attn_bwd_dq`` (one Q block
+Three kernels: `attn_bwd_delta` (delta = rowsum(dO * O) from the rounded O, `tl.sum` in fp32),
+`attn_bwd_dkdv` (one K/V block per program, Q blocks inner: P recomputed as exp2(fma(qk, c, -lse)),
+dV += P^T dO, dS = P * (dP - delta), dK += dS^T Q, then dK *= sm_scale) and `attn_bwd_dq` (one Q block
 per program, K/V blocks inner, the same P and dS, dQ += dS K, then dQ *= sm_scale).  dQ gets its own pass
 instead of atomics so every gradient is deterministic and the emulator can repeat it (flashsim's
-``triton_h100`` policy: the same tiles in both kernels, as its backward accumulates dQ block by block).
+`triton_h100` policy: the same tiles in both kernels, as its backward accumulates dQ block by block).
 The softmax variant does not enter: the LSE makes P the same whatever shift the forward used.
 
 Masks only where they can remove something: each kernel walks its whole blocks in an unmasked loop (plain
@@ -13,7 +13,7 @@ loads; in the dK/dV kernel a branch masks P on the query blocks that cross the c
 ragged end and, in the dQ kernel, the blocks on the diagonal in a masked loop, in the ascending order one
 loop would take.  A mask that keeps everything changes no value, so this changes only the time
 (history/tried.md, "Backward").  The dQ kernel takes its query block and key range from
-:func:`gpu.kernels.steps.program_blocks` (causal: each head's heaviest blocks first, as the forward); the
+`gpu.kernels.steps.program_blocks` (causal: each head's heaviest blocks first, as the forward); the
 dK/dV kernel's heaviest blocks already come first.
 """
 
@@ -39,7 +39,7 @@ def attn_bwd_delta(O, DO, DELTA, N_Q, HEAD_DIM: tl.constexpr, BLOCK_M: tl.conste
 
 @triton.jit
 def _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
-    """q, dO, LSE, delta of the rows ``offs_m`` (zeros past N_Q when MASKED), their mask and q's offsets."""
+    """q, dO, LSE, delta of the rows `offs_m` (zeros past N_Q when MASKED), their mask and q's offsets."""
     row_ok = offs_m < N_Q
     q_ptr = off_hz * N_Q * HEAD_DIM + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
     r_ptr = off_hz * N_Q + offs_m
@@ -58,7 +58,7 @@ def _query_rows(Q, DO, LSE, DELTA, off_hz, offs_m, offs_d, N_Q, HEAD_DIM: tl.con
 
 @triton.jit
 def _key_rows(K, V, off_hz, offs_n, offs_d, N_K, HEAD_DIM: tl.constexpr, MASKED: tl.constexpr):
-    """k, v of the keys ``offs_n`` (zeros past N_K when MASKED), their mask and their offsets."""
+    """k, v of the keys `offs_n` (zeros past N_K when MASKED), their mask and their offsets."""
     col_ok = offs_n < N_K
     kv_ptr = off_hz * N_K * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     if MASKED:
@@ -95,7 +95,7 @@ def _dkdv_loop(
 ):
     """dK, dV accumulated over the query blocks [start, stop).  MASKED: rows past N_Q and, with causal
     masking, keys after the query masked out of P.  Otherwise every row is valid and, with causal masking,
-    the blocks before ``diag_end`` (those crossing the diagonal) mask P by a branch inside the loop: a
+    the blocks before `diag_end` (those crossing the diagonal) mask P by a branch inside the loop: a
     separate loop for them spilled more registers at d=128 and was slower (history/tried.md, "Backward")."""
     for start_m in tl.range(start, stop, BLOCK_M, num_stages=1 if MASKED else None):
         offs_m = start_m + tl.arange(0, BLOCK_M)

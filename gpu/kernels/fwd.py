@@ -1,15 +1,15 @@
-"""Flash-attention forward in Triton (``tl``), with the softmax variant a compile-time choice.
+"""Flash-attention forward in Triton (`tl`), with the softmax variant a compile-time choice.
 
-:func:`attn_fwd`: a program computes BLOCK_M query rows of one (batch, head).  It loads Q once, then walks the
-K/V blocks in two loops (:func:`_kv_loop`), the full blocks (pipelined), then the masked ones (ragged end,
-causal diagonal); per block S = Q K^T (``tl.dot``: wgmma, fp32), the online-softmax update of
-:mod:`gpu.kernels.steps` (shift m, P and its cast to V's dtype, alpha, l), acc = acc * alpha, then
-acc = ``tl.dot(P cast, V, acc)`` (FP8 with PROMOTE_PV: each 32 keys' products from zero, added to acc in
-FP32, Triton's ``max_num_imprecise_acc=32``, rather than the FP8 tensor cores' 13-bit accumulation).  At the
-end O = acc / l (div.full), rounded to O's dtype, and LSE = m + log2(l) in base 2.  :func:`transpose_keys`
-copies FP8's V with the keys contiguous.  Every rounding is pinned down so that flashsim's ``triton_h100``
-policy repeats it bit for bit: every FMA is an explicit ``tl.fma`` and no product feeds an addition
-elsewhere, so the compiler has no contraction left to choose.  :mod:`gpu.kernels.fwd_overlap` computes the
+`attn_fwd`: a program computes BLOCK_M query rows of one (batch, head).  It loads Q once, then walks the
+K/V blocks in two loops (`_kv_loop`), the full blocks (pipelined), then the masked ones (ragged end,
+causal diagonal); per block S = Q K^T (`tl.dot`: wgmma, fp32), the online-softmax update of
+`gpu.kernels.steps` (shift m, P and its cast to V's dtype, alpha, l), acc = acc * alpha, then
+acc = `tl.dot(P cast, V, acc)` (FP8 with PROMOTE_PV: each 32 keys' products from zero, added to acc in
+FP32, Triton's `max_num_imprecise_acc=32`, rather than the FP8 tensor cores' 13-bit accumulation).  At the
+end O = acc / l (div.full), rounded to O's dtype, and LSE = m + log2(l) in base 2.  `transpose_keys`
+copies FP8's V with the keys contiguous.  Every rounding is pinned down so that flashsim's `triton_h100`
+policy repeats it bit for bit: every FMA is an explicit `tl.fma` and no product feeds an addition
+elsewhere, so the compiler has no contraction left to choose.  `gpu.kernels.fwd_overlap` computes the
 same bits with the same steps.
 """
 
@@ -147,8 +147,8 @@ def attn_fwd(
     past N_K unread.  FP8 takes the transpose: e4m3 wgmma reads P V's B operand only with the keys
     contiguous, which Triton otherwise arranges by transposing every V tile in shared memory, outside the
     pipeline; the products and their order are the same either way.  PROMOTE_PV (FP8 only): P V's partial
-    sums promoted to FP32 every 32 keys.  DBG: :class:`DebugOutputs`; consts:
-    :class:`gpu.kernels.steps.SoftmaxConstants`."""
+    sums promoted to FP32 every 32 keys.  DBG: `DebugOutputs`; consts:
+    `gpu.kernels.steps.SoftmaxConstants`."""
     start_m, hz, lo, hi = program_blocks(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
     q_base = off_hz * N_Q * HEAD_DIM
@@ -238,7 +238,7 @@ def attn_fwd(
 @triton.jit
 def transpose_keys(V, VT, N_K, N_VT, HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
     """VT[h, :, n] = V[h, n, :] for BLOCK_N keys of one head: V (B*H, N_K, HEAD_DIM) contiguous, VT's rows
-    N_VT long, a multiple of 16 (zeros past N_K; :func:`attn_fwd` does not read them, and storing whole rows
+    N_VT long, a multiple of 16 (zeros past N_K; `attn_fwd` does not read them, and storing whole rows
     keeps the stores 16 bytes wide).  For FP8's V, which torch copies a byte at a time (history/tried.md, "FP8
     E4M3 forward")."""
     off_h = tl.program_id(1).to(tl.int64)

@@ -1,10 +1,10 @@
 """The forward kernel again, in Gluon, with the softmax overlapped with the tensor cores (FA3's schedule).
 
-Triton's compiler waits for every ``tl.dot`` right after issuing it, so in :mod:`gpu.kernels.fwd` the
+Triton's compiler waits for every `tl.dot` right after issuing it, so in `gpu.kernels.fwd` the
 tensor cores idle while the softmax runs, and the softmax (the fixes' tie count included) adds to the
 time.  Here the work is split over warp partitions as in FlashAttention-3:
 
-- a load partition (4 warps, few registers) brings Q once and K/V tiles by TMA into a ring of ``STAGES``
+- a load partition (4 warps, few registers) brings Q once and K/V tiles by TMA into a ring of `STAGES`
   buffers, waiting on "empty" barriers before it refills one;
 - one compute partition per 64 query rows (a warpgroup each: two for BLOCK_M = 128).  Per K/V block j it
   issues the scores of block j+1 (asynchronous wgmma), rescales acc, issues P_j V_j, and runs block j+1's
@@ -14,11 +14,11 @@ time.  Here the work is split over warp partitions as in FlashAttention-3:
 K/V descriptors are 3-D (B*H, N, d): TMA fills rows past N_K with zeros, so the masked blocks (ragged end,
 causal diagonal) arrive the same way, and a zero V row times P = 0 stays 0 (the next head's V never enters).
 
-The arithmetic is that of :mod:`gpu.kernels.fwd` operation for operation (the same steps,
-:mod:`gpu.kernels.steps`, compute the shift, P, l and the LSE; the same wgmma instruction shapes and operand
+The arithmetic is that of `gpu.kernels.fwd` operation for operation (the same steps,
+`gpu.kernels.steps`, compute the shift, P, l and the LSE; the same wgmma instruction shapes and operand
 sources, rows per warp and column layout of the row reductions; the same block split into unmasked and
 masked blocks by the BLOCK_M-row program), so the two kernels give the same bits and flashsim's
-``triton_h100`` policy models both.  bf16, fp16 and FP8 E4M3 (with V transposed, as the tl kernel reads it:
+`triton_h100` policy models both.  bf16, fp16 and FP8 E4M3 (with V transposed, as the tl kernel reads it:
 V_T); the debug outputs are the tl kernel's only.  BLOCK_N must equal HEAD_DIM.
 """
 
@@ -62,7 +62,7 @@ def _load(
     STAGES: gl.constexpr,
     V_T: gl.constexpr,
 ):
-    """The load partition: Q once, then K and V of every block into the rings of ``smem`` (:class:`Shared`;
+    """The load partition: Q once, then K and V of every block into the rings of `smem` (`Shared`;
     V_T: V's tiles are (HEAD_DIM, BLOCK_N) blocks of V transposed)."""
     mbarrier.expect(smem.q_bar, q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [q_row, 0], smem.q_bar, smem.q)
@@ -122,7 +122,7 @@ def _softmax(
 
 @gluon.jit
 def _pv(p, v, acc, IS_ASYNC: gl.constexpr, PROMOTE_PV: gl.constexpr):
-    """acc + P V on the tensor cores, as the tl kernel's ``tl.dot(p, v, acc)``; PROMOTE_PV (FP8): each 32
+    """acc + P V on the tensor cores, as the tl kernel's `tl.dot(p, v, acc)`; PROMOTE_PV (FP8): each 32
     keys' products summed from zero, then added to acc in FP32."""
     if PROMOTE_PV:
         return warpgroup_mma(p, v, acc, max_num_imprecise_acc=32, is_async=IS_ASYNC)
@@ -151,7 +151,7 @@ def _compute(
     PROMOTE_PV: gl.constexpr,
 ):
     """A compute warpgroup: O and LSE of the query rows first_row + HALF*64 ... + 63 of the program, from
-    every K/V block of the rings in ``smem`` (:class:`Shared`)."""
+    every K/V block of the rings in `smem` (`Shared`)."""
     dtype: gl.constexpr = smem.q.dtype
     bits: gl.constexpr = dtype.primitive_bitwidth  # wgmma takes 32 bytes of K a step: k=16 (16-bit), 32 (e4m3)
     mma: gl.constexpr = gl.NVMMADistributedLayout(
@@ -231,7 +231,7 @@ def attn_fwd_overlap(
     read the next head's queries or zeros; their outputs are not stored); k_desc: 3-D (B*H, N_K, d); v_desc
     the same, or with V_T over V transposed, (B*H, d, N_K) (FP8: e4m3 wgmma reads P V's B operand only with
     the keys contiguous; the descriptor's shape ends at N_K, so TMA fills keys past it with zeros).
-    consts: :class:`gpu.kernels.steps.SoftmaxConstants`.  Launch with num_warps=4 (the first compute
+    consts: `gpu.kernels.steps.SoftmaxConstants`.  Launch with num_warps=4 (the first compute
     warpgroup; the others are partitions)."""
     gl.static_assert(BLOCK_N == HEAD_DIM)
     gl.static_assert(BLOCK_M == ROWS or BLOCK_M == 2 * ROWS)

@@ -1,21 +1,21 @@
 """The steps both forward kernels share, so that they round alike: which blocks a program computes, one K/V
 block's online-softmax update (shift, P, alpha, l) and the LSE's log2.
 
-Per block of scores qk (fp32, from ``tl.dot``), in Triton's tutorial's scaled base-2 units:
+Per block of scores qk (fp32, from `tl.dot`), in Triton's tutorial's scaled base-2 units:
 
-- a block with nothing masked (:func:`plain_block`): r = rowmax(qk), m = max(m_i, shift(r) * c),
+- a block with nothing masked (`plain_block`): r = rowmax(qk), m = max(m_i, shift(r) * c),
   x = fma(qk, c, -m), with c = qk_scale = sm_scale * log2 e;
-- a block on the causal diagonal (in :func:`masked_block`): t = fma(qk, c, bias) with the tutorial's -1e6
+- a block on the causal diagonal (in `masked_block`): t = fma(qk, c, bias) with the tutorial's -1e6
   bias on masked entries, masked entries then set to -inf, m = max(m_i, shift(rowmax(t))), x = t - m;
-- then (:func:`weights`) P = exp2(x) (``ex2.approx.ftz``), P cast to its dtype for the P V product,
-  alpha = exp2(m_i - m), l = fma(l_i, alpha, rowsum P) (``cast_sum``: the row sum of the cast P).
+- then (`weights`) P = exp2(x) (`ex2.approx.ftz`), P cast to its dtype for the P V product,
+  alpha = exp2(m_i - m), l = fma(l_i, alpha, rowsum P) (`cast_sum`: the row sum of the cast P).
 
-shift(r) is r for the standard softmax (SOFTMAX 0) and for ``cast_sum`` (3); the fixes (1: Qiu & Yao's stabilised
+shift(r) is r for the standard softmax (SOFTMAX 0) and for `cast_sum` (3); the fixes (1: Qiu & Yao's stabilised
 softmax, 2: the project's robust variant, flashsim.softmax) move it where a block's maximum is repeated, counting
-the scores near the block max.  Their thresholds arrive as :class:`SoftmaxConstants`, float32 values computed on
-the host.  ``cast_sum`` changes only what l sums: P as cast to P's dtype for the P V product (the same cast
+the scores near the block max.  Their thresholds arrive as `SoftmaxConstants`, float32 values computed on
+the host.  `cast_sum` changes only what l sums: P as cast to P's dtype for the P V product (the same cast
 values), not P as computed (docs/fix.md).  The backward's dQ kernel takes its program's blocks from
-:func:`program_blocks` too.
+`program_blocks` too.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .interpreter import PTX
 class SoftmaxConstants(NamedTuple):
     """The forward kernels' float32 scalars, one record a launch (gpu.flash.softmax_constants computes them).
 
-    ``_raw`` values are in units of raw scores q.k, ``_t`` values in scaled base-2 units (raw * qk_scale);
+    `_raw` values are in units of raw scores q.k, `_t` values in scaled base-2 units (raw * qk_scale);
     the standard softmax uses only qk_scale."""
 
     qk_scale: float  #: sm_scale * log2 e
@@ -60,7 +60,7 @@ MASK_BIAS = tl.constexpr(-1.0e6)  # the diagonal blocks' causal bias (Triton tut
 @triton.jit
 def program_blocks(N_Q, N_K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr):
     """(start_m, off_hz, lo, hi): which query block of which head this program computes, and its keys: the
-    blocks before ``lo`` are full and unmasked, those in [lo, hi) masked (ragged end, causal diagonal).  Both
+    blocks before `lo` are full and unmasked, those in [lo, hi) masked (ragged end, causal diagonal).  Both
     forward kernels take these from here, as their bits depend on the same split; so does the backward's dQ
     kernel, whose grid is the forward's.
 
@@ -105,7 +105,7 @@ def _fold(x, combine: tl.constexpr):
 
 @triton.jit
 def _fold_to_8(x, combine: tl.constexpr):
-    """x with its columns folded down to 8 by ``combine`` (exact and associative: max; integer sums), for
+    """x with its columns folded down to 8 by `combine` (exact and associative: max; integer sums), for
     a row reduction with a short dependency chain.  tl.reduce folds a thread's share of a row one element
     after another (32 dependent instructions for a 128-column wgmma tile), and the softmax waits on the
     chain; halving pairs column j with j + K/2, which the wgmma accumulator layout keeps in one thread
@@ -139,7 +139,7 @@ setattr(_rows_of, TRITON_BUILTIN, True)
 
 @triton.jit
 def row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
-    """tl.max(x, 1); folded first (:func:`_fold_to_8`) when a fix follows and FOLD is set.
+    """tl.max(x, 1); folded first (`_fold_to_8`) when a fix follows and FOLD is set.
 
     FOLD: whether the fixes' row reductions (this max and the tie count) are folded.  The bits are the same
     either way: FMNMX orders -0 below +0 and drops NaN (studies/probes/reduction.py), so a max does not depend
@@ -156,11 +156,11 @@ def row_max(x, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
 @triton.jit
 def count_at_least(s, thr, FOLD: tl.constexpr):
     """Per row, how many entries of s are >= thr, as float32 (exact: a count below 2^24).  PTX
-    ``set.ge.f32.f32`` gives 1.0 where ``s >= thr`` and 0.0 elsewhere (NaN: 0.0, as ``s >= thr``) in one
-    instruction a score (SASS FSET), summed by FADD; Triton's ``(s >= thr).to(int32)`` costs a compare, a
+    `set.ge.f32.f32` gives 1.0 where `s >= thr` and 0.0 elsewhere (NaN: 0.0, as `s >= thr`) in one
+    instruction a score (SASS FSET), summed by FADD; Triton's `(s >= thr).to(int32)` costs a compare, a
     select and integer adds, which the fixes pay on every score of every block (history/tried.md, "The tie
     test").  Under Triton's CPU interpreter, which runs no PTX, the same predicate is summed the plain way.
-    FOLD as in :func:`row_max`."""
+    FOLD as in `row_max`."""
     if PTX:
         t = tl.broadcast_to(thr[:, None], s.shape)
         ind = tl.inline_asm_elementwise(
@@ -180,7 +180,7 @@ def count_at_least(s, thr, FOLD: tl.constexpr):
 
 @triton.jit
 def rescale(acc, alpha):
-    """acc * alpha[:, None], rounded on its own: PTX ``mul.rn.f32``, which no compiler contracts.  With P V
+    """acc * alpha[:, None], rounded on its own: PTX `mul.rn.f32`, which no compiler contracts.  With P V
     promoted to FP32 (FP8's PROMOTE_PV) the product feeds the first 32 keys' FP32 add, and a plain multiply was
     fused into it as one FMA, a rounding the emulator's separate rescale step does not take (1-ulp differences
     in O on the H200).  Under Triton's CPU interpreter, which runs no PTX, the plain product."""
@@ -194,7 +194,7 @@ def rescale(acc, alpha):
 
 @triton.jit
 def _shift(s, r, m_i, r_m, consts, RAW: tl.constexpr, SOFTMAX: tl.constexpr, FOLD: tl.constexpr):
-    """The block's shift candidate in the units of ``s``: raw scores (RAW) or scaled ones; r = rowmax(s),
+    """The block's shift candidate in the units of `s`: raw scores (RAW) or scaled ones; r = rowmax(s),
     r_m: r in m's (scaled) units."""
     if RAW:
         eps_s, band_s, max_shift_s = consts.eps_raw, consts.band_raw, consts.max_shift_raw
@@ -264,7 +264,7 @@ def masked_block(
     FOLD: tl.constexpr,
 ):
     """(m_new, x) of a block with masked columns (ragged end, causal diagonal): a block on the causal
-    diagonal by the bias and select above, the others as :func:`plain_block` with the columns past N_K at
+    diagonal by the bias and select above, the others as `plain_block` with the columns past N_K at
     -inf.  Without causal masking the diagonal path is not compiled, so its code cannot shape the rest of
     the kernel's (history/tried.md, "Schedules and structure")."""
     cols = start_n + offs_n
@@ -284,7 +284,7 @@ def masked_block(
 def e4m3_values(p):
     """P >= 0 (float32, at most 1) rounded to E4M3 (RNE) as float32, in float32 arithmetic: below 2^-6, the
     subnormals' step 2^-9 (P * 512 rounded to an integer by the 1.5 * 2^23 constant, exact); above, the
-    significand's 3 fraction bits by an integer round-half-even on the bits.  The values ``p.to(float8e4nv)``
+    significand's 3 fraction bits by an integer round-half-even on the bits.  The values `p.to(float8e4nv)`
     holds, computed beside that cast instead of from it: in Triton 3.6 a cast P read both by the dot and by
     another use gave wrong, run-to-run different values on an H200 (docs/fix.md)."""
     sub = (p * 512.0 + 12582912.0 - 12582912.0) * 0.001953125
@@ -297,8 +297,8 @@ def e4m3_values(p):
 def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
     alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
-    and the P V product.  The row sum is of P as computed, or with ``cast_sum`` (SOFTMAX 3) of the cast P
-    (widened back, exactly; E4M3: the same values from :func:`e4m3_values`), the weights P V is made with:
+    and the P V product.  The row sum is of P as computed, or with `cast_sum` (SOFTMAX 3) of the cast P
+    (widened back, exactly; E4M3: the same values from `e4m3_values`), the weights P V is made with:
     O = acc / l is then their weighted mean, and a rounding of P (an E4M3 P underflows on sharp rows) cannot
     lean O through l (docs/fix.md)."""
     p = tl.math.exp2(x)

@@ -1,15 +1,15 @@
 """flashsim policies of the kernels the project models, one module per kernel (numpy and the emulator only: no
 torch needed):
 
-- :mod:`.our_kernels`: our Triton kernels (:mod:`gpu.kernels`), ``triton_policy``, ``kernel_policy``;
-- :mod:`.triton_tutorial`: Triton's fused-attention tutorial, ``tutorial_policy``;
-- :mod:`.sdpa_flash`, :mod:`.sdpa_efficient`, :mod:`.sdpa_cudnn`: PyTorch SDPA's backends;
-- :mod:`.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, ``qiu_yao``.
+- `.our_kernels`: our Triton kernels (`gpu.kernels`), `triton_policy`, `kernel_policy`;
+- `.triton_tutorial`: Triton's fused-attention tutorial, `tutorial_policy`;
+- `.sdpa_flash`, `.sdpa_efficient`, `.sdpa_cudnn`: PyTorch SDPA's backends;
+- `.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, `qiu_yao`.
 
-Each names what it was calibrated on (:data:`gpu.versions.CALIBRATED_ON`, which ``import gpu`` checks).  The
-policies are entry points of the ``flashsim.policies`` group (``triton_h100``, ``qiu_yao``) and the policy
-functions of the ``flashsim.policy_functions`` group, so that flashsim and saved runs find them by name
-(``"gpu.policies:triton_policy"`` with its arguments) without importing gpu first; importing this package also
+Each names what it was calibrated on (`gpu.versions.CALIBRATED_ON`, which `import gpu` checks).  The
+policies are entry points of the `flashsim.policies` group (`triton_h100`, `qiu_yao`) and the policy
+functions of the `flashsim.policy_functions` group, so that flashsim and saved runs find them by name
+(`"gpu.policies:triton_policy"` with its arguments) without importing gpu first; importing this package also
 registers the functions under those names.
 """
 

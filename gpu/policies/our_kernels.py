@@ -1,8 +1,8 @@
-"""Our Triton kernels (:mod:`gpu.kernels`) on the H100/H200: :func:`triton_policy` says how they round at every
-step for a dtype and a launch's tiles; :func:`kernel_policy` picks the tiles from :mod:`gpu.configs` as
-:mod:`gpu.flash` does, and :func:`kernel_policy_ref` names that policy for a file.  ``TRITON_H100`` (the default
-launch) is the ``triton_h100`` entry point of the ``flashsim.policies`` group.  Calibrated on Triton 3.6
-(:data:`gpu.versions.CALIBRATED_ON`)."""
+"""Our Triton kernels (`gpu.kernels`) on the H100/H200: `triton_policy` says how they round at every
+step for a dtype and a launch's tiles; `kernel_policy` picks the tiles from `gpu.configs` as
+`gpu.flash` does, and `kernel_policy_ref` names that policy for a file.  `TRITON_H100` (the default
+launch) is the `triton_h100` entry point of the `flashsim.policies` group.  Calibrated on Triton 3.6
+(`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 
@@ -49,16 +49,16 @@ def triton_policy(
     """The policy of our Triton kernels (gpu/kernels) on the H100, for one launch configuration.
 
     Forward as Triton's tutorial rounds: m = max(m_i, rowmax(qk) * c), x = fma(qk, c, -m) (diagonal blocks:
-    qk*c + bias by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
-    tree recorded for (block_m, block_n, num_warps), acc*alpha then wgmma with acc as C, div.full, LSE in
-    base 2 by emufloat.hw.h100.log2_fma.  Backward: delta = tl.sum(o*do) in fp32 (tree of the loaded tile),
-    P = ex2(fma(qk, c, -lse)), dS = P*(dP - delta), wgmma accumulation of dV, dK, dQ (dQ in its own pass,
+    `qk*c + bias` by FMA, then a separate subtraction), ex2.approx.ftz, l = fma(l, alpha, tl.sum(p)) with the
+    tree recorded for (block_m, block_n, num_warps), `acc*alpha` then wgmma with acc as C, div.full, LSE in
+    base 2 by emufloat.hw.h100.log2_fma.  Backward: delta = `tl.sum(o*do)` in fp32 (tree of the loaded tile),
+    P = ex2(fma(qk, c, -lse)), dS = `P*(dP - delta)`, wgmma accumulation of dV, dK, dQ (dQ in its own pass,
     the same tiles), dK, dQ times sm_scale at the end.  NaNs take the bits the kernels write on Hopper
-    (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  ``dtype``: 'bf16' or 'fp16' (inputs, P, outputs), or
+    (recorded): 0x7FFF in O, dQ, dK, dV, 0x7FFFFFFF in delta.  `dtype`: 'bf16' or 'fp16' (inputs, P, outputs), or
     'e4m3' (the FP8 forward: q, k, v and P in E4M3FN on the fp8 tensor cores, O in BF16; the backward
-    steps stay BF16, as the kernels have no FP8 backward).  ``promote_pv`` ('e4m3' only): P V as the kernels
-    compute it with ``PROMOTE_PV``, each 32 keys' products summed from zero and added to the FP32 accumulator
-    (``h100.WGMMA_FP8_PROMOTED``), not accumulated by the FP8 tensor cores (13 bits, truncated).
+    steps stay BF16, as the kernels have no FP8 backward).  `promote_pv` ('e4m3' only): P V as the kernels
+    compute it with `PROMOTE_PV`, each 32 keys' products summed from zero and added to the FP32 accumulator
+    (`h100.WGMMA_FP8_PROMOTED`), not accumulated by the FP8 tensor cores (13 bits, truncated).
     """
     fmt, out = kernel_format(dtype), kernel_output_format(dtype)
     if (
@@ -119,10 +119,10 @@ def kernel_policy_args(
     bwd: Config | None = None,
     promote_pv: bool | None = None,
 ) -> dict:
-    """Keyword arguments of :func:`triton_policy` for our kernels launched with these configs (defaults: the
-    tables of :mod:`gpu.configs`) and ``promote_pv`` (None: the dtype's default, :func:`default_promote_pv`;
-    named only when True, so that the references runs saved before it existed keep their meaning).  Bad
-    arguments raise a ValueError naming the argument and what it accepts."""
+    """Keyword arguments of [`triton_policy`][gpu.policies.triton_policy] for our kernels launched with these configs
+    (defaults: the tables of `gpu.configs`) and `promote_pv` (None: the dtype's default,
+    [`default_promote_pv`][gpu.policies.default_promote_pv]; named only when True, so that the references runs saved
+    before it existed keep their meaning).  Bad arguments raise a ValueError naming the argument and what it accepts."""
     kernel_format(dtype)
     flag(causal, "causal")
     for arg, cfg in (("fwd", fwd), ("bwd", bwd)):
@@ -171,8 +171,8 @@ def kernel_policy_ref(
     bwd: Config | None = None,
     promote_pv: bool | None = None,
 ) -> PolicyRef:
-    """:func:`kernel_policy` as a reference a saved run keeps (``gpu.policies:triton_policy`` and its
-    arguments)."""
+    """[`kernel_policy`][gpu.policies.kernel_policy] as a reference a saved run keeps (`gpu.policies:triton_policy` and
+    its arguments)."""
     return PolicyRef("gpu.policies:triton_policy", kernel_policy_args(dtype, head_dim, causal, fwd, bwd, promote_pv))
 
 

@@ -1,7 +1,7 @@
-"""Qiu & Yao's reference code (``attention.py`` of why-low-precision-training-fails: a pure-PyTorch
-FlashAttention-2 with 512 x 512 tiles) run eager under CUDA bf16 autocast on the H100/H200: ``QIU_YAO``, the
-``qiu_yao`` entry point of the ``flashsim.policies`` group (flashsim's reference pipeline).  Calibrated on torch
-2.11 for CUDA 13.0 (:data:`gpu.versions.CALIBRATED_ON`)."""
+"""Qiu & Yao's reference code (`attention.py` of why-low-precision-training-fails: a pure-PyTorch
+FlashAttention-2 with 512 x 512 tiles) run eager under CUDA bf16 autocast on the H100/H200: `QIU_YAO`, the
+`qiu_yao` entry point of the `flashsim.policies` group (flashsim's reference pipeline).  Calibrated on torch
+2.11 for CUDA 13.0 (`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 

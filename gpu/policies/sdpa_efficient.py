@@ -1,5 +1,5 @@
 """PyTorch SDPA's memory-efficient backend (CUTLASS sm80 kernels on the H100/H200): its tiles, its key splits and
-:func:`sdpa_efficient_policy`.  Calibrated on torch 2.11 for CUDA 13.0 (:data:`gpu.versions.CALIBRATED_ON`)."""
+`sdpa_efficient_policy`.  Calibrated on torch 2.11 for CUDA 13.0 (`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ MMA_K8_OF = {BF16: h100.MMA_K8_BF16, FP16: h100.MMA_K8_FP16}
 
 def efficient_key_splits(n_k: int, head_dim: int, batch_heads: int = 1, deterministic: bool = False) -> int:
     """How many thread blocks the memory-efficient backward runs over the keys (one per key block), as
-    ``attention_backward.cu`` decides: 1 when deterministic, or with 256 heads or more and at most two key
+    `attention_backward.cu` decides: 1 when deterministic, or with 256 heads or more and at most two key
     blocks."""
     block = EFFICIENT_BWD_TILES[head_dim]
     blocks = -(-n_k // block)
@@ -53,23 +53,22 @@ def sdpa_efficient_policy(
     deterministic: bool = False,
 ) -> Policy:
     """PyTorch SDPA's memory-efficient backend (xformers' CUTLASS kernels) on the H100/H200, as PyTorch builds
-    them (no fast math).  Forward (``kernel_forward.h``):
+    them (no fast math).  Forward (`kernel_forward.h`):
 
-    * S by ``mma.sync.m16n8k8`` (8-product blocks), then S * scale and * log2 e, two roundings;
-    * P = ``exp2f(s - m)`` (``ex2.approx.f32``); per 32-key warp column each of 4 threads adds its 8 P of a
-      row, a quad reduction, and l = l * alpha plus the columns in order (``RowSum("cutlass_warps")``);
+    * S by `mma.sync.m16n8k8` (8-product blocks), then S * scale and * log2 e, two roundings;
+    * P = `exp2f(s - m)` (`ex2.approx.f32`); per 32-key warp column each of 4 threads adds its 8 P of a
+      row, a quad reduction, and l = l * alpha plus the columns in order (`RowSum("cutlass_warps")`);
     * O accumulated over the key blocks in registers (scaled by alpha before each block's P V), then
       O * (1 / l) with a correctly rounded division;
-    * LSE = m / log2 e + ``logf(l)``.
+    * LSE = m / log2 e + `logf(l)`.
 
-    Backward (``kernel_backward.h``; 64 x 64 blocks at head dim 64, 128 x 128 at 128): delta by 2 or 4
-    threads a row (8-column chunks, neighbours added first); P = ``expf(s * scale - lse)``, rounded to the
-    input format for dV and for dS = ((dP - delta) P) * scale; dK and dV in registers over the query blocks,
-    which each key block's thread block walks from its own index on (``q_order='rotated'``) when the keys
-    are split (``n_k`` keys, ``batch_heads`` heads, ``deterministic``: :func:`efficient_key_splits`); dQ
-    continued by each key block in turn from an FP32 buffer.  With several key splits the GPU's order of
-    those turns varies from launch to launch; the model takes them in key order, the order of a
-    deterministic run.
+    Backward (`kernel_backward.h`; 64 x 64 blocks at head dim 64, 128 x 128 at 128): delta by 2 or 4 threads a row
+    (8-column chunks, neighbours added first); P = `expf(s * scale - lse)`, rounded to the input format for dV and for
+    dS = ((dP - delta) P) * scale; dK and dV in registers over the query blocks, which each key block's thread block
+    walks from its own index on (`q_order='rotated'`) when the keys are split (`n_k` keys, `batch_heads` heads,
+    `deterministic`: [`efficient_key_splits`][gpu.policies.efficient_key_splits]); dQ continued by each key block in
+    turn from an FP32 buffer.  With several key splits the GPU's order of those turns varies from launch to launch; the
+    model takes them in key order, the order of a deterministic run.
     """
     if head_dim not in EFFICIENT_TILES:
         raise ValueError(

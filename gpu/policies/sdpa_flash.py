@@ -1,6 +1,6 @@
-"""PyTorch SDPA's flash backend (FlashAttention-2 as PyTorch builds it, ``mma.sync`` on Hopper): its tiles, its
-split-KV heuristic and :func:`sdpa_flash_policy`.  Calibrated on torch 2.11 for CUDA 13.0
-(:data:`gpu.versions.CALIBRATED_ON`)."""
+"""PyTorch SDPA's flash backend (FlashAttention-2 as PyTorch builds it, `mma.sync` on Hopper): its tiles, its
+split-KV heuristic and `sdpa_flash_policy`.  Calibrated on torch 2.11 for CUDA 13.0
+(`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 
@@ -75,15 +75,15 @@ def sdpa_flash_policy(
 ) -> Policy:
     """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward and backward.
 
-    FA2's arithmetic as PyTorch compiles it (``UNFUSE_FMA``, no ``-use_fast_math``) in ``dtype`` (bf16 or fp16)
-    with FA2's own tiles for ``head_dim``, and, when its heuristic splits the keys (few heads and query blocks
-    for the GPU's ``num_sms``), the split-KV kernel's 64-row tiles and ``kv_splits`` with FA2's combine:
+    FA2's arithmetic as PyTorch compiles it (`UNFUSE_FMA`, no `-use_fast_math`) in `dtype` (bf16 or fp16)
+    with FA2's own tiles for `head_dim`, and, when its heuristic splits the keys (few heads and query blocks
+    for the GPU's `num_sms`), the split-KV kernel's 64-row tiles and `kv_splits` with FA2's combine:
 
-    * P = ``exp2f(__fmul_rn(s, c) - m * c)``: a multiply, a subtract, ``ex2.approx.f32``;
-    * each thread's row sum ``l *= alpha; l += p`` contracts to one FMA with its first P;
-    * O = acc * (1.f / l), the division correctly rounded (``rcp.rn.f32``);
-    * LSE = ``row_max * softmax_scale + __logf(sum)``: ``lg2.approx.f32``, the multiply by ln 2, one FMA;
-    * the combine with CUDA's ``expf`` and ``logf`` (:class:`flashsim.specs.Combine`).
+    * P = `exp2f(__fmul_rn(s, c) - m * c)`: a multiply, a subtract, `ex2.approx.f32`;
+    * each thread's row sum `l *= alpha; l += p` contracts to one FMA with its first P;
+    * O = acc * (1.f / l), the division correctly rounded (`rcp.rn.f32`);
+    * LSE = `row_max * softmax_scale + __logf(sum)`: `lg2.approx.f32`, the multiply by ln 2, one FMA;
+    * the combine with CUDA's `expf` and `logf` ([`flashsim.specs.Combine`][flashsim.specs.Combine]).
     """
     if head_dim not in FA2_BWD_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")

@@ -1,5 +1,5 @@
 """Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the H100/H200, for the
-tiles its autotuner chose.  Calibrated on Triton 3.6 (:data:`gpu.versions.CALIBRATED_ON`)."""
+tiles its autotuner chose.  Calibrated on Triton 3.6 (`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,13 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     """Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the H100, for the
     forward tiles and warps its autotuner chose.
 
-    Our kernels descend from it, so it is :func:`triton_policy` ('fp16') with steps of its own.  Forward:
-    the diagonal blocks add a -1e6 bias by FMA and keep the masked scores (``Mask(-1e6, "add")``), and the
-    LSE (in base 2, ``m + log2(l)``) comes from ``tl.math.log2``, which is libdevice's log2f
-    (``Func("libdevice_log2f")``).  Backward (causal only: the tutorial's backward always masks): K is
-    prescaled by ``sm_scale / ln 2`` in torch and rounded to fp16, P = ex2(S - L) by a separate
-    subtraction, dQ times ln 2 at the end (``Recompute(prescale_k=True)``), and each 128-row Q block adds
-    the 128 keys on its diagonal to dQ first, then the keys from 0 on (``BwdTiling(128, 128,
-    kv_order="diagonal_first")``).  The tutorial needs N a multiple of 128.
+    Our kernels descend from it, so it is [`triton_policy`][gpu.policies.triton_policy] ('fp16') with steps of its own.
+    Forward: the diagonal blocks add a -1e6 bias by FMA and keep the masked scores (`Mask(-1e6, "add")`), and the LSE
+    (in base 2, `m + log2(l)`) comes from `tl.math.log2`, which is libdevice's log2f (`Func("libdevice_log2f")`).
+    Backward (causal only: the tutorial's backward always masks): K is prescaled by `sm_scale / ln 2` in torch and
+    rounded to fp16, P = ex2(S - L) by a separate subtraction, dQ times ln 2 at the end (`Recompute(prescale_k=True)`),
+    and each 128-row Q block adds the 128 keys on its diagonal to dQ first, then the keys from 0 on (`BwdTiling(128,
+    128, kv_order="diagonal_first")`).  The tutorial needs N a multiple of 128.
     """
     base = triton_policy("fp16", block_m=block_m, block_n=block_n, num_warps=num_warps)
     return dataclasses.replace(

@@ -2,16 +2,16 @@
 
     PYTHONPATH=. python -m studies.device.record_kernels --out $OUT --tutorial PATH/06-fused-attention.py
 
-Kernels (``--kernels``): ``tutorial`` (Triton's fused-attention tutorial, loaded from ``--tutorial``, run
-as its ``_attention`` autograd function runs it, autotuner included; forward and backward), and PyTorch
-SDPA's ``sdpa_flash``, ``sdpa_efficient``, ``sdpa_cudnn`` (forward, and backward through autograd), and
-``paper``: Qiu & Yao's ``attention.py`` (loaded from ``--paper``), its forward and its hand-written backward
-called eagerly under CUDA bf16 autocast, 512x512 tiles, fix off and on (their ``STABLE`` switch).
-Cases: :func:`gpu.crosscheck.others.grid` (``--round``: a fresh set of seeds).  Writes ``others.json``
+Kernels (`--kernels`): `tutorial` (Triton's fused-attention tutorial, loaded from `--tutorial`, run
+as its `_attention` autograd function runs it, autotuner included; forward and backward), and PyTorch
+SDPA's `sdpa_flash`, `sdpa_efficient`, `sdpa_cudnn` (forward, and backward through autograd), and
+`paper`: Qiu & Yao's `attention.py` (loaded from `--paper`), its forward and its hand-written backward
+called eagerly under CUDA bf16 autocast, 512x512 tiles, fix off and on (their `STABLE` switch).
+Cases: `gpu.crosscheck.others.grid` (`--round`: a fresh set of seeds).  Writes `others.json`
 (cases, autotuned configs, versions, the card, FA2's dQ atomics experiment, and per case the emulator's
-identical fraction under :func:`gpu.crosscheck.others.policy_of` unless ``--no-check``), ``others.npz``
-(O and LSE bits) and ``others_bwd*.npz`` (dQ, dK, dV bits, in files of at most 16 MB of raw bits).  ``--capture
-N/D/CAUSAL,...`` also writes ``gemms.npz``: every einsum of the paper's first case of each of those cells,
+identical fraction under `gpu.crosscheck.others.policy_of` unless `--no-check`), `others.npz`
+(O and LSE bits) and `others_bwd*.npz` (dQ, dK, dV bits, in files of at most 16 MB of raw bits).  `--capture
+N/D/CAUSAL,...` also writes `gemms.npz`: every einsum of the paper's first case of each of those cells,
 operands (bf16, as autocast hands them on) and output as bits.
 """
 
@@ -44,7 +44,7 @@ class _Ctx:
 
 
 def load_tutorial(path: Path):
-    """The tutorial file the user names (``--tutorial``) as a module (its kernels and ``_attention``)."""
+    """The tutorial file the user names (`--tutorial`) as a module (its kernels and `_attention`)."""
     return trust.import_file(path, "triton_tutorial_fused_attention", "--tutorial")
 
 
@@ -65,7 +65,7 @@ def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
 
 
 def load_paper(path: Path):
-    """Qiu & Yao's attention.py, the file the user names (``--paper``), as a module; einops (used only for masks,
+    """Qiu & Yao's attention.py, the file the user names (`--paper`), as a module; einops (used only for masks,
     which these runs do not pass) is stubbed where it is not installed."""
     import types
 
@@ -79,7 +79,7 @@ def load_paper(path: Path):
 def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = None) -> dict:
     """Their FlashAttentionFunction's forward and backward on (1, 1, n, d) bf16 tensors, both called eagerly
     under bf16 autocast (as their training's compiled step traces the backward), 512x512 tiles; the fix is
-    their ``STABLE`` environment switch.  ``capture``: a list that receives every einsum's operands (as
+    their `STABLE` environment switch.  `capture`: a list that receives every einsum's operands (as
     autocast hands them to cuBLAS, bf16) and output."""
     import torch
 
@@ -103,7 +103,7 @@ def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = N
 
 
 def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:
-    """O, the LSE and, through autograd on the same backend, dQ, dK, dV for the upstream gradient ``do``."""
+    """O, the LSE and, through autograd on the same backend, dQ, dK, dV for the upstream gradient `do`."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -124,7 +124,7 @@ def atomics(backend: str = "flash", reps: int = 8) -> dict:
     """dQ's order across K/V blocks is not fixed: FA2's backward adds each K/V block's dQ into an fp32 buffer
     with atomicAdd (three or more K/V blocks can change the bits), the memory-efficient backward runs its key
     blocks in parallel thread blocks that take turns on dQ under a lock (two or more).  Distinct dQ, dK, dV
-    bit patterns over ``reps`` identical launches per length (bf16, head dim 64)."""
+    bit patterns over `reps` identical launches per length (bf16, head dim 64)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -146,7 +146,7 @@ def atomics(backend: str = "flash", reps: int = 8) -> dict:
 
 
 def save_chunked(out: Path, stem: str, arrays: dict[str, np.ndarray], limit: int = 16 << 20) -> None:
-    """``arrays`` as STEM.npz, STEM_1.npz, ... of at most ``limit`` bytes of raw bits each (compressed, each
+    """`arrays` as STEM.npz, STEM_1.npz, ... of at most `limit` bytes of raw bits each (compressed, each
     stays under the device's size limit on returned files)."""
     chunks: list[dict] = [{}]
     size = 0
@@ -170,7 +170,7 @@ def _load_recording(folder: str) -> None:
 
 
 def _check(index: int) -> tuple[int, dict]:
-    """Case ``index`` of the recording against the emulator (runs in a worker process)."""
+    """Case `index` of the recording against the emulator (runs in a worker process)."""
     from flashsim.crosscheck import crosscheck
     from gpu.crosscheck import others
 

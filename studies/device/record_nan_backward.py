@@ -1,14 +1,14 @@
 """Record a backward case whose rows are NaN: the stabilised fix's l = 0 rows, through forward and backward.
 
-Selected query rows are ``Q_ROW_VALUE`` times the first unit vector and every key's first component is 1, so
+Selected query rows are `Q_ROW_VALUE` times the first unit vector and every key's first component is 1, so
 those rows score every key alike: each K/V block holds repeated maxima, the paper's fix shifts the max to
 2 r with r far above the exp's range, every P underflows, l = 0, O = 0/0 (NaN) and LSE = -inf.  The
 backward carries the NaN into delta and dS (so all of dK and the NaN rows of dQ) and the infinite P of those
-rows into dV.  The other rows are N(0, 1) draws.  :func:`gpu.crosscheck.cases.nan_rows_inputs` builds the inputs (numpy
+rows into dV.  The other rows are N(0, 1) draws.  `gpu.crosscheck.cases.nan_rows_inputs` builds the inputs (numpy
 only);
-:func:`main` runs our kernels' forward and backward on the GPU and writes one
-:func:`flashsim.crosscheck.save_run` file per dtype; tests/gpu/test_nan_backward.py checks the kept copy
-(gpu/data/runs/nan_backward.json, ``python -m tools.keep_recording nan-backward $OUT``) against the emulator.
+`main` runs our kernels' forward and backward on the GPU and writes one
+`flashsim.crosscheck.save_run` file per dtype; tests/gpu/test_nan_backward.py checks the kept copy
+(gpu/data/runs/nan_backward.json, `python -m tools.keep_recording nan-backward $OUT`) against the emulator.
 
     PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT    # on a GPU machine
 """
@@ -28,8 +28,8 @@ from gpu.crosscheck.cases import NAN_ROWS, nan_rows_inputs
 
 
 def record(dtype: str, note: str):
-    """Our kernels' forward and backward on :func:`nan_rows_inputs` (softmax 'stabilised', not causal), as a
-    :class:`flashsim.crosscheck.KernelRun` (needs torch, Triton and a GPU)."""
+    """Our kernels' forward and backward on `nan_rows_inputs` (softmax 'stabilised', not causal), as a
+    `flashsim.crosscheck.KernelRun` (needs torch, Triton and a GPU)."""
     from gpu.crosscheck.live import live_run
 
     x = nan_rows_inputs(dtype)
@@ -37,13 +37,13 @@ def record(dtype: str, note: str):
 
 
 def nan_encodings(bits: np.ndarray, dtype: str) -> list[str]:
-    """The distinct encodings of the NaNs among an output's bits (uint16 of ``dtype`` or uint32 of float32)."""
+    """The distinct encodings of the NaNs among an output's bits (uint16 of `dtype` or uint32 of float32)."""
     nan = np.isnan(output_values(bits, dtype))
     return [f"{int(b):#0{2 + 2 * bits.dtype.itemsize}x}" for b in np.unique(bits[nan])]
 
 
 def output_values(bits: np.ndarray, dtype: str) -> np.ndarray:
-    """float32 values of output bits (uint16 of ``dtype`` or uint32 of float32)."""
+    """float32 values of output bits (uint16 of `dtype` or uint32 of float32)."""
     if bits.dtype == np.uint32:
         return bits.view(np.float32)
     return ef.decode(bits.astype(np.uint64), kernel_format(dtype)).astype(np.float32)

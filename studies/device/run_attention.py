@@ -4,9 +4,9 @@ fp16, FP8, the cast_sum softmax, FP8 with P V promoted to FP32) for the emulator
 
     OUT=/path bash studies/device/run_attention.sh --sections smoke,configs,log2 [--seconds 540]
 
-Writes ``$OUT/attention.json`` (everything measured, with versions), ``$OUT/attention_cases.npz``
-(recorded cases: outputs as bits) and ``$OUT/log2.npz``; ``--sections cast_sum`` (or ``promote_pv``) records its cases
-and checks them against the emulator on the spot.  Sections stop early when ``--seconds`` runs out and say so in
+Writes `$OUT/attention.json` (everything measured, with versions), `$OUT/attention_cases.npz`
+(recorded cases: outputs as bits) and `$OUT/log2.npz`; `--sections cast_sum` (or `promote_pv`) records its cases
+and checks them against the emulator on the spot.  Sections stop early when `--seconds` runs out and say so in
 the JSON.
 """
 
@@ -67,12 +67,12 @@ def env() -> dict:
 
 
 def env_line(e: dict) -> str:
-    """The GPU and library versions of :func:`env`, for a benchmark's header."""
+    """The GPU and library versions of `env`, for a benchmark's header."""
     return f"{e['gpu']}, torch {e['torch']}, Triton {e['triton']}, cuDNN {e['cudnn']}"
 
 
 def cuda_graph(fn, reps: int = 1) -> torch.cuda.CUDAGraph:
-    """``reps`` calls of fn captured in one CUDA graph (fn run once outside it first, on a side stream as
+    """`reps` calls of fn captured in one CUDA graph (fn run once outside it first, on a side stream as
     capture requires: compilation, caches), for timing without host time."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -287,7 +287,7 @@ def record(res: dict, out: Path, deadline: float) -> None:
 
 
 def save_parts(arrays: dict[str, np.ndarray], out: Path, stem: str, part_bytes: int = 14 << 20) -> list[str]:
-    """Compressed .npz files of at most ``part_bytes`` of raw data each (the device returns files <= 16 MiB)."""
+    """Compressed .npz files of at most `part_bytes` of raw data each (the device returns files <= 16 MiB)."""
     files, part, size = [], {}, 0
     for key, arr in arrays.items():
         if part and size + arr.nbytes > part_bytes:
@@ -394,12 +394,12 @@ def fp8(res: dict, out: Path, deadline: float) -> None:
 
 
 def kept_section(name: str, res: dict, out: Path, deadline: float, check: bool = True) -> None:
-    """A section kept whole (``cast_sum``: the cast_sum softmax, FP8 inputs with the standard softmax too, and
-    forward + backward cases in bf16 and fp16; ``promote_pv``: FP8 with P V promoted to FP32, cast_sum and
-    standard): every case run by the default kernel, outputs as bits (``NAME_cases_*.npz``, keys
+    """A section kept whole (`cast_sum`: the cast_sum softmax, FP8 inputs with the standard softmax too, and
+    forward + backward cases in bf16 and fp16; `promote_pv`: FP8 with P V promoted to FP32, cast_sum and
+    standard): every case run by the default kernel, outputs as bits (`NAME_cases_*.npz`, keys
     '<prefix>/<case>/<output>', prefixes as KEPT_SECTIONS names them); the tl and overlap forward kernels held
     to those bits where they run; then every case emulated and compared bit for bit on the spot, and the
-    section's timings.  ``check=False``: no emulator on the spot (the CPU test suite holds the kept recording to
+    section's timings.  `check=False`: no emulator on the spot (the CPU test suite holds the kept recording to
     it), so the recording may run until shortly before the deadline."""
     from gpu.crosscheck.recorded import KEPT_SECTIONS
 

@@ -1,19 +1,19 @@
-"""Sweeps with rows on the GPU (``flashsim sweep --engine gpu``), on a GPU machine: bit-equality and throughput.
+"""Sweeps with rows on the GPU (`flashsim sweep --engine gpu`), on a GPU machine: bit-equality and throughput.
 
 1. **Equal**: small sweeps over every kind of launch the gpu engine runs (our Triton kernels in bf16 at head
    dims 64 and 128 with every variant gpu.flash accepts, fp16, the FP8 kernel on e4m3fn inputs, SDPA's flash,
    memory-efficient and cuDNN backends) plus cells the engine leaves to the emulator, each computed with
-   ``--engine cpu`` and ``--engine gpu``; every per-row column must be bit-equal.  A kind whose GPU sweep
+   `--engine cpu` and `--engine gpu`; every per-row column must be bit-equal.  A kind whose GPU sweep
    stops on a confirmation mismatch is reported and left out of step 2.
 2. **Big**: the same launches over many rows on the GPU, every task confirming 8 rows of each cell on the
    emulator; then the CPU engine over the first rows of the same cells on the same machine, its results
    compared with the GPU's rows and its rate (cell-rows per second) with the GPU's.
 3. **Slots** (time permitting): one big sweep again with no limit and with one GPU task at a time, beside the
-   default of two (:attr:`gpu.sweep_engine.GpuEngine.local_slots`), with the GPU memory each peaked at.
+   default of two (`gpu.sweep_engine.GpuEngine.local_slots`), with the GPU memory each peaked at.
 
 All sweeps share one local Dask cluster (one process per core, one thread each) started once, so the rates
 are of warm workers; the emulator's and Triton's compiled code is made once in this process first.  Writes
-``sweep_gpu.json`` into ``--out``.  Needs torch, Triton, a CUDA GPU, dask.distributed and pyarrow::
+`sweep_gpu.json` into `--out`.  Needs torch, Triton, a CUDA GPU, dask.distributed and pyarrow::
 
     OUT=$OUT bash studies/device/run_module.sh studies.device.sweep_gpu [--workers 16] [--big-rows 30000]
 """
@@ -149,8 +149,8 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def compare(cpu, gpu, key=("cell",), first_rows: int | None = None) -> dict:
-    """Per-row columns of two results bit for bit, matched by ``key`` and row (``first_rows``: only the rows of
-    ``gpu`` below it); and which engine computed how many rows of ``gpu``, how many confirmed."""
+    """Per-row columns of two results bit for bit, matched by `key` and row (`first_rows`: only the rows of
+    `gpu` below it); and which engine computed how many rows of `gpu`, how many confirmed."""
     import pyarrow.compute as pc
 
     if first_rows is not None:
@@ -183,7 +183,7 @@ def _save(out: Path, report: dict) -> None:
 
 def warm(specs: dict, engine) -> dict:
     """Compile the emulator's kernels (Numba caches them on disk for the workers) and the GPU kernels (Triton's
-    cache) for every cell of ``specs`` on two rows, in this process; seconds each."""
+    cache) for every cell of `specs` on two rows, in this process; seconds each."""
     import numba
 
     from flashsim.sweep.engines import EMULATOR
@@ -207,7 +207,7 @@ def warm(specs: dict, engine) -> dict:
 
 
 def run(out: Path, workers: int, small_rows: int, big_rows: int, cpu_rows: int, seconds: float, engine=None) -> int:
-    """Steps 1-3 (``engine``: the gpu engine, by default :class:`gpu.sweep_engine.GpuEngine`)."""
+    """Steps 1-3 (`engine`: the gpu engine, by default `gpu.sweep_engine.GpuEngine`)."""
     import torch
     from distributed import Client, LocalCluster
 

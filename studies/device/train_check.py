@@ -1,8 +1,8 @@
 """A short training check: a small causal transformer trained with our attention and with SDPA.
 
 Same initial weights, same token stream (a fixed random Markov chain, so there is something to learn),
-AdamW, bf16 autocast; returns both loss curves.  Run on the GPU by ``python -m studies.device.run_attention
---sections train``, or alone:
+AdamW, bf16 autocast; returns both loss curves.  Run on the GPU by `python -m studies.device.run_attention
+--sections train`, or alone:
 
     PYTHONPATH=. python -m studies.device.train_check --out $OUT [--steps 300] [--seconds 540]
 """

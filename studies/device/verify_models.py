@@ -5,24 +5,24 @@
 Runs on a machine with a CUDA GPU, torch and triton; the models run on its CPU cores. Sections (each with
 its own time check; a failure is recorded and the next section runs):
 
-* ``rcp``       — reads the ``rcp.approx.ftz.f32`` table off the GPU (2**23 significands), writes it as
-                  emufloat package data (``rcp.npz`` in $OUT, and into emufloat/hw/h100/data of this tree).
-* ``cases``     — recorded cases for the CPU tests: 2**17 seeded random bit patterns plus edge values through
-                  tl.math.exp2, tl.exp, ex2.approx.f32, rcp.approx.ftz.f32 and fp32 ``/`` (``functions.npz``).
-* ``sweep``     — all 2**32 inputs of tl.math.exp2, tl.exp, ex2.approx.f32 and rcp.approx.ftz.f32 against
+* `rcp`       — reads the `rcp.approx.ftz.f32` table off the GPU (2**23 significands), writes it as
+                  emufloat package data (`rcp.npz` in $OUT, and into emufloat/hw/h100/data of this tree).
+* `cases`     — recorded cases for the CPU tests: 2**17 seeded random bit patterns plus edge values through
+                  tl.math.exp2, tl.exp, ex2.approx.f32, rcp.approx.ftz.f32 and fp32 `/` (`functions.npz`).
+* `sweep`     — all 2**32 inputs of tl.math.exp2, tl.exp, ex2.approx.f32 and rcp.approx.ftz.f32 against
                   emufloat, plus a weighted checksum per 2**27 chunk of the GPU's output bits (so the models
                   can be re-checked exhaustively on a CPU: tools/check_functions_exhaustive.py).
-* ``div``       — fp32 ``/`` (div.full.f32) against ``emufloat.hw.h100.div_full``: 2**30 random pairs from
+* `div`       — fp32 `/` (div.full.f32) against `emufloat.hw.h100.div_full`: 2**30 random pairs from
                   several populations, the special/boundary pairs, and every b for two values of a.
-* ``dot``       — tl.dot on 64x64xK stress tiles (studies.probes.mma_cases generators) against the emufloat
+* `dot`       — tl.dot on 64x64xK stress tiles (studies.probes.mma_cases generators) against the emufloat
                   presets, >= 10**7 dot products per input type; FP8 with max_num_imprecise_acc=32 too.
-* ``tf32``      — tl.dot(input_precision="tf32") on fp32 tiles against candidate models; tiles saved.
-* ``reduction`` — tl.sum / tl.max of fp32 rows against emufloat.hw.h100.tl_sum: the recorded tiles and, by the
+* `tf32`      — tl.dot(input_precision="tf32") on fp32 tiles against candidate models; tiles saved.
+* `reduction` — tl.sum / tl.max of fp32 rows against emufloat.hw.h100.tl_sum: the recorded tiles and, by the
                   layout rules (derived_tl_sum), tiles of 16 to 256 columns.
-* ``libdevice`` — ``tl.math.log2`` (libdevice's log2f) against ``emufloat.hw.libdevice.log2f``: seeded random
-                  and edge inputs kept (``libdevice.npz``), then all 2**32 inputs with a checksum per chunk.
+* `libdevice` — `tl.math.log2` (libdevice's log2f) against `emufloat.hw.libdevice.log2f`: seeded random
+                  and edge inputs kept (`libdevice.npz`), then all 2**32 inputs with a checksum per chunk.
 
-Writes ``verify.json`` (after every section) and the npz files named above to $OUT.
+Writes `verify.json` (after every section) and the npz files named above to $OUT.
 """
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ def edge_bits() -> np.ndarray:
 
 
 def unary_cases(ctx, names, rng, n: int = 1 << 17) -> tuple[dict, dict]:
-    """``n`` random bit patterns from ``rng`` and the edge values through each unary function of ``names`` on
+    """`n` random bit patterns from `rng` and the edge values through each unary function of `names` on
     the GPU and against its model: (arrays to keep: x and <name>_out, tallies by name)."""
     x = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])
     xt = torch.from_numpy(x.view(np.int32)).to(ctx.device).view(torch.float32)
@@ -525,7 +525,7 @@ def section_reduction(ctx) -> dict:
 
 
 def section_libdevice(ctx) -> dict:
-    """libdevice functions: seeded random and edge inputs kept for the CPU tests (``libdevice.npz``), then
+    """libdevice functions: seeded random and edge inputs kept for the CPU tests (`libdevice.npz`), then
     all 2**32 inputs against emufloat.hw.libdevice with a checksum per chunk."""
     out, res = unary_cases(ctx, LIBDEVICE, np.random.default_rng(ctx.seed))
     res = {f"cases_{name}": tally for name, tally in res.items()}

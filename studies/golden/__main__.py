@@ -1,4 +1,4 @@
-"""``python -m studies.golden``."""
+"""`python -m studies.golden`."""
 
 import sys
 

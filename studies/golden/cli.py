@@ -1,5 +1,5 @@
-"""The command ``python -m studies.golden``: run Golden et al.'s grid (:mod:`.grid`) and write its report
-(:mod:`.report`): golden.md, golden.json and plots; exit status 2 with one line for bad arguments."""
+"""The command `python -m studies.golden`: run Golden et al.'s grid (`.grid`) and write its report
+(`.report`): golden.md, golden.json and plots; exit status 2 with one line for bad arguments."""
 
 from __future__ import annotations
 

@@ -6,10 +6,10 @@ Per K/V block j, for each row (Dao et al. 2022, Algorithm 1, with the softmax sc
     m_new = max(m, m~);  l_new = exp(m - m_new) * l + exp(m~ - m_new) * l~
     O = (l * exp(m - m_new) * O + exp(m~ - m_new) * (P~ V_j)) / l_new
 
-Unlike FlashAttention-2 (:func:`flashsim.attention.flash_forward`), P~ is taken against the block's own max,
+Unlike FlashAttention-2 (`flashsim.attention.flash_forward`), P~ is taken against the block's own max,
 and O is rescaled, normalised and rounded into the state format after every block.  Each operation rounds as
-the policy's step says (``scores``, ``scale``, ``max``, ``subtract``, ``exp``, ``row_sum`` for l~ and l, ``p_cast``
-and ``pv`` for P~ V_j, ``rescale`` and ``o_accum`` for the numerator, ``normalize``, ``output``).  Rows are
+the policy's step says (`scores`, `scale`, `max`, `subtract`, `exp`, `row_sum` for l~ and l, `p_cast`
+and `pv` for P~ V_j, `rescale` and `o_accum` for the numerator, `normalize`, `output`).  Rows are
 independent, so the row tile B_r does not change any row's arithmetic and is not a parameter here.
 """
 
@@ -34,7 +34,7 @@ def fa1_forward(
     block_n: int,
     sm_scale: float | None = None,
 ) -> np.ndarray:
-    """O of Algorithm 1 for q (M, d), k (N, d), v (N, dv), K/V blocks of ``block_n`` keys; ``sm_scale``
+    """O of Algorithm 1 for q (M, d), k (N, d), v (N, dv), K/V blocks of `block_n` keys; `sm_scale`
     defaults to 1/sqrt(d) (pass 1.0 for the unscaled algorithm)."""
     pol = get_policy(policy)
     q, k, v = (as_input(x, n) for x, n in ((q, "q"), (k, "k"), (v, "v")))

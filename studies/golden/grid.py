@@ -6,11 +6,11 @@ elementwise over the output O: max |flash - baseline|, the mean and standard dev
 and max |flash - golden| against max |baseline - golden| (their ratio is the paper's "Flash has ~10x more
 deviation than Baseline at BF16").
 
-Rows are independent, so ``rows`` query rows are drawn against all N keys (the paper's Q has N rows); every
-setting of the grid shares the inputs of its (seed, rows, N, d).  The grid (:data:`FIGURES`): the precision
+Rows are independent, so `rows` query rows are drawn against all N keys (the paper's Q has N rows); every
+setting of the grid shares the inputs of its (seed, rows, N, d).  The grid (`FIGURES`): the precision
 sweep (the paper's Figs. 3 and 4), sequence length (Fig. 5), tile size (Fig. 6), and the explanations of where
-our ratio differs from the paper's (one knob of :class:`~studies.golden.policies.Variant` at a time).
-:mod:`studies.golden.report` turns the cells into tables and plots; ``python -m studies.golden`` runs it.
+our ratio differs from the paper's (one knob of `Variant` at a time).
+`studies.golden.report` turns the cells into tables and plots; `python -m studies.golden` runs it.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from .policies import PRECISIONS, Variant, baseline_policy, flash_policy, get_pr
 class Setting:
     """One point of the grid (all seeds): precision, re-implementation choices, keys, K/V tile, head dim, rows.
 
-    ``block_m`` (FA1's B_r = min(B_c, d)) changes no row's arithmetic (rows are independent); it is recorded
+    `block_m` (FA1's B_r = min(B_c, d)) changes no row's arithmetic (rows are independent); it is recorded
     for the FA2 form's policy.
     """
 
@@ -71,7 +71,7 @@ class Setting:
 
 @dataclass(frozen=True)
 class Deviation:
-    """Elementwise a - b over the elements finite in both (``excluded``: the others, counted, not used)."""
+    """Elementwise a - b over the elements finite in both (`excluded`: the others, counted, not used)."""
 
     n: int
     excluded: int
@@ -147,7 +147,7 @@ def nonfinite(x: np.ndarray) -> int:
 
 # ---- inputs and the runs ----------------------------------------------------------------------------
 def draw_inputs(seed: int, rows: int, n_keys: int, head_dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """q (rows, d), k and v (N, d), N(0, 1) in float64, from ``numpy.random.default_rng([seed, N, d, rows])``."""
+    """q (rows, d), k and v (N, d), N(0, 1) in float64, from `numpy.random.default_rng([seed, N, d, rows])`."""
     rng = np.random.default_rng([seed, n_keys, head_dim, rows])
     k = rng.standard_normal((n_keys, head_dim))
     v = rng.standard_normal((n_keys, head_dim))
@@ -171,7 +171,7 @@ def baseline_output(s: Setting, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> 
 
 
 def golden_output(s: Setting, q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """Baseline attention in FP64 on the inputs as ``variant.golden_inputs`` says (rounded into the operand
+    """Baseline attention in FP64 on the inputs as `variant.golden_inputs` says (rounded into the operand
     format, or the FP64 draws)."""
     if s.variant.golden_inputs == "rounded":
         fmt = get_precision(s.precision).operands
@@ -236,7 +236,7 @@ def run_grid(settings: Sequence[Setting], seeds: Sequence[int], *, quiet: bool =
 # ---- the grid -----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class GridConfig:
-    """The sizes the figures use (``python -m studies.golden``'s options)."""
+    """The sizes the figures use (`python -m studies.golden`'s options)."""
 
     n_keys: int = 4096  # N of the precision sweep, the tile sweep and the explanations
     block_n: int = 64  # B_c of the precision sweep and the sequence-length sweep (FA1's formula for M = 16384)
@@ -259,7 +259,7 @@ def precision_settings(g: GridConfig) -> list[Setting]:
 
 
 def seqlen_settings(g: GridConfig) -> list[Setting]:
-    """Fig. 5: BF16 over sequence length; FA1 at each of ``seq_tiles``, the FA2 form at ``block_n``."""
+    """Fig. 5: BF16 over sequence length; FA1 at each of `seq_tiles`, the FA2 form at `block_n`."""
     lines = [("fa1", b) for b in g.seq_tiles] + [("fa2", g.block_n)]
     return [
         Setting("bf16", Variant(algorithm=a), n, b, g.head_dim, g.rows, "seqlen") for a, b in lines for n in g.seq_lens
@@ -293,7 +293,7 @@ EXPLANATIONS: tuple[tuple[str, Variant, str], ...] = (
 
 
 def explain_settings(g: GridConfig) -> list[Setting]:
-    """The explanations: one knob at a time at BF16, N = ``n_keys``, B_c = ``explain_block_n``."""
+    """The explanations: one knob at a time at BF16, N = `n_keys`, B_c = `explain_block_n`."""
     out = []
     for _label, var, what in EXPLANATIONS:
         rows = g.explain_rows if what == "rows" else g.rows
@@ -327,7 +327,7 @@ def _deviation_from_dict(d: dict) -> Deviation:
 
 
 def cell_from_dict(d: dict) -> CellResult:
-    """A :class:`CellResult` from its ``to_dict()`` form (JSON's None read back as NaN)."""
+    """A `CellResult` from its `to_dict()` form (JSON's None read back as NaN)."""
     st = dict(d["setting"])
     st["variant"] = Variant(**st["variant"])
     devs = {k: _deviation_from_dict(d[k]) for k in ("flash_vs_baseline", "flash_vs_golden", "baseline_vs_golden")}
@@ -346,8 +346,8 @@ def cell_from_dict(d: dict) -> CellResult:
 
 
 def load_run(path: str | Path) -> tuple[list[CellResult], GridConfig, list[str], list[int], float]:
-    """(cells, grid, figures, seeds, seconds) of a golden.json written by :func:`main`; UsageError naming
-    ``--from-json`` when the file cannot be read or is not one."""
+    """(cells, grid, figures, seeds, seconds) of a golden.json written by `main`; UsageError naming
+    `--from-json` when the file cannot be read or is not one."""
     try:
         payload = json.loads(Path(path).read_text())
         g = GridConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in payload["config"].items()})

@@ -1,25 +1,25 @@
 """What "attention in format F" means for Golden et al.'s microbenchmark: precisions, the knobs of a
-re-implementation (:class:`Variant`), and the flashsim policies they give for flash and for baseline attention.
+re-implementation (`Variant`), and the flashsim policies they give for flash and for baseline attention.
 
-A :class:`Precision` names the formats of the product operands (Q, K, V and P as the matmuls read them), of the
-stored tensors and the flash state (S, P, m, l, O between operations) and of the output.  A :class:`Variant`
+A `Precision` names the formats of the product operands (Q, K, V and P as the matmuls read them), of the
+stored tensors and the flash state (S, P, m, l, O between operations) and of the output.  A `Variant`
 holds the choices a numerical re-implementation makes that the paper does not state; each explanation of a
 difference between the paper's numbers and ours turns one of them:
 
-- ``algorithm``: 'fa1' (FlashAttention-1's Algorithm 1: O normalised and written back after every K/V block,
+- `algorithm`: 'fa1' (FlashAttention-1's Algorithm 1: O normalised and written back after every K/V block,
   the algorithm whose tile sizes the paper uses) or 'fa2' (unnormalised accumulator, one division at the end:
-  :func:`flashsim.attention.flash_forward`).
-- ``state``: 'low' keeps S, P~, m, l and O (and the P V product) in the state format (a PyTorch
+  `flashsim.attention.flash_forward`).
+- `state`: 'low' keeps S, P~, m, l and O (and the P V product) in the state format (a PyTorch
   re-implementation on tensors of that dtype); 'l_fp32' keeps the running sum l in FP32, 'o_fp32' keeps O and
   the P V product in FP32, 'fp32' both; 'kernel' also S and P~, as real kernels do (only P is rounded, into
   the operand format, for P V).
-- ``accumulate``: 'fp32' sums every dot product and row sum in FP32 and computes every elementwise op in FP32
+- `accumulate`: 'fp32' sums every dot product and row sum in FP32 and computes every elementwise op in FP32
   before storing it (PyTorch on a GPU: cuBLAS accumulation, opmath); 'low' does all of it in the state format
   (a re-implementation whose arithmetic is the format's own).
-- ``baseline``: 'fused' is torch.softmax (max, exp, sum and division in FP32, P rounded once into the state
-  format); 'ops' builds softmax from ops on the format's tensors (each rounded; the sum as ``accumulate`` says).
-- ``scaled``: softmax scale 1/sqrt(d), or none (the scale-free Algorithm 1 of the FlashAttention paper).
-- ``golden_inputs``: 'rounded' gives the FP64 golden the inputs rounded into the operand format (the deviation
+- `baseline`: 'fused' is torch.softmax (max, exp, sum and division in FP32, P rounded once into the state
+  format); 'ops' builds softmax from ops on the format's tensors (each rounded; the sum as `accumulate` says).
+- `scaled`: softmax scale 1/sqrt(d), or none (the scale-free Algorithm 1 of the FlashAttention paper).
+- `golden_inputs`: 'rounded' gives the FP64 golden the inputs rounded into the operand format (the deviation
   is the arithmetic's alone); 'exact' gives it the unrounded FP64 draws (the input rounding counts too).
 """
 
@@ -106,7 +106,7 @@ class Variant:
 
 
 def get_precision(name: str | Precision) -> Precision:
-    """The precision ``name`` (a Precision passes through); a ValueError listing the accepted names."""
+    """The precision `name` (a Precision passes through); a ValueError listing the accepted names."""
     if isinstance(name, Precision):
         return name
     if name not in PRECISIONS:
@@ -145,7 +145,7 @@ def _formats(prec: Precision, variant: Variant, *, baseline: bool = False) -> _F
 
 
 def _op(fmt: Format, f: _Formats) -> Op:
-    """An elementwise step stored in ``fmt``: computed in FP32 first under opmath."""
+    """An elementwise step stored in `fmt`: computed in FP32 first under opmath."""
     return Op(fmt, compute=FP32 if f.opmath and fmt.precision < 24 else None)
 
 
@@ -154,7 +154,7 @@ def _model(f: _Formats):
 
 
 def _row_sum(fmt: Format, f: _Formats) -> RowSum:
-    """Row sums accumulated in the accumulation format, stored in ``fmt``."""
+    """Row sums accumulated in the accumulation format, stored in `fmt`."""
     if is_native(fmt):
         return RowSum(NUMPY, fmt)
     return RowSum("sequential", fmt, compute=None if f.acc == fmt else f.acc)
@@ -181,8 +181,8 @@ def _lse(f: _Formats) -> Func:
 
 
 def flash_policy(prec: Precision | str, variant: Variant, block_m: int, block_n: int) -> Policy:
-    """The policy of a flash re-implementation in ``prec`` (the FA2 form runs it through flash_forward; the FA1
-    loop of :mod:`studies.golden.fa1` reads the same steps)."""
+    """The policy of a flash re-implementation in `prec` (the FA2 form runs it through flash_forward; the FA1
+    loop of `studies.golden.fa1` reads the same steps)."""
     p = get_precision(prec)
     f = _formats(p, variant)
     return Policy(
@@ -207,9 +207,9 @@ def flash_policy(prec: Precision | str, variant: Variant, block_m: int, block_n:
 
 
 def baseline_policy(prec: Precision | str, variant: Variant) -> Policy:
-    """The policy of baseline attention in ``prec`` (run through reference_attention: softmax over the whole
-    row, P normalised, then P V); ``variant.baseline`` says how its softmax rounds (``variant.state`` and
-    ``variant.algorithm`` do not apply)."""
+    """The policy of baseline attention in `prec` (run through reference_attention: softmax over the whole
+    row, P normalised, then P V); `variant.baseline` says how its softmax rounds (`variant.state` and
+    `variant.algorithm` do not apply)."""
     p = get_precision(prec)
     f = _formats(p, variant, baseline=True)
     if variant.baseline == "fused" and not is_native(f.s):  # torch.softmax: FP32 inside, P rounded once
@@ -244,7 +244,7 @@ def baseline_policy(prec: Precision | str, variant: Variant) -> Policy:
 
 
 def fa1_tiles(sram: int, head_dim: int) -> tuple[int, int]:
-    """FlashAttention-1's tiles (B_r, B_c) for an on-chip memory of ``sram`` elements: B_c = ceil(M / 4d),
+    """FlashAttention-1's tiles (B_r, B_c) for an on-chip memory of `sram` elements: B_c = ceil(M / 4d),
     B_r = min(B_c, d)."""
     for name, val in (("sram", sram), ("head_dim", head_dim)):
         if isinstance(val, bool) or not isinstance(val, int) or val < 1:

@@ -1,4 +1,4 @@
-"""Tables and plots of Golden et al.'s microbenchmark (:mod:`studies.golden.grid`) from its cells.
+"""Tables and plots of Golden et al.'s microbenchmark (`studies.golden.grid`) from its cells.
 
 Per setting, over seeds (independent draws of Q, K, V): non-finite outputs first; max |flash - baseline| with
 its t interval; the mean and standard deviation of flash - baseline; the ratio max |flash - golden| /
@@ -29,7 +29,7 @@ from .policies import PRECISIONS
 # ---- per setting ------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Interval:
-    """A value with its 95% interval over seeds and the number of seeds used (``left_out``: NaN/0, not used)."""
+    """A value with its 95% interval over seeds and the number of seeds used (`left_out`: NaN/0, not used)."""
 
     value: float
     low: float
@@ -91,7 +91,7 @@ class Summary:
 
 
 def summarize_setting(cells: Sequence[CellResult]) -> Summary:
-    """The :class:`Summary` of one setting's cells (one per seed)."""
+    """The `Summary` of one setting's cells (one per seed)."""
     s = cells[0].setting
     rf = np.concatenate([np.asarray(c.row_max_flash, dtype=np.float64) for c in cells])
     rb = np.concatenate([np.asarray(c.row_max_baseline, dtype=np.float64) for c in cells])
@@ -126,7 +126,7 @@ def _nanmean(x: Sequence[float]) -> float:
 
 
 def summaries(results: Sequence[CellResult], figure: str) -> list[Summary]:
-    """One Summary per setting of ``figure``, in the grid's order."""
+    """One Summary per setting of `figure`, in the grid's order."""
     groups: dict[Setting, list[CellResult]] = defaultdict(list)
     for r in results:
         if r.setting.figure == figure:
@@ -150,7 +150,7 @@ def slope_interval(xs: Sequence[float], per_seed: Sequence[Sequence[float]]) -> 
 
 
 def line_slopes(results: Sequence[CellResult], figure: str, x: str, metric) -> dict[tuple, Interval]:
-    """For each line of ``figure`` (settings equal but for ``x``), the slope of log2(metric) on log2(x)."""
+    """For each line of `figure` (settings equal but for `x`), the slope of log2(metric) on log2(x)."""
     lines: dict[tuple, dict[int, dict[float, float]]] = defaultdict(lambda: defaultdict(dict))
     for r in results:
         s = r.setting

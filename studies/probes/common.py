@@ -1,8 +1,8 @@
 """Pure-Python helpers shared by the probes (no torch, no triton: importable and testable anywhere).
 
-- histograms of signed integer differences (``Hist``), kept as exact counts;
-- float32 bit helpers (``f32_bits``, ``bits_f32``, ``hexbits``);
-- grepping compiled PTX/SASS for evidence (``asm_evidence``);
+- histograms of signed integer differences (`Hist`), kept as exact counts;
+- float32 bit helpers (`f32_bits`, `bits_f32`, `hexbits`);
+- grepping compiled PTX/SASS for evidence (`asm_evidence`);
 - JSON sanitising (numpy scalars/arrays, non-finite floats) and atomic JSON writes;
 - the probe context (output folder, deadline, logger) and the output-folder limits check;
 - the result schema check used by the runner and the tests.
@@ -37,12 +37,12 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9._-]+$")
 # float32 bits
 # ----------------------------------------------------------------------------------------------------------
 def f32_bits(x: float) -> int:
-    """Bit pattern (as unsigned int) of ``x`` rounded to float32."""
+    """Bit pattern (as unsigned int) of `x` rounded to float32."""
     return struct.unpack("<I", struct.pack("<f", x))[0]
 
 
 def bits_f32(b: int) -> float:
-    """float32 value (as a Python float) of the unsigned 32-bit pattern ``b``."""
+    """float32 value (as a Python float) of the unsigned 32-bit pattern `b`."""
     return struct.unpack("<f", struct.pack("<I", int(b) & 0xFFFFFFFF))[0]
 
 
@@ -75,9 +75,9 @@ def float_repr(x: float) -> Any:
 class Hist:
     """Exact counts of integer differences d with -clip < d < clip, plus tail counts and the extremes.
 
-    ``add_bincount(counts)`` takes ``counts`` of length 2*clip+1 where index k counts d = k - clip and the
+    `add_bincount(counts)` takes `counts` of length 2*clip+1 where index k counts d = k - clip and the
     two end bins hold the clipped tails (d <= -clip and d >= clip), as produced by
-    ``bincount(clamp(d, -clip, clip) + clip)``.
+    `bincount(clamp(d, -clip, clip) + clip)`.
     """
 
     clip: int = 4096
@@ -187,7 +187,7 @@ DEFAULT_SASS_PATTERNS = (
 
 
 def asm_evidence(text: str | None, patterns=DEFAULT_PTX_PATTERNS, max_lines: int = 12) -> dict:
-    """Count instruction mnemonics matching each regex in ``text`` and keep up to ``max_lines`` example lines.
+    """Count instruction mnemonics matching each regex in `text` and keep up to `max_lines` example lines.
 
     Returns {"mnemonics": {mnemonic: count}, "lines": {pattern: [lines]}} ("unavailable" when no text).
     """
@@ -218,7 +218,7 @@ def has_mnemonic(evidence: dict, prefix: str) -> bool:
 
 
 def ptx_constants(text: str | None, instr_prefix: str) -> list[str]:
-    """Hex float immediates (0fXXXXXXXX) used by instructions starting with ``instr_prefix``."""
+    """Hex float immediates (0fXXXXXXXX) used by instructions starting with `instr_prefix`."""
     if not text:
         return []
     out = []
@@ -252,7 +252,7 @@ def jsonable(obj: Any) -> Any:
 
 
 def write_json(path: str | os.PathLike, obj: Any) -> None:
-    """Write ``obj`` as JSON atomically (temp file in the same folder, then rename)."""
+    """Write `obj` as JSON atomically (temp file in the same folder, then rename)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
@@ -266,11 +266,11 @@ def write_json(path: str | os.PathLike, obj: Any) -> None:
 # ----------------------------------------------------------------------------------------------------------
 @dataclass
 class ProbeContext:
-    """What a probe's ``run(ctx)`` gets: where to write, how long it may take, how to log.
+    """What a probe's `run(ctx)` gets: where to write, how long it may take, how to log.
 
-    ``deadline`` is a ``time.monotonic()`` value: probes check ``ctx.time_left()`` between steps and skip
-    (and say so in their result) what would not fit. ``quick`` asks for a tiny version (tests).
-    ``backend`` lets tests substitute a fake for the Triton kernels. ``checkpoint`` (set by the runner)
+    `deadline` is a `time.monotonic()` value: probes check `ctx.time_left()` between steps and skip
+    (and say so in their result) what would not fit. `quick` asks for a tiny version (tests).
+    `backend` lets tests substitute a fake for the Triton kernels. `checkpoint` (set by the runner)
     saves a partial result, so that a probe killed at its time limit still leaves evidence.
     """
 
@@ -305,7 +305,7 @@ class Timer:
 # Output folder limits
 # ----------------------------------------------------------------------------------------------------------
 def check_out_dir(out: str | os.PathLike) -> dict:
-    """List the files under ``out`` and the breaches of the limits on what comes back."""
+    """List the files under `out` and the breaches of the limits on what comes back."""
     out = Path(out)
     files = {}
     problems = []

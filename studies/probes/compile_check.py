@@ -1,6 +1,6 @@
 """Compile every probe kernel for a GPU architecture without a GPU, and check the instructions it lowers to.
 
-``python -m studies.probes.compile_check [--arch 90] [--quick] [--json FILE]`` (needs triton, which bundles ptxas;
+`python -m studies.probes.compile_check [--arch 90] [--quick] [--json FILE]` (needs triton, which bundles ptxas;
 no GPU and no torch CUDA needed). For each kernel variant the probes launch it records the PTX and SASS
 mnemonics of interest and checks the expectations below; the exit code is 1 if a kernel fails to compile or an
 expectation fails. This is a pre-flight check before the one run on the H100 (and a record of what the

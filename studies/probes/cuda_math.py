@@ -1,12 +1,12 @@
-"""Probe 7: CUDA's ``expf``, ``logf``, ``exp2f`` and ``1.f / x`` as nvcc compiles them without
-``-use_fast_math`` (FlashAttention-2 as PyTorch builds it), and ``__logf``.
+"""Probe 7: CUDA's `expf`, `logf`, `exp2f` and `1.f / x` as nvcc compiles them without
+`-use_fast_math` (FlashAttention-2 as PyTorch builds it), and `__logf`.
 
     PYTHONPATH=. python -m studies.probes.cuda_math --out $OUT
 
-Compiles a small CUDA program with ``nvcc -O3 -arch=sm_90`` (its PTX is saved), runs it on inputs by seed
+Compiles a small CUDA program with `nvcc -O3 -arch=sm_90` (its PTX is saved), runs it on inputs by seed
 (random bit patterns, values where attention uses each function, special values) and compares every output
-with emufloat's models on the GPU machine's CPU.  Writes ``cuda_math.json`` (mismatch counts, the PTX) and
-``cuda_math.npz`` (inputs and outputs as bits, for the CPU tests).
+with emufloat's models on the GPU machine's CPU.  Writes `cuda_math.json` (mismatch counts, the PTX) and
+`cuda_math.npz` (inputs and outputs as bits, for the CPU tests).
 """
 
 from __future__ import annotations

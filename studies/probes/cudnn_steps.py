@@ -3,15 +3,15 @@
     PYTHONPATH=. python -m studies.probes.cudnn_steps --out $OUT
 
 Every case is one head, d = 64, q_i = a_i e_0 (a_i a bf16 value per row), so row i scores key j as a_i c_j
-with c_j = k_j[0]; V is random.  Families (:func:`cases`):
+with c_j = k_j[0]; V is random.  Families (`cases`):
 
-- ``equal``: every c_j = 1, so every score of a row is the row max, every P is exactly 1 and l = n_k in
+- `equal`: every c_j = 1, so every score of a row is the row max, every P is exactly 1 and l = n_k in
   any order.  The LSE then shows only its own formula (m, the scale, the log), over n_k from 1 to 1000.
-- ``one_max``: c_t = 1 for one key t and c_j = 0 for the others, so P is 1 at t and ex2(-m') elsewhere,
+- `one_max`: c_t = 1 for one key t and c_j = 0 for the others, so P is 1 at t and ex2(-m') elsewhere,
   the same value n_k - 1 times: l's rounding shows the order of the row sum, over n_k and t.
 
 The same inputs run through SDPA's flash backend, whose model is exact, as a control of the probe.  Writes
-``cudnn_steps.json`` (cases, versions) and ``cudnn_steps.npz`` (O and LSE bits per backend and case).
+`cudnn_steps.json` (cases, versions) and `cudnn_steps.npz` (O and LSE bits per backend and case).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _row_values(rng: np.random.Generator, dtype: str) -> np.ndarray:
 
 
 def cases(dtype: str) -> list[dict]:
-    """The probe's cases for ``dtype`` ('bf16' or 'fp16'): name, q, k, v as float32 arrays of dtype values."""
+    """The probe's cases for `dtype` ('bf16' or 'fp16'): name, q, k, v as float32 arrays of dtype values."""
     import emufloat as ef
 
     rng = np.random.default_rng(SEED + (dtype == "fp16"))

@@ -1,20 +1,20 @@
-"""Probe 2: fp32 ``a / b`` in a Triton kernel against IEEE division and candidate models.
+"""Probe 2: fp32 `a / b` in a Triton kernel against IEEE division and candidate models.
 
-The real operation is ``a / b`` in its own kernel (Triton lowers it to div.full.f32; the PTX and SASS are kept).
+The real operation is `a / b` in its own kernel (Triton lowers it to div.full.f32; the PTX and SASS are kept).
 Candidates, each in its own kernel (inline PTX where Triton has no operation for it):
 
-- ``div_rn``: tl.math.div_rn (IEEE, div.rn.f32); also torch's float32 division (IEEE) as a cross-check;
-- ``asm_div_full``, ``asm_div_full_ftz``, ``asm_div_approx``, ``asm_div_approx_ftz``: the PTX instructions;
-- ``rcp_ftz_mul``: a * rcp.approx.ftz.f32(b); ``rcp_mul``: a * rcp.approx.f32(b);
-- ``rcp_ftz_newton_mul``: r1 = fma(r, fma(-b, r, 1), r), a * r1 (one Newton step on the reciprocal);
-- ``rcp_ftz_qrefine``: q0 = a*r, q1 = fma(r, fma(-b, q0, a), q0) (one correction of the quotient);
-- ``scaled_rcp_ftz_mul``: s = 0.25 if |b| > 2**126, 2**24 if b is subnormal, else 1; (a*s) * rcp.approx.ftz(b*s)
+- `div_rn`: tl.math.div_rn (IEEE, div.rn.f32); also torch's float32 division (IEEE) as a cross-check;
+- `asm_div_full`, `asm_div_full_ftz`, `asm_div_approx`, `asm_div_approx_ftz`: the PTX instructions;
+- `rcp_ftz_mul`: a * rcp.approx.ftz.f32(b); `rcp_mul`: a * rcp.approx.f32(b);
+- `rcp_ftz_newton_mul`: r1 = fma(r, fma(-b, r, 1), r), a * r1 (one Newton step on the reciprocal);
+- `rcp_ftz_qrefine`: q0 = a*r, q1 = fma(r, fma(-b, q0, a), q0) (one correction of the quotient);
+- `scaled_rcp_ftz_mul`: s = 0.25 if |b| > 2**126, 2**24 if b is subnormal, else 1; (a*s) * rcp.approx.ftz(b*s)
   (what ptxas makes of div.full.f32 for sm_90, read from the SASS of an offline compile).
 
-Populations (made on the GPU from a recorded seed): ``random`` (uniform over the finite non-zero bit patterns)
-and ``exp10`` (random sign and mantissa, exponents in [-10, 10]); plus a fixed set of special and boundary pairs.
-Per population: the ulp-difference histogram of ``/`` against IEEE, per result category, and how many outputs of
-each candidate agree bit for bit with ``/``.
+Populations (made on the GPU from a recorded seed): `random` (uniform over the finite non-zero bit patterns)
+and `exp10` (random sign and mantissa, exponents in [-10, 10]); plus a fixed set of special and boundary pairs.
+Per population: the ulp-difference histogram of `/` against IEEE, per result category, and how many outputs of
+each candidate agree bit for bit with `/`.
 """
 
 from __future__ import annotations

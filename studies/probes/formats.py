@@ -1,7 +1,7 @@
 """The input formats of tl.dot as the probes name them (bf16, fp16, e4m3, e5m2): emufloat formats plus probe data.
 
-The bit formats and every conversion are emufloat's (``emufloat.BF16``/``FP16``/``E4M3FN``/``E5M2``,
-``emufloat.decode``/``encode``/``quantize``); this module is a thin adapter that adds what only the probes need:
+The bit formats and every conversion are emufloat's (`emufloat.BF16`/`FP16`/`E4M3FN`/`E5M2`,
+`emufloat.decode`/`encode`/`quantize`); this module is a thin adapter that adds what only the probes need:
 the probes' names, the torch dtype name, the unit the probes scale their values by, the K step of one wgmma
 instruction, exact encoding of single values (None when not representable), the factorisation of a product
 into two values of the format, and random bit patterns.
@@ -75,7 +75,7 @@ class Fmt:
 
     @property
     def dtype(self) -> np.dtype:
-        """The numpy / ml_dtypes dtype of the format (bit patterns ``.view`` as it)."""
+        """The numpy / ml_dtypes dtype of the format (bit patterns `.view` as it)."""
         return self.efmt.dtype
 
 
@@ -87,14 +87,14 @@ FORMATS = {f.name: f for f in (BF16, FP16, E4M3, E5M2)}
 
 
 def decode(bits, fmt: Fmt) -> np.ndarray:
-    """float64 values of the bit patterns ``bits`` (any integer array; only the low ``fmt.nbits`` bits count)."""
+    """float64 values of the bit patterns `bits` (any integer array; only the low `fmt.nbits` bits count)."""
     b = np.asarray(bits).astype(np.int64) & ((1 << fmt.nbits) - 1)
     return ef.decode(b, fmt.efmt)
 
 
 @functools.cache
 def _finite_table(fmt: Fmt) -> dict[float, int]:
-    """Bit pattern of every finite value of ``fmt`` (+0 for zero), from emufloat's decoding of all patterns."""
+    """Bit pattern of every finite value of `fmt` (+0 for zero), from emufloat's decoding of all patterns."""
     bits = np.arange(1 << fmt.nbits, dtype=np.int64)
     vals = ef.decode(bits, fmt.efmt)
     fin = np.isfinite(vals) & (vals != 0)
@@ -104,7 +104,7 @@ def _finite_table(fmt: Fmt) -> dict[float, int]:
 
 
 def encode_exact(v: float, fmt: Fmt) -> int | None:
-    """Bit pattern of ``v`` if it is exactly a finite value of ``fmt``, else None (-0.0 keeps its sign)."""
+    """Bit pattern of `v` if it is exactly a finite value of `fmt`, else None (-0.0 keeps its sign)."""
     v = float(v)
     b = _finite_table(fmt).get(v)
     if b is None:
@@ -115,7 +115,7 @@ def encode_exact(v: float, fmt: Fmt) -> int | None:
 
 
 def encode_array(vals, fmt: Fmt) -> np.ndarray:
-    """Bit patterns (``fmt.uint``) of float64 values that are exactly representable (raises otherwise)."""
+    """Bit patterns (`fmt.uint`) of float64 values that are exactly representable (raises otherwise)."""
     v = np.asarray(vals, dtype=np.float64)
     if not np.all(np.isfinite(v)):
         raise ValueError("encode_array: non-finite value")
@@ -125,14 +125,14 @@ def encode_array(vals, fmt: Fmt) -> np.ndarray:
 
 
 def round_to_fmt(vals, fmt: Fmt) -> np.ndarray:
-    """Round float64 values to ``fmt`` (RNE, subnormals kept, overflow saturates to +-max_finite)."""
+    """Round float64 values to `fmt` (RNE, subnormals kept, overflow saturates to +-max_finite)."""
     v = np.asarray(vals, dtype=np.float64)
     v = np.clip(v, -fmt.max_finite, fmt.max_finite)  # RNE of a clipped value: saturation
     return ef.quantize(v, fmt.efmt, "rne").astype(np.float64)
 
 
 def product_factors(value: float, fmt: Fmt, allow_subnormal: bool = True) -> tuple[float, float] | None:
-    """Two values a, b of ``fmt`` with a*b == value exactly (a a power of two), preferring normal and balanced
+    """Two values a, b of `fmt` with a*b == value exactly (a a power of two), preferring normal and balanced
     factors; None when no such pair exists."""
     value = float(value)
     if value == 0 or not math.isfinite(value):

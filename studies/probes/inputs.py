@@ -1,9 +1,9 @@
 """The inputs of the probe recordings (tests/data/h100, tests/data/libdevice), regenerated from their seeds.
 
-Each function draws what a device script drew, in the same order from the same ``numpy.random.default_rng``
+Each function draws what a device script drew, in the same order from the same `numpy.random.default_rng`
 seed, and returns the input arrays under the names the device file gave them (bits as unsigned integers).
 The recordings keep only the SHA-256 of those arrays (`flashsim.recording`), so a test checks the
-regenerated inputs against their digests before it checks any output; ``tools/keep_recording.py`` checks
+regenerated inputs against their digests before it checks any output; `tools/keep_recording.py` checks
 them against a fresh device file before it drops the inputs.  numpy and emufloat only: the device scripts
 import torch, these functions do not.
 """
@@ -33,7 +33,7 @@ def _f32(bits: int) -> float:
 
 
 def edge_bits() -> np.ndarray:
-    """Bit patterns of special and boundary float32 values, both signs (``verify_models.edge_bits``)."""
+    """Bit patterns of special and boundary float32 values, both signs (`verify_models.edge_bits`)."""
     vals = []
     for e in range(256):
         for f in (0, 1, 2, 0x3FFFFF, 0x400000, 0x400001, 0x7FFFFE, 0x7FFFFF):
@@ -46,7 +46,7 @@ def edge_bits() -> np.ndarray:
 
 
 def special_pairs() -> tuple[np.ndarray, np.ndarray]:
-    """The division probe's special and boundary (a, b) pairs as float32 arrays (``studies.probes.division``)."""
+    """The division probe's special and boundary (a, b) pairs as float32 arrays (`studies.probes.division`)."""
     vals = [
         0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, 2.0, 3.0, 0.5, 1.5, 10.0, 0.1, 7.0, 1 / 3,
         _f32(0x00000001), _f32(0x80000001), _f32(0x007FFFFF), _f32(0x00400000),
@@ -77,8 +77,8 @@ def special_pairs() -> tuple[np.ndarray, np.ndarray]:
 
 
 def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.ndarray]:
-    """functions.npz (``verify_models --sections cases``): ``x`` (n random bit patterns, then
-    `edge_bits()`) and the division's ``div_a``, ``div_b`` (n random pairs, then `special_pairs()`)."""
+    """functions.npz (`verify_models --sections cases`): `x` (n random bit patterns, then
+    `edge_bits()`) and the division's `div_a`, `div_b` (n random pairs, then `special_pairs()`)."""
     rng = np.random.default_rng(seed)
     x = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])
     sa, sb = special_pairs()
@@ -88,14 +88,14 @@ def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.
 
 
 def libdevice_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.ndarray]:
-    """libdevice/log2f.npz (``verify_models --sections libdevice``): ``x``, n random bit patterns then
+    """libdevice/log2f.npz (`verify_models --sections libdevice`): `x`, n random bit patterns then
     `edge_bits()`."""
     rng = np.random.default_rng(seed)
     return {"x": np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])}
 
 
 def lg2_sample_inputs(seed: int = LG2_SEED) -> dict[str, np.ndarray]:
-    """lg2_sample.npz (``python -m studies.probes.lg2``): 2**17 random bit patterns, 2**15 values in [1/4, 4),
+    """lg2_sample.npz (`python -m studies.probes.lg2`): 2**17 random bit patterns, 2**15 values in [1/4, 4),
     2**13 around 1."""
     rng = np.random.default_rng(seed)
     x = np.concatenate(
@@ -109,8 +109,8 @@ def lg2_sample_inputs(seed: int = LG2_SEED) -> dict[str, np.ndarray]:
 
 
 def cuda_math_inputs(seed: int = CUDA_MATH_SEED, keep: int = 1 << 14) -> dict[str, np.ndarray]:
-    """cuda_math.npz: the first ``keep`` inputs of each of the five drawn parts of ``python -m
-    studies.probes.cuda_math`` (random bit patterns; exp arguments in [-100, 90] and [-30, 0]; log arguments over
+    """cuda_math.npz: the first `keep` inputs of each of the five drawn parts of `python -m
+    studies.probes.cuda_math` (random bit patterns; exp arguments in [-100, 90] and [-30, 0]; log arguments over
     2**-20..2**20; just above 1), then its 16 special values; the probe ran all 950,288."""
     rng = np.random.default_rng(seed)
     parts = [
@@ -129,7 +129,7 @@ def cuda_math_inputs(seed: int = CUDA_MATH_SEED, keep: int = 1 << 14) -> dict[st
 
 
 def log2_fma_inputs(seed: int = LOG2_FMA_SEED) -> np.ndarray:
-    """Every input of ``run_attention.sh --sections log2`` (405,509 float32 bit patterns: positive finite,
+    """Every input of `run_attention.sh --sections log2` (405,509 float32 bit patterns: positive finite,
     [1/2, 2), around 1, zero and subnormals, specials); the recording keeps a sample of them by position."""
     rng = np.random.default_rng(seed)
     return np.concatenate(
@@ -156,9 +156,9 @@ STRESS_K = {"bf16": (16, 32, 64, 128, 256), "fp16": (16, 32, 64, 128, 256), "e4m
 def stress_tiles(
     seed: int = PROBE_SEED, n_target: int = 200_000, formats: tuple[str, ...] | None = None
 ) -> dict[str, np.ndarray]:
-    """mma.npz's inputs (``python -m studies.probes.run``, probe mma): per input type (of ``formats``; default all), a
-    generator seeded with ``seed + 1000 * (1 + its index)`` draws the tiles of each (K, with C or not) in order
-    (``studies.probes.mma_cases.gen_stress_tiles``); keys '<type>_K<K>_<c|noc>_<a|bt|scen_a|scen_b|c>'."""
+    """mma.npz's inputs (`python -m studies.probes.run`, probe mma): per input type (of `formats`; default all), a
+    generator seeded with `seed + 1000 * (1 + its index)` draws the tiles of each (K, with C or not) in order
+    (`studies.probes.mma_cases.gen_stress_tiles`); keys '<type>_K<K>_<c|noc>_<a|bt|scen_a|scen_b|c>'."""
     from studies.probes import mma_cases
     from studies.probes.formats import FORMATS
 
@@ -176,7 +176,7 @@ def stress_tiles(
 
 
 def tf32_tiles(seed: int = VERIFY_SEED) -> dict[str, np.ndarray]:
-    """tf32.npz's inputs (``verify_models --sections tf32``, generator seeded with ``seed + 2``): 12 tiles per
+    """tf32.npz's inputs (`verify_models --sections tf32`, generator seeded with `seed + 2`): 12 tiles per
     K in 16, 64, 128, without and with C; keys 'K<K>_<c|noc>_<a|bt|c>' (float32 bits)."""
     rng = np.random.default_rng(seed + 2)
     out: dict[str, np.ndarray] = {}
@@ -201,9 +201,9 @@ def tf32_tiles(seed: int = VERIFY_SEED) -> dict[str, np.ndarray]:
 def mma_sync_inputs(
     seed: int = MMA_SYNC_SEED, tiles: int = 1024, chains: int = 256, keep: tuple[int, int] = (256, 64)
 ) -> dict[str, np.ndarray]:
-    """mma_sync.npz's inputs (``python -m studies.probes.mma_sync``): per dtype and shape, A (tiles, 16, k) and B^T
+    """mma_sync.npz's inputs (`python -m studies.probes.mma_sync`): per dtype and shape, A (tiles, 16, k) and B^T
     (tiles, 8, k) as dtype bits, C (tiles, 16, 8) as float32 bits (zero for the chains k64, k8x4), drawn in the
-    probe's order for ``tiles`` one-step tiles and ``chains`` chains; the first ``keep`` of each (the
+    probe's order for `tiles` one-step tiles and `chains` chains; the first `keep` of each (the
     recording's subset); keys '<dtype>_<k16|k64|k8|k8x4>_<a|bt|c>'."""
     shapes = {"k16": (tiles, 16, False), "k64": (chains, 64, True), "k8": (tiles, 8, False), "k8x4": (chains, 32, True)}
     rng = np.random.default_rng(seed)
@@ -243,7 +243,7 @@ ROW_KINDS = ("normal", "exp_like", "wide", "cancel", "bits")
 
 
 def _random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray, np.ndarray]:
-    """``studies.probes.reduction.random_rows``: n rows of bn float32 values, each of one of `ROW_KINDS`."""
+    """`studies.probes.reduction.random_rows`: n rows of bn float32 values, each of one of `ROW_KINDS`."""
     kind = rng.integers(0, len(ROW_KINDS), size=n)
     out = np.zeros((n, bn), dtype=np.float32)
     for i in range(n):
@@ -271,8 +271,8 @@ def _random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray,
 def reduction_rows(
     seed: int = PROBE_SEED, n: int = 10240, block_ns: tuple[int, ...] = (64, 128)
 ) -> dict[str, np.ndarray]:
-    """reduction.npz's rows (``python -m studies.probes.run``, probe reduction: a generator seeded with
-    ``seed + 7``, rows per BLOCK_N in increasing order): 'rows_BN<n>' (float32 bits) and 'rows_BN<n>_kind'."""
+    """reduction.npz's rows (`python -m studies.probes.run`, probe reduction: a generator seeded with
+    `seed + 7`, rows per BLOCK_N in increasing order): 'rows_BN<n>' (float32 bits) and 'rows_BN<n>_kind'."""
     rng = np.random.default_rng(seed + 7)
     out: dict[str, np.ndarray] = {}
     for bn in sorted(block_ns):

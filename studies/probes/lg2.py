@@ -1,15 +1,15 @@
-"""Probe 5: ``lg2.approx.f32`` (MUFU.LG2), what CUDA's fast-math ``__logf`` and FlashAttention-2's LSE use.
+"""Probe 5: `lg2.approx.f32` (MUFU.LG2), what CUDA's fast-math `__logf` and FlashAttention-2's LSE use.
 
     PYTHONPATH=. python -m studies.probes.lg2 --out $OUT
 
 On the GPU: the table T[k] = lg2.approx(1 + k 2**-23) over the 2**23 significands, the outputs on
-[1/2, 1) (where the hardware's finer value shows through) and on the subnormals without ``.ftz``; then
-every positive normal input, with and without ``.ftz``, against the model (:func:`model`: truncation
+[1/2, 1) (where the hardware's finer value shows through) and on the subnormals without `.ftz`; then
+every positive normal input, with and without `.ftz`, against the model (`model`: truncation
 toward zero of e + T[k]; below 1/2, one ulp nearer zero where the outputs on [1/2, 1) show the
 hardware's value above T[k]), counted per exponent; the special inputs; and the PTX nvcc emits for
-``__logf`` under ``-use_fast_math``.  Writes ``lg2.json``, ``lg2.npz`` (the three recorded arrays,
-delta-encoded, with the SHA-256 of their bits) and ``lg2_sample.npz`` (random inputs through ``.ftz``,
-plain and ``__logf``, for the CPU tests).
+`__logf` under `-use_fast_math`.  Writes `lg2.json`, `lg2.npz` (the three recorded arrays,
+delta-encoded, with the SHA-256 of their bits) and `lg2_sample.npz` (random inputs through `.ftz`,
+plain and `__logf`, for the CPU tests).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def _kernel():
 
 
 def lg2(kernel, x, mode: int):
-    """lg2.approx of a float32 tensor: ``mode`` 0 plain, 1 (or True) ``.ftz``, 2 ``__logf`` under fast math."""
+    """lg2.approx of a float32 tensor: `mode` 0 plain, 1 (or True) `.ftz`, 2 `__logf` under fast math."""
     import torch
 
     y = torch.empty_like(x)
@@ -70,8 +70,8 @@ def lg2(kernel, x, mode: int):
 
 
 def fast_logf_ptx() -> str:
-    """The PTX nvcc writes for ``__logf(x)``, ``a * b + __logf(x)`` (FA2's LSE) and ``logf(x) + a`` (its
-    combine) under ``-use_fast_math``."""
+    """The PTX nvcc writes for `__logf(x)`, `a * b + __logf(x)` (FA2's LSE) and `logf(x) + a` (its
+    combine) under `-use_fast_math`."""
     src = (
         'extern "C" __global__ void f(const float* x, float* y, float a, float b) {\n'
         "  int i = threadIdx.x; y[i] = __logf(x[i]); y[i + 32] = a * b + __logf(x[i]);\n"
@@ -103,9 +103,9 @@ def rz32(s):
 def model(e: int, table, m1, flag):
     """The model of lg2.approx(2**e (1 + k 2**-23)) for every k, as float32 (on the table's device).
 
-    e >= 0: RZ(e + T[k]).  e = -1: the recorded outputs ``m1``.  e <= -2: -RZ(|e| - T[k]), one ulp nearer
-    zero where |e| - T[k] is on the float32 grid and ``flag[k]`` (the hardware's value lies above T[k]).
-    ``|e| +- T`` is exact in float64.
+    e >= 0: RZ(e + T[k]).  e = -1: the recorded outputs `m1`.  e <= -2: -RZ(|e| - T[k]), one ulp nearer
+    zero where |e| - T[k] is on the float32 grid and `flag[k]` (the hardware's value lies above T[k]).
+    `|e| +- T` is exact in float64.
     """
     import torch
 
@@ -126,13 +126,13 @@ def above_t_flag(table, m1):
 
 
 def delta_encode(bits: np.ndarray) -> np.ndarray:
-    """First differences of uint32 bits, wrapping (``np.cumsum(d, dtype=np.uint32)`` rebuilds them): smooth
+    """First differences of uint32 bits, wrapping (`np.cumsum(d, dtype=np.uint32)` rebuilds them): smooth
     tables such as lg2's compress about fifty times better so."""
     return np.diff(bits, prepend=np.uint32(0)).astype(np.uint32)
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """``np.savez`` at zlib's highest level (np.load reads it)."""
+    """`np.savez` at zlib's highest level (np.load reads it)."""
     with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as zf:
         for name, a in arrays.items():
             buf = io.BytesIO()

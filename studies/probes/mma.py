@@ -2,10 +2,10 @@
 
 Single-element probes (studies.probes.mma_cases) determine the block of products added in one fused step, the
 alignment fraction bits, the final rounding, zero products, tiny values, C pass-through and specials, with and
-without accumulator, and for fp8 also with ``max_num_imprecise_acc=32`` (promotion to fp32 every 32 k).
+without accumulator, and for fp8 also with `max_num_imprecise_acc=32` (promotion to fp32 every 32 k).
 Random stress tiles (K in 16..256, with and without C) are stored as bits with the GPU outputs and compared
-with the tensor-core model ``emufloat.FusedBlock`` (``emufloat.matmul``) for the fitted parameters and the
-published ones (the emufloat presets ``h100.WGMMA_BF16``, ``h100.WGMMA_FP16``, ``h100.WGMMA_FP8``).
+with the tensor-core model `emufloat.FusedBlock` (`emufloat.matmul`) for the fitted parameters and the
+published ones (the emufloat presets `h100.WGMMA_BF16`, `h100.WGMMA_FP16`, `h100.WGMMA_FP8`).
 """
 
 from __future__ import annotations

@@ -7,15 +7,15 @@ the GPU side also checks that the arithmetic does not depend on the output posit
 Values are *relative*: a product of relative value r is realised as a*b = r * U with U = 2**fmt.unit_exp and
 a, b exact values of the input format (so fp8, whose normals span few binades, can still hold 1 and 2**-20
 as products of normal numbers). Results are divided by U before they are interpreted. Cases marked
-``absolute`` (the tiny-value probes) are not scaled.
+`absolute` (the tiny-value probes) are not scaled.
 
 The probe runs in rounds (each round's cases depend on what the previous round found):
-1. ``survival``: C = 1 and one product +-2**-n: the output precision p (largest n that survives).
-2. ``pair_carry`` (block partition and its order), ``pair_small`` (do sub-ulp parts of two products in one
-   block add up?), ``align_*`` (fraction bits kept when aligning to the largest exponent, per position,
-   small term as a product or as C), ``round_*`` (final rounding mode), ``tiny_*`` (exponent floor,
-   subnormal products), ``cpass`` (is C passed through exactly?), ``special`` (inf, NaN, overflow, -0).
-3. ``zero_*``: do zero products with a huge other factor take part in the maximum exponent?
+1. `survival`: C = 1 and one product +-2**-n: the output precision p (largest n that survives).
+2. `pair_carry` (block partition and its order), `pair_small` (do sub-ulp parts of two products in one
+   block add up?), `align_*` (fraction bits kept when aligning to the largest exponent, per position,
+   small term as a product or as C), `round_*` (final rounding mode), `tiny_*` (exponent floor,
+   subnormal products), `cpass` (is C passed through exactly?), `special` (inf, NaN, overflow, -0).
+3. `zero_*`: do zero products with a huge other factor take part in the maximum exponent?
 """
 
 from __future__ import annotations
@@ -50,12 +50,12 @@ def block_model(
     zero_products_in_max: bool = False,
     name: str = "fitted",
 ) -> ef.FusedBlock:
-    """The emufloat tensor-core model (``emufloat.FusedBlock``) with the parameters the probes fit.
+    """The emufloat tensor-core model (`emufloat.FusedBlock`) with the parameters the probes fit.
 
-    ``block`` products per fused step (``width``), ``frac_bits`` kept below the largest exponent when aligning
-    (``align_bits``), the step's sum rounded in mode ``rounding`` (one of ``ROUNDING_MODES``) to a float32 with
-    ``out_frac_bits`` fraction bits (``acc_fmt``; 23 is FP32 itself), zero products in the maximum exponent or
-    not (``zeros_in_max``). Everything else is FusedBlock's: C (each step's addend: the accumulator, then the
+    `block` products per fused step (`width`), `frac_bits` kept below the largest exponent when aligning
+    (`align_bits`), the step's sum rounded in mode `rounding` (one of `ROUNDING_MODES`) to a float32 with
+    `out_frac_bits` fraction bits (`acc_fmt`; 23 is FP32 itself), zero products in the maximum exponent or
+    not (`zeros_in_max`). Everything else is FusedBlock's: C (each step's addend: the accumulator, then the
     previous step's result) takes part in the step's alignment, at emin when subnormal; a sum truncated to zero
     is +0; a step beyond the float32 range gives inf, even under RZ.
     """
@@ -75,7 +75,7 @@ def block_model(
 
 
 def fitted_model(concl: dict) -> ef.FusedBlock | None:
-    """The FusedBlock of ``probe_format``'s fitted ``model`` (None where a parameter was inconclusive); raises
+    """The FusedBlock of `probe_format`'s fitted `model` (None where a parameter was inconclusive); raises
     ValueError for parameters FusedBlock cannot take."""
     m = concl.get("model", {})
     if not all(m.get(k) for k in ("block", "frac_bits", "out_frac_bits", "rounding")):
@@ -171,7 +171,7 @@ DotFn = Callable[[np.ndarray, np.ndarray, "np.ndarray | None"], "tuple[np.ndarra
 
 
 def run_cases(cases: list[Case], fmt: Fmt, K: int, dot_fn: DotFn) -> dict:
-    """Build the cases and run them through ``dot_fn(a_bits, b_bits, c_bits_or_None) -> (out_bits, uniform)``
+    """Build the cases and run them through `dot_fn(a_bits, b_bits, c_bits_or_None) -> (out_bits, uniform)`
     (called once for the cases without C and once for those with C). Returns a dict of arrays + the cases."""
     built = build_cases(cases, fmt, K)
     T = len(cases)
@@ -403,7 +403,7 @@ def _block_labels(blocks: list | None, K: int) -> np.ndarray:
 
 # rounding -------------------------------------------------------------------------------------------------
 def round_fraction(x: Fraction, frac_bits: int, mode: str) -> Fraction:
-    """Round the exact rational x to a binary float with ``frac_bits`` fraction bits (unbounded exponent)."""
+    """Round the exact rational x to a binary float with `frac_bits` fraction bits (unbounded exponent)."""
     if x == 0:
         return Fraction(0)
     neg = x < 0
@@ -925,8 +925,8 @@ def gen_stress_tiles(rng: np.random.Generator, fmt: Fmt, K: int, n_tiles: int, h
 
 
 def stress_model_matches(fmt: Fmt, tiles: dict, d_bits: np.ndarray, model: ef.FusedBlock | str) -> dict:
-    """Compare GPU outputs d_bits [n,64,64] with ``emufloat.matmul`` under ``model`` (a FusedBlock, e.g. from
-    ``block_model`` or ``PUBLISHED``, or an emufloat preset name) for every (row, col) dot product."""
+    """Compare GPU outputs d_bits [n,64,64] with `emufloat.matmul` under `model` (a FusedBlock, e.g. from
+    `block_model` or `PUBLISHED`, or an emufloat preset name) for every (row, col) dot product."""
     a = np.asarray(tiles["a"]).view(fmt.dtype)  # [n, 64, K]
     bt = np.asarray(tiles["bt"]).view(fmt.dtype)  # [n, 64, K]: row j is column j of B
     c = np.asarray(tiles["c"]).view(np.float32) if "c" in tiles else None

@@ -1,12 +1,12 @@
-"""Probe 6: ``mma.sync.aligned.m16n8k16`` and ``m16n8k8`` (bf16 and fp16 inputs, fp32 accumulators).
+"""Probe 6: `mma.sync.aligned.m16n8k16` and `m16n8k8` (bf16 and fp16 inputs, fp32 accumulators).
 
     PYTHONPATH=. python -m studies.probes.mma_sync --out $OUT
 
-FA2 (PyTorch SDPA's flash backend) is built for sm80 and runs Ampere's warp-level ``mma.sync`` on the
-H100 (m16n8k16), not ``wgmma``; PyTorch's memory-efficient kernel runs m16n8k8.  On the GPU, one warp
+FA2 (PyTorch SDPA's flash backend) is built for sm80 and runs Ampere's warp-level `mma.sync` on the
+H100 (m16n8k16), not `wgmma`; PyTorch's memory-efficient kernel runs m16n8k8.  On the GPU, one warp
 per tile, inline PTX (compiled by torch's cpp_extension with nvcc): D = A B + C for one step, and chains
 (D fed back as C, C = 0 first) over K = 64 (k16) and K = 32 (k8), on inputs by seed in several families
-(normal, wide exponents, cancelling sums, attention-like scores).  Writes ``mma_sync.npz``: inputs and
+(normal, wide exponents, cancelling sums, attention-like scores).  Writes `mma_sync.npz`: inputs and
 outputs as bits, per dtype and shape, for the CPU to compare with emufloat's tensor-core models.
 """
 
@@ -127,7 +127,7 @@ CPP_SRC = (
 
 
 def _inputs(rng: np.random.Generator, tiles: int, k: int, dtype: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """A (tiles, 16, k), B^T (tiles, 8, k) as float32 values of ``dtype``, C (tiles, 16, 8) float32, by family."""
+    """A (tiles, 16, k), B^T (tiles, 8, k) as float32 values of `dtype`, C (tiles, 16, 8) float32, by family."""
     import ml_dtypes
 
     np_dt = ml_dtypes.bfloat16 if dtype == "bf16" else np.float16

@@ -1,8 +1,8 @@
 """Probe 4: the order in which tl.sum (and tl.max) reduce an fp32 row of a [BLOCK_M, BLOCK_N] tile.
 
-Variant ``dot``: the tile is the result of ``tl.dot(q0, k0, x)`` with q0, k0 zero bf16 tiles loaded from memory
+Variant `dot`: the tile is the result of `tl.dot(q0, k0, x)` with q0, k0 zero bf16 tiles loaded from memory
 and x the probe values as the accumulator, so the reduction sees the wgmma accumulator layout of an attention
-kernel's score tile (the pass-through d == x is checked). Variant ``load``: the reduction of a plainly loaded x.
+kernel's score tile (the pass-through d == x is checked). Variant `load`: the reduction of a plainly loaded x.
 
 FPRev probing (studies.probes.trees): all pairs i < j of positions, each placed in every row position over the
 tiles (tile t, row r holds pair (t + r) mod P), so a tree is inferred for every row position. tl.max is
@@ -189,7 +189,7 @@ def _one_line(r: dict) -> str:
 
 
 def pack_rows(rows: np.ndarray, bm: int, bn: int, dev, fill: float) -> torch.Tensor:
-    """fp32 rows as [tiles, bm, bn] on the device, the last tile padded with rows of ``fill``."""
+    """fp32 rows as [tiles, bm, bn] on the device, the last tile padded with rows of `fill`."""
     ntile = -(-rows.shape[0] // bm)
     buf = np.full((ntile * bm, bn), fill, dtype=np.float32)
     buf[: rows.shape[0]] = rows
@@ -197,7 +197,7 @@ def pack_rows(rows: np.ndarray, bm: int, bn: int, dev, fill: float) -> torch.Ten
 
 
 def reduce_rows(be, x: torch.Tensor, n: int, bm: int, bn: int, w: int, via_dot: bool):
-    """tl.sum and tl.max of the first ``n`` rows of packed tiles, as numpy arrays."""
+    """tl.sum and tl.max of the first `n` rows of packed tiles, as numpy arrays."""
     s, m, _ = be.reduce(x, bm, bn, w, via_dot)
     return s.reshape(-1)[:n].cpu().numpy(), m.reshape(-1)[:n].cpu().numpy()
 

@@ -1,9 +1,9 @@
-"""Run the GPU calibration probes: ``python -m studies.probes.run --out $OUT`` (see docs/probes.md).
+"""Run the GPU calibration probes: `python -m studies.probes.run --out $OUT` (see docs/probes.md).
 
 The parent process imports neither torch nor triton. It runs the environment record and then each probe in
 its own child process (so a crashed kernel or a poisoned CUDA context cannot take the others down), with a
 time limit per probe inside an overall budget; it streams the children's output to stdout and to
-``$OUT/run.log``, and merges their results into ``$OUT/results.json`` after every probe.
+`$OUT/run.log`, and merges their results into `$OUT/results.json` after every probe.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ NAMES = ("env", *PROBES)
 
 
 def probe_module(name: str) -> ModuleType:
-    """The module of the probe ``name`` (one of :data:`NAMES`), imported by a fixed mapping: a name from the
+    """The module of the probe `name` (one of `NAMES`), imported by a fixed mapping: a name from the
     command line imports no other module.  The probes import torch and Triton, so only when run."""
     if name == "env":
         from . import env as mod

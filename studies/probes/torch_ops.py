@@ -2,18 +2,18 @@
 
     PYTHONPATH=. python -m studies.probes.torch_ops --out $OUT
 
-- ``sums``: the order of ``torch.sum(dim=-1)`` over fp32 rows at the pipeline's shapes ((rows, n): the
+- `sums`: the order of `torch.sum(dim=-1)` over fp32 rows at the pipeline's shapes ((rows, n): the
   exp-weight row sums of a 512-query tile over 512, 128 and 200 keys), and over bf16 rows under autocast
   (delta's sums of bf16 products over d = 64 and 128).
-  FPRev pair rows (:mod:`studies.probes.trees`), launched as tensors of exactly that shape, give each shape's
+  FPRev pair rows (`studies.probes.trees`), launched as tensors of exactly that shape, give each shape's
   tree; the tree is then checked against the GPU on random rows of the same shape.
-- ``exp_log``: ``torch.exp`` and ``torch.log`` (fp32) of every bf16 value (the forward's exp and log inputs
-  are bf16 values), outputs as bits; and ``torch.exp`` on 2**22 fp32 inputs of the backward's range,
-  compared with :func:`emufloat.hw.libdevice.expf` on this machine's CPU.
-- ``div``: bf16 / bf16 as ``oc.div_(row_sums)`` runs it, on 2**22 random pairs, against the fp32 quotient
+- `exp_log`: `torch.exp` and `torch.log` (fp32) of every bf16 value (the forward's exp and log inputs
+  are bf16 values), outputs as bits; and `torch.exp` on 2**22 fp32 inputs of the backward's range,
+  compared with `emufloat.hw.libdevice.expf` on this machine's CPU.
+- `div`: bf16 / bf16 as `oc.div_(row_sums)` runs it, on 2**22 random pairs, against the fp32 quotient
   rounded to bf16.
 
-Writes ``torch_ops.json`` (trees, mismatch counts, the torch version and card) and ``torch_ops.npz``.
+Writes `torch_ops.json` (trees, mismatch counts, the torch version and card) and `torch_ops.npz`.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ BF16_SUM_SHAPES = ((512, 64), (512, 128), (200, 64), (200, 128), (128, 64), (128
 
 
 def _sums(x: np.ndarray, rows: int, bf16: bool) -> np.ndarray:
-    """torch.sum(dim=-1) of ``x`` launched ``rows`` rows at a time: fp32, or bf16 summed under CUDA bf16
-    autocast (which sums in fp32 and returns fp32, as ``(do * o).sum(-1)`` runs in the pipeline)."""
+    """torch.sum(dim=-1) of `x` launched `rows` rows at a time: fp32, or bf16 summed under CUDA bf16
+    autocast (which sums in fp32 and returns fp32, as `(do * o).sum(-1)` runs in the pipeline)."""
     import torch
 
     out = []
@@ -55,7 +55,7 @@ def _sums(x: np.ndarray, rows: int, bf16: bool) -> np.ndarray:
 
 
 def sum_tree(shape: tuple[int, int], rng: np.random.Generator, bf16: bool = False) -> dict:
-    """The tree torch.sum(dim=-1) follows on fp32 (or, ``bf16``, autocast bf16) tensors of ``shape``, and
+    """The tree torch.sum(dim=-1) follows on fp32 (or, `bf16`, autocast bf16) tensors of `shape`, and
     its check on random rows."""
     import emufloat as ef
 

@@ -7,7 +7,7 @@ so the probe cannot tell a+b from b+a).
 Probe (after FPRev, Xie et al. 2024): for a pair i < j the row holds +BIG at i, -BIG at j and 1.0 elsewhere, with
 BIG so large that BIG + (any partial sum of ones) rounds to BIG. Every 1 that meets BIG or -BIG before the two
 cancel is lost, and those are exactly the leaves below the lowest common ancestor (LCA) of i and j. So
-``row sum = n - size(LCA(i, j))``; the LCA sizes of all pairs determine the tree.
+`row sum = n - size(LCA(i, j))`; the LCA sizes of all pairs determine the tree.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Byte-level text from the Python standard library's own source: offline, deterministic, with a held-out split.
 
-Files are the ``*.py`` under ``sysconfig.get_paths()["stdlib"]`` (site- and dist-packages left out), read
+Files are the `*.py` under `sysconfig.get_paths()["stdlib"]` (site- and dist-packages left out), read
 in the order of their sorted relative paths; a file goes to the held-out split when the SHA-256 of its
-relative path falls in the first ``val_fraction`` of the hash range, so the split does not depend on which
+relative path falls in the first `val_fraction` of the hash range, so the split does not depend on which
 other files exist (another Python version keeps each common file on the same side).  Files are joined by
 one NUL byte.  numpy only.
 """
@@ -48,7 +48,7 @@ def stdlib_root() -> Path:
 
 
 def source_files(root: Path) -> list[Path]:
-    """The ``*.py`` files under ``root`` in sorted order of their relative POSIX paths, without installed
+    """The `*.py` files under `root` in sorted order of their relative POSIX paths, without installed
     packages or caches."""
     root = Path(root)
     if not root.is_dir():
@@ -58,13 +58,13 @@ def source_files(root: Path) -> list[Path]:
 
 
 def is_held_out(relative: str, val_fraction: float) -> bool:
-    """Whether the file at POSIX path ``relative`` belongs to the held-out split."""
+    """Whether the file at POSIX path `relative` belongs to the held-out split."""
     h = int.from_bytes(hashlib.sha256(relative.encode()).digest()[:8], "big")
     return h < val_fraction * 2.0**64
 
 
 def load_corpus(root: Path | None = None, val_fraction: float = 0.05, max_bytes: int | None = None) -> ByteCorpus:
-    """The corpus of ``root`` (default: this interpreter's standard library); ``max_bytes`` caps each split's
+    """The corpus of `root` (default: this interpreter's standard library); `max_bytes` caps each split's
     size (files are taken in order until the cap, the last one cut), for small runs and tests."""
     if not 0.0 < val_fraction < 1.0:
         raise ValueError(f"val_fraction: expected a number in (0, 1), got {val_fraction!r}")
@@ -97,20 +97,20 @@ def load_corpus(root: Path | None = None, val_fraction: float = 0.05, max_bytes:
 
 
 def batch_starts(n_bytes: int, ctx: int, batch: int, rng: np.random.Generator) -> np.ndarray:
-    """``batch`` uniform window starts such that a window of ``ctx + 1`` bytes fits in ``n_bytes``."""
+    """`batch` uniform window starts such that a window of `ctx + 1` bytes fits in `n_bytes`."""
     if n_bytes < ctx + 1:
         raise ValueError(f"ctx: {ctx} + 1 bytes do not fit in a split of {n_bytes} bytes")
     return rng.integers(0, n_bytes - ctx, size=batch)
 
 
 def fixed_starts(n_bytes: int, ctx: int, count: int) -> np.ndarray:
-    """``count`` evenly spaced window starts over the split (the held-out windows every evaluation uses)."""
+    """`count` evenly spaced window starts over the split (the held-out windows every evaluation uses)."""
     if n_bytes < ctx + 1:
         raise ValueError(f"ctx: {ctx} + 1 bytes do not fit in a split of {n_bytes} bytes")
     return np.linspace(0, n_bytes - ctx - 1, count).astype(np.int64)
 
 
 def windows(data: np.ndarray, starts: np.ndarray, ctx: int) -> np.ndarray:
-    """(len(starts), ctx + 1) int64 windows of ``data``: inputs are ``[:, :-1]``, targets ``[:, 1:]``."""
+    """(len(starts), ctx + 1) int64 windows of `data`: inputs are `[:, :-1]`, targets `[:, 1:]`."""
     idx = np.asarray(starts, np.int64)[:, None] + np.arange(ctx + 1)
     return data[idx].astype(np.int64)

@@ -1,8 +1,8 @@
 """The lean of O per layer on a trained model's sampled attention inputs, measured by the emulator (CPU only).
 
-A sample (``studies.training.train``'s ``sample/*``) holds every layer's and head's q, k, v of one held-out window and
+A sample (`studies.training.train`'s `sample/*`) holds every layer's and head's q, k, v of one held-out window and
 the O the backend returned on them.  Each (layer, head) runs through flashsim under the policy that repeats
-the backend (:data:`BACKENDS`) and under FP64; per query row the mean over the head dimension of O - O_fp64
+the backend (`BACKENDS`) and under FP64; per query row the mean over the head dimension of O - O_fp64
 is the row's signed error, and (O - O_fp64) * sign(O_fp64) its error away from zero.  numpy and the emulator.
 """
 
@@ -48,7 +48,7 @@ def _from_bits(bits: np.ndarray) -> np.ndarray:
 
 
 def load_sample(path: Path, attn: str | None = None) -> Sample:
-    """The sample of a ``studies.training.train`` .npz (``attn``: the backend, default the file's stem)."""
+    """The sample of a `studies.training.train` .npz (`attn`: the backend, default the file's stem)."""
     with np.load(path) as z:
         if str(z["sample/dtype"]) != "bf16":
             raise ValueError(f"{path}: sample dtype {z['sample/dtype']}; only bf16 samples are modelled")
@@ -58,7 +58,7 @@ def load_sample(path: Path, attn: str | None = None) -> Sample:
 
 
 def backend_of(attn: str) -> str:
-    """The backend of a run's name: ``paper_seed1`` -> ``paper``."""
+    """The backend of a run's name: `paper_seed1` -> `paper`."""
     for name in ("paper_fix", "paper", "ours_fix", "ours", "sdpa"):
         if attn == name or attn.startswith(name + "_seed"):
             return name
@@ -66,7 +66,7 @@ def backend_of(attn: str) -> str:
 
 
 def policy_of(attn: str, n: int, head_dim: int, batch_heads: int) -> tuple[Policy, SoftmaxVariant]:
-    """The policy and softmax variant that repeat backend ``attn`` on a causal launch of n x n: ``qiu_yao``
+    """The policy and softmax variant that repeat backend `attn` on a causal launch of n x n: `qiu_yao`
     for the paper's pipeline (its fix counts masked entries as their code does), our kernels' policy for
     their default tiles, SDPA's flash backend for that launch's batch and heads."""
     backend = backend_of(attn)
@@ -101,8 +101,8 @@ def bf16_ties(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
 
 
 def layer_errors(sample: Sample, layer: int, policy: Policy, softmax: SoftmaxVariant, compare: bool) -> LayerErrors:
-    """Errors of one layer's O under ``policy`` against FP64 (``compare``: also count the elements equal to
-    the backend's recorded O, which holds only when ``policy`` is the backend's)."""
+    """Errors of one layer's O under `policy` against FP64 (`compare`: also count the elements equal to
+    the backend's recorded O, which holds only when `policy` is the backend's)."""
     d = sample.shape[-1]
     scale = 1.0 / math.sqrt(d)
     parts: dict[str, list] = {n: [] for n in ("signed", "away", "ulp", "ties")}

@@ -1,15 +1,15 @@
 """A small GPT (pre-LN, learned positions, byte vocabulary, tied embeddings) whose attention is pluggable.
 
-Backends (:data:`ATTENTION`), all causal with scale 1/sqrt(head dim):
+Backends (`ATTENTION`), all causal with scale 1/sqrt(head dim):
 
-- ``paper``: Qiu & Yao's ``attention.py`` (their pure-PyTorch FlashAttention-2, 512x512 tiles, O accumulated
+- `paper`: Qiu & Yao's `attention.py` (their pure-PyTorch FlashAttention-2, 512x512 tiles, O accumulated
   in BF16), forward and hand-written backward both under bf16 autocast, as their compiled training step runs
-  them (the ``qiu_yao`` policy models this); ``paper_fix``: the same with their ``STABLE=1`` fix;
-- ``ours`` / ``ours_fix``: the project's Triton kernels (:func:`gpu.flash.attention`), standard or stabilised
+  them (the `qiu_yao` policy models this); `paper_fix`: the same with their `STABLE=1` fix;
+- `ours` / `ours_fix`: the project's Triton kernels (`gpu.flash.attention`), standard or stabilised
   softmax;
-- ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, pinned to its flash backend on a GPU.
+- `sdpa`: `torch.nn.functional.scaled_dot_product_attention`, pinned to its flash backend on a GPU.
 
-Each attention layer can keep its last q, k, v and O (``capture``) for the statistics and the sample.
+Each attention layer can keep its last q, k, v and O (`capture`) for the statistics and the sample.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ class _Saved:
 
 class PaperAttention(torch.autograd.Function):
     """Their forward and hand-written backward, each called under bf16 autocast on q's device type (eager,
-    their backward would not run: it multiplies an fp32 P by a bf16 dO); ``stable`` is their STABLE switch.
+    their backward would not run: it multiplies an fp32 P by a bf16 dO); `stable` is their STABLE switch.
 
-    What their forward saves goes through our ctx's ``save_for_backward``: kept as a plain attribute, O (an
+    What their forward saves goes through our ctx's `save_for_backward`: kept as a plain attribute, O (an
     output) would tie the graph to itself in a reference cycle and no step's activations would be freed."""
 
     @staticmethod
@@ -96,7 +96,7 @@ class PaperAttention(torch.autograd.Function):
 
 
 def load_paper(path: Path | None = None):
-    """Qiu & Yao's attention.py as a module (``path`` default: :data:`PAPER_FILE`), loaded once per path."""
+    """Qiu & Yao's attention.py as a module (`path` default: `PAPER_FILE`), loaded once per path."""
     path = Path(path) if path is not None else PAPER_FILE
     if not path.is_file():
         raise ValueError(f"paper: Qiu & Yao's attention.py not found at {str(path)!r} (kept in .upstream/)")
@@ -111,7 +111,7 @@ def _load_paper(path: Path):
 
 
 def attention_fn(name: str, paper_path: Path | None = None) -> Callable[[torch.Tensor, ...], torch.Tensor]:
-    """The causal attention ``(q, k, v) -> o`` of backend ``name`` for (B, H, N, d) tensors."""
+    """The causal attention `(q, k, v) -> o` of backend `name` for (B, H, N, d) tensors."""
     if name in ("paper", "paper_fix"):
         module, stable = load_paper(paper_path), name == "paper_fix"
         return lambda q, k, v: PaperAttention.apply(q, k, v, module, stable)
@@ -135,7 +135,7 @@ def attention_fn(name: str, paper_path: Path | None = None) -> Callable[[torch.T
 
 # ---- the model ----------------------------------------------------------------------------------------
 class Attention(nn.Module):
-    """Multi-head causal self-attention through a backend; ``capture`` keeps the last q, k, v and the backend's
+    """Multi-head causal self-attention through a backend; `capture` keeps the last q, k, v and the backend's
     output o (detached, (B, H, N, head dim) each)."""
 
     def __init__(self, cfg: GPTConfig, attend: Callable):

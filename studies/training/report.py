@@ -1,12 +1,12 @@
-"""Plots and tables of the training runs (``studies.training.train`` logs) and the emulator's lean of O on their
-samples (:mod:`studies.training.lean`), for docs/training.md.  CPU only; matplotlib for the plots.
+"""Plots and tables of the training runs (`studies.training.train` logs) and the emulator's lean of O on their
+samples (`studies.training.lean`), for docs/training.md.  CPU only; matplotlib for the plots.
 
     PYTHONPATH=. python -m studies.training.report --runs out/train --lean studies/training/data/lean.json --img
     docs/img \
         --family flashsim/data/trained_attention.npz
 
-``--runs``: a folder of NAME.json logs and, for the lean, NAME.npz samples (without them the lean is read
-back from ``--lean`` rather than computed).
+`--runs`: a folder of NAME.json logs and, for the lean, NAME.npz samples (without them the lean is read
+back from `--lean` rather than computed).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ STATISTICS = ("signed", "away", "away_ties")  # each a table of its own, Holm-co
 
 
 def load_logs(folder: Path) -> dict[str, dict]:
-    """The logs of :data:`RUNS` present in ``folder``."""
+    """The logs of `RUNS` present in `folder`."""
     logs = {
         n: json.loads((Path(folder) / f"{n}.json").read_text()) for n in RUNS if (Path(folder) / f"{n}.json").is_file()
     }
@@ -46,7 +46,7 @@ def load_logs(folder: Path) -> dict[str, dict]:
 
 
 def binned(values: list, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """(bin end steps, means) of per-step values over bins of ``width`` steps; a bin holding a non-finite
+    """(bin end steps, means) of per-step values over bins of `width` steps; a bin holding a non-finite
     value (None in the log) is NaN, not averaged over."""
     x = np.array([np.nan if v is None else v for v in values], np.float64)
     n = x.size // width
@@ -99,7 +99,7 @@ def plot_losses(logs: dict[str, dict], path: Path) -> None:
 
 
 def plot_layers(logs: dict[str, dict], path: Path, key: str, sub: str | None, ylabel: str) -> None:
-    """One panel per layer: ``key`` (``sub``) of every run over training."""
+    """One panel per layer: `key` (`sub`) of every run over training."""
     import matplotlib.pyplot as plt
 
     first = next(iter(logs.values()))["evals"][0][key]
@@ -127,7 +127,7 @@ def plot_layers(logs: dict[str, dict], path: Path, key: str, sub: str | None, yl
 
 
 def compute_lean(folder: Path, names: list[str], progress=print) -> dict:
-    """Per run and layer: the emulator's errors of O summarized (:func:`lean.summaries`), the fraction of O
+    """Per run and layer: the emulator's errors of O summarized (`lean.summaries`), the fraction of O
     bit-identical to the GPU's, the non-finite count, and the policy used."""
     out: dict = {"margin": lean.MARGIN, "runs": {}}
     for name in names:
@@ -159,7 +159,7 @@ def _summary(d: dict):
 
 
 def lean_tables(result: dict, method: str = "holm") -> dict[str, list[dict]]:
-    """Per statistic of :data:`STATISTICS`, the table of every run and layer with corrected p-values and
+    """Per statistic of `STATISTICS`, the table of every run and layer with corrected p-values and
     verdicts (flashsim.analysis.stats.summary_table; one family per statistic)."""
     tables = {}
     for stat in STATISTICS:
@@ -240,8 +240,8 @@ def run_summary(logs: dict[str, dict], at: int = 3800) -> str:
 
 
 def write_family(folder: Path, run: str, out: Path) -> None:
-    """The sample of ``run`` as the data of a ``trained`` input family (issue 32): q, k, v bits (layers,
-    heads, N, d), the scale, the window's bytes, and in ``meta`` (JSON) the run's model, data, card and
+    """The sample of `run` as the data of a `trained` input family (issue 32): q, k, v bits (layers,
+    heads, N, d), the scale, the window's bytes, and in `meta` (JSON) the run's model, data, card and
     per-layer score summaries."""
     log = json.loads((Path(folder) / f"{run}.json").read_text())
     with np.load(Path(folder) / f"{run}.npz") as z:

@@ -1,5 +1,5 @@
 """What training logs about attention: how often a row's maximum score repeats, the spectral norm of W_Q, and
-a summary of the score distribution (issue 32's ``trained`` family).  torch; the tests check them on the CPU.
+a summary of the score distribution (issue 32's `trained` family).  torch; the tests check them on the CPU.
 
 Scores are computed from the bf16 q and k in float64 (every bf16 product is exact there and the sums of a
 head dim of 64 nearly so), then rounded once to float32 and once to bf16: the scores an fp32-accumulating
@@ -12,7 +12,7 @@ import math
 
 import torch
 
-#: quantiles of the top-two gap that :func:`score_summary` reports
+#: quantiles of the top-two gap that `score_summary` reports
 QUANTILES = (0.01, 0.1, 0.5, 0.9)
 #: score formats whose repeated maxima are counted
 SCORE_DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -29,7 +29,7 @@ def causal_visible(n_q: int, n_k: int, device=None) -> torch.Tensor:
 
 
 def max_counts(s: torch.Tensor, causal: bool = True) -> torch.Tensor:
-    """Per row, how many visible entries equal the row's maximum, (..., N_q) int64 (``s`` as given: round it
+    """Per row, how many visible entries equal the row's maximum, (..., N_q) int64 (`s` as given: round it
     to the format of interest first).  NaN entries never equal the maximum; a row of NaN counts 0."""
     if causal:
         s = s.masked_fill(~causal_visible(s.shape[-2], s.shape[-1], s.device), float("-inf"))
@@ -38,9 +38,9 @@ def max_counts(s: torch.Tensor, causal: bool = True) -> torch.Tensor:
 
 
 def repeated_max_rate(s64: torch.Tensor, causal: bool = True) -> dict[str, float]:
-    """Fraction of rows whose maximum appears at least twice, for float64 scores ``s64`` rounded to each of
-    :data:`SCORE_DTYPES` (all rows counted, the first causal row too, which has one key), and the fraction of
-    rows with a non-finite visible score (``nonfinite``; such a row counts as repeated only if its finite
+    """Fraction of rows whose maximum appears at least twice, for float64 scores `s64` rounded to each of
+    `SCORE_DTYPES` (all rows counted, the first causal row too, which has one key), and the fraction of
+    rows with a non-finite visible score (`nonfinite`; such a row counts as repeated only if its finite
     maximum repeats)."""
     vis = causal_visible(*s64.shape[-2:], s64.device) if causal else torch.ones_like(s64, dtype=torch.bool)
     out = {"nonfinite": float((~torch.isfinite(s64) & vis).any(dim=-1).double().mean())}
@@ -64,7 +64,7 @@ def score_summary(s64: torch.Tensor, causal: bool = True) -> dict:
     """The score distribution of one layer (all heads and rows given): mean and standard deviation of the
     visible scores, of the row maxima, quantiles of the gap between the two largest bf16 scores of a row (0
     where the maximum repeats; rows of one key left out) and the repeated-maxima rates.  Non-finite scores
-    are counted (``nonfinite``), not averaged; a statistic with fewer than two finite values is None."""
+    are counted (`nonfinite`), not averaged; a statistic with fewer than two finite values is None."""
     n_q, n_k = s64.shape[-2:]
     vis = causal_visible(n_q, n_k, s64.device) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=s64.device)
     vis = vis.expand_as(s64)
@@ -90,5 +90,5 @@ def score_summary(s64: torch.Tensor, causal: bool = True) -> dict:
 
 
 def _stat(x: torch.Tensor, fn) -> float | None:
-    """``fn`` of the finite values ``x``; None (not a reassuring number) when there are too few of them."""
+    """`fn` of the finite values `x`; None (not a reassuring number) when there are too few of them."""
     return float(fn(x)) if x.numel() >= 2 else None

@@ -1,13 +1,13 @@
-"""Train the small GPT of :mod:`studies.training.model` on the standard library's source with one attention backend,
+"""Train the small GPT of `studies.training.model` on the standard library's source with one attention backend,
 logging what Qiu & Yao's failure would show: loss curves, per layer the rate of repeated row maxima of the
 attention scores and the spectral norms of W_Q and W_K; at the end a sample of per-layer q, k, v (and the
 backend's O on them) for the emulator, score statistics, and the weights.
 
     PYTHONPATH=. python -m studies.training.train --attn paper --steps 3000 --out $OUT
 
-Writes ``OUT/NAME.json`` (the log) and ``OUT/NAME.npz`` (``sample/*`` and ``model/*`` as bf16 bits), NAME
-the backend unless ``--name`` says otherwise.  On the CPU (``--device cpu``) every backend runs for smoke
-tests; ``ours`` and ``ours_fix`` need ``TRITON_INTERPRET=1`` and ``--dtype fp16`` there.
+Writes `OUT/NAME.json` (the log) and `OUT/NAME.npz` (`sample/*` and `model/*` as bf16 bits), NAME
+the backend unless `--name` says otherwise.  On the CPU (`--device cpu`) every backend runs for smoke
+tests; `ours` and `ours_fix` need `TRITON_INTERPRET=1` and `--dtype fp16` there.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class TrainConfig:
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """The learning rate of optimiser step ``step`` (0-based): linear warm-up, then constant or cosine decay."""
+    """The learning rate of optimiser step `step` (0-based): linear warm-up, then constant or cosine decay."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
     if cfg.schedule == "constant":
@@ -105,7 +105,7 @@ def _finite_or_none(x: float) -> float | None:
 
 
 def strict_json(obj):
-    """``obj`` with every NaN or infinite float replaced by None (JSON has no NaN; the log counts them)."""
+    """`obj` with every NaN or infinite float replaced by None (JSON has no NaN; the log counts them)."""
     if isinstance(obj, float):
         return _finite_or_none(obj)
     if isinstance(obj, dict):
@@ -184,7 +184,7 @@ class Evaluator:
 
 
 def checkpoint(model: GPT) -> dict[str, np.ndarray]:
-    """The weights rounded to bf16, as bits (``model/NAME``); the tied head is stored once, as ``tok.weight``."""
+    """The weights rounded to bf16, as bits (`model/NAME`); the tied head is stored once, as `tok.weight`."""
     return {f"model/{k}": _bits(v.to(torch.bfloat16)) for k, v in model.state_dict().items() if k != "head.weight"}
 
 

@@ -1,7 +1,7 @@
 """CUDA's expf, logf, exp2f, 1.f/x and __logf as nvcc compiles them without -use_fast_math (FlashAttention-2
 in PyTorch), against the GPU's bits.
 
-Recorded by ``python -m studies.probes.cuda_math`` on an H200 (tests/data/h100/README.md): 950,288 inputs there,
+Recorded by `python -m studies.probes.cuda_math` on an H200 (tests/data/h100/README.md): 950,288 inputs there,
 every model identical (cuda_math.json; the division differs only in the NaN's encoding); 82,000 of them
 kept here (random bit patterns, the ranges attention uses, special values).
 """

@@ -1,4 +1,4 @@
-"""emufloat's boundary with its hardware rooms: the rooms build on public modules only, ``import emufloat``
+"""emufloat's boundary with its hardware rooms: the rooms build on public modules only, `import emufloat`
 imports no room, a preset's name imports its room on first use, and the top-level namespace stays small."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ HW = ROOT / "emufloat" / "hw"
 
 
 def _private_imports(src: str, module: str) -> list[str]:
-    """``line: what`` for each import of a private emufloat module or name in the source of ``module`` (a
-    module or attribute whose name starts with '_'), and each ``_name`` read off a name imported from
+    """`line: what` for each import of a private emufloat module or name in the source of `module` (a
+    module or attribute whose name starts with '_'), and each `_name` read off a name imported from
     emufloat."""
     package = module.split(".")[:-1]
     tree = ast.parse(src, module)

@@ -1,6 +1,6 @@
 """emufloat.hw.h100.lg2_approx and cuda_fast_logf against the GPU's recorded bits and float64 log2.
 
-The model's tables were read off the GPU by ``python -m studies.probes.lg2`` (tests/data/h100/README.md), which
+The model's tables were read off the GPU by `python -m studies.probes.lg2` (tests/data/h100/README.md), which
 also checked the model against every positive normal input there (lg2.json: 0 mismatches of 2,130,706,432,
 with and without .ftz).  Here: a recorded sample of other inputs, the special values, and bounds against
 float64 log2 that do not depend on the tables.

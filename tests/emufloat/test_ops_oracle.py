@@ -55,7 +55,7 @@ def rounding_of(mode: str, seed: int):
 
 
 def oracle(fmt, mode: str, pair, rnd, r: int) -> np.ndarray:
-    """RTO64 + gfloat result for ``fmt``/``mode``, with emufloat's random integers for SR."""
+    """RTO64 + gfloat result for `fmt`/`mode`, with emufloat's random integers for SR."""
     n = pair[0].size
     srbits = stochastic_bits(rnd, n) if r else None
     return op_oracle(

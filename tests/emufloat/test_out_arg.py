@@ -1,4 +1,4 @@
-"""``out=`` of quantize and the arithmetic, as numpy's: the result written into the given array and returned,
+"""`out=` of quantize and the arithmetic, as numpy's: the result written into the given array and returned,
 identical to the call without it; aliasing an operand is allowed; a wrong array is refused by name."""
 
 from __future__ import annotations

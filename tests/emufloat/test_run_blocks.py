@@ -1,5 +1,5 @@
 """Small calls run a kernel's serial block function directly, large ones the parallel kernel that runs the
-same function block by block (``emufloat._arrays.run_blocks``): the two must agree bit for bit, traces
+same function block by block (`emufloat._arrays.run_blocks`): the two must agree bit for bit, traces
 included, on inputs that end mid-block and hold NaNs, infinities and values that round to zero."""
 
 import numpy as np

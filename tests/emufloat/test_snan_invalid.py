@@ -8,7 +8,7 @@ FP16, FP32, FP64 and BF16, but no BF16 arithmetic and no FP8.  So:
   encoding is the top half of the FP32 encoding with the same value, and the shift keeps a NaN's
   signalling bit (the top fraction bit), so the FP32 op sees the same classes (sNaN, qNaN, inf, zero,
   finite) and signals INVALID exactly when the BF16 op must; the BF16 result is SoftFloat's
-  ``f32_to_bf16`` of the FP32 result (a quiet NaN stays a quiet NaN and raises nothing more).
+  `f32_to_bf16` of the FP32 result (a quiet NaN stays a quiet NaN and raises nothing more).
 * E5M2 is the top byte of FP16 in the same way: E5M2 sources are judged by SoftFloat's FP16 ones.
 * Conversions SoftFloat lacks (FP16 <-> BF16, a format into itself) go through FP32 or FP64: the first
   step signals INVALID exactly when the source is an sNaN and delivers a quiet NaN, which the second
@@ -80,7 +80,7 @@ def _signed(codes: list[int], width: int) -> list[int]:
 
 
 def pool(fmt: str) -> list[int]:
-    """Every operand of the tests for ``fmt``: sNaNs and qNaNs of both signs, then the other values."""
+    """Every operand of the tests for `fmt`: sNaNs and qNaNs of both signs, then the other values."""
     w = WIDTH[fmt]
     return _signed(SNAN[fmt], w) + _signed(QNAN[fmt], w) + OTHER[fmt]
 
@@ -155,7 +155,7 @@ def sf_call(fn, *args):
 
 
 def sf_arith(op: str, fmt: str, codes: tuple[int, ...]) -> tuple[int, int]:
-    """(result encoding in ``fmt``, SoftFloat flags) of ``op`` on encodings of ``fmt`` (fp16, fp32, bf16)."""
+    """(result encoding in `fmt`, SoftFloat flags) of `op` on encodings of `fmt` (fp16, fp32, bf16)."""
     if fmt == "bf16":  # widened exactly to FP32 (see the module docstring)
         r, fl = sf_call(SF_OPS["fp32"][op], *(sf_value(c << 16, "fp32") for c in codes))
         r2, fl2 = sf_call(sf.f32_to_bf16, r)

@@ -1,7 +1,7 @@
 """emufloat.testing: each strategy yields what its docstring promises.
 
 Validity is checked with @given over many formats; coverage (the specials,
-ties and carries actually appear) with ``hypothesis.find`` under a fixed seed.
+ties and carries actually appear) with `hypothesis.find` under a fixed seed.
 Exactness claims are checked with Fraction arithmetic and, for casts, against
 ml_dtypes/numpy as an independent oracle.
 """

@@ -2,7 +2,7 @@
 GPU outputs, the FPRev reconstruction, textbook orders against step-by-step oracles, and argument errors.
 
 The package data emufloat/hw/h100/data/reduction_trees.json is built from tests/data/h100 by
-``python -m tools.build_package_data tests/data/h100``; the recorded rows' sums and maxima are kept as their SHA-256
+`python -m tools.build_package_data tests/data/h100`; the recorded rows' sums and maxima are kept as their SHA-256
 (tests/data/h100/reduction.json), the rows regenerated from the probe's seed.
 """
 
@@ -145,7 +145,7 @@ def test_layout_rules_reproduce_every_recorded_tree(key):
 
 def test_thread_butterfly_is_lanes_left_to_right_then_shuffle_xor():
     """The generic layout: lanes of contiguous elements, then offsets T/2, ..., 1; the H100 room's order of
-    ``tl.sum`` over a loaded 16-bit tile is that layout with 8 values a lane."""
+    `tl.sum` over a loaded 16-bit tile is that layout with 8 values a lane."""
     assert ReductionTree.thread_butterfly(4, 1).to_nested() == [[0, 2], [1, 3]]
     lane = [[[[[[[0, 1], 2], 3], 4], 5], 6], 7]
     assert h100.tl_sum_loaded_16bit(16).to_nested() == [lane, [[[[[[[8, 9], 10], 11], 12], 13], 14], 15]]

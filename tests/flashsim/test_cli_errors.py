@@ -3,7 +3,7 @@
 A table of bad inputs across all commands (flashsim trace-row, bias-rows, crosscheck; examples/emufloat_demo.py;
 python -m gpu.crosscheck; the device scripts), Hypothesis-made corrupt files, and a few runs as separate
 processes (what a user's shell sees).  The commands run in-process: any exception other than argparse's
-own SystemExit escaping ``main`` fails the test, as a traceback would.
+own SystemExit escaping `main` fails the test, as a traceback would.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ COMPILE_NOTICE = re.compile(r"^(compiling |  \.\.\. still compiling|compiled \d+
 
 
 def invoke(main, argv: list[str]) -> tuple[int, str, str]:
-    """(exit status, stdout, stderr) of ``main(argv)``; argparse's SystemExit is an exit status too."""
+    """(exit status, stdout, stderr) of `main(argv)`; argparse's SystemExit is an exit status too."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:

@@ -24,7 +24,7 @@ def attention_grad(q, k, v, do, causal=False, sm_scale=None, magnitudes=False):
     With P_ij = exp(c S_ij) / sum_l exp(c S_il) the softmax Jacobian is dP_ij/dZ_ik = P_ij (1[j=k] - P_ik)
     (Z = c S), so dZ_ik = sum_j G_ij P_ij (1[j=k] - P_ik) = P_ik (G_ik - sum_j P_ij G_ij) with G = dO V^T.
     Then dQ = c dZ K, dK = c dZ^T Q, dV = P^T dO.  delta here is the Jacobian's sum_j P_ij G_ij.
-    ``magnitudes``: also the same sums taken over absolute values (the scale a rounding error is relative
+    `magnitudes`: also the same sums taken over absolute values (the scale a rounding error is relative
     to; an exact zero gradient, as for a row with one key, is computed as a sum that cancels).
     """
     q, k, v, do = (np.asarray(x, dtype=np.float64) for x in (q, k, v, do))

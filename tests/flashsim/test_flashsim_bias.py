@@ -1,7 +1,7 @@
-"""The bias experiment (``flashsim bias-rows``, docs/flashsim.md): random rows with repeated maxima and negative V
+"""The bias experiment (`flashsim bias-rows`, docs/flashsim.md): random rows with repeated maxima and negative V
 under the reference policy (qiu_yao); O's mean signed error against FP64 leans negative, the paper's fix and
 ours remove the lean, rows with a single max do not lean.  2000 rows in the default run; the 10^4 rows of the
-documented experiment with ``pytest -m slow`` (the same assertions: they hold at both sizes)."""
+documented experiment with `pytest -m slow` (the same assertions: they hold at both sizes)."""
 
 import dataclasses
 

@@ -1,4 +1,4 @@
-"""The flashsim command line: ``trace-row`` on the built-in row and on user data; clear errors."""
+"""The flashsim command line: `trace-row` on the built-in row and on user data; clear errors."""
 
 import json
 import os

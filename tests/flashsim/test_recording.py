@@ -19,7 +19,7 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def _flipped(bits: np.ndarray, index: int = 0, bit: int = 0) -> np.ndarray:
-    """A copy of ``bits`` with one bit of one element changed."""
+    """A copy of `bits` with one bit of one element changed."""
     out = np.array(bits, copy=True)
     out.reshape(-1)[index] ^= out.dtype.type(1 << bit)
     return out
@@ -129,7 +129,7 @@ def test_one_flipped_bit_of_a_recorded_digest_fails_the_check(kind, monkeypatch)
 
 
 def run_patch(run: RecordedRun, name: str) -> Patch | None:
-    """The recording's patch of output ``name`` of ``run`` (None: the emulator gives the GPU's bits)."""
+    """The recording's patch of output `name` of `run` (None: the emulator gives the GPU's bits)."""
     return run.recording.patches.get(run.keys[name])
 
 

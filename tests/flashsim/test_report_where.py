@@ -50,7 +50,7 @@ def analyse_builtin(policy, **kw) -> fs.analysis.RowAnalysis:
 
 
 def where_sentence(a) -> str:
-    """The summary's Where: sentence(s) for the one variant of ``a``, whitespace-normalised."""
+    """The summary's Where: sentence(s) for the one variant of `a`, whitespace-normalised."""
     text = format_report([a])
     summary = " ".join(text.split("\nSummary\n")[1].split("\n1. Repeated maxima")[0].split())
     assert summary.count("Where:") == 1

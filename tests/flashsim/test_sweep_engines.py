@@ -77,8 +77,8 @@ class EmulatorTwin(RowEngine):
 
 @dataclass(frozen=True)
 class BitFlipper(EmulatorTwin):
-    """As the twin, but the last bit of element 0 of the task's row ``row`` (counted from the task's first row)
-    is flipped, in cell ``cell`` only (every engine cell when empty)."""
+    """As the twin, but the last bit of element 0 of the task's row `row` (counted from the task's first row)
+    is flipped, in cell `cell` only (every engine cell when empty)."""
 
     name: str = "flipper"
     row: int = 0

@@ -39,7 +39,7 @@ def emulated(case: AttentionInputs, policy, softmax: str = "standard", **kw) -> 
 
 
 def exact_o(case: AttentionInputs, sm_scale: float | None = None, keep: np.ndarray | None = None) -> np.ndarray:
-    """softmax(c q k^T) v in float64, top-left causal mask, only the keys ``keep`` (a wrong kernel's maths)."""
+    """softmax(c q k^T) v in float64, top-left causal mask, only the keys `keep` (a wrong kernel's maths)."""
     q, k, v = (np.asarray(x, np.float64) for x in (case.q, case.k, case.v))
     c = 1 / math.sqrt(q.shape[1]) if sm_scale is None else sm_scale
     s = c * q @ k.T

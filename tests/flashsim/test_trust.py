@@ -1,7 +1,7 @@
 """Loading data never runs code: files name only registered things, and other code is imported only where the
 user allows its module (flashsim.trust).
 
-Malicious files (a saved run, a sweep spec) and arguments name ``os:system`` with a command that would create a
+Malicious files (a saved run, a sweep spec) and arguments name `os:system` with a command that would create a
 file, or a module planted beside the data whose import creates one: every command refuses them in one line with
 exit status 2, and the tests check that nothing was created.  A source scan keeps every dynamic import of the
 packages inside flashsim.trust.
@@ -32,7 +32,7 @@ PACKAGES = ("emufloat", "flashsim", "gpu")
 
 
 def run_cli(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m flashsim ARGV`` in ``cwd`` (which Python puts first on sys.path, as a user's shell does)."""
+    """`python -m flashsim ARGV` in `cwd` (which Python puts first on sys.path, as a user's shell does)."""
     return subprocess.run(
         [sys.executable, "-m", "flashsim", *argv],
         cwd=cwd,
@@ -50,7 +50,7 @@ def refused(res: subprocess.CompletedProcess, argument: str) -> None:
 
 
 def planted(folder: Path) -> Path:
-    """A module ``planted_mod`` in ``folder`` whose import creates ``folder/imported`` (the sentinel returned)."""
+    """A module `planted_mod` in `folder` whose import creates `folder/imported` (the sentinel returned)."""
     sentinel = folder / "imported"
     (folder / "planted_mod.py").write_text(
         f"open({str(sentinel)!r}, 'w').close()\n"
@@ -229,8 +229,8 @@ DYNAMIC = {"import_module", "__import__", "spec_from_file_location", "module_fro
 
 
 def _dynamic_calls(path: Path) -> list[str]:
-    """'file:line: what' for every call in ``path`` that imports or runs code by a run-time name: importlib and
-    exec/eval, an entry point's ``load()``, an EntryPoint made from a string, pickle, and np.load / torch.load
+    """'file:line: what' for every call in `path` that imports or runs code by a run-time name: importlib and
+    exec/eval, an entry point's `load()`, an EntryPoint made from a string, pickle, and np.load / torch.load
     without their safe settings."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):

@@ -1,9 +1,9 @@
 """Users' files keep the bits and the type they hold: every float format through every path of flashsim.userdata.
 
 Expected bits are the bits the test wrote (uint views of arrays made here), never the loader's own output.
-Paths: .npz, stacked .npy, .pt (dict, list, stacked tensor) through ``--data``, and one file each through
-``--q/--k/--v``.  What ``np.save`` writes for ml_dtypes arrays (raw bytes, or ``'<f1'`` for float8_e5m2) is
-checked against the file's own header, and ``--input-format`` is checked to name raw bytes only.
+Paths: .npz, stacked .npy, .pt (dict, list, stacked tensor) through `--data`, and one file each through
+`--q/--k/--v`.  What `np.save` writes for ml_dtypes arrays (raw bytes, or `'<f1'` for float8_e5m2) is
+checked against the file's own header, and `--input-format` is checked to name raw bytes only.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ TORCH_DTYPES = tuple(TORCH_FORMAT)
 
 
 def bits(fmt: str, shape: tuple[int, ...], seed: int) -> np.ndarray:
-    """Unsigned codes of ``fmt`` (every code of the narrow formats appears, NaN patterns included)."""
+    """Unsigned codes of `fmt` (every code of the narrow formats appears, NaN patterns included)."""
     dtype = DTYPES[fmt]
     rng = np.random.default_rng(seed)
     n = int(np.prod(shape))
@@ -314,7 +314,7 @@ def test_read_npy_matches_numpy_on_numpy_files():
 
 # ---- the command itself -------------------------------------------------------------------------------
 def test_cli_fp8_pt(tmp_path, capsys):
-    """``flashsim trace-row`` on a float8_e4m3fn .pt: refused with --input-format e5m2 (exit 2, one line)."""
+    """`flashsim trace-row` on a float8_e4m3fn .pt: refused with --input-format e5m2 (exit 2, one line)."""
     torch = pytest.importorskip("torch")
     from flashsim import cli
 

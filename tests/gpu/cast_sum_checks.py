@@ -1,9 +1,9 @@
-"""The ``cast_sum`` forward kernel against flashsim's model under Triton's CPU interpreter; run by
-tests/gpu/test_cast_sum_kernel.py as ``python tests/gpu/cast_sum_checks.py {full,causal}`` with ``TRITON_INTERPRET=1``
+"""The `cast_sum` forward kernel against flashsim's model under Triton's CPU interpreter; run by
+tests/gpu/test_cast_sum_kernel.py as `python tests/gpu/cast_sum_checks.py {full,causal}` with `TRITON_INTERPRET=1`
 (it prints "ok" or raises AssertionError).
 
-``python tests/gpu/cast_sum_checks.py api`` checks gpu.flash's defaults, names, the robust variant's warning and
-``promote_pv``'s refusals.
+`python tests/gpu/cast_sum_checks.py api` checks gpu.flash's defaults, names, the robust variant's warning and
+`promote_pv`'s refusals.
 The interpreter is not the H100 (gpu/kernels/interpreter.py): fp16 only, its sums and dots are numpy's, its
 FMA rounds twice.  The inputs are built so that none of that shows: with sm_scale = ln 2 the kernel's
 qk_scale is exactly 1, the scores are integers, so every P is a power of two (exp2 is exact there on both),
@@ -16,10 +16,10 @@ and every row sum is exact in float32 whatever its order:
 - block 2 (keys 128-149, ragged): scores -24 a or -26 a; V = 0.  2^-24 is fp16's smallest subnormal (kept),
   2^-26 rounds to 0.
 
-So the standard l counts P that P V never sees and ``cast_sum``'s does not: on a = 1 rows that see enough of
+So the standard l counts P that P V never sees and `cast_sum`'s does not: on a = 1 rows that see enough of
 blocks 1 or 2 the two l differ (a = 2: those P are below l's half ulp).  Per K/V block the kernel's debug
 outputs m, P (before its cast), l and acc must equal, bit for bit, what flashsim's
-``kernel_policy('fp16', 64, causal)`` steps compute with each variant, and each row's final l an oracle's
+`kernel_policy('fp16', 64, causal)` steps compute with each variant, and each row's final l an oracle's
 (exact block sums in float64, one float32 rounding a block).
 """
 

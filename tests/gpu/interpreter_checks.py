@@ -1,28 +1,28 @@
 """Checks of the Triton kernels' logic under Triton's CPU interpreter; run by tests/gpu/test_kernels_interpreter.py.
 
-The checks run with ``TRITON_INTERPRET=1`` (Triton reads it at import): one as
-``python tests/gpu/interpreter_checks.py CHECK [args]``, which raises AssertionError on a failure and prints "ok",
-or several in one process as ``python tests/gpu/interpreter_checks.py --batch "CHECK ARGS" ...`` (one RESULT line
+The checks run with `TRITON_INTERPRET=1` (Triton reads it at import): one as
+`python tests/gpu/interpreter_checks.py CHECK [args]`, which raises AssertionError on a failure and prints "ok",
+or several in one process as `python tests/gpu/interpreter_checks.py --batch "CHECK ARGS" ...` (one RESULT line
 each, what the tests run).
 The interpreter is not the H100 (gpu/kernels/interpreter.py says how), so the checks are:
 
-- ``forward``: O and LSE of the tl forward kernel against FP64 attention within fp16 tolerances, on
+- `forward`: O and LSE of the tl forward kernel against FP64 attention within fp16 tolerances, on
   ragged shapes (keys and queries not multiples of the tiles), causal or not, every softmax variant;
-- ``shifts``: on integer-valued q and k, whose scores are exact in any summation order (so the
+- `shifts`: on integer-valued q and k, whose scores are exact in any summation order (so the
   interpreter's numpy dot and the H100's wgmma give the same scores), many of them tied, the running max m
   the kernel keeps after every K/V block (its debug output) equals, bit for bit, the m that flashsim's
-  model of the kernel (``gpu.policies.kernel_policy``) computes: the tie counts, thresholds, the split
+  model of the kernel (`gpu.policies.kernel_policy`) computes: the tie counts, thresholds, the split
   rule and the shifts of the fixes, the causal and ragged masks and the block order all agree;
-- ``backward``: dQ, dK, dV of the backward kernels against FP64 autograd;
-- ``heads``: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
-  here with ``flash.heads_per_launch(4)``) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
-- ``empty``: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0;
-- ``arguments``: bad arguments raise errors that name them instead of being coerced (a string for a
+- `backward`: dQ, dK, dV of the backward kernels against FP64 autograd;
+- `heads`: a batch split into several launches of consecutive heads (as beyond CUDA's 65535 grid rows,
+  here with `flash.heads_per_launch(4)`) gives the bits of one launch: O, LSE, the debug outputs, dQ, dK, dV, delta;
+- `empty`: no keys gives O = 0 and LSE = -inf (SDPA's convention) and dQ = 0; no queries dK = dV = 0;
+- `arguments`: bad arguments raise errors that name them instead of being coerced (a string for a
   flag or a scale, a scale whose float32 rounding is 0 or Inf, backward's o / do / lse of another shape or
-  dtype, another device), and a second derivative through ``flash.attention`` raises instead of being 0;
-- ``v_transposed``: V read transposed (FP8's layout, ``v_transposed=True`` for fp16) gives the bits of V as
+  dtype, another device), and a second derivative through `flash.attention` raises instead of being 0;
+- `v_transposed`: V read transposed (FP8's layout, `v_transposed=True` for fp16) gives the bits of V as
   given;
-- ``causality``: under causal masking a row never sees a later key: not a score far above its own (the
+- `causality`: under causal masking a row never sees a later key: not a score far above its own (the
   tutorial's -1e6 bias let it win), not a NaN (which made the earlier rows of its tile NaN).
 """
 
@@ -141,7 +141,7 @@ def check_empty(causal: bool) -> None:
 
 
 def _raises(error: type, match: str, fn, *args, **kwargs) -> None:
-    """fn(*args, **kwargs) raises ``error`` with ``match`` (plain text, not a pattern) in its message."""
+    """fn(*args, **kwargs) raises `error` with `match` (plain text, not a pattern) in its message."""
     with pytest.raises(error, match=re.escape(match)):
         fn(*args, **kwargs)
 
@@ -237,7 +237,7 @@ def check_causality(causal: bool) -> None:
 
 
 def run_check(argv: list[str]) -> None:
-    """One check: ``argv`` = [CHECK, 'full' or 'causal', softmax if the check takes one]."""
+    """One check: `argv` = [CHECK, 'full' or 'causal', softmax if the check takes one]."""
     check, *args = argv
     causal = args[0] == "causal"
     if check == "forward":
@@ -264,7 +264,7 @@ def run_check(argv: list[str]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``CHECK ARGS...``: one check, then "ok".  ``--batch "CHECK ARGS" ...``: each check in turn in this one
+    """`CHECK ARGS...`: one check, then "ok".  `--batch "CHECK ARGS" ...`: each check in turn in this one
     process (the interpreter's start-up paid once), a line "RESULT <check args>: ok" or "RESULT <check args>:
     FAIL" followed by its traceback for each, then "done"."""
     if argv[:1] != ["--batch"]:

@@ -1,4 +1,4 @@
-"""The kernels' ``cast_sum`` softmax (l summed from P as cast for P V): its logic against flashsim's model under
+"""The kernels' `cast_sum` softmax (l summed from P as cast for P V): its logic against flashsim's model under
 Triton's CPU interpreter, the defaults and warnings of gpu.flash, and the H100 recording
 (gpu/data/cast_sum.json: the SHA-256 of every output) against the emulator, bit for bit."""
 

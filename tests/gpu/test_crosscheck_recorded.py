@@ -1,6 +1,6 @@
 """The emulator reproduces our Triton kernels bit for bit: every recorded H100 case, checked on the CPU.
 
-Recorded by ``OUT=$OUT bash studies/device/run_attention.sh --sections record`` (provenance in
+Recorded by `OUT=$OUT bash studies/device/run_attention.sh --sections record` (provenance in
 gpu/data/recorded.json, which keeps the SHA-256 of every output: flashsim.recording); inputs are regenerated
 from their seeds (gpu/crosscheck/cases.py), the emulator's outputs hashed and compared.
 """
@@ -71,7 +71,7 @@ def test_check_reports_differences():
 
 # ---- FP8 E4M3 forward -------------------------------------------------------------------------------------
 def test_fp8_forward_bit_identical():
-    """Recorded by ``OUT=$OUT bash studies/device/run_attention.sh --sections fp8`` (gpu/data/recorded.json, 'fp8'):
+    """Recorded by `OUT=$OUT bash studies/device/run_attention.sh --sections fp8` (gpu/data/recorded.json, 'fp8'):
     q, k, v and P in e4m3 on the fp8 tensor cores, O in bf16; emulated by gpu.policies.triton_policy('e4m3')."""
     cases = [Case(**c) for c in META["fp8"]["cases"] if f"f8/{Case(**c).key}/o" in REC]
     assert len(cases) >= 40 and {c.softmax for c in cases} == {"standard", "stabilised", "robust"}

@@ -1,9 +1,9 @@
-"""Bad input to gpu's API and to ``python -m gpu.crosscheck`` fails in one line naming the argument.
+"""Bad input to gpu's API and to `python -m gpu.crosscheck` fails in one line naming the argument.
 
 The policies of our kernels and of SDPA's backends refuse bad arguments with a ValueError naming the argument and
-what it accepts (the values they compute for good arguments are unchanged); ``kernel_run`` says what it is missing
-(torch, a CUDA GPU) before any work; and every option of ``python -m gpu.crosscheck`` given in a mode where it does
-not apply (``--causal`` without ``--live``, ``--folder`` with it, ...) is refused before anything runs.
+what it accepts (the values they compute for good arguments are unchanged); `kernel_run` says what it is missing
+(torch, a CUDA GPU) before any work; and every option of `python -m gpu.crosscheck` given in a mode where it does
+not apply (`--causal` without `--live`, `--folder` with it, ...) is refused before anything runs.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Triton attention kernels: compiled for the H100 on the CPU (no GPU needed), and run live on a GPU.
 
-The compile tests need triton only; the live tests (marked ``gpu``) need CUDA and skip without it.
+The compile tests need triton only; the live tests (marked `gpu`) need CUDA and skip without it.
 """
 
 import contextlib
@@ -30,10 +30,10 @@ CONSTS = SoftmaxConstants(*[0.5] * len(SoftmaxConstants._fields))  # float value
 
 
 def _compile(fn, args, constexprs, **options):
-    """``fn`` compiled for the H100 as ``fn[grid](*args, **constexprs, **options)`` compiles it on one: Triton
+    """`fn` compiled for the H100 as `fn[grid](*args, **constexprs, **options)` compiles it on one: Triton
     3.6's own binder specialises the arguments (pointers 16-byte aligned and integers divisible by 16 marked
-    so, integers equal to 1 made constants, records field by field), then ``triton.compile`` as
-    ``JITFunction.run`` calls it.  The compiled kernel's ``ptxas_log`` holds ptxas -v's report when this call
+    so, integers equal to 1 made constants, records field by field), then `triton.compile` as
+    `JITFunction.run` calls it.  The compiled kernel's `ptxas_log` holds ptxas -v's report when this call
     ran ptxas (Triton runs it with -v), "" when the kernel came from Triton's cache."""
     kwargs = {**constexprs, **options}
     binder = create_function_from_signature(fn.signature, fn.params, BACKEND)
@@ -52,7 +52,7 @@ def _compile(fn, args, constexprs, **options):
 
 @contextlib.contextmanager
 def _knob(group, name: str, value):
-    """Triton knob ``name`` of ``group`` set to ``value`` for a block."""
+    """Triton knob `name` of `group` set to `value` for a block."""
     old = getattr(group, name)
     setattr(group, name, value)
     try:
@@ -67,10 +67,10 @@ def _ptr(dtype: torch.dtype = torch.float32) -> torch.Tensor:
 
 
 def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False, promote=None):
-    """The tl forward kernel for tiles ``key`` = (d, causal) with N_Q = N_K = ``n``, as gpu.flash launches it
-    (``n = 1``: N_K and N_BLK made constants, N_Q not, as the kernel asks).  ``dtype``: 'bf16' or 'fp8'
-    (e4m3, O in bf16); ``v_t``: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V);
-    ``promote``: PROMOTE_PV (None: gpu.flash's default for the dtype)."""
+    """The tl forward kernel for tiles `key` = (d, causal) with N_Q = N_K = `n`, as gpu.flash launches it
+    (`n = 1`: N_K and N_BLK made constants, N_Q not, as the kernel asks).  `dtype`: 'bf16' or 'fp8'
+    (e4m3, O in bf16); `v_t`: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V);
+    `promote`: PROMOTE_PV (None: gpu.flash's default for the dtype)."""
     d, causal = key
     cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
     x = _ptr(DTYPES[dtype])
@@ -164,7 +164,7 @@ def test_every_head_dim_has_forward_and_backward_tiles():
 
 
 def _compile_backward(d, causal, n):
-    """The dK/dV and dQ kernels, bf16, N_Q = N_K = ``n``, with the head dim's tiles, as gpu.flash launches them."""
+    """The dK/dV and dQ kernels, bf16, N_Q = N_K = `n`, with the head dim's tiles, as gpu.flash launches them."""
     cfg = BWD_CONFIGS[d]
     x, f = _ptr(torch.bfloat16), _ptr()
     const = dict(HEAD_DIM=d, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, CAUSAL=causal)
@@ -201,9 +201,9 @@ def test_backward_compiles_for_one_query(d):
 
 
 def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000, promote=None):
-    """The overlap kernel as gpu.flash launches it for ``dtype`` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
-    V transposed) and N_Q = N_K = ``n``, with that dtype's tiles (or ``cfg``) and gpu.flash.overlap_options;
-    ``promote``: PROMOTE_PV (None: gpu.flash's default)."""
+    """The overlap kernel as gpu.flash launches it for `dtype` ('bf16', 'fp16' or 'fp8': e4m3, O in bf16,
+    V transposed) and N_Q = N_K = `n`, with that dtype's tiles (or `cfg`) and gpu.flash.overlap_options;
+    `promote`: PROMOTE_PV (None: gpu.flash's default)."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -241,7 +241,7 @@ def _compile_overlap(d, causal, softmax, dtype="bf16", cfg=None, n=1000, promote
 
 
 def _ptxas_log(kernel) -> str:
-    """ptxas -v's report on a kernel compiled by :func:`_compile` for sm_90a: the one its compile printed, or,
+    """ptxas -v's report on a kernel compiled by `_compile` for sm_90a: the one its compile printed, or,
     for a kernel from Triton's cache, Triton's bundled ptxas run again on its PTX (skips the test without it)."""
     if "Used" in getattr(kernel, "ptxas_log", ""):
         return kernel.ptxas_log
@@ -340,7 +340,7 @@ _P_WIDENS = {"bf16": ("cvt.f32.bf16",), "fp8": ()}
 
 
 def _rounded_to(ptx: str, dtype: str) -> int:
-    """How many float32 values the PTX rounds to ``dtype`` (packed conversions count two)."""
+    """How many float32 values the PTX rounds to `dtype` (packed conversions count two)."""
     return sum(n * len(re.findall(re.escape(op) + r"\b", ptx)) for op, n in _P_CASTS[dtype].items())
 
 
@@ -483,7 +483,7 @@ def test_softmax_constants_are_float32_roundings_and_cached_per_variant_and_scal
 
 
 def test_float32_constants_have_the_bits_flashsim_gives_them():
-    """gpu.flash rounds the kernels' scalars to float32 by numpy's cast; flashsim, whose ``triton_h100`` policy
+    """gpu.flash rounds the kernels' scalars to float32 by numpy's cast; flashsim, whose `triton_h100` policy
     repeats the kernels, rounds them by the emulator (flashsim.arith.constant under FP32).  The bits agree:
     for every constant of 41 variants (the standard one, 16 (eps, beta) of the stabilised, 24 (p_precision,
     beta, max_shift) of the robust) over 620 scales (1/sqrt(d) for d up to 512, and 10^-6 to 10^3), and for
@@ -715,7 +715,7 @@ def test_live_fp8_overlap_kernel_equals_triton_kernel(d):
 @cuda
 @pytest.mark.parametrize("d", [64, 128])
 def test_live_fp8_transposed_v_keeps_the_bits(d):
-    """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead (``v_transposed=False``),
+    """FP8 reads V transposed (gpu.flash.V_TRANSPOSED): reading V as given instead (`v_transposed=False`),
     on the same tiles, gives the same O and LSE bits; ragged lengths (a row of V^T padded to 16 keys),
     adversarial inputs, both maskings, every softmax."""
     from gpu import flash
@@ -734,7 +734,7 @@ def test_live_fp8_transposed_v_keeps_the_bits(d):
 def test_live_direct_launch_follows_specialisations():
     """gpu.launch reuses a compiled kernel only for its specialisation: after aligned calls, tensors
     starting 2 bytes off a 16-byte boundary and lengths of 1 and 17 (not divisible by 16) get their own
-    kernels, and every call gives the bits of Triton's own launch path (``with gpu.launch.direct(False):``)."""
+    kernels, and every call gives the bits of Triton's own launch path (`with gpu.launch.direct(False):`)."""
     import numpy as np
 
     from gpu import flash, launch

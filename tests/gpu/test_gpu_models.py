@@ -1,4 +1,4 @@
-"""emufloat's hardware models against this machine's GPU, live (``-m gpu``; skipped without CUDA).
+"""emufloat's hardware models against this machine's GPU, live (`-m gpu`; skipped without CUDA).
 
 Small versions of the sections of studies/device/verify_models.py, which the recorded data in tests/data/h100 came from.
 """

@@ -1,5 +1,5 @@
 """The gpu row engine of flashsim sweep: which cells it computes (the mapping, checked without a GPU), and on a
-GPU (marked ``gpu``, skipped without CUDA) a tiny sweep with --engine gpu equal to the same sweep on the CPU."""
+GPU (marked `gpu`, skipped without CUDA) a tiny sweep with --engine gpu equal to the same sweep on the CPU."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """gpu imports no code that an argument names unless the user allows its module (flashsim.trust).
 
-``python -m gpu.crosscheck --kernel module:function`` and ``--policy module:function`` import the module only with
-``--allow-import MODULE``; :func:`gpu.crosscheck.kernel_run` resolves a policy reference only within its
-``allow_import``.  Malicious arguments name ``os:system`` with a command that would create a file, or a module
+`python -m gpu.crosscheck --kernel module:function` and `--policy module:function` import the module only with
+`--allow-import MODULE`; `gpu.crosscheck.kernel_run` resolves a policy reference only within its
+`allow_import`.  Malicious arguments name `os:system` with a command that would create a file, or a module
 planted in the current folder whose import creates one: refused in one line with exit status 2, and nothing is
 created.  With the opt-in, a harmless module of the user's is accepted.
 """
@@ -30,8 +30,8 @@ PLANTED = "gpu_trust_planted"
 
 @pytest.fixture
 def planted(tmp_path, monkeypatch):
-    """A module ``gpu_trust_planted`` in ``tmp_path`` (on sys.path) whose import creates ``tmp_path/imported``
-    (returned): a kernel ``attn`` and a policy function ``make`` (flashsim's fa2)."""
+    """A module `gpu_trust_planted` in `tmp_path` (on sys.path) whose import creates `tmp_path/imported`
+    (returned): a kernel `attn` and a policy function `make` (flashsim's fa2)."""
     sentinel = tmp_path / "imported"
     (tmp_path / f"{PLANTED}.py").write_text(
         f"open({str(sentinel)!r}, 'w').close()\n"
@@ -46,7 +46,7 @@ def planted(tmp_path, monkeypatch):
 
 
 def run_crosscheck(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    """``python -m gpu.crosscheck ARGV`` in ``cwd`` (first on sys.path, as in a user's shell)."""
+    """`python -m gpu.crosscheck ARGV` in `cwd` (first on sys.path, as in a user's shell)."""
     return subprocess.run(
         [sys.executable, "-m", "gpu.crosscheck", *argv],
         cwd=cwd,

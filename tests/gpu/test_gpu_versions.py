@@ -1,4 +1,4 @@
-"""``import gpu`` warns once when torch, Triton or CUDA differ from what the modelled kernels were calibrated on
+"""`import gpu` warns once when torch, Triton or CUDA differ from what the modelled kernels were calibrated on
 (gpu.versions), naming the installed and the calibrated versions and the kernels and policies affected, and says
 nothing when they match, or where the differing package cannot run the kernels (torch's CPU build)."""
 

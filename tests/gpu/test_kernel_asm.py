@@ -4,8 +4,8 @@ A signed loop index makes Numba add negative-index wraparound, and LLVM then vec
 and stores as AVX-512 gathers and scatters (24 of each in the cast kernel, several times slower, with
 4 KiB-aliasing slow modes); the kernels index with unsigned integers instead.  Compiled in a fresh
 process with an empty Numba cache (cached code cannot be inspected); on CPUs without gather instructions
-the check passes trivially.  The hot loops live in each kernel's serial block function (``_cast_block``,
-``_arith_block``), which the parallel kernel links in.
+the check passes trivially.  The hot loops live in each kernel's serial block function (`_cast_block`,
+`_arith_block`), which the parallel kernel links in.
 """
 
 import os

@@ -1,7 +1,7 @@
 """Property tests of our attention kernels on Hypothesis-drawn adversarial inputs (flashsim.testing).
 
 Properties:
-1. kernel == emulator, bit for bit: live on a GPU (tests marked ``gpu``); without one, drawn from the
+1. kernel == emulator, bit for bit: live on a GPU (tests marked `gpu`); without one, drawn from the
    recorded H100 runs (gpu/data).
 2. fix on == fix off within the bound exact arithmetic allows (the fixes only change the shift, under which
    softmax is invariant): per row |O_fix - O_std| <= 2 (2u + 2 n_k 2^-23 + 2^-20) max|v| with u = 2^-p

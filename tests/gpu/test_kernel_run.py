@@ -15,7 +15,7 @@ from gpu.crosscheck import kernel_run  # noqa: E402
 
 
 def emulated_kernel(policy, bump: bool = False):
-    """A 'kernel' that is the emulator itself (torch tensors in and out); ``bump`` changes one bit of O."""
+    """A 'kernel' that is the emulator itself (torch tensors in and out); `bump` changes one bit of O."""
 
     def kernel(q, k, v, causal, sm_scale):
         f = fs.flash_forward(*(t[0].float().numpy() for t in (q, k, v)), policy, causal=causal, sm_scale=sm_scale)

@@ -1,10 +1,10 @@
 """Model a kernel that is not the project's, with the public API only, and cross-check it bit for bit.
 
 The kernel below is a small Triton flash-attention forward written here (fp16, 64 x 64 tiles, 4 warps, N a
-multiple of 64, no masking; the LSE in base 2 from ``tl.math.log2``).  Its policy is built from flashsim's
+multiple of 64, no masking; the LSE in base 2 from `tl.math.log2`).  Its policy is built from flashsim's
 step specs and emufloat's H100 models, and registered under a name so that saved runs name it.  On a GPU
-the kernel runs live; everywhere, its recorded H100 runs (``tests/data/model_your_kernel/tiny.json``: the SHA-256
-of each run's outputs, kept from the live test's files with ``RECORD_DIR`` set) are checked against the emulator.
+the kernel runs live; everywhere, its recorded H100 runs (`tests/data/model_your_kernel/tiny.json`: the SHA-256
+of each run's outputs, kept from the live test's files with `RECORD_DIR` set) are checked against the emulator.
 docs/model-your-kernel.md walks through the same steps.
 """
 
@@ -97,7 +97,7 @@ def run_tiny(q, k, v, sm_scale):
 def tiny_kernel(q, k, v, causal, sm_scale):
     """The kernel as gpu.crosscheck calls one: (1, 1, N, d) tensors in, (O, LSE) out (no causal masking).
 
-    ``python -m gpu.crosscheck --live --kernel tests.test_model_your_kernel:tiny_kernel --policy tiny_kernel``
+    `python -m gpu.crosscheck --live --kernel tests.test_model_your_kernel:tiny_kernel --policy tiny_kernel`
     """
     if causal:
         raise ValueError("causal: the test's kernel does not mask")

@@ -1,11 +1,11 @@
 """The backward's NaN encoding: a recorded case whose rows are NaN matches the kernel's bits in every output.
 
-Recorded on the GPU by ``PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT`` (card and versions in
+Recorded on the GPU by `PYTHONPATH=. python -m studies.device.record_nan_backward --out $OUT` (card and versions in
 each
-run's note; kept whole by ``python -m tools.keep_recording nan-backward $OUT``; gpu/data/README.md): the stabilised
+run's note; kept whole by `python -m tools.keep_recording nan-backward $OUT`; gpu/data/README.md): the stabilised
 fix's l = 0 rows (O = 0/0) carry NaN into
 delta, dS, dQ, dK and dV.  The kernels write every such NaN as 0x7FFF (bf16 and fp16) and 0x7FFFFFFF (fp32
-delta), emufloat its canonical quiet NaN; ``triton_policy``'s ``nan_bits`` on the gradients' output casts and
+delta), emufloat its canonical quiet NaN; `triton_policy`'s `nan_bits` on the gradients' output casts and
 on delta model the hardware's encoding, as the forward's output step does.
 """
 
@@ -29,7 +29,7 @@ def run(request):
 
 
 def test_recording_is_the_constructed_case_with_nan_rows(run):
-    """The inputs are :func:`nan_rows_inputs`' (so the recording can be redone), O is NaN in those rows and
+    """The inputs are `nan_rows_inputs`' (so the recording can be redone), O is NaN in those rows and
     finite elsewhere, and every backward output holds NaNs, written as the kernels write them."""
     x = nan_rows_inputs(run.dtype)
     for name in ("q", "k", "v", "do"):

@@ -6,7 +6,7 @@ The GPU ran the tutorial file unmodified, its autotuner included, and SDPA throu
 every kind (studies/device/record_kernels.py; provenance in each folder's others.json, which keeps the SHA-256 of
 every output: flashsim.recording; others.npz, where present, the GPU's bits where the emulator differs); each
 case is held to
-``gpu.policies.tutorial_policy`` for the tiles the autotuner chose, or to ``gpu.policies.sdpa_flash_policy``.
+`gpu.policies.tutorial_policy` for the tiles the autotuner chose, or to `gpu.policies.sdpa_flash_policy`.
 """
 
 from pathlib import Path
@@ -110,7 +110,7 @@ def test_fa2_dq_atomics_are_nondeterministic_only_beyond_two_kv_blocks():
 
 
 def _differ(runs, outputs, **change) -> int:
-    """How many of ``runs`` differ in some of ``outputs`` under their policy with ``change`` (by the digests)."""
+    """How many of `runs` differ in some of `outputs` under their policy with `change` (by the digests)."""
     import dataclasses
 
     total = 0
@@ -244,7 +244,7 @@ def test_efficient_deterministic_cases_have_several_key_blocks():
 
 
 def _with_kv_order(run, order: str):
-    """The run's policy with the key blocks continuing dQ in ``order``."""
+    """The run's policy with the key blocks continuing dQ in `order`."""
     import dataclasses
 
     pol = run.resolve_policy()

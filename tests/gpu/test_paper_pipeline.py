@@ -1,10 +1,10 @@
-"""Qiu & Yao's reference attention as it runs on the GPU, replayed bit for bit by the ``qiu_yao`` policy.
+"""Qiu & Yao's reference attention as it runs on the GPU, replayed bit for bit by the `qiu_yao` policy.
 
-Their ``attention.py`` ran eagerly under CUDA bf16 autocast on an H200 (torch 2.11), forward and their
-hand-written backward, fix off and on (``studies/device/run_pipelines.sh``); the kept cases (the SHA-256 of their
+Their `attention.py` ran eagerly under CUDA bf16 autocast on an H200 (torch 2.11), forward and their
+hand-written backward, fix off and on (`studies/device/run_pipelines.sh`); the kept cases (the SHA-256 of their
 outputs, flashsim.recording) are in tests/data/paper (N = 200: one 512-key tile, O, LSE, dQ, dK, dV) and
 tests/data/paper_640 (two tiles, forward).  The torch ops between its GEMMs were probed on their own
-(``python -m studies.probes.torch_ops``): torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and
+(`python -m studies.probes.torch_ops`): torch.sum's order at every shape the pipeline runs (FPRev), torch.exp and
 torch.log of every bf16 value.
 """
 
@@ -55,7 +55,7 @@ def _identical_cases(runs, **change) -> int:
 
 
 def _some_case_lost(runs, **change) -> bool:
-    """Whether the changed policy loses at least one of ``runs`` (each identical as recorded: the test above)."""
+    """Whether the changed policy loses at least one of `runs` (each identical as recorded: the test above)."""
     return any(_identical_cases([run], **change) == 0 for run in runs)
 
 

@@ -1,7 +1,7 @@
-"""FP8 P V promoted to FP32 every 32 keys (``promote_pv``, the FP8 kernel's default): the policy that models it,
+"""FP8 P V promoted to FP32 every 32 keys (`promote_pv`, the FP8 kernel's default): the policy that models it,
 the lean it removes on dense rows, and the H100 recording (gpu/data/promote_pv.json: the SHA-256 of every output)
 against the emulator, bit for bit.  The compiled code's shape is checked in tests/gpu/test_gpu_kernels.py
-(``test_fp8_promotion_starts_every_pv_wgmma_from_zero``)."""
+(`test_fp8_promotion_starts_every_pv_wgmma_from_zero`)."""
 
 import pytest
 

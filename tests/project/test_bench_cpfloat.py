@@ -51,7 +51,7 @@ def test_same_values_counts_differences_and_nans():
 
 
 def round_exact(q: Fraction, target, negative: bool) -> float:
-    """q rounded to nearest (ties to even) in ``target``: precision p, exponent range [emin, emax],
+    """q rounded to nearest (ties to even) in `target`: precision p, exponent range [emin, emax],
     subnormals; a rounded magnitude above the largest value gives inf (infinity) or NaN."""
     if q == 0:
         return -0.0 if negative else 0.0

@@ -22,8 +22,8 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path, top_level_only: bool = False) -> set[str]:
-    """The modules ``path`` imports (relative imports resolved); ``top_level_only``: only statements run at
-    import (not inside functions, not under ``if TYPE_CHECKING``)."""
+    """The modules `path` imports (relative imports resolved); `top_level_only`: only statements run at
+    import (not inside functions, not under `if TYPE_CHECKING`)."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text())

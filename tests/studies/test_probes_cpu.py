@@ -7,7 +7,7 @@
   command line and its import hygiene (no torch in the parent).
 - torch on the CPU (skipped without torch): the exp2/exp pipeline with a fake table-based ex2 unit (the
   verification must find 0 mismatches), the division and reduction pipelines with fake backends.
-- ``@pytest.mark.gpu``: a tiny version of each probe on a CUDA device (skipped without torch, triton or CUDA).
+- `@pytest.mark.gpu`: a tiny version of each probe on a CUDA device (skipped without torch, triton or CUDA).
 """
 
 from __future__ import annotations
@@ -216,7 +216,7 @@ def test_formats_are_emufloat_formats():
 # tensor-core model: the probes' parameters on emufloat's FusedBlock
 # ----------------------------------------------------------------------------------------------------------
 def _model_dots(a_bits, b_bits, c_bits, fmt, model):
-    """N independent dot products (rows of a_bits, b_bits; C bits or None) under ``model`` with emufloat:
+    """N independent dot products (rows of a_bits, b_bits; C bits or None) under `model` with emufloat:
     a fake tensor core. Returns the float32 result bits."""
     mask = (1 << fmt.nbits) - 1
     a, b = ((np.asarray(x).astype(np.int64) & mask).astype(fmt.uint).view(fmt.dtype) for x in (a_bits, b_bits))
@@ -228,7 +228,7 @@ def _model_dots(a_bits, b_bits, c_bits, fmt, model):
 
 
 def _dots(a, b, c, fmt, model):
-    """Like _model_dots on float64 values of ``fmt``; returns float64."""
+    """Like _model_dots on float64 values of `fmt`; returns float64."""
     ab, bb = (formats.encode_array(x, fmt) for x in (a, b))
     cb = None if c is None else np.asarray(c, dtype=np.float32).view(np.uint32)
     return _model_dots(ab, bb, cb, fmt, model).view(np.float32).astype(np.float64)

@@ -348,6 +348,26 @@ def as_format(fmt: Format | str | np.dtype | type, argname: str = "fmt") -> Form
     )
 
 
+def register_format(fmt: Format, *aliases: str, replace: bool = False) -> Format:
+    """Make ``fmt`` a name users can type (``fmt.name`` and ``aliases``) wherever a format is accepted: in the
+    API, in sweep specs and on the command line.  A format needs no registering to be used as a value; a name
+    already taken by another format is refused unless ``replace=True``."""
+    if not isinstance(fmt, Format):
+        raise TypeError(f"fmt: expected a Format, got {type(fmt).__name__}")
+    names = [fmt.name, *aliases]
+    for name in names:
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"fmt: expected a non-empty name, got {name!r}")
+        key = name.strip().lower()
+        taken = PRESETS.get(_ALIASES.get(key, key))
+        if taken is not None and taken != fmt and not replace:
+            raise ValueError(f"fmt: {name!r} names {taken.name} already; pass replace=True")
+    PRESETS[fmt.name.strip().lower()] = fmt
+    for name in aliases:
+        _ALIASES[name.strip().lower()] = fmt.name.strip().lower()
+    return fmt
+
+
 def format_of_dtype(dtype: np.dtype) -> Format | None:
     """The Format whose encoding is ``dtype``'s, or None."""
     found = _FORMAT_OF_DTYPE.get(dtype)  # a dtype object: no conversion

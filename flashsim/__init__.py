@@ -19,7 +19,15 @@ from .backward import BackwardResult, flash_backward, reference_backward
 from .functions import FunctionModel, register_function
 from .policy import Policy, PolicyRef, get_policy, policy_names, register_policy, register_policy_function
 from .presets import BASELINE_BF16, FA2, FP32_POLICY, FP64_GOLDEN
-from .softmax import STANDARD, CastSumSoftmax, RobustSoftmax, SoftmaxVariant, StabilisedSoftmax, get_softmax
+from .softmax import (
+    STANDARD,
+    CastSumSoftmax,
+    RobustSoftmax,
+    SoftmaxVariant,
+    StabilisedSoftmax,
+    get_softmax,
+    register_softmax,
+)
 from .stepper import step_rows, trace_row
 
 __all__ = [
@@ -50,6 +58,7 @@ __all__ = [
     "register_function",
     "register_policy",
     "register_policy_function",
+    "register_softmax",
     "step_rows",
     "trace_row",
 ]

@@ -10,9 +10,10 @@ Variants: `StandardSoftmax`, `StabilisedSoftmax` (Qiu & Yao), `RobustSoftmax`
 ties split across K/V blocks, eps narrower than the round-to-1 band), `DitheredSoftmax` (the
 robust variant's detection with a shift that varies from row to row, and l summed from P as cast) and
 `CastSumSoftmax` (the standard shift, l summed from P as cast); see docs/fix.md.  A new variant is
-a class with the same method; it receives the running max ``m_old`` and ``ctx.spec`` (how its own
-arithmetic rounds).  A variant may also set ``l_from_cast_p``: the tiled forward then sums the normaliser
-l from P as cast for the P V product (`sums_cast_p()`).
+a class with the same method, registered by `register_softmax()` (examples/extend/softmax_variant.py); it
+receives the running max ``m_old`` and ``ctx.spec`` (how its own arithmetic rounds).  A variant may also set
+``l_from_cast_p``: the tiled forward then sums the normaliser l from P as cast for the P V product
+(`sums_cast_p()`).
 """
 
 from __future__ import annotations
@@ -321,9 +322,31 @@ VARIANTS = {
 }
 
 
+def register_softmax(variant: type, *, replace: bool = False) -> type:
+    """Make a variant class available by its name (its ``name`` field's default) wherever a variant is named:
+    `get_softmax()`, sweep specs and the command line's ``--softmax``.  Usable as a class decorator.  The class
+    must construct with no arguments into a `SoftmaxVariant`; a name already taken by another class is refused
+    unless ``replace=True``."""
+    if not isinstance(variant, type):
+        raise TypeError(f"variant: expected a class, got {type(variant).__name__}")
+    try:
+        sample = variant()
+    except TypeError as e:
+        raise TypeError(
+            f"variant: {variant.__name__} must construct with no arguments (defaults for all): {e}"
+        ) from None
+    if not isinstance(sample, SoftmaxVariant) or not isinstance(sample.name, str) or not sample.name:
+        raise TypeError(f"variant: {variant.__name__} must have a non-empty name and a block_max method")
+    taken = VARIANTS.get(sample.name)
+    if taken is not None and taken is not variant and not replace:
+        raise ValueError(f"variant: {sample.name!r} is {taken.__name__} already; pass replace=True")
+    VARIANTS[sample.name] = variant
+    return variant
+
+
 def get_softmax(name: str | SoftmaxVariant, **params: float) -> SoftmaxVariant:
-    """A variant by name ('standard', 'stabilised', 'robust', 'dithered', 'cast_sum'), with its parameters; an
-    object passes through."""
+    """A variant by name ('standard', 'stabilised', 'robust', 'dithered', 'cast_sum', or one registered by
+    `register_softmax()`), with its parameters; an object passes through."""
     if isinstance(name, SoftmaxVariant) and not isinstance(name, str):
         return name
     if name not in VARIANTS:

@@ -13,11 +13,10 @@ from ..policy import ALIASES, PolicyRef, get_policy, policy_names
 from ..softmax import VARIANTS, StabilisedSoftmax, get_softmax
 from ..trust import allowed_modules
 
-SOFTMAX_SETS = {"both": ("standard", "stabilised"), "all": tuple(VARIANTS)}
-
 
 def softmax_variants(spec: str, beta: float | None, eps: float | None) -> list:
-    names = SOFTMAX_SETS.get(spec, tuple(x.strip() for x in spec.split(",") if x.strip()))
+    sets = {"both": ("standard", "stabilised"), "all": tuple(VARIANTS)}  # "all": registered ones included
+    names = sets.get(spec, tuple(x.strip() for x in spec.split(",") if x.strip()))
     if not names:
         raise UsageError(f"--softmax: expected standard, stabilised, robust, both, all or a comma list, got {spec!r}")
     for i, n in enumerate(names):

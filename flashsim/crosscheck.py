@@ -116,7 +116,10 @@ class KernelRun:
     ``outputs``: 'o', 'lse' and, for a backward run, 'dq', 'dk', 'dv', 'delta' (uint16 bits of the formats
     the policy stores O and the gradients in, uint32 bits of float32 for LSE and delta).  ``debug``: 'm',
     'l' (H, blocks, N_q), 'p' (H, blocks, N_q, BLOCK_N), 'acc' (H, blocks, N_q, d) as uint32 bits of
-    float32, NaN where the kernel skipped a block.  ``note``: where it came from.
+    float32, NaN where the kernel skipped a block.  ``note``: where it came from.  ``launch``: what the run
+    recorded about the launch that ran (the card and its SM count, the versions, the kernel's chosen tiles,
+    batch x heads, ...), as JSON values: the policy's parameters are derived from it when the run is made,
+    and a report shows it.
     """
 
     q: np.ndarray
@@ -131,8 +134,15 @@ class KernelRun:
     do: np.ndarray | None = None
     debug: dict[str, np.ndarray] = field(default_factory=dict)
     note: str = ""
+    launch: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.launch, dict) or not all(isinstance(k, str) for k in self.launch):
+            raise ValueError(f"launch: expected a dict of JSON values by name, got {type(self.launch).__name__}")
+        try:
+            json.dumps(self.launch, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"launch: expected JSON values (numbers, strings, lists, dicts), {exc}") from None
         try:
             as_format(self.dtype)
         except (TypeError, ValueError):
@@ -233,6 +243,7 @@ def save_run(path: str | Path, run: KernelRun) -> Path:
         "softmax": _variant_dict(run.softmax),
         "policy": ref.to_json(),
         "note": run.note,
+        "launch": run.launch,
     }
     try:
         text = json.dumps(meta)
@@ -291,6 +302,7 @@ def load_run(path: str | Path) -> KernelRun:
             do=arrays.get("do"),
             debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
             note=meta.get("note", ""),
+            launch=meta.get("launch", {}),
         )
     except Exception as exc:  # noqa: BLE001 - as above
         raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None

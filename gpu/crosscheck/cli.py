@@ -5,6 +5,7 @@ or live on this machine's GPU.
     python -m gpu.crosscheck --folder DIR        # every case of a device recording (run_attention.sh)
     python -m gpu.crosscheck --live --save DIR   # run the kernels on this GPU (debug intermediates on)
     python -m gpu.crosscheck --live --data qkv.npz --softmax robust --causal
+    python -m gpu.crosscheck --live --kernel sdpa:flash                # SDPA flash, its policy from the launch
     python -m gpu.crosscheck --live --kernel sdpa:flash --policy fa2   # another kernel against a policy
     python -m gpu.crosscheck --live --kernel mykernels:attn --allow-import mykernels --policy fa2
 
@@ -94,8 +95,9 @@ def _policy(target: str, kwargs: str | None, allow: tuple[str, ...]) -> PolicyRe
     return ref
 
 
-def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef, allow: tuple[str, ...]) -> tuple[list, int]:
-    """--kernel: the user's kernel on --data, or on the fresh-input grid, against --policy."""
+def _kernel_runs(args: argparse.Namespace, kernel, ref: PolicyRef | None, allow: tuple[str, ...]) -> tuple[list, int]:
+    """--kernel: the user's kernel on --data, or on the fresh-input grid, against --policy (None: the policy the
+    kernel builds from each launch)."""
     if args.data:
         arrs = _live_data(args.data)
         items = [(arrs, args.dtype, args.causal, args.softmax, Path(args.data).stem)]
@@ -172,8 +174,13 @@ def _check_modes(args: argparse.Namespace) -> None:
             raise UsageError(f"{_flag(dest)}: only with --live{with_what} ({_WHERE[dest]})")
         if needs and needs not in given:
             raise UsageError(f"{_flag(dest)}: only with {_flag(needs)} ({_WHERE[dest]})")
-    if args.kernel and not args.policy:
-        raise UsageError("--kernel: give the --policy it is checked against (a registered name or module:function)")
+    if args.kernel and not args.policy and not args.kernel.startswith("sdpa:"):
+        raise UsageError(
+            "--kernel: give the --policy it is checked against (a registered name or module:function); only "
+            "SDPA's backends (sdpa:BACKEND) have policies built from the launch that ran"
+        )
+    if args.kernel == "sdpa:math" and not args.policy:
+        raise UsageError("--kernel: sdpa:math has no model; give the --policy it is checked against")
     if args.data and args.max_len is not None:
         raise UsageError(f"--max-len: not with --data ({_WHERE['max_len']})")
 
@@ -190,7 +197,8 @@ def _main(args: argparse.Namespace) -> int:
     args.softmax = args.softmax or "standard"
     save = writable_dir(args.save, "--save") if args.save else None  # before any work
     if args.live and args.kernel:
-        kernel, ref = _kernel(args.kernel, allow), _policy(args.policy, args.policy_args, allow)  # before any work
+        kernel = _kernel(args.kernel, allow)  # before any work; without --policy, SDPA's from its launch
+        ref = _policy(args.policy, args.policy_args, allow) if args.policy else None
         require_gpu("--live")
         generated, total = _kernel_runs(args, kernel, ref, allow)
 
@@ -294,7 +302,9 @@ def build_parser() -> argparse.ArgumentParser:
         "or the fresh-input grid up to --max-len",
     )
     ap.add_argument(
-        "--policy", help="with --kernel: the policy to check it against (a registered name or module:function)"
+        "--policy",
+        help="with --kernel: the policy to check it against (a registered name or module:function); SDPA's "
+        "backends need none: their policy is built from the launch that ran (the card's SM count, batch x heads)",
     )
     ap.add_argument("--policy-args", help="with --policy module:function: its keyword arguments as JSON")
     ap.add_argument(

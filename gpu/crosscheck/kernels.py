@@ -1,15 +1,19 @@
 """Any attention kernel against the emulator: a callable `kernel(q, k, v, causal, sm_scale) -> (O, LSE)`.
 
 A kernel takes torch tensors of shape (1, H, N, d) (SDPA's layout) in the run's dtype and returns O of the
-same shape and the LSE (1, H, N) as float32, or None when it gives none.  `kernel_run` runs it on
-one set of heads and packages the result as a `KernelRun` with the policy it
-is to be checked against, so `flashsim.crosscheck.crosscheck`, `save_run`
-and `python -m flashsim crosscheck` work as for our own kernels.  `sdpa` gives PyTorch's
-scaled_dot_product_attention with a chosen backend as such a kernel.  torch is imported only when called.
+same shape and the LSE (1, H, N) as float32, or None when it gives none; a third element, a dict of JSON
+values, may say what the kernel chose (an autotuner's tiles, a split count) and is recorded with the launch.
+`kernel_run` runs it on one set of heads and packages the result as a `KernelRun` with the launch it
+recorded (`launch_record`: the card, its SM count, the versions, the shapes) and the policy it is to be
+checked against, so `flashsim.crosscheck.crosscheck`, `save_run` and `python -m flashsim crosscheck` work as
+for our own kernels.  A kernel that knows its own model has a `policy_for(launch)` method, and its policy's
+parameters then come from the launch that ran (`sdpa` gives PyTorch's scaled_dot_product_attention with a
+chosen backend as such a kernel).  torch is imported only when called.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Callable
@@ -24,16 +28,33 @@ from flashsim.softmax import SoftmaxVariant, get_softmax
 from ..versions import CalibrationWarning, calibration_mismatch, installed_versions
 from .live import bits_of, on_device
 
-#: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d) and (1, H, N)
+#: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None[, info]), torch tensors (1, H, N, d) and (1, H, N)
 Kernel = Callable[..., tuple]
 TORCH_DTYPES = ("bf16", "fp16")
 SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 
 
+def sdpa_policy(backend: str, launch: dict) -> PolicyRef | None:
+    """The policy of SDPA's `backend` for a recorded launch (`launch_record`), its parameters read from it:
+    the flash backend's split heuristic from the card's SM count and the launch's batch x heads and lengths,
+    the memory-efficient backend's dQ order from the deterministic flag; None for 'math' (no model)."""
+    base = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
+    if backend == "flash":
+        args = base | {k: launch[k] for k in ("n_q", "n_k", "batch_heads")}
+        return PolicyRef("gpu.policies:sdpa_flash_policy", args | {"sm_count": launch.get("sm_count", 132)})
+    if backend == "efficient":
+        det = {"deterministic": True} if launch.get("deterministic") else {}
+        return PolicyRef("gpu.policies:sdpa_efficient_policy", base | {"n_k": launch["n_k"]} | det)
+    if backend == "cudnn":
+        return PolicyRef("gpu.policies:sdpa_cudnn_policy", base)
+    return None
+
+
 def sdpa(backend: str) -> Kernel:
     """PyTorch SDPA restricted to one backend, as a kernel giving O and the natural-log LSE of the scaled
     scores ('math' gives O only).  'flash': FlashAttention-2 as built into PyTorch; 'efficient': the
-    memory-efficient (CUTLASS) kernel; 'cudnn': cuDNN's fused attention."""
+    memory-efficient (CUTLASS) kernel; 'cudnn': cuDNN's fused attention.  Its `policy_for(launch)` is
+    `sdpa_policy`."""
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend: expected one of {SDPA_BACKENDS}, got {backend!r}")
 
@@ -53,10 +74,41 @@ def sdpa(backend: str) -> Kernel:
             with sdpa_kernel(SDPBackend.MATH):
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale), None
         o, lse = out[0], out[1].reshape(q.shape[0], q.shape[1], -1)  # cuDNN: (B, H, N, 1)
-        return o, lse[..., : q.shape[2]].float().contiguous()  # efficient pads the LSE to a multiple of 32
+        return o, lse[..., : q.shape[2]].float().contiguous(), {"sdpa_backend": backend}
 
     kernel.__name__ = f"sdpa_{backend}"
+    kernel.policy_for = lambda launch: sdpa_policy(backend, launch)
     return kernel
+
+
+def launch_record(torch, device: str, x: dict, dtype: str, causal: bool, kernel: Kernel) -> dict:
+    """What a run records about its launch, before the kernel runs: the kernel, the shapes (batch x heads,
+    lengths, head dim), dtype and causality, torch's deterministic flag, the versions (torch, CUDA, cuDNN,
+    Triton) and, on a GPU, the card's name, SM count and compute capability."""
+    _, h, n_q, d = x["q"].shape
+    launch = {
+        "kernel": getattr(kernel, "__name__", type(kernel).__name__),
+        "dtype": dtype,
+        "causal": bool(causal),
+        "batch_heads": int(h),
+        "n_q": int(n_q),
+        "n_k": int(x["k"].shape[2]),
+        "head_dim": int(d),
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": installed_versions()["triton"],
+    }
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        launch |= {
+            "device": props.name,
+            "sm_count": int(props.multi_processor_count),
+            "capability": f"{props.major}.{props.minor}",
+            "cudnn": torch.backends.cudnn.version(),
+        }
+    return launch
 
 
 def kernel_run(
@@ -65,7 +117,7 @@ def kernel_run(
     k: np.ndarray,
     v: np.ndarray,
     *,
-    policy: Policy | PolicyRef | str,
+    policy: Policy | PolicyRef | str | None = None,
     dtype: str = "bf16",
     causal: bool = False,
     sm_scale: float | None = None,
@@ -75,8 +127,10 @@ def kernel_run(
     allow_import: trust.AllowImport = False,
 ) -> KernelRun:
     """Run `kernel` on heads q, k, v (N, d) or (H, N, d), rounded RNE to `dtype` first, and package its O
-    (and LSE, where it gives one) as a run to be checked against `policy` (a Policy, a PolicyRef or a
-    registered name; the policy's `lse` step must give the LSE in the kernel's units).
+    (and LSE, where it gives one) and the launch it recorded as a run to be checked against `policy` (a
+    Policy, a PolicyRef or a registered name; the policy's `lse` step must give the LSE in the kernel's
+    units).  None: the kernel's own `policy_for(launch)`, its parameters from the launch that ran (SDPA's
+    backends); a kernel without one needs `policy`.
 
     `allow_import`: modules whose unregistered `"module:function"` policy reference may be imported (`flashsim.trust`;
     pass the same to [`flashsim.crosscheck.crosscheck`][flashsim.crosscheck.crosscheck]).  The arguments, the policy and
@@ -86,14 +140,30 @@ def kernel_run(
         raise ValueError(f"dtype: expected one of {TORCH_DTYPES}, got {dtype!r}")
     if not callable(kernel):
         raise ValueError(f"kernel: expected a callable kernel(q, k, v, causal, sm_scale), got {type(kernel).__name__}")
-    pol = _resolved(policy, allow_import)
+    derive = getattr(kernel, "policy_for", None)
+    if policy is None and derive is None:
+        raise ValueError(
+            "policy: this kernel has no policy of its own (no policy_for(launch)); pass the policy it is checked "
+            "against (a registered name, a Policy or a PolicyRef)"
+        )
+    if policy is not None:
+        pol = _resolved(policy, allow_import)
     variant = get_softmax(softmax)
     torch = _require_device(device)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     x, rounded = on_device({"q": q, "k": k, "v": v}, tdt, device)
+    launch = launch_record(torch, device, x, dtype, causal, kernel)
+    if policy is None:
+        policy = derive(launch)
+        if policy is None:
+            raise ValueError(f"policy: {launch['kernel']} has no model; pass the policy it is checked against")
+        pol = _resolved(policy, allow_import)
     scale = 1.0 / math.sqrt(rounded["q"].shape[-1]) if sm_scale is None else float(sm_scale)
     with torch.no_grad():
-        o, lse = kernel(x["q"], x["k"], x["v"], causal, scale)
+        got = kernel(x["q"], x["k"], x["v"], causal, scale)
+    o, lse, info = _outputs(got)
+    if info:
+        launch["kernel_info"] = info
     if o.dtype != tdt or tuple(o.shape) != tuple(x["q"].shape[:-1]) + (x["v"].shape[-1],):
         raise ValueError(
             f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"
@@ -117,7 +187,23 @@ def kernel_run(
         policy=policy,
         outputs=outputs,
         note=note or getattr(kernel, "__name__", "kernel"),
+        launch=launch,
     )
+
+
+def _outputs(got: object) -> tuple:
+    """(O, LSE, info) of what a kernel returned: (O, LSE) or (O, LSE, info), info a dict of JSON values."""
+    if not isinstance(got, tuple) or len(got) not in (2, 3):
+        raise ValueError(f"kernel: expected (O, LSE or None) or (O, LSE, info), got {type(got).__name__}")
+    info = got[2] if len(got) == 3 else {}
+    try:
+        json.dumps(info)
+        ok = isinstance(info, dict)
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise ValueError(f"kernel: its third output must be a dict of JSON values, got {type(info).__name__}")
+    return got[0], got[1], info
 
 
 def _resolved(policy: Policy | PolicyRef | str, allow_import: trust.AllowImport) -> Policy:
@@ -162,4 +248,4 @@ def _warn_if_uncalibrated(policy: Policy) -> None:
         warnings.warn(why, CalibrationWarning, stacklevel=3)
 
 
-__all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "sdpa"]
+__all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "launch_record", "sdpa", "sdpa_policy"]

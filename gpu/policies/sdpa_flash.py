@@ -41,9 +41,15 @@ def fa2_split_block_n(head_dim: int) -> int:
     return 256 if head_dim <= 64 else 128 if head_dim <= 128 else 64
 
 
-def fa2_num_splits(batch_heads: int, n_q: int, n_k: int, head_dim: int, num_sms: int = 132) -> int:
-    """How many K/V splits FA2's forward uses (flash_api.cpp's num_splits_heuristic): one when the launch
-    fills most of the GPU, else the fewest splits within 85% of the best wave efficiency."""
+#: streaming multiprocessors of the H100 SXM and the H200 (a launch records its card's own count)
+H100_SM_COUNT = 132
+
+
+def fa2_num_splits(batch_heads: int, n_q: int, n_k: int, head_dim: int, sm_count: int = H100_SM_COUNT) -> int:
+    """How many K/V splits FA2's forward uses on a GPU of ``sm_count`` SMs (flash_api.cpp's
+    num_splits_heuristic, which FA2 calls with twice the SM count: two blocks an SM): one when the launch fills
+    most of the GPU, else the fewest splits within 85% of the best wave efficiency."""
+    num_sms = 2 * sm_count
     n_blocks = math.ceil(n_k / fa2_split_block_n(head_dim))
     work = batch_heads * math.ceil(n_q / 64)
     if work >= 0.8 * num_sms:
@@ -71,13 +77,15 @@ def sdpa_flash_policy(
     n_q: int = 128,
     n_k: int = 128,
     batch_heads: int = 1,
-    num_sms: int = 132,
+    sm_count: int = H100_SM_COUNT,
 ) -> Policy:
     """PyTorch SDPA's flash backend (FlashAttention-2) on the H100/H200 for one launch, forward and backward.
 
     FA2's arithmetic as PyTorch compiles it (`UNFUSE_FMA`, no `-use_fast_math`) in `dtype` (bf16 or fp16)
     with FA2's own tiles for `head_dim`, and, when its heuristic splits the keys (few heads and query blocks
-    for the GPU's `num_sms`), the split-KV kernel's 64-row tiles and `kv_splits` with FA2's combine:
+    for the GPU's `sm_count` SMs: `fa2_num_splits`), the split-KV kernel's 64-row tiles and `kv_splits` with
+    FA2's combine.  `n_q`, `n_k`, `batch_heads` and `sm_count` are the launch's: a run recorded by
+    `gpu.crosscheck.kernel_run` carries them, and its policy is built from them.
 
     * P = `exp2f(__fmul_rn(s, c) - m * c)`: a multiply, a subtract, `ex2.approx.f32`;
     * each thread's row sum `l *= alpha; l += p` contracts to one FMA with its first P;
@@ -87,11 +95,11 @@ def sdpa_flash_policy(
     """
     if head_dim not in FA2_BWD_TILES:
         raise ValueError(f"head_dim: FA2's tiles are tabled here for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
-    for arg, value in (("n_q", n_q), ("n_k", n_k), ("batch_heads", batch_heads), ("num_sms", num_sms)):
+    for arg, value in (("n_q", n_q), ("n_k", n_k), ("batch_heads", batch_heads), ("sm_count", sm_count)):
         positive_int(value, arg)
     fmt = sdpa_format(dtype)
     model = WGMMA_OF[fmt]
-    splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, num_sms)
+    splits = fa2_num_splits(batch_heads, n_q, n_k, head_dim, sm_count)
     bm, bn = (64, fa2_split_block_n(head_dim)) if splits > 1 else FA2_TILES[head_dim]
     base = get_policy("fa2")
     return dataclasses.replace(
@@ -124,4 +132,12 @@ def sdpa_flash_policy(
     )
 
 
-__all__ = ["FA2_BWD_TILES", "FA2_TILES", "fa2_num_splits", "fa2_split_block_n", "sdpa_flash_policy", "sdpa_format"]
+__all__ = [
+    "FA2_BWD_TILES",
+    "FA2_TILES",
+    "H100_SM_COUNT",
+    "fa2_num_splits",
+    "fa2_split_block_n",
+    "sdpa_flash_policy",
+    "sdpa_format",
+]

@@ -46,6 +46,12 @@ def test_fa2_split_heuristic():
     assert fa2_num_splits(1, 200, 200, 128) == 2  # 2 key blocks of 128, 4 query blocks: 2 splits
     assert fa2_num_splits(1, 200, 200, 64) == 1  # one key block of 256: nothing to split
     assert fa2_num_splits(32, 4096, 4096, 128) == 1  # 32 heads x 64 query blocks fill the GPU
+    # FA2 passes twice the SM count (264 on the H100 and H200): 8 heads x 16 query blocks = 128 blocks fill less
+    # than 80% of 264, so 4 key blocks of 256 are split: efficiencies 0.48, 0.97, 0.73, 0.97 for 1..4 splits
+    assert fa2_num_splits(8, 1024, 1024, 64) == 2
+    # 32 query blocks, 16 key blocks of 128: eligible splits 1, 2, 3, 4, 6, 8, 16; 8 is the first at 0.97
+    assert fa2_num_splits(1, 2048, 2048, 128) == 8
+    assert fa2_num_splits(1, 2048, 2048, 128, sm_count=66) == 4  # half the SMs: 4 splits fill 128 of 132
     assert sdpa_flash_policy("bf16", 128, 200, 200).tiling.kv_splits == 2
     assert sdpa_flash_policy("fp16", 64, 128, 128).tiling == Tiling(128, 128, "reverse")
     with pytest.raises(ValueError, match="head_dim"):

@@ -21,7 +21,7 @@ SCRIPT = Path(__file__).with_name("cast_sum_checks.py")
 def _interpreted(*args: str) -> subprocess.CompletedProcess:
     pytest.importorskip("torch")
     pytest.importorskip("triton")
-    root = str(SCRIPT.parent.parent)
+    root = str(SCRIPT.parents[2])  # the checkout (the script is in tests/gpu)
     path = os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     return subprocess.run(

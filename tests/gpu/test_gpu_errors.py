@@ -47,7 +47,7 @@ HEADS = r"\[64, 128, 256\]"
         (lambda: gp.sdpa_flash_policy("bf16", 64, n_k=0), r"^n_k: expected a positive integer, got 0$"),
         (lambda: gp.sdpa_flash_policy("bf16", 64, n_k="8"), r"^n_k: expected a positive integer, got '8'$"),
         (lambda: gp.sdpa_flash_policy("bf16", 64, batch_heads=0), r"^batch_heads: expected a positive integer"),
-        (lambda: gp.sdpa_flash_policy("bf16", 64, num_sms=True), r"^num_sms: expected a positive integer"),
+        (lambda: gp.sdpa_flash_policy("bf16", 64, sm_count=True), r"^sm_count: expected a positive integer"),
         (lambda: gp.sdpa_efficient_policy("bf16", 96), r"^head_dim: .*\[64, 128\], got 96$"),
         (lambda: gp.sdpa_efficient_policy("bf16", 64, n_k=-1), r"^n_k: expected a positive integer, got -1$"),
         (lambda: gp.sdpa_efficient_policy("bf16", 64, batch_heads=0), r"^batch_heads: expected a positive integer"),

@@ -73,3 +73,44 @@ def test_a_model_used_on_another_build_warns():
         kernel_run(emulated_kernel(pol), x["q"], x["k"], x["v"], policy=pol, device="cpu")
     assert calibration_mismatch("fa2", {"torch": torch.__version__}) is None
     assert calibration_mismatch(pol.name, {"torch": "2.11.0+cu130"}) is None
+
+
+def test_a_run_records_its_launch_and_keeps_it_through_a_file(tmp_path):
+    from flashsim.crosscheck import load_run, save_run
+
+    x = make_inputs("random", 24, 24, 32, "bf16", seed=7)
+    heads = {n: np.stack([x[n], -x[n], x[n][::-1]]) for n in ("q", "k", "v")}
+
+    def kernel(q, k, v, causal, sm_scale):
+        o, lse = emulated_kernel("fa2")(q, k, v, causal, sm_scale)
+        return o, lse, {"BLOCK_M": 64, "chosen_by": "a test"}
+
+    run = kernel_run(kernel, heads["q"], heads["k"], heads["v"], policy="fa2", causal=True, device="cpu")
+    want = {"batch_heads": 3, "n_q": 24, "n_k": 24, "head_dim": 32, "dtype": "bf16", "causal": True}
+    assert {k: run.launch[k] for k in want} == want
+    assert run.launch["deterministic"] is False and run.launch["torch"] == torch.__version__
+    assert run.launch["kernel_info"] == {"BLOCK_M": 64, "chosen_by": "a test"} and "sm_count" not in run.launch
+    assert load_run(save_run(tmp_path / "run.npz", run)).launch == run.launch
+    with pytest.raises(ValueError, match="kernel: its third output must be a dict of JSON values"):
+        kernel_run(lambda *a: (*kernel(*a)[:2], {"x": object()}), x["q"], x["k"], x["v"], policy="fa2", device="cpu")
+
+
+def test_a_kernel_without_a_model_needs_a_policy_and_one_with_builds_it_from_the_launch():
+    x = make_inputs("random", 16, 16, 64, "bf16", seed=8)
+    with pytest.raises(ValueError, match="policy: this kernel has no policy of its own"):
+        kernel_run(emulated_kernel("fa2"), x["q"], x["k"], x["v"], device="cpu")
+    kernel = emulated_kernel("fa2")
+    kernel.policy_for = lambda launch: fs.PolicyRef("fa2") if launch["head_dim"] == 64 else None
+    assert kernel_run(kernel, x["q"], x["k"], x["v"], device="cpu").policy == fs.PolicyRef("fa2")
+
+
+def test_sdpa_flash_policy_comes_from_the_launch():
+    """The split heuristic reads the launch's SM count and batch x heads: 8 heads of 1024 keys split in two on
+    a 132-SM card (FA2 passes twice the SM count), and not on a card of 4 times as many SMs' worth of work."""
+    from gpu.crosscheck.kernels import sdpa_policy
+
+    launch = {"dtype": "bf16", "head_dim": 64, "n_q": 1024, "n_k": 1024, "batch_heads": 8, "sm_count": 132}
+    assert sdpa_policy("flash", launch).resolve().tiling.kv_splits == 2
+    assert sdpa_policy("flash", launch | {"batch_heads": 64}).resolve().tiling.kv_splits == 1
+    assert sdpa_policy("efficient", launch | {"deterministic": True}).kwargs["deterministic"] is True
+    assert sdpa_policy("math", launch) is None

@@ -14,9 +14,9 @@ A lane folds its accumulators left to right; lanes beyond the first warp are add
 adds lane t + W/2, ..., down to 32 lanes), and the warp combines its lanes by shuffle-down with offsets
 16, 8, ..., 1.  Inferred on the GPU by FPRev pair probes at the shapes Qiu & Yao's attention runs (fp32 rows
 of 64 to 512 values, bf16 rows of 64 to 256, launches of 1 to 512 rows) and confirmed on random rows with 0
-mismatches (``python -m studies.probes.torch_ops``).  Rows of 128 or more values that are not whole vectors
-(torch then handles a misaligned head and a tail) take another order, not modelled: `row_sum_tree()`
-refuses them.
+mismatches (``python -m studies.probes.torch_ops``).  Rows that are not whole vectors (a head and a tail)
+follow PyTorch's source; a row's `shift` is its start's offset in values from a 16-byte boundary (row r of a
+contiguous (rows, n) tensor: r n mod V).
 """
 
 from __future__ import annotations
@@ -43,6 +43,15 @@ def _fold(parts: list) -> object:
     return acc
 
 
+def _pruned(node: object) -> object:
+    """A nested sum without its empty lanes: a lane that read nothing holds the identity 0, and x + 0 is x (the
+    one exception, -0 + 0 = +0, needs a row of negative zeros only)."""
+    if not isinstance(node, list):
+        return node
+    kept = [k for k in (_pruned(x) for x in node) if k is not None]
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
 def _pow2_at_most(x: int) -> int:
     return 1 << (x.bit_length() - 1)
 
@@ -55,13 +64,22 @@ def lanes_per_row(reads: int, rows: int) -> int:
     return min(d0, MAX_THREADS // height)
 
 
-def _lane(n: int, t: int, lanes: int, vec: int) -> object:
+def _lane(n: int, t: int, lanes: int, vec: int, shift: int = 0) -> object:
     """Lane t's value: its accumulators (each a left-to-right chain of its reads), folded in order."""
     if vec > 1:
         acc: list[list[int]] = [[] for _ in range(vec)]
-        for base in range(vec * t, n, vec * lanes):
+        start = 0
+        if shift:  # the row's head, up to the first 16-byte boundary
+            if shift <= t < vec:
+                acc[0].append(t - shift)
+            start = vec - shift
+        rest = n - start
+        for base in range(start + vec * t, start + rest - rest % vec, vec * lanes):
             for j in range(vec):
                 acc[j].append(base + j)
+        tail = start + rest - rest % vec + t  # the values after the last whole vector, one a lane
+        if tail < n:
+            acc[0].append(tail)
     else:
         acc = [[] for _ in range(ACCUMULATORS)]
         reads = list(range(t, n, lanes))
@@ -74,21 +92,21 @@ def _lane(n: int, t: int, lanes: int, vec: int) -> object:
 
 
 @functools.lru_cache(maxsize=128)
-def row_sum_tree(n: int, rows: int = 512, itemsize: int = 4) -> ReductionTree:
+def row_sum_tree(n: int, rows: int = 512, itemsize: int = 4, shift: int = 0) -> ReductionTree:
     """The tree ``torch.sum(dim=-1)`` follows over a contiguous row of ``n`` values of ``itemsize`` bytes (4:
-    fp32; 2: bf16 or fp16 summed into fp32) in a launch of ``rows`` rows (torch 2.11 on the H100/H200)."""
+    fp32; 2: bf16 or fp16 summed into fp32) in a launch of ``rows`` rows (torch 2.11 on the H100/H200), the
+    row starting ``shift`` values past a 16-byte boundary (rows of 128 or more values only)."""
     for name, value in (("n", n), ("rows", rows)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}: expected a positive integer, got {value!r}")
     if itemsize not in (2, 4):
         raise ValueError(f"itemsize: expected 4 (fp32) or 2 (bf16, fp16), got {itemsize!r}")
     vec = 16 // itemsize
-    if n >= 128 and n % vec:
-        raise ValueError(
-            f"n: torch's order for rows of 128 or more values is modelled for whole {vec}-value vectors, got {n}"
-        )
-    vec = vec if n >= 128 else 1
+    if isinstance(shift, bool) or not isinstance(shift, int) or not 0 <= shift < vec:
+        raise ValueError(f"shift: expected an integer 0..{vec - 1} (values past a 16-byte boundary), got {shift!r}")
+    vec, shift = (vec, shift) if n >= 128 else (1, 0)
     width = lanes_per_row(n // vec, rows)  # a power of two, at most the row's reads: no lane is empty
     # halving through shared memory down to a warp, then shuffle-down: lane t adds lane t + width/2, ...
-    tree = butterfly([_lane(n, t, width, vec) for t in range(width)])
-    return ReductionTree.from_nested(tree if isinstance(tree, list) else [tree], f"torch_cuda_sum({n}, {rows})")
+    tree = _pruned(butterfly([_lane(n, t, width, vec, shift) for t in range(width)]))
+    name = f"torch_cuda_sum({n}, {rows}" + (f", shift {shift})" if shift else ")")
+    return ReductionTree.from_nested(tree if isinstance(tree, list) else [tree], name)

@@ -304,3 +304,25 @@ __all__ = [
     "stress_tiles",
     "tf32_tiles",
 ]
+
+
+#: studies/device/launch_replay.py's torch.sum rows: lengths off the 16-byte vector (two on it), rows a launch
+SUM_SEED = 2_026_620_300
+SUM_LENGTHS = (128, 129, 130, 131, 133, 150, 161, 199, 200, 255, 257, 300, 333, 386, 450, 509, 511)
+SUM_ROWS = (1, 16, 150, 512)
+
+
+def sum_rows_inputs(seed: int = SUM_SEED) -> dict[str, np.ndarray]:
+    """The (rows, n) float32 tensors `torch.sum(dim=-1)` was launched on, by key ``s{itemsize}_n{n}_r{rows}``:
+    positive fp32 rows (itemsize 4), and bf16 values summed under autocast (itemsize 2), magnitudes spread
+    over 2**-8..2**8 a row so that the order of the additions shows."""
+    from emufloat import BF16, quantize
+
+    rng, out = np.random.default_rng(seed), {}
+    for itemsize in (4, 2):
+        for n in SUM_LENGTHS:
+            for rows in SUM_ROWS:
+                x = (rng.standard_normal((rows, n)) * np.exp2(rng.integers(-8, 8, (rows, 1)))).astype(np.float32)
+                x = np.abs(x) if itemsize == 4 else np.asarray(quantize(x, BF16), np.float32)
+                out[f"s{itemsize}_n{n}_r{rows}"] = x
+    return out

@@ -107,9 +107,22 @@ def test_torch_sum_trees_are_the_ones_probed_on_the_gpu():
         assert torch_cuda.row_sum_tree(n, rows, itemsize).steps == ef.ReductionTree.from_nested(s["tree"]).steps
 
 
+def test_torch_sum_tree_of_a_row_off_the_vector_boundary_reads_every_value_once():
+    """A row starting `shift` values past a 16-byte boundary: its head (values 0..V-shift-1) enters lanes
+    shift..V-1's first accumulator before any vector, and the tail after the last whole vector enters lanes
+    0, 1, ...; every value is a leaf once (the GPU's bits: studies/device/launch_replay.py)."""
+    for n, shift in ((130, 2), (150, 3), (511, 1), (128, 1)):
+        tree = torch_cuda.row_sum_tree(n, 150, 4, shift)
+        assert tree.n_leaves == n and len(tree.steps) == n - 1
+    nested = torch_cuda._lane(130, 2, 32, 4, 2)  # lane 2: value 0 (head), its vector at 2 + 8, and no tail
+    assert nested == [[[[0, 10], 11], 12], 13]  # accumulators 0..3 folded left to right
+
+
 def test_torch_sum_tree_refuses_what_is_not_modelled():
-    with pytest.raises(ValueError, match="whole 4-value vectors"):
-        torch_cuda.row_sum_tree(130)
+    with pytest.raises(ValueError, match=r"shift: expected an integer 0..3"):
+        torch_cuda.row_sum_tree(130, 8, 4, 4)
+    with pytest.raises(ValueError, match=r"shift: expected an integer 0..7"):
+        torch_cuda.row_sum_tree(130, 8, 2, -1)
     with pytest.raises(ValueError, match="rows"):
         torch_cuda.row_sum_tree(64, 0)
     with pytest.raises(ValueError, match="itemsize"):

@@ -267,7 +267,7 @@ def _main(args: argparse.Namespace) -> int:
             save_run(save / f"{run.note or n}.npz", run.kernel_run() if digested else run)
         if not (args.quiet and rep.identical):
             print(rep, "\n", flush=True)
-    print(f"{total} runs: {exact} bit-identical in every output ({time.time() - t0:.0f} s)")
+    print(f"{total} run{'' if total == 1 else 's'}: {exact} bit-identical in every output ({time.time() - t0:.0f} s)")
     return 0 if exact == total else 1
 
 

@@ -16,10 +16,11 @@ import dataclasses
 import hashlib
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -60,8 +61,6 @@ def _digest(bits: np.ndarray) -> str:
 
 def _check(job: tuple) -> dict:
     """Both policies' identical fractions for one recorded run (in a worker process)."""
-    import os
-
     import gpu.policies  # noqa: F401  (registers its policy functions: a checkout run from PYTHONPATH=. declares no entry points)
     from flashsim.crosscheck import crosscheck, load_run
     from flashsim.policy import PolicyRef
@@ -99,10 +98,17 @@ def flash(out: Path, workers: int) -> list[dict]:
             | {"digests": {k: _digest(v) for k, v in run.outputs.items()}}
         )
         print("ran", results[-1]["case"], flush=True)
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")  # one core a worker
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for res, checked in zip(results, pool.map(_check, jobs), strict=True):
-            res["check"] = checked
-            print(res["case"], json.dumps(checked), flush=True)
+        futures = {pool.submit(_check, job): res for job, res in zip(jobs, results, strict=True)}
+        for done in as_completed(futures):
+            res = futures[done]
+            res["check"] = done.result()
+            print(
+                res["case"],
+                json.dumps({k: v["identical"] | {"splits": v["splits"]} for k, v in res["check"].items()}),
+                flush=True,
+            )
     return results
 
 
@@ -157,7 +163,8 @@ def run(args) -> int:
     require_gpu("launch_replay")
     t0 = time.monotonic()
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__}
-    res["torch_sums"] = torch_sums(out)
+    if not args.skip_sums:
+        res["torch_sums"] = torch_sums(out)
     res["flash"] = flash(out, args.workers)
     res["command_4096"] = command_4096(out)
     res["seconds"] = round(time.monotonic() - t0, 1)
@@ -169,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m studies.device.launch_replay", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--workers", type=int, default=12, help="processes emulating the runs (default 12)")
+    ap.add_argument("--skip-sums", action="store_true", help="leave out the torch.sum launches")
     args = ap.parse_args(argv)
     return run_command("launch_replay", lambda: run(args))
 

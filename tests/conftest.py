@@ -1,6 +1,6 @@
 """Shared test configuration: the hypothesis profile, the GPU kernels compiled ahead in the background, and the list
-of test files that skipped for want of torch or Triton (`LOWPREC_SKIPPED_FILES`: .ci/run runs them again once it
-has installed both)."""
+of tests (and test files) that skipped for want of torch or Triton (`LOWPREC_SKIPPED_FILES`: .ci/run runs them
+again once it has installed both)."""
 
 import os
 import sys
@@ -58,18 +58,18 @@ _NEEDS_GPU_STACK = ("torch", "triton")
 _skipped_files: set[str] = set()
 
 
-def _note_skip(report) -> None:
+def _note_skip(report, nodeid: str) -> None:
     if os.environ.get("LOWPREC_SKIPPED_FILES") and report.skipped and isinstance(report.longrepr, tuple):
         if any(word in str(report.longrepr[2]).lower() for word in _NEEDS_GPU_STACK):
-            _skipped_files.add(report.nodeid.split("::")[0])
+            _skipped_files.add(nodeid)
 
 
 def pytest_runtest_logreport(report) -> None:
-    _note_skip(report)
+    _note_skip(report, report.nodeid)  # the test itself
 
 
 def pytest_collectreport(report) -> None:
-    _note_skip(report)
+    _note_skip(report, report.nodeid.split("::")[0])  # a module that skipped whole: its file
 
 
 def pytest_unconfigure(config) -> None:

@@ -25,6 +25,7 @@ from flashsim.crosscheck import KernelRun
 from flashsim.policy import Policy, PolicyRef, get_policy
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
+from ..policies import H100_SM_COUNT
 from ..versions import CalibrationWarning, calibration_mismatch, installed_versions
 from .live import bits_of, on_device
 
@@ -41,7 +42,7 @@ def sdpa_policy(backend: str, launch: dict) -> PolicyRef | None:
     base = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
     if backend == "flash":
         args = base | {k: launch[k] for k in ("n_q", "n_k", "batch_heads")}
-        return PolicyRef("gpu.policies:sdpa_flash_policy", args | {"sm_count": launch.get("sm_count", 132)})
+        return PolicyRef("gpu.policies:sdpa_flash_policy", args | {"sm_count": launch.get("sm_count", H100_SM_COUNT)})
     if backend == "efficient":
         det = {"deterministic": True} if launch.get("deterministic") else {}
         return PolicyRef("gpu.policies:sdpa_efficient_policy", base | {"n_k": launch["n_k"]} | det)

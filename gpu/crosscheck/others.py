@@ -26,6 +26,8 @@ from flashsim.policy import PolicyRef
 from flashsim.recording import RecordedRun, Recording
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
+from .kernels import sdpa_policy
+
 KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "paper")
 SEED0 = 910_000  # no other recording draws seeds from here on
 #: each kernel's block of seeds (100,000 wide); any other name (a user's kernel) draws from block 4
@@ -115,17 +117,9 @@ def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool 
                 "num_warps": int(cfg.get("num_warps", 4)),
             },
         )
-    if case.kernel == "sdpa_flash":
-        return PolicyRef(
-            "gpu.policies:sdpa_flash_policy", {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n}
-        )
-    if case.kernel == "sdpa_efficient":
-        args = {"dtype": case.dtype, "head_dim": case.d, "n_k": case.n}
-        return PolicyRef(
-            "gpu.policies:sdpa_efficient_policy", args | ({"deterministic": True} if deterministic else {})
-        )
-    if case.kernel == "sdpa_cudnn":
-        return PolicyRef("gpu.policies:sdpa_cudnn_policy", {"dtype": case.dtype, "head_dim": case.d})
+    if case.kernel.startswith("sdpa_"):  # one head of n keys on the recording's card (132 SMs)
+        launch = {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n, "batch_heads": 1}
+        return sdpa_policy(case.kernel.removeprefix("sdpa_"), launch | {"deterministic": deterministic})
     if case.kernel == "paper":
         return PolicyRef("qiu_yao")
     return PolicyRef("fa2")

@@ -30,7 +30,14 @@ from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_
 from .qiu_yao import QIU_YAO
 from .sdpa_cudnn import sdpa_cudnn_policy
 from .sdpa_efficient import EFFICIENT_BWD_TILES, EFFICIENT_TILES, efficient_key_splits, sdpa_efficient_policy
-from .sdpa_flash import FA2_BWD_TILES, FA2_TILES, fa2_num_splits, fa2_split_block_n, sdpa_flash_policy
+from .sdpa_flash import (
+    FA2_BWD_TILES,
+    FA2_TILES,
+    H100_SM_COUNT,
+    fa2_num_splits,
+    fa2_split_block_n,
+    sdpa_flash_policy,
+)
 from .triton_tutorial import tutorial_policy
 
 #: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
@@ -47,6 +54,7 @@ __all__ = [
     "FA2_BWD_TILES",
     "FA2_TILES",
     "FUNCTIONS",
+    "H100_SM_COUNT",
     "KERNEL_FORMATS",
     "QIU_YAO",
     "TRITON_H100",

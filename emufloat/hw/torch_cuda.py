@@ -23,9 +23,12 @@ from __future__ import annotations
 
 import functools
 
-from ..trees import ReductionTree, butterfly
+import numpy as np
 
-__all__ = ["row_sum_tree"]
+from ..formats import FP32
+from ..trees import ReductionTree, butterfly, tree_sum
+
+__all__ = ["row_sum_tree", "row_sums"]
 
 WARP = 32
 MAX_THREADS = 512
@@ -110,3 +113,21 @@ def row_sum_tree(n: int, rows: int = 512, itemsize: int = 4, shift: int = 0) -> 
     tree = _pruned(butterfly([_lane(n, t, width, vec, shift) for t in range(width)]))
     name = f"torch_cuda_sum({n}, {rows}" + (f", shift {shift})" if shift else ")")
     return ReductionTree.from_nested(tree if isinstance(tree, list) else [tree], name)
+
+
+def row_sums(x, itemsize: int = 4) -> np.ndarray:
+    """``torch.sum(x, dim=-1)`` of a contiguous (rows, n) tensor in one launch, as float32: row r starts r n
+    values into the tensor (16-byte aligned at row 0), so each class of rows off the vector boundary by the same
+    ``shift`` is summed along its own tree.  ``x``: the values (fp32, or bf16/fp16 ones for ``itemsize`` 2)."""
+    x = np.asarray(x)
+    if x.ndim != 2:
+        raise ValueError(f"x: expected a (rows, n) array, got shape {x.shape}")
+    rows, n = x.shape
+    vec = 16 // itemsize if itemsize in (2, 4) else 1
+    shifts = (np.arange(rows) * n) % vec if n >= 128 else np.zeros(rows, np.int64)
+    out = np.empty(rows, np.float32)
+    for shift in np.unique(shifts):
+        at = shifts == shift
+        tree = row_sum_tree(n, rows, itemsize, int(shift))
+        out[at] = np.asarray(tree_sum(x[at], tree, FP32), np.float32)
+    return out

@@ -231,7 +231,7 @@ def section_cases(ctx) -> dict:
     n = 1 << 17
     out, res = unary_cases(ctx, UNARY, rng, n)
     # division: random bits, random moderate exponents, and the probe's special pairs
-    from studies.probes.division import special_pairs
+    from studies.probes.inputs import special_pairs
 
     a = np.concatenate(
         [rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), special_pairs()[0].view(np.uint32)]
@@ -292,7 +292,7 @@ def section_div(ctx) -> dict:
             pops[kind][0] += an.size
             pops[kind][1] += total.mismatch - before
     res["random"] = total.json() | {"per_population": pops}
-    from studies.probes.division import special_pairs
+    from studies.probes.inputs import special_pairs
 
     a, b, _ = special_pairs()
     q = to_np_bits(gpu_div(torch.from_numpy(a).to(ctx.device), torch.from_numpy(b).to(ctx.device)))
@@ -497,7 +497,8 @@ def section_tf32(ctx) -> dict:
 
 def section_reduction(ctx) -> dict:
     from emufloat import trees
-    from studies.probes.reduction import TritonReduceBackend, pack_rows, random_rows, reduce_rows
+    from studies.probes.inputs import random_rows
+    from studies.probes.reduction import TritonReduceBackend, pack_rows, reduce_rows
 
     be = TritonReduceBackend()
     rng = np.random.default_rng(ctx.seed + 3)

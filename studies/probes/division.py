@@ -19,7 +19,6 @@ each candidate agree bit for bit with `/`.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 
@@ -29,7 +28,8 @@ import triton
 import triton.language as tl
 
 from . import torchutil as tu
-from .common import Hist, bits_f32, f32_bits, hexbits
+from .common import Hist, hexbits
+from .inputs import special_pairs
 
 BLOCK = 1024
 MODELS = (
@@ -144,48 +144,6 @@ def gen_population(kind: str, n: int, gen: torch.Generator, device) -> tuple[tor
         return tu.bits_to_f32((sign << 31) | (e << 23) | mant)
 
     return one(), one()
-
-
-def special_pairs() -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """Special and boundary (a, b) pairs as float32 arrays, with a tag each."""
-    vals = [
-        0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, 2.0, 3.0, 0.5, 1.5, 10.0, 0.1, 7.0, 1 / 3,
-        bits_f32(0x00000001), bits_f32(0x80000001), bits_f32(0x007FFFFF), bits_f32(0x00400000),
-        bits_f32(0x00800000), bits_f32(0x00800001), bits_f32(0x7F7FFFFF), bits_f32(0xFF7FFFFF),
-        bits_f32(0x7F000000), bits_f32(0x7E800000), bits_f32(0x7E800001), bits_f32(0x7E7FFFFF),
-        bits_f32(0x3F7FFFFF), bits_f32(0x3F800001), bits_f32(0x3FFFFFFF), bits_f32(0x01000000),
-        bits_f32(0x34000000), bits_f32(0x4B000000), 2.0**64, 2.0**-64, 2.0**100, 2.0**-100,
-    ]  # fmt: skip
-    A, B, tags = [], [], []
-    for a in vals:
-        for b in vals:
-            A.append(a)
-            B.append(b)
-            tags.append("cross")
-    nums = [1.0, 1.5, 3.0, bits_f32(0x3FFFFFFF), bits_f32(0x7F7FFFFF), bits_f32(0x00800000), bits_f32(0x3F800001)]
-    for k in range(-149, 128):
-        p = 2.0**k
-        bb = f32_bits(p)
-        for bbits in (bb - 1, bb, bb + 1):
-            if bbits <= 0 or bbits >= 0x7F800000:
-                continue
-            for a in nums:
-                A.append(a)
-                B.append(bits_f32(bbits))
-                tags.append("b_near_pow2")
-                A.append(-a)
-                B.append(bits_f32(bbits))
-                tags.append("b_near_pow2")
-    # quotients just around the overflow and underflow thresholds
-    for e in range(-6, 7):
-        A.append(bits_f32(0x7F7FFFFF))
-        B.append(2.0**e)
-        tags.append("q_near_overflow")
-        A.append(2.0**-120)
-        B.append(2.0 ** (6 + e))
-        tags.append("q_near_underflow")
-    with np.errstate(all="ignore"):
-        return np.array(A, dtype=np.float32), np.array(B, dtype=np.float32), tags
 
 
 def categories(a: torch.Tensor, b: torch.Tensor, q_rn: torch.Tensor) -> torch.Tensor:

@@ -45,8 +45,10 @@ def edge_bits() -> np.ndarray:
     return np.unique(np.concatenate([v, v | 0x80000000]).astype(np.uint32))
 
 
-def special_pairs() -> tuple[np.ndarray, np.ndarray]:
-    """The division probe's special and boundary (a, b) pairs as float32 arrays (`studies.probes.division`)."""
+def special_pairs() -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """The division probe's special and boundary (a, b) pairs as float32 arrays, with a tag each: every pair of
+    special values ('cross'), divisors next to each power of two ('b_near_pow2'), quotients around the overflow
+    and underflow thresholds ('q_near_overflow', 'q_near_underflow')."""
     vals = [
         0.0, -0.0, math.inf, -math.inf, math.nan, 1.0, -1.0, 2.0, 3.0, 0.5, 1.5, 10.0, 0.1, 7.0, 1 / 3,
         _f32(0x00000001), _f32(0x80000001), _f32(0x007FFFFF), _f32(0x00400000),
@@ -55,11 +57,9 @@ def special_pairs() -> tuple[np.ndarray, np.ndarray]:
         _f32(0x3F7FFFFF), _f32(0x3F800001), _f32(0x3FFFFFFF), _f32(0x01000000),
         _f32(0x34000000), _f32(0x4B000000), 2.0**64, 2.0**-64, 2.0**100, 2.0**-100,
     ]  # fmt: skip
-    a, b = [], []
-    for x in vals:
-        for y in vals:
-            a.append(x)
-            b.append(y)
+    a = [x for x in vals for _ in vals]
+    b = [y for _ in vals for y in vals]
+    tags = ["cross"] * len(a)
     nums = [1.0, 1.5, 3.0, _f32(0x3FFFFFFF), _f32(0x7F7FFFFF), _f32(0x00800000), _f32(0x3F800001)]
     for k in range(-149, 128):
         bb = _u32(2.0**k)
@@ -69,11 +69,13 @@ def special_pairs() -> tuple[np.ndarray, np.ndarray]:
             for x in nums:
                 a += [x, -x]
                 b += [_f32(bbits), _f32(bbits)]
+                tags += ["b_near_pow2"] * 2
     for e in range(-6, 7):
         a += [_f32(0x7F7FFFFF), 2.0**-120]
         b += [2.0**e, 2.0 ** (6 + e)]
+        tags += ["q_near_overflow", "q_near_underflow"]
     with np.errstate(all="ignore"):
-        return np.array(a, dtype=np.float32), np.array(b, dtype=np.float32)
+        return np.array(a, dtype=np.float32), np.array(b, dtype=np.float32), tags
 
 
 def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.ndarray]:
@@ -81,7 +83,7 @@ def functions_inputs(seed: int = VERIFY_SEED, n: int = 1 << 17) -> dict[str, np.
     `edge_bits()`) and the division's `div_a`, `div_b` (n random pairs, then `special_pairs()`)."""
     rng = np.random.default_rng(seed)
     x = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), edge_bits()])
-    sa, sb = special_pairs()
+    sa, sb, _ = special_pairs()
     a = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), sa.view(np.uint32)])
     b = np.concatenate([rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32), sb.view(np.uint32)])
     return {"x": x, "div_a": a, "div_b": b}
@@ -242,8 +244,8 @@ def mma_sync_inputs(
 ROW_KINDS = ("normal", "exp_like", "wide", "cancel", "bits")
 
 
-def _random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray, np.ndarray]:
-    """`studies.probes.reduction.random_rows`: n rows of bn float32 values, each of one of `ROW_KINDS`."""
+def random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray, np.ndarray]:
+    """n rows of bn float32 values, each of one of `ROW_KINDS` (the reduction probe's random rows), and the kinds."""
     kind = rng.integers(0, len(ROW_KINDS), size=n)
     out = np.zeros((n, bn), dtype=np.float32)
     for i in range(n):
@@ -276,7 +278,7 @@ def reduction_rows(
     rng = np.random.default_rng(seed + 7)
     out: dict[str, np.ndarray] = {}
     for bn in sorted(block_ns):
-        rows, kinds = _random_rows(rng, n, bn)
+        rows, kinds = random_rows(rng, n, bn)
         out[f"rows_BN{bn}"] = rows.view(np.uint32)
         out[f"rows_BN{bn}_kind"] = kinds
     return out

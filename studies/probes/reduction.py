@@ -22,6 +22,7 @@ import triton.language as tl
 from . import torchutil as tu
 from . import trees as T
 from .common import hexbits
+from .inputs import random_rows
 
 CONFIGS = [(bm, bn, w) for bm in (64, 128) for bn in (64, 128) for w in (4, 8)]
 N_RANDOM_ROWS = 10240
@@ -105,32 +106,6 @@ def max_zero_nan_tests(bn: int) -> tuple[np.ndarray, list[str]]:
     rows.append(np.full(bn, -0.0, dtype=np.float32))
     names.append("all_neg0")
     return np.stack(rows), names
-
-
-def random_rows(rng: np.random.Generator, n: int, bn: int) -> tuple[np.ndarray, np.ndarray]:
-    kinds = ("normal", "exp_like", "wide", "cancel", "bits")
-    kind = rng.integers(0, len(kinds), size=n)
-    out = np.zeros((n, bn), dtype=np.float32)
-    for i in range(n):
-        k = kinds[kind[i]]
-        if k == "normal":
-            v = rng.standard_normal(bn) * 2.0 ** rng.integers(-10, 10)
-        elif k == "exp_like":
-            v = np.exp2(-rng.exponential(4.0, bn))
-            v[rng.integers(0, bn, size=rng.integers(1, 4))] = 1.0
-        elif k == "wide":
-            v = rng.choice([-1.0, 1.0], bn) * 2.0 ** rng.uniform(-30, 30, bn)
-        elif k == "cancel":
-            h = rng.standard_normal(bn // 2) * 2.0 ** rng.integers(-5, 20)
-            v = np.concatenate([h, -h])
-            v = v[rng.permutation(bn)] + rng.standard_normal(bn) * 2.0**-10
-        else:
-            b = rng.integers(0, 2**32, size=bn, dtype=np.uint64).astype(np.uint32)
-            e = (b >> 23) & 0xFF
-            b = np.where((e > 127 + 60) | (e < 127 - 60), (b & 0x807FFFFF) | (127 << 23), b)
-            v = b.view(np.float32)
-        out[i] = np.asarray(v, dtype=np.float32)
-    return out, kind.astype(np.int8)
 
 
 def run(ctx) -> dict:

@@ -8,6 +8,13 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, settings
 
+# Side by side (pytest-xdist), each worker computes on one thread: the workers already fill the cores, and
+# thread pools beyond them (torch's OpenMP, Numba's) wait on each other (a probe test ran 6x slower).  Set before
+# any test module imports numpy, torch or Numba; a test may still ask for threads explicitly.
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    for _var in ("OMP_NUM_THREADS", "NUMBA_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_var, "1")
+
 # Importable without `pip install -e .` (e.g. `pytest tests/emufloat/test_ops_oracle.py` from a checkout).
 _ROOT = str(Path(__file__).resolve().parents[1])
 if _ROOT not in sys.path:

@@ -24,16 +24,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-import emufloat as ef
 from emufloat import FP32, Trace
 from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
 from . import arith
-from .functions import get_function
+from .orders import COMBINES, LSE_FORMS
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
-from .specs import Func, Op
+from .specs import Op
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -136,12 +135,7 @@ class Pipeline:
             k = None
         else:
             k = LN2 if spec.base == "e" else LOG2E
-        if k is None:
-            return arith.binary("add", m, log_l, spec, tr, "lse")
-        if spec.divide:
-            m_u = arith.binary("div", m, arith.constant(1.0 / k, spec), spec, tr, "lse")
-            return arith.binary("add", m_u, log_l, spec, tr, "lse")
-        return arith.mul_add(m, arith.constant(k, spec), log_l, spec, spec.fused, tr, "lse")
+        return LSE_FORMS.get(spec.form).join(m, log_l, k, spec, tr)
 
 
 def _fmt_of(x: np.ndarray):
@@ -423,7 +417,7 @@ def flash_forward(
     q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, trace, causal)
     bm, bn, order = tiling_of(pol, block_m, block_n, kv_order)
 
-    splits = pol.tiling.kv_splits
+    splits, method = pol.tiling.kv_splits, COMBINES.get(pol.combine.method)
     # with splits, each range's O stays in FP32 for the combine step
     run_pol = dataclasses.replace(pol, output=Op(FP32)) if splits > 1 else pol
 
@@ -434,7 +428,7 @@ def flash_forward(
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
         offset = causal_offset(causal, q2.shape[0], k2.shape[0])
         results = []
-        for keys in split_ranges(k2.shape[0], bn, splits):
+        for keys in method.ranges(k2.shape[0], bn, splits):
             off = None if offset is None else offset - keys.start  # the range's keys, counted from its start
             parts = [
                 drain(
@@ -455,43 +449,7 @@ def flash_forward(
             results.append(tuple(np.concatenate([getattr(p, f) for p in parts]) for f in ("o", "lse", "l")))
         if splits == 1:
             return ForwardResult(*results[0][:2])
-        return combine_splits(results, pol, trace)
+        acc, lse = method.combine(results, pol, trace)  # each split's O in FP32
+        return ForwardResult(arith.output_cast(acc, pol.output, trace, "output"), lse)
 
     return _per_head(one, q, k, v)
-
-
-def split_ranges(n: int, bn: int, splits: int) -> list[range]:
-    """The keys of each split: ceil(blocks / splits) whole K/V blocks each, as FA2's split-KV kernel deals
-    them (a split past the last block is empty)."""
-    blocks = math.ceil(n / bn)
-    per = math.ceil(blocks / splits) * bn
-    return [range(min(s * per, n), min((s + 1) * per, n)) for s in range(splits)]
-
-
-def combine_splits(results: list[tuple[np.ndarray, ...]], pol: Policy, trace: Trace | None) -> ForwardResult:
-    """The splits' (O, LSE, l) merged as [`Combine`][flashsim.specs.Combine] says (FA2's combine kernel)."""
-    spec, f32 = pol.combine, Op(FP32)
-    seen = [np.asarray(l, np.float64) > 0 for _o, _lse, l in results]  # a split that saw no key of a row: O 0, LSE -inf
-    lse = [arith.cast(np.where(ok, r[1], -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]
-    o = [arith.cast(np.where(ok[:, None], r[0], 0.0), FP32) for r, ok in zip(results, seen, strict=True)]
-    top = np.max(np.stack(lse), axis=0)
-    top = np.where(np.isneginf(top), np.float32(0), top).astype(np.float32)
-    exp_f = Func(spec.exp, FP32)
-    lanes = 1 << max(1, (len(lse) - 1).bit_length())  # the butterfly's lanes: a power of two, at least 2
-    terms = [arith.function(arith.binary("sub", x, top, f32, trace, "combine"), exp_f, trace, "combine") for x in lse]
-    terms += [np.zeros_like(top)] * (lanes - len(terms))
-    total = ef.tree_sum(
-        np.stack(terms, axis=-1), ef.ReductionTree.thread_butterfly(lanes, 1), FP32, trace=trace, label="combine"
-    )
-    log_total = arith.function(total, Func(spec.log, FP32), trace, "combine")
-    if get_function(spec.log).base == "2":
-        out_lse = arith.mul_add(log_total, arith.constant(LN2, f32), top, f32, spec.fused, trace, "combine")
-    else:
-        out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
-    bad = (total == 0) | np.isnan(total)
-    out_lse = np.where(bad, np.float32(np.inf), out_lse).astype(np.float32)
-    acc = np.zeros_like(o[0])
-    for x, oi in zip(lse, o, strict=True):
-        w = arith.function(arith.binary("sub", x, out_lse, f32, trace, "combine"), exp_f, trace, "combine")
-        acc = arith.fma(np.broadcast_to(w[:, None], oi.shape), oi, acc, f32, trace, "combine")
-    return ForwardResult(arith.output_cast(acc, pol.output, trace, "output"), out_lse)

@@ -39,10 +39,10 @@ from emufloat import Rounding, Trace
 from . import arith
 from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
 from .attention import check_inputs as check_forward_inputs
-from .orders import DELTAS
+from .orders import DELTAS, RECOMPUTES
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
-from .specs import Delta, Grad, Op, is_native
+from .specs import Delta, Grad, is_native
 from .specs.backward import KV_ORDERS, Q_ORDERS
 
 RNE = Rounding("rne")
@@ -117,10 +117,8 @@ class _Head:
         rec = pol.recompute
         units = LOG2E if rec.base == "2" else 1.0  # units of the exp's argument per natural-log unit
         self.q = arith.cast_if_needed(q, pol.scores.inputs, tr, "inputs")
-        if rec.prescale_k:  # K * c in FP32 (torch's opmath), then into the scores' input format
-            k32 = arith.cast_if_needed(k, ef.FP32, tr, "inputs")
-            k = arith.binary("mul", k32, arith.constant(sm_scale * units, Op(ef.FP32)), Op(ef.FP32), tr, "recompute")
-        self.k = arith.cast_if_needed(k, pol.scores.inputs, tr, "inputs")
+        self.form = RECOMPUTES.get(rec.form)
+        self.k = arith.cast_if_needed(self.form.prepare_k(k, sm_scale * units, tr), pol.scores.inputs, tr, "inputs")
         v = arith.cast_if_needed(v, pol.pv.inputs, tr, "inputs")
         self.do = arith.cast_if_needed(do, pol.dp.inputs, tr, "inputs")
         self.o = arith.cast_if_needed(o, pol.output.fmt, tr, "inputs", pol.output.rounding)
@@ -143,8 +141,7 @@ class _Head:
         self.cs = arith.constant(sm_scale, pol.ds)
         self.c_natural = arith.constant(sm_scale, pol.scale)
         self.log2e = arith.constant(LOG2E, rec)
-        # the factor dQ takes at the end: c, or 1/units when the K it accumulated from was prescaled by c*units
-        self.dq_scale = (LN2 if rec.base == "2" else 1.0) if rec.prescale_k else sm_scale
+        self.dq_scale = self.form.dq_scale(sm_scale, rec.base)  # the factor dQ takes at the end
 
     # P = exp(S*c - L) for one block
     def p_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
@@ -152,36 +149,7 @@ class _Head:
         s = arith.dot(
             self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
         )
-        vis = causal_visible(rows, cols, self.offset)
-        if pol.recompute.natural:  # cuDNN: (S*sm_scale - LSE) * log2 e
-            s = arith.binary("mul", s, self.c_natural, pol.scale, tr, "scale")
-            if vis is not None:
-                s = s.copy()
-                s[~vis] = -np.inf
-            x = arith.binary("sub", s, self.lse_natural[rows.start : rows.stop, None], self.x_op, tr, "recompute")
-            x = arith.binary("mul", x, self.log2e, self.x_op, tr, "recompute")
-        elif pol.recompute.prescale_k:  # S already carries c: x = S - L
-            if vis is not None:
-                s = s.copy()
-                s[~vis] = -np.inf
-            x = arith.binary("sub", s, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
-        elif pol.scale.where == "scores":
-            s = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
-            if vis is not None:
-                s = s.copy()
-                s[~vis] = -np.inf
-            x = arith.binary("sub", s, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
-        else:
-            if vis is not None:
-                s = s.copy()
-                s[~vis] = -np.inf
-            neg_l = self.neg_l[rows.start : rows.stop, None]
-            if pol.recompute.fused:
-                neg_l = arith.cast(neg_l, arith.compute_format(pol.recompute))
-                x = arith.fma(s, self.c, neg_l, self.x_op, tr, "recompute")
-            else:
-                sc = arith.binary("mul", s, self.c, pol.scale, tr, "scale")
-                x = arith.binary("sub", sc, self.l[rows.start : rows.stop, None], self.x_op, tr, "recompute")
+        x = self.form.exponent(s, self, rows, causal_visible(rows, cols, self.offset), tr)
         return arith.function(x, self.exp, tr, "recompute")
 
     def dp_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""How a kernel sums and divides, as objects a policy names: row-sum orders (l), delta orders and divisions.
+"""How a kernel sums, divides and forms its steps, as objects a policy names: row-sum orders (l), delta orders,
+divisions, the backward's recompute forms, LSE forms and the merge of split K/V ranges.
 
 A [`RowSum`][flashsim.specs.RowSum], [`Delta`][flashsim.specs.Delta] or [`Norm`][flashsim.specs.Norm] spec names
 one of these by the name it is registered under; flashsim's arithmetic calls its methods and never asks which
@@ -16,7 +17,9 @@ your own adds one by subclassing and registering, in a file of its own::
 
     ROW_SUMS.register(MyOrder())
 
-(``tests/flashsim/test_extensions.py`` does exactly this.)
+(``tests/flashsim/test_extensions.py`` does exactly this.)  A `Recompute` spec names a `RecomputeForm`
+(``Recompute.form``), the LSE step an `LseForm` (``Func.form``) and `Combine` a `CombineMethod`
+(``Combine.method``); `flashsim.forms` registers the built-in ones.
 
 Orders are stateless values: the state (the running l) lives in `flashsim.arith.RowSumState`.
 """
@@ -32,7 +35,8 @@ from emufloat import Trace
 from .registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover - types only
-    from .specs import Delta, Norm, RowSum
+    from .policy import Policy
+    from .specs import Delta, Func, Norm, Recompute, RowSum
 
 
 class RowSumOrder:
@@ -121,6 +125,85 @@ class Division:
         return f"{type(self).__name__}({self.name!r})"
 
 
+class RecomputeForm:
+    """How the backward forms x = S*c - L before P = exp(x) (`flashsim.specs.Recompute`).
+
+    ``fusable``: x may be one FMA (``Recompute.fused``).  ``lse_base``: the LSE's base the form needs ('e',
+    'natural'), None for any.  `prepare_k()` and `dq_scale()` let a form fold c into K (Triton's tutorial).
+    """
+
+    name: str = ""
+    doc: str = ""
+    fusable: bool = False
+    lse_base: str | None = None
+
+    def check(self, spec: Recompute, base: str, native: bool) -> None:
+        """Raise a ValueError naming ``Recompute.form`` if ``spec`` (its exp of base ``base``; FP64 steps when
+        ``native``) cannot take this form."""
+
+    def prepare_k(self, k: np.ndarray, c: float, trace: Trace | None) -> np.ndarray:
+        """K before it is rounded into the scores' input format (``c``: sm_scale in the exp's units)."""
+        return k
+
+    def dq_scale(self, sm_scale: float, base: str) -> float:
+        """The factor dQ takes at the end (the K it accumulated from carries no c: sm_scale)."""
+        return sm_scale
+
+    def exponent(self, s: np.ndarray, head: object, rows: range, visible: np.ndarray | None, trace: Trace | None):
+        """x for one block of raw scores ``s``, masked entries -inf.  ``head``: the backward's constants for
+        one head (`flashsim.backward`'s ``_Head``: ``pol``, ``c``, ``c_natural``, ``log2e``, ``l``, ``neg_l``,
+        ``lse_natural``, ``x_op``)."""
+        raise NotImplementedError
+
+    def describe(self, spec: Recompute) -> str:
+        """x as a formula, for the policy's description."""
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class LseForm:
+    """How the forward's LSE joins the row max m and log l (`flashsim.specs.Func.form`, the lse step).
+
+    ``fusable``: the join may be one FMA (``Func.fused``)."""
+
+    name: str = ""
+    doc: str = ""
+    fusable: bool = False
+
+    def join(self, m: np.ndarray, log_l: np.ndarray, k: float | None, spec: Func, trace: Trace | None) -> np.ndarray:
+        """LSE from m and log l in the spec's format; ``k``: the factor that brings m into the log's units (None:
+        it is there already)."""
+        raise NotImplementedError
+
+    def describe(self, spec: Func) -> str:
+        return self.name
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class CombineMethod:
+    """How a kernel deals K/V into ``Tiling.kv_splits`` ranges and merges their (O, LSE) (`flashsim.specs.Combine`)."""
+
+    name: str = ""
+    doc: str = ""
+
+    def ranges(self, n: int, block_n: int, splits: int) -> list[range]:
+        """The keys of each split."""
+        raise NotImplementedError
+
+    def combine(
+        self, results: list[tuple[np.ndarray, ...]], policy: Policy, trace: Trace | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The splits' (O, LSE, l) (O in FP32) merged: O before its output cast, and the LSE."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
 ROW_SUMS: Registry[RowSumOrder] = Registry("row-sum order", RowSumOrder)
 """The row-sum orders a ``RowSum`` spec may name."""
 DELTAS: Registry[DeltaOrder] = Registry("delta order", DeltaOrder)
@@ -128,4 +211,24 @@ DELTAS: Registry[DeltaOrder] = Registry("delta order", DeltaOrder)
 DIVISIONS: Registry[Division] = Registry("division", Division)
 """The divisions a ``Norm`` spec may name."""
 
-__all__ = ["DELTAS", "DIVISIONS", "ROW_SUMS", "DeltaOrder", "Division", "RowSumOrder"]
+RECOMPUTES: Registry[RecomputeForm] = Registry("recompute form", RecomputeForm)
+"""The forms a ``Recompute`` spec may name."""
+LSE_FORMS: Registry[LseForm] = Registry("LSE form", LseForm)
+"""The forms the lse step (``Func.form``) may name."""
+COMBINES: Registry[CombineMethod] = Registry("combine method", CombineMethod)
+"""The split merges a ``Combine`` spec may name."""
+
+__all__ = [
+    "COMBINES",
+    "DELTAS",
+    "DIVISIONS",
+    "LSE_FORMS",
+    "RECOMPUTES",
+    "ROW_SUMS",
+    "CombineMethod",
+    "DeltaOrder",
+    "Division",
+    "LseForm",
+    "RecomputeForm",
+    "RowSumOrder",
+]

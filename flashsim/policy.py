@@ -23,8 +23,12 @@ from importlib import metadata
 
 import emufloat as ef
 
-from . import trust
+from . import (
+    forms,  # noqa: F401  (registers the built-in forms that specs name)
+    trust,
+)
 from .functions import get_function
+from .orders import RECOMPUTES
 from .specs import (
     NUMPY,
     BwdTiling,
@@ -172,8 +176,8 @@ class Policy:
                 raise TypeError(f"{step}: expected a {typ.__name__} spec, got {type(val).__name__}")
         get_function(self.exp.function, "exp", argname="exp")
         get_function(self.lse.function, "log", argname="lse")
-        if self.exp.fused or self.exp.divide:
-            raise ValueError("exp: fused and divide are the lse step's options")
+        if self.exp.fused or self.exp.form != Func.form:
+            raise ValueError("exp: fused and form are the lse step's options")
         if self.scale.split and self.exp_base != "2":
             raise ValueError("scale: split (sm_scale, then log2 e) needs a base-2 exp")
         if self.subtract.fused and self.scale.where == "scores":
@@ -202,8 +206,11 @@ class Policy:
             raise ValueError("dp: into_acc is only for gradient products (dq, dk, dv)")
         if self.recompute.fused and self.scale.where == "scores":
             raise ValueError("recompute: fused (S*c - L as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
-        if self.recompute.natural and self.lse.base != "e":
-            raise ValueError(f"recompute: natural (S*sm_scale - LSE) needs a natural-log LSE, got {self.lse.function}")
+        need = RECOMPUTES.get(self.recompute.form).lse_base
+        if need is not None and self.lse.base != need:
+            raise ValueError(
+                f"recompute: the form {self.recompute.form!r} needs an LSE of base {need}, got {self.lse.function}"
+            )
 
     @property
     def exp_base(self) -> str:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from emufloat import FP32, Format, Rounding
 
 from ..functions import get_function
-from ..orders import DELTAS
+from ..orders import DELTAS, RECOMPUTES
 from .base import Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
 from .forward import Dot, Func, Op
 
@@ -121,13 +121,12 @@ class Recompute(Spec):
     (or ``fmt``), as one FMA when ``fused`` (placements 'max'/'exp': FA2's ``exp2f(s*scale - lse*log2e)``);
     P = function(x) is stored in ``fmt``.  Masked scores become -inf first, so masked P are +0.
 
-    ``natural`` (cuDNN): x = S*sm_scale - LSE in natural-log units (S*sm_scale rounded, then the subtraction
-    rounded), then times log2 e (rounded), for a base-2 function.
-
-    ``prescale_k`` (Triton's fused-attention tutorial): K is multiplied by c in the exp's units in FP32 and
-    rounded into the scores' input format before the scores are recomputed (``k * (sm_scale / ln 2)`` in
-    torch), so x = S - L takes no scale, dQ (accumulated from that K) is multiplied by ln 2 (base 2) at the
-    end instead of by c, and dK by c as usual.
+    ``form`` names how x is formed (a `flashsim.orders.RecomputeForm` of ``RECOMPUTES``): 'scaled' (above),
+    'natural' (cuDNN: x = S*sm_scale - LSE in natural-log units, S*sm_scale rounded, then the subtraction
+    rounded, then times log2 e, rounded, for a base-2 function) or 'prescale_k' (Triton's fused-attention
+    tutorial: K is multiplied by c in the exp's units in FP32 and rounded into the scores' input format before
+    the scores are recomputed, ``k * (sm_scale / ln 2)`` in torch, so x = S - L takes no scale, dQ, accumulated
+    from that K, is multiplied by ln 2 (base 2) at the end instead of by c, and dK by c as usual).
     """
 
     function: str
@@ -135,20 +134,19 @@ class Recompute(Spec):
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     fused: bool = False
-    prescale_k: bool = False
-    natural: bool = False
+    form: str = "scaled"
 
     def __post_init__(self) -> None:
         model = get_function(self.function, "exp", argname="Recompute.function")
         self._normalise()
+        form = RECOMPUTES.get(self.form, "Recompute.form")
         if model.hardware and is_native(self.fmt):
             raise ValueError(f"Recompute.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
         if self.fused and is_native(self.fmt):
             raise ValueError("Recompute.fused: numpy has no FMA, so an FP64 step cannot be fused")
-        if self.prescale_k and (self.fused or is_native(self.fmt)):
-            raise ValueError("Recompute.prescale_k: x = S - L is one subtraction (not fused, not FP64)")
-        if self.natural and (self.fused or self.prescale_k or model.base != "2"):
-            raise ValueError("Recompute.natural: S*sm_scale - LSE, then times log2 e, needs a base-2 function, unfused")
+        if self.fused and not form.fusable:
+            raise ValueError(f"Recompute.fused: the form {self.form!r} is not one FMA; use fused=False")
+        form.check(self, model.base, is_native(self.fmt))
 
     @property
     def base(self) -> str:
@@ -159,9 +157,7 @@ class Recompute(Spec):
         return Func(self.function, self.fmt, self.rounding, self.compute)
 
     def __str__(self) -> str:
-        x = "fma(S, c, -L)" if self.fused else "S - L, K prescaled by c" if self.prescale_k else "S*c - L"
-        x = "(S*sm_scale - LSE) * log2 e" if self.natural else x
-        return f"P = {self.function}({x}) -> {self._store()}"
+        return f"P = {self.function}({RECOMPUTES.get(self.form).describe(self)}) -> {self._store()}"
 
 
 @dataclass(frozen=True)

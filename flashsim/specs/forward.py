@@ -11,7 +11,7 @@ from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 from emufloat.accum import PRESETS as MODEL_PRESETS
 
 from ..functions import get_function
-from ..orders import DIVISIONS, ROW_SUMS
+from ..orders import COMBINES, DIVISIONS, LSE_FORMS, ROW_SUMS
 from .base import (
     NUMPY,
     Model,
@@ -173,9 +173,10 @@ class Func(Spec):
     """An elementary function step (exp, and the log of LSE) by the name of a function model
     (`flashsim.functions`, an open registry).  Hardware models return float32, then stored in ``fmt``.
 
-    ``fused`` (the LSE step only): LSE = m * c + log(l) as one FMA where m needs the multiply (FA2's
-    ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts).  ``divide`` (the LSE step only): m
-    leaves the exp's base by a division, m / log2 e (PyTorch's memory-efficient kernel), not m * ln 2.
+    ``form`` and ``fused`` (the LSE step only): how m joins log l, a `flashsim.orders.LseForm` of
+    ``LSE_FORMS``: 'mul_add' (LSE = m * c + log(l), one FMA when ``fused`` where m needs the multiply: FA2's
+    ``row_max * softmax_scale + __logf(sum)``, which nvcc contracts) or 'divide' (m leaves the exp's base by
+    a division, m / log2 e, as PyTorch's memory-efficient kernel does, not m * ln 2).
     """
 
     function: str
@@ -183,17 +184,18 @@ class Func(Spec):
     rounding: Rounding = field(default_factory=Rounding)
     compute: Format | None = None
     fused: bool = False
-    divide: bool = False
+    form: str = "mul_add"
 
     def __post_init__(self) -> None:
         model = get_function(self.function, argname="Func.function")
         self._normalise()
+        form = LSE_FORMS.get(self.form, "Func.form")
         if model.hardware and is_native(self.fmt):
             raise ValueError(f"Func.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
         if self.fused and is_native(self.fmt):
             raise ValueError("Func.fused: no FMA in FP64 (numpy has none)")
-        if self.fused and self.divide:
-            raise ValueError("Func.divide: a division does not fuse; use fused=False")
+        if self.fused and not form.fusable:
+            raise ValueError(f"Func.fused: the LSE form {self.form!r} is not one FMA; use fused=False")
 
     @property
     def base(self) -> str:
@@ -201,7 +203,8 @@ class Func(Spec):
         return get_function(self.function).base
 
     def __str__(self) -> str:
-        how = "; m*c + log l as one FMA" if self.fused else "; m / log2 e" if self.divide else ""
+        how = LSE_FORMS.get(self.form).describe(self)
+        how = f"; {how}" if how else ""
         return f"{self.function} -> {self._store()}{how}"
 
 
@@ -321,14 +324,17 @@ class Combine:
     ``expf`` and ``logf`` without fast math).  With a base-2 ``log``, L = log2(S) * ln 2 + M, one FMA when
     ``fused``: FA2 built with ``-use_fast_math`` (the flash-attn package), whose ``logf(S) + M`` nvcc
     compiles to ``lg2.approx.ftz`` and ``fma(., ln 2, M)``, with ``exp`` ``cuda_fast_expf``.  A split that
-    sees no key of a row gives it O = 0 and LSE = -inf.
+    sees no key of a row gives it O = 0 and LSE = -inf.  ``method``: the `flashsim.orders.CombineMethod` of
+    ``COMBINES`` that deals the keys and merges ('fa2', the above).
     """
 
     exp: str = "libdevice_expf"
     log: str = "libdevice_logf"
     fused: bool = False
+    method: str = "fa2"
 
     def __post_init__(self) -> None:
+        COMBINES.get(self.method, "Combine.method")
         get_function(self.exp, "exp", argname="Combine.exp")
         model = get_function(self.log, "log", argname="Combine.log")
         if self.fused and model.base != "2":
@@ -336,7 +342,7 @@ class Combine:
 
     def __str__(self) -> str:
         log = f"{self.log} * ln 2 + M" + (" (one FMA)" if self.fused else "")
-        return f"FP32: {self.exp}, {log}, an FMA per split"
+        return ("" if self.method == "fa2" else f"{self.method}: ") + f"FP32: {self.exp}, {log}, an FMA per split"
 
 
 __all__ = [

@@ -38,7 +38,7 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
         tiling=Tiling(128, 128, "forward"),
         # backward, the closest found (not exact): FA2's, but for P = ex2.approx.ftz((S*sm_scale - LSE) * log2 e),
         # dS = P (dP - delta) * sm_scale, and the Q blocks in order
-        recompute=Recompute("h100_ex2", FP32, natural=True),
+        recompute=Recompute("h100_ex2", FP32, form="natural"),
         ds=SoftmaxGrad(FP32, scale_at="ds"),
         bwd_tiling=BwdTiling(128, 128, q_order="forward"),
     )

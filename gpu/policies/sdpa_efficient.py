@@ -102,7 +102,7 @@ def sdpa_efficient_policy(
         o_accum=Op(FP32),
         normalize=Norm("reciprocal", "ieee", FP32),
         output=Op(fmt),
-        lse=Func("libdevice_logf", FP32, divide=True),
+        lse=Func("libdevice_logf", FP32, form="divide"),
         tiling=Tiling(bm, bn, "forward"),
         delta=Delta("fa2_dot_do_o", FP32, fused=True, threads=tile // 32, chunk=8, shuffle="doubling"),
         recompute=Recompute("libdevice_expf", FP32),

@@ -20,9 +20,9 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     Forward: the diagonal blocks add a -1e6 bias by FMA and keep the masked scores (`Mask(-1e6, "add")`), and the LSE
     (in base 2, `m + log2(l)`) comes from `tl.math.log2`, which is libdevice's log2f (`Func("libdevice_log2f")`).
     Backward (causal only: the tutorial's backward always masks): K is prescaled by `sm_scale / ln 2` in torch and
-    rounded to fp16, P = ex2(S - L) by a separate subtraction, dQ times ln 2 at the end (`Recompute(prescale_k=True)`),
-    and each 128-row Q block adds the 128 keys on its diagonal to dQ first, then the keys from 0 on (`BwdTiling(128,
-    128, kv_order="diagonal_first")`).  The tutorial needs N a multiple of 128.
+    rounded to fp16, P = ex2(S - L) by a separate subtraction, dQ times ln 2 at the end
+    (`Recompute(form="prescale_k")`), and each 128-row Q block adds the 128 keys on its diagonal to dQ first, then
+    the keys from 0 on (`BwdTiling(128, 128, kv_order="diagonal_first")`).  The tutorial needs N a multiple of 128.
     """
     base = triton_policy("fp16", block_m=block_m, block_n=block_n, num_warps=num_warps)
     return dataclasses.replace(
@@ -31,7 +31,7 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
         note=f"Triton's fused-attention tutorial, fp16 forward on the H100 ({block_m}x{block_n}, {num_warps} warps)",
         mask=Mask(-1e6, "add"),
         lse=Func("libdevice_log2f", FP32),
-        recompute=Recompute("h100_ex2", FP32, prescale_k=True),
+        recompute=Recompute("h100_ex2", FP32, form="prescale_k"),
         bwd_tiling=BwdTiling(128, 128, kv_order="diagonal_first"),
     )
 

@@ -1,6 +1,6 @@
-"""Extending flashsim by adding values: a row-sum order, a division, a function model and a device's accumulation
-model are registered from this file and a policy using them runs, with no change to any package module; and
-flashsim's core stays free of any particular device."""
+"""Extending flashsim by adding values: a row-sum order, a division, a function model, a device's accumulation
+model, a recompute form, an LSE form and a split merge are registered from this file and policies using them run,
+with no change to any package module; and flashsim's core stays free of any particular device."""
 
 from __future__ import annotations
 
@@ -14,8 +14,18 @@ import pytest
 import emufloat as ef
 import flashsim as fs
 from flashsim import arith
-from flashsim.orders import DIVISIONS, ROW_SUMS, Division
-from flashsim.specs import Dot, Func, Norm, RowSum
+from flashsim.orders import (
+    COMBINES,
+    DIVISIONS,
+    LSE_FORMS,
+    RECOMPUTES,
+    ROW_SUMS,
+    CombineMethod,
+    Division,
+    LseForm,
+    RecomputeForm,
+)
+from flashsim.specs import Combine, Dot, Func, Norm, Recompute, RowSum, Tiling
 
 ROOT = Path(__file__).resolve().parents[2]
 CALLS: dict[str, int] = {}
@@ -47,6 +57,51 @@ def truncated_exp2(x, trace=None, label=""):
     return ef.quantize(np.exp2(np.asarray(x, np.float64)), "fp32", "rtz")
 
 
+class OneRounding(RecomputeForm):
+    """x = S*c - L computed exactly and rounded once into FP32 (a test's own recompute form)."""
+
+    name, doc = "test_one_rounding", "S*c - L exact, one rounding"
+
+    def exponent(self, s, head, rows, visible, trace):
+        CALLS[self.name] = CALLS.get(self.name, 0) + 1
+        x = np.asarray(s, np.float64) * np.float64(head.c) - np.asarray(
+            head.l[rows.start : rows.stop, None], np.float64
+        )
+        if visible is not None:
+            x[~visible] = -np.inf
+        return x.astype(np.float32)
+
+
+class ExactLse(LseForm):
+    """LSE = m*c + log l exact, rounded once (a test's own LSE form)."""
+
+    name, doc = "test_exact_lse", "m*c + log l exact, one rounding"
+
+    def join(self, m, log_l, k, spec, trace):
+        CALLS[self.name] = CALLS.get(self.name, 0) + 1
+        m64 = np.asarray(m, np.float64) * (1.0 if k is None else k)
+        return (m64 + np.asarray(log_l, np.float64)).astype(np.float32)
+
+
+class EvenExactMerge(CombineMethod):
+    """Keys dealt in equal counts (not whole blocks), the splits merged in FP64 (a test's own split merge)."""
+
+    name, doc = "test_even_exact", "equal key counts, FP64 merge"
+
+    def ranges(self, n, block_n, splits):
+        edges = np.linspace(0, n, splits + 1).astype(int)
+        return [range(a, b) for a, b in zip(edges[:-1], edges[1:], strict=True)]
+
+    def combine(self, results, policy, trace):
+        CALLS[self.name] = CALLS.get(self.name, 0) + 1
+        lse = np.stack([np.asarray(r[1], np.float64) for r in results])  # natural-log LSEs under 'fp32'
+        top = lse.max(axis=0)
+        w = np.exp(lse - top)
+        total = np.log(w.sum(axis=0)) + top
+        o = sum(np.exp(x - total)[:, None] * np.asarray(r[0], np.float64) for x, r in zip(lse, results, strict=True))
+        return o.astype(np.float32), total.astype(np.float32)
+
+
 #: a made-up tensor core: blocks of 32 products fused, 20 alignment bits kept, the sum rounded toward zero
 NEW_CORE = ef.FusedBlock(width=32, align_bits=20, final_rounding=ef.Rounding("rtz"), name="test_core_fp32")
 
@@ -57,6 +112,9 @@ def registered():
     DIVISIONS.register(MultiplyByReciprocal(), replace=True)
     fs.register_function(fs.FunctionModel("test_exp2_rtz", "exp", "2", "2**x rounded toward zero", truncated_exp2))
     ef.accum.register(NEW_CORE)
+    RECOMPUTES.register(OneRounding(), replace=True)
+    LSE_FORMS.register(ExactLse(), replace=True)
+    COMBINES.register(EvenExactMerge(), replace=True)
 
 
 def test_a_policy_of_new_values_runs_and_calls_them(registered):
@@ -93,6 +151,38 @@ def test_the_new_row_sum_order_sums_right_to_left(registered):
     left = arith.RowSumState(1, RowSum("sequential", ef.FP32), (1, 5), None)
     left.update(p, np.zeros(1, np.float32))
     assert left.total()[0] == np.float32(1.0)  # left to right, each 2**-24 is lost
+
+
+def test_new_forms_and_merge_run_and_are_called(registered):
+    rng = np.random.default_rng(5)
+    q, k, v, do = (ef.quantize(rng.standard_normal((48, 16)), "bf16").astype(np.float32) for _ in range(4))
+    base = fs.get_policy("triton_h100")
+    pol = dataclasses.replace(
+        base,
+        name="test_new_forms",
+        lse=dataclasses.replace(base.lse, form="test_exact_lse"),
+        recompute=Recompute(base.recompute.function, ef.FP32, form="test_one_rounding"),
+    )
+    assert "test_one_rounding" in str(pol)
+    CALLS.clear()
+    fwd = fs.flash_forward(q, k, v, pol, block_n=16)
+    grads = fs.flash_backward(q, k, v, fwd.o, fwd.lse, do, pol)
+    assert CALLS["test_exact_lse"] >= 1 and CALLS["test_one_rounding"] >= 1
+    ref = fs.reference_attention(q, k, v, "fp64")
+    exact = fs.reference_backward(q, k, v, ref.o, ref.lse, do, "fp64")
+    for name in ("dq", "dk", "dv"):
+        assert np.max(np.abs(getattr(grads, name) - getattr(exact, name))) < 0.05, name
+    plain = fs.flash_backward(q, k, v, fwd.o, fwd.lse, do, dataclasses.replace(pol, recompute=base.recompute))
+    for name in ("dq", "dk", "dv"):  # the kernel's FMA rounds x once too: the same bits
+        assert np.array_equal(getattr(plain, name), getattr(grads, name)), name
+
+    split = dataclasses.replace(
+        fs.FP32_POLICY, name="test_split", tiling=Tiling(16, 16, kv_splits=3), combine=Combine(method="test_even_exact")
+    )
+    CALLS.clear()
+    out = fs.flash_forward(q, k, v, split)
+    assert CALLS["test_even_exact"] == 1
+    assert np.max(np.abs(out.o - ref.o)) < 1e-5 and np.max(np.abs(out.lse - ref.lse)) < 1e-5
 
 
 def test_an_unknown_name_is_refused_listing_the_registered_ones():

@@ -431,13 +431,16 @@ def test_equality_and_diff_cover_the_backward():
     "make, match",
     [
         (lambda: fs.specs.Delta("tree", "fp32"), "Delta.order"),
-        (lambda: fs.specs.Recompute("exp", "fp32", natural=True), "Recompute.natural"),
-        (lambda: fs.specs.Recompute("h100_ex2", "fp32", natural=True, prescale_k=True), "Recompute.natural"),
+        (lambda: fs.specs.Recompute("exp", "fp32", form="natural"), "Recompute.form: 'natural'"),
+        (lambda: fs.specs.Recompute("h100_ex2", "fp32", form="natural", fused=True), "Recompute.fused: the form"),
+        (lambda: fs.specs.Recompute("h100_ex2", "fp32", form="prescale_k", fused=True), "Recompute.fused: the form"),
+        (lambda: fs.specs.Recompute("exp", "fp64", form="prescale_k"), "Recompute.form: 'prescale_k'"),
+        (lambda: fs.specs.Recompute("h100_ex2", "fp32", form="tiled"), "Recompute.form: expected one of"),
         (
             lambda: dataclasses.replace(
-                fs.get_policy("triton_h100"), name="x", recompute=fs.specs.Recompute("h100_ex2", "fp32", natural=True)
+                fs.get_policy("triton_h100"), name="x", recompute=fs.specs.Recompute("h100_ex2", "fp32", form="natural")
             ),
-            "recompute: natural",
+            "recompute: the form 'natural' needs an LSE of base e",
         ),
         (lambda: fs.specs.Delta("sequential", "fp32", source="s"), "Delta.source"),
         (lambda: fs.specs.Delta("pairwise", "fp32", fused=True), "Delta.fused"),

@@ -308,12 +308,14 @@ def test_flashsim_does_not_import_gpu_libraries():
         (lambda: fs.specs.Norm("divide", "rcp_approx", "fp32"), "Norm.division"),
         (lambda: fs.specs.Scale("logits", "fp32"), "Scale.where"),
         (lambda: fs.specs.Scale("max", "fp32", split=True), "Scale.split"),
-        (lambda: fs.specs.Func("log", "fp32", fused=True, divide=True), "Func.divide"),
+        (lambda: fs.specs.Func("log", "fp32", fused=True, form="divide"), "Func.fused: the LSE form 'divide'"),
+        (lambda: fs.specs.Func("log", "fp32", form="subtract"), "Func.form: expected one of"),
+        (lambda: Combine(method="fa3"), "Combine.method: expected one of"),
         (lambda: fs.specs.Func("log", "fp64", fused=True), "Func.fused"),
         (lambda: Combine(log="libdevice_logf", fused=True), "Combine.fused"),
         (
-            lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("exp", "fp32", divide=True)),
-            "exp: fused and divide",
+            lambda: dataclasses.replace(fs.FP32_POLICY, exp=fs.specs.Func("exp", "fp32", form="divide")),
+            "exp: fused and form",
         ),
         (
             lambda: dataclasses.replace(fs.FP32_POLICY, scale=fs.specs.Scale("scores", "fp32", split=True)),

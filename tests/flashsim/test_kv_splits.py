@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 
 import flashsim as fs
-from flashsim.attention import split_ranges
+from flashsim.orders import COMBINES
 from flashsim.specs import Combine, Tiling
 from gpu.policies import fa2_num_splits, sdpa_flash_policy
+
+split_ranges = COMBINES.get("fa2").ranges
 
 
 def test_split_ranges_deal_whole_blocks():

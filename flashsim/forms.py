@@ -1,0 +1,175 @@
+"""The built-in recompute forms, LSE forms and split merge, registered in `flashsim.orders`' registries.
+
+What a spec names by ``Recompute.form``, ``Func.form`` (the lse step) and ``Combine.method``; a kernel that forms
+these differently registers its own object in a file of its own, as `flashsim.orders` shows for row-sum orders.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import emufloat as ef
+from emufloat import FP32
+
+from . import arith
+from .functions import get_function
+from .orders import COMBINES, LSE_FORMS, RECOMPUTES, CombineMethod, LseForm, RecomputeForm
+from .specs import Func, Op
+
+LN2 = 0.6931471805599453
+
+
+def _masked(s: np.ndarray, visible: np.ndarray | None) -> np.ndarray:
+    """The scores with masked entries -inf (a copy where anything is masked)."""
+    if visible is None:
+        return s
+    s = s.copy()
+    s[~visible] = -np.inf
+    return s
+
+
+# ---- the backward's exponent x = S*c - L ---------------------------------------------------------------
+class Scaled(RecomputeForm):
+    name = "scaled"
+    doc = (
+        "x = S*c - L: S*c rounded first under scale placement 'scores' (PyTorch), else one FMA when fused "
+        "(FA2's exp2f(s*scale - lse*log2e)) or a multiply and a subtraction"
+    )
+    fusable = True
+
+    def exponent(self, s, head, rows, visible, trace):
+        pol, l_rows = head.pol, head.l[rows.start : rows.stop, None]
+        if pol.scale.where == "scores":
+            s = _masked(arith.binary("mul", s, head.c, pol.scale, trace, "scale"), visible)
+            return arith.binary("sub", s, l_rows, head.x_op, trace, "recompute")
+        s = _masked(s, visible)
+        if pol.recompute.fused:
+            neg_l = arith.cast(head.neg_l[rows.start : rows.stop, None], arith.compute_format(pol.recompute))
+            return arith.fma(s, head.c, neg_l, head.x_op, trace, "recompute")
+        sc = arith.binary("mul", s, head.c, pol.scale, trace, "scale")
+        return arith.binary("sub", sc, l_rows, head.x_op, trace, "recompute")
+
+    def describe(self, spec):
+        return "fma(S, c, -L)" if spec.fused else "S*c - L"
+
+
+class Natural(RecomputeForm):
+    name = "natural"
+    doc = "cuDNN: x = (S*sm_scale - LSE) * log2 e, each step rounded, from a natural-log LSE"
+    lse_base = "e"
+
+    def check(self, spec, base, native):
+        if base != "2":
+            raise ValueError("Recompute.form: 'natural' (S*sm_scale - LSE, then times log2 e) needs a base-2 function")
+
+    def exponent(self, s, head, rows, visible, trace):
+        s = _masked(arith.binary("mul", s, head.c_natural, head.pol.scale, trace, "scale"), visible)
+        x = arith.binary("sub", s, head.lse_natural[rows.start : rows.stop, None], head.x_op, trace, "recompute")
+        return arith.binary("mul", x, head.log2e, head.x_op, trace, "recompute")
+
+    def describe(self, spec):
+        return "(S*sm_scale - LSE) * log2 e"
+
+
+class PrescaleK(RecomputeForm):
+    name = "prescale_k"
+    doc = "Triton's tutorial: K times c in FP32 before the scores, x = S - L, dQ times ln 2 (base 2) at the end"
+
+    def check(self, spec, base, native):
+        if native:
+            raise ValueError("Recompute.form: 'prescale_k' (x = S - L) is one FP32 subtraction, not FP64")
+
+    def prepare_k(self, k, c, trace):
+        k32 = arith.cast_if_needed(k, FP32, trace, "inputs")  # torch's opmath, then the scores' input format
+        return arith.binary("mul", k32, arith.constant(c, Op(FP32)), Op(FP32), trace, "recompute")
+
+    def dq_scale(self, sm_scale, base):
+        return LN2 if base == "2" else 1.0
+
+    def exponent(self, s, head, rows, visible, trace):
+        l_rows = head.l[rows.start : rows.stop, None]
+        return arith.binary("sub", _masked(s, visible), l_rows, head.x_op, trace, "recompute")
+
+    def describe(self, spec):
+        return "S - L, K prescaled by c"
+
+
+# ---- the forward's LSE = m + log l -------------------------------------------------------------------
+class MulAdd(LseForm):
+    name = "mul_add"
+    doc = "m * c + log l, one FMA when fused (FA2's row_max * softmax_scale + __logf(sum))"
+    fusable = True
+
+    def join(self, m, log_l, k, spec, trace):
+        if k is None:
+            return arith.binary("add", m, log_l, spec, trace, "lse")
+        return arith.mul_add(m, arith.constant(k, spec), log_l, spec, spec.fused, trace, "lse")
+
+    def describe(self, spec):
+        return "m*c + log l as one FMA" if spec.fused else ""
+
+
+class Divide(LseForm):
+    name = "divide"
+    doc = "m / log2 e + log l: m leaves the exp's base by a division (PyTorch's memory-efficient kernel)"
+
+    def join(self, m, log_l, k, spec, trace):
+        if k is not None:
+            m = arith.binary("div", m, arith.constant(1.0 / k, spec), spec, trace, "lse")
+        return arith.binary("add", m, log_l, spec, trace, "lse")
+
+    def describe(self, spec):
+        return "m / log2 e"
+
+
+# ---- split K/V ----------------------------------------------------------------------------------------
+class FA2Combine(CombineMethod):
+    name = "fa2"
+    doc = "FA2's split-KV kernel and its combine kernel (flashsim.specs.Combine)"
+
+    def ranges(self, n, block_n, splits):
+        """ceil(blocks / splits) whole K/V blocks each (a split past the last block is empty)."""
+        per = math.ceil(math.ceil(n / block_n) / splits) * block_n
+        return [range(min(s * per, n), min((s + 1) * per, n)) for s in range(splits)]
+
+    def combine(self, results, policy, trace):
+        spec, f32 = policy.combine, Op(FP32)
+        seen = [np.asarray(l, np.float64) > 0 for _o, _lse, l in results]  # no key seen: O 0, LSE -inf
+        lse = [arith.cast(np.where(ok, r[1], -np.inf), FP32) for r, ok in zip(results, seen, strict=True)]
+        o = [arith.cast(np.where(ok[:, None], r[0], 0.0), FP32) for r, ok in zip(results, seen, strict=True)]
+        top = np.max(np.stack(lse), axis=0)
+        top = np.where(np.isneginf(top), np.float32(0), top).astype(np.float32)
+        exp_f = Func(spec.exp, FP32)
+        lanes = 1 << max(1, (len(lse) - 1).bit_length())  # the butterfly's lanes: a power of two, at least 2
+        terms = [self._exp_diff(x, top, exp_f, trace) for x in lse]
+        terms += [np.zeros_like(top)] * (lanes - len(terms))
+        tree = ef.ReductionTree.thread_butterfly(lanes, 1)
+        total = ef.tree_sum(np.stack(terms, axis=-1), tree, FP32, trace=trace, label="combine")
+        log_total = arith.function(total, Func(spec.log, FP32), trace, "combine")
+        if get_function(spec.log).base == "2":
+            out_lse = arith.mul_add(log_total, arith.constant(LN2, f32), top, f32, spec.fused, trace, "combine")
+        else:
+            out_lse = arith.binary("add", log_total, top, f32, trace, "combine")
+        bad = (total == 0) | np.isnan(total)
+        out_lse = np.where(bad, np.float32(np.inf), out_lse).astype(np.float32)
+        acc = np.zeros_like(o[0])
+        for x, oi in zip(lse, o, strict=True):
+            w = self._exp_diff(x, out_lse, exp_f, trace)
+            acc = arith.fma(np.broadcast_to(w[:, None], oi.shape), oi, acc, f32, trace, "combine")
+        return acc, out_lse
+
+    @staticmethod
+    def _exp_diff(x, y, exp_f, trace):
+        """exp(x - y) in FP32, the subtraction rounded."""
+        return arith.function(arith.binary("sub", x, y, Op(FP32), trace, "combine"), exp_f, trace, "combine")
+
+
+for _form in (Scaled(), Natural(), PrescaleK()):
+    RECOMPUTES.register(_form)
+for _join in (MulAdd(), Divide()):
+    LSE_FORMS.register(_join)
+COMBINES.register(FA2Combine())
+
+__all__ = ["Divide", "FA2Combine", "MulAdd", "Natural", "PrescaleK", "Scaled"]

@@ -15,6 +15,7 @@ reproduce): tests/data/others and the folders beside it.  numpy only.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,14 +25,32 @@ from flashsim.crosscheck import KernelRun
 from flashsim.inputs import ALL_KINDS, make_inputs
 from flashsim.policy import PolicyRef
 from flashsim.recording import RecordedRun, Recording
+from flashsim.registry import Registry
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
 from .kernels import sdpa_policy
 
-KERNELS = ("tutorial", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "paper")
 SEED0 = 910_000  # no other recording draws seeds from here on
-#: each kernel's block of seeds (100,000 wide); any other name (a user's kernel) draws from block 4
-SEED_BLOCK = {"tutorial": 0, "sdpa_flash": 1, "sdpa_efficient": 2, "sdpa_cudnn": 3, "paper": 5}
+
+
+@dataclass(frozen=True)
+class RecordedKernel:
+    """A kernel the grid records: its block of seeds (100,000 wide), the grid's defaults, and the policy a run of
+    it is checked against (``policy(case, config, deterministic)``: ``config`` the autotuner's choice, where the
+    recording kept one)."""
+
+    name: str
+    seed_block: int
+    policy: Callable[[KernelCase, dict | None, bool], PolicyRef]
+    lengths: tuple[int, ...] = (128, 200)
+    dtypes: tuple[str, ...] = ("bf16", "fp16")
+    softmaxes: tuple[str, ...] = ("standard",)
+    seeds_per_cell: int = 1
+
+
+RECORDED: Registry[RecordedKernel] = Registry("recorded kernel", RecordedKernel)
+"""The kernels `grid()` and `policy_of()` know; any other name (a user's kernel) is checked against ``fa2`` and
+draws seeds from block 4."""
 
 
 @dataclass(frozen=True)
@@ -81,18 +100,14 @@ def grid(
     each recording `round_` fresh ones (10,000 apart)."""
     if isinstance(round_, bool) or not isinstance(round_, int) or not 0 <= round_ < 10:
         raise ValueError(f"round_: expected an integer 0..9, got {round_!r}")
-    tutorial, paper = kernel == "tutorial", kernel == "paper"
-    lengths = lengths or ((128, 256) if tutorial else (200, 640) if paper else (128, 200))
-    dtypes = ("fp16",) if tutorial else ("bf16",) if paper else ("bf16", "fp16")
-    softmaxes = ("standard", "stabilised") if paper else ("standard",)
-    seeds_per_cell = seeds_per_cell or (2 if tutorial else 1)
-    base = SEED0 + 100_000 * SEED_BLOCK.get(kernel, 4) + 10_000 * round_
-    cases, seed = [], base
-    for dtype in dtypes:
+    spec = recorded_kernel(kernel)
+    seeds_per_cell = seeds_per_cell or spec.seeds_per_cell
+    cases, seed = [], SEED0 + 100_000 * spec.seed_block + 10_000 * round_
+    for dtype in spec.dtypes:
         for d in (64, 128):
             for causal in (False, True):
-                for n in lengths:
-                    for softmax in softmaxes:
+                for n in lengths or spec.lengths:
+                    for softmax in spec.softmaxes:
                         for kind in ALL_KINDS:
                             for _ in range(seeds_per_cell):
                                 cases.append(KernelCase(kernel, n, d, dtype, causal, kind, seed, softmax))
@@ -100,29 +115,54 @@ def grid(
     return cases
 
 
+def recorded_kernel(name: str) -> RecordedKernel:
+    """The registered kernel of that name, or for any other name a user's kernel checked against ``fa2``."""
+    return RECORDED.get(name) if name in RECORDED else RecordedKernel(name, 4, _fa2_policy)
+
+
 def policy_of(case: KernelCase, config: dict | None = None, deterministic: bool = False) -> PolicyRef:
-    """The policy a kernel's run is checked against: the tutorial's for its autotuned tiles; the models of
-    SDPA's flash backend (`sdpa_flash_policy()`, forward and backward) and memory-efficient
-    backend (`sdpa_efficient_policy()`; its dQ in key order); the cuDNN backend's
-    (`sdpa_cudnn_policy()`: its forward exact, its backward the closest found); `qiu_yao`
-    for the paper's pipeline; `fa2` for other kernels.
+    """The policy a kernel's run is checked against (`RecordedKernel.policy`).
     `deterministic`: the run was recorded under `torch.use_deterministic_algorithms(True)`."""
-    if case.kernel == "tutorial":
-        cfg = config or {}
-        return PolicyRef(
-            "gpu.policies:tutorial_policy",
-            {
-                "block_m": int(cfg.get("BLOCK_M", 128)),
-                "block_n": int(cfg.get("BLOCK_N", 64)),
-                "num_warps": int(cfg.get("num_warps", 4)),
-            },
-        )
-    if case.kernel.startswith("sdpa_"):  # one head of n keys on the recording's card (132 SMs)
-        launch = {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n, "batch_heads": 1}
-        return sdpa_policy(case.kernel.removeprefix("sdpa_"), launch | {"deterministic": deterministic})
-    if case.kernel == "paper":
-        return PolicyRef("qiu_yao")
+    return recorded_kernel(case.kernel).policy(case, config, deterministic)
+
+
+def _tutorial_policy(case: KernelCase, config: dict | None, deterministic: bool) -> PolicyRef:
+    """The tutorial's policy for the tiles its autotuner chose."""
+    cfg = config or {}
+    tiles = {
+        "block_m": cfg.get("BLOCK_M", 128),
+        "block_n": cfg.get("BLOCK_N", 64),
+        "num_warps": cfg.get("num_warps", 4),
+    }
+    return PolicyRef("gpu.policies:tutorial_policy", {k: int(v) for k, v in tiles.items()})
+
+
+def _sdpa_policy(case: KernelCase, config: dict | None, deterministic: bool) -> PolicyRef:
+    """SDPA's backend for one head of n keys on the recording's card (132 SMs): `sdpa_policy()`."""
+    launch = {"dtype": case.dtype, "head_dim": case.d, "n_q": case.n, "n_k": case.n, "batch_heads": 1}
+    return sdpa_policy(case.kernel.removeprefix("sdpa_"), launch | {"deterministic": deterministic})
+
+
+def _fa2_policy(case: KernelCase, config: dict | None, deterministic: bool) -> PolicyRef:
     return PolicyRef("fa2")
+
+
+def _paper_policy(case: KernelCase, config: dict | None, deterministic: bool) -> PolicyRef:
+    return PolicyRef("qiu_yao")
+
+
+for _kernel in (
+    RecordedKernel("tutorial", 0, _tutorial_policy, lengths=(128, 256), dtypes=("fp16",), seeds_per_cell=2),
+    RecordedKernel("sdpa_flash", 1, _sdpa_policy),
+    RecordedKernel("sdpa_efficient", 2, _sdpa_policy),
+    RecordedKernel("sdpa_cudnn", 3, _sdpa_policy),
+    RecordedKernel(
+        "paper", 5, _paper_policy, lengths=(200, 640), dtypes=("bf16",), softmaxes=("standard", "stabilised")
+    ),
+):
+    RECORDED.register(_kernel)
+KERNELS = tuple(RECORDED.names())
+"""The registered kernels' names (a device recording's ``--kernels``)."""
 
 
 def load(folder: Path) -> tuple[dict, dict[str, np.ndarray]]:
@@ -225,10 +265,13 @@ def recorded_runs(folder: Path, kernel: str | None = None) -> list[RecordedRun]:
 
 __all__ = [
     "KERNELS",
+    "RECORDED",
     "KernelCase",
+    "RecordedKernel",
     "grid",
     "load",
     "policy_of",
+    "recorded_kernel",
     "recorded_run_of",
     "recorded_runs",
     "recording",

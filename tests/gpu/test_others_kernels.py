@@ -305,6 +305,21 @@ def test_efficient_key_splits_follow_pytorch():
     assert others.policy_of(case, deterministic=True).kwargs["deterministic"] is True
 
 
+def test_a_kernel_registered_from_a_test_gets_its_grid_and_policy():
+    """A recorded kernel is a value: registering one gives it a grid and a policy, with no edit of gpu/."""
+    from flashsim.policy import PolicyRef
+
+    mine = others.RecordedKernel(
+        "test_mine", 7, lambda case, config, det: PolicyRef("triton_h100"), lengths=(96,), dtypes=("fp16",)
+    )
+    others.RECORDED.register(mine, replace=True)
+    cases = others.grid("test_mine")
+    assert {(c.n, c.dtype) for c in cases} == {(96, "fp16")} and cases[0].seed == others.SEED0 + 700_000
+    assert str(others.policy_of(cases[0])) == "triton_h100"
+    unknown = others.grid("not_registered")  # a user's kernel by name only: fa2, seed block 4
+    assert unknown[0].seed == others.SEED0 + 400_000 and str(others.policy_of(unknown[0])) == "fa2"
+
+
 # ---- SDPA's cuDNN backend: closed; each step pinned by crafted inputs, then checked on fresh cases ------------
 CUDNN_DATA = Path(__file__).resolve().parents[1] / "data" / "sdpa_cudnn"
 CUDNN = others.recorded_runs(CUDNN_DATA, "sdpa_cudnn")

@@ -29,7 +29,8 @@ from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
 from . import arith
-from .orders import COMBINES, LSE_FORMS
+from .causal import causal_alignment, causal_offset, causal_visible
+from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
 from .specs import Op
@@ -198,40 +199,6 @@ def block_order(value: str | None, default: str, name: str, accepted: tuple[str,
     return val
 
 
-CAUSAL_ALIGNMENTS = ("top-left", "bottom-right")
-
-
-def causal_alignment(causal: bool | str | None) -> str | None:
-    """'top-left', 'bottom-right', or None (no mask) for a ``causal`` argument (True means top-left)."""
-    if causal is None or causal is False:
-        return None
-    if causal is True:
-        return "top-left"
-    if isinstance(causal, str) and causal in CAUSAL_ALIGNMENTS:
-        return causal
-    raise ValueError(f"causal: expected True/False or one of {', '.join(CAUSAL_ALIGNMENTS)}, got {causal!r}")
-
-
-def causal_offset(causal: bool | str | None, n_q: int, n_k: int) -> int | None:
-    """Key j is attended by query i when j <= i + offset; None: no causal mask."""
-    align = causal_alignment(causal)
-    return None if align is None else (0 if align == "top-left" else n_k - n_q)
-
-
-def causal_visible(rows: range, cols: range, offset: int | None) -> np.ndarray | None:
-    """The causal mask of a block (True = attended), or None when every entry is attended.
-
-    ``offset``: from `causal_offset()` (None: not causal)."""
-    if offset is None or cols.stop - 1 <= rows.start + offset:
-        return None
-    return np.arange(cols.start, cols.stop)[None, :] <= np.arange(rows.start, rows.stop)[:, None] + offset
-
-
-def causal_skips(offset: int | None, rows: range, cols: range) -> bool:
-    """Whether every key of ``cols`` is masked for every query of ``rows`` (the block pair can be skipped)."""
-    return offset is not None and cols.start > rows.stop - 1 + offset
-
-
 def _per_head(fn, q, k, v) -> ForwardResult:
     """Apply a 2-D attention function over the leading axes."""
     lead = q.shape[:-2]
@@ -302,22 +269,22 @@ def kv_steps(
     pol, trace = pipe.pol, pipe.trace
     bm, bn = tile
     n = kt.shape[1]
-    starts = [
-        j0
-        for j0 in range(0, n, bn)
-        if not (pol.tiling.skip_masked and causal_skips(offset, qrows, range(j0, min(j0 + bn, n))))
-    ]
+    schedule = KV_SCHEDULES.get(pol.tiling.schedule)
+    blocks = schedule.blocks(qrows, n, bn, bm, offset, pol.tiling.skip_masked)
     if order == "reverse":
-        starts.reverse()
+        blocks.reverse()
     r = q_rows.shape[0]
     acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
     m = arith.cast(np.full(r, -np.inf), pol.max.fmt)
     lsum = arith.RowSumState(r, pol.row_sum, (bm, bn), trace)
     acc = arith.cast(np.zeros((r, vc.shape[1])), acc_fmt)
-    for j0 in starts:
-        cols = range(j0, min(j0 + bn, n))
-        s = arith.dot(q_rows, kt[:, j0 : cols.stop], pol.scores, trace=trace, label="scores")
-        visible = causal_visible(qrows, cols, offset)
+    for cols, masked in blocks:
+        j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
+        kb, vb = kt[:, j0 : cols.stop], vc[j0 : cols.stop]
+        if past:
+            kb, vb = np.pad(kb, ((0, 0), (0, past))), np.pad(vb, ((0, past), (0, 0)))
+        s = arith.dot(q_rows, kb, pol.scores, trace=trace, label="scores")
+        visible = causal_visible(qrows, cols, offset) if masked else None
         if visible is not None and local is not None:
             visible = visible[local]
         p, m, alpha = pipe.softmax_block(s, visible, m)
@@ -331,9 +298,9 @@ def kv_steps(
             pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
-            acc = arith.dot(pl, vc[j0 : cols.stop], pol.pv, c=acc, trace=trace, label="pv")
+            acc = arith.dot(pl, vb, pol.pv, c=acc, trace=trace, label="pv")
         else:
-            pv = arith.dot(pl, vc[j0 : cols.stop], pol.pv, trace=trace, label="pv")
+            pv = arith.dot(pl, vb, pol.pv, trace=trace, label="pv")
             acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
         s_max, units = pipe.max_input
         yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)

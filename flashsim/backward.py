@@ -37,8 +37,9 @@ import emufloat as ef
 from emufloat import Rounding, Trace
 
 from . import arith
-from .attention import LN2, LOG2E, as_input, block_order, block_size, causal_offset, causal_skips, causal_visible
+from .attention import LN2, LOG2E, as_input, block_order, block_size
 from .attention import check_inputs as check_forward_inputs
+from .causal import causal_offset, causal_skips, causal_visible
 from .orders import DELTAS, RECOMPUTES
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant

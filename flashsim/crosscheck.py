@@ -25,6 +25,7 @@ from emufloat import Format, as_format
 
 from .attention import flash_forward
 from .backward import flash_backward
+from .bounds import AttentionCheck, check_attention
 from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
@@ -46,6 +47,12 @@ def to_bits(x: np.ndarray, fmt: Format | str | None) -> np.ndarray:
     if x.dtype != carrier:  # already in the format: keep the bits (NaN payloads included)
         x = x.astype(np.float32).astype(carrier)
     return np.ascontiguousarray(x).view(f"uint{8 * carrier.itemsize}")
+
+
+def from_bits(bits: np.ndarray, fmt: Format | str | None) -> np.ndarray:
+    """float64 values of stored bits (``fmt`` None: float32), the inverse of `to_bits()`."""
+    carrier = np.float32 if fmt is None else np.dtype(as_format(fmt).carrier)
+    return np.asarray(bits).view(carrier).astype(np.float64)
 
 
 def _isnan(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
@@ -417,6 +424,7 @@ class CrosscheckReport:
     first_row: tuple[int, int] | None  # (head, row) of the first row whose O or LSE differs
     divergence: Divergence | None
     note: str = ""
+    attention: AttentionCheck | None = None  # the kernel's O and LSE against FP64 attention, within rounding
 
     @property
     def identical(self) -> bool:
@@ -435,14 +443,19 @@ class CrosscheckReport:
                 "intermediates recorded; a kernel that exposes them, as ours with debug=True, lets the "
                 "report locate the step)"
             )
+        if self.attention is not None:
+            lines.append(str(self.attention))
         return "\n".join(lines)
 
 
 def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -> CrosscheckReport:
     """Rerun ``run`` (a `KernelRun`, or the path of one saved by `save_run()`) under its policy and
     compare every recorded output; locate the first differing row's first divergent step when per-block
-    intermediates were recorded.  ``allow_import``: modules the run's policy reference may import
-    (`PolicyRef.resolve()`; by default a file's reference resolves only to registered policies)."""
+    intermediates were recorded; and say whether the kernel's O and LSE are attention's within the bound rounding
+    allows under the policy (`flashsim.bounds.check_attention()`: a kernel that computes another function is
+    reported as such, even where the policy repeats it bit for bit).  ``allow_import``: modules the run's policy
+    reference may import (`PolicyRef.resolve()`; by default a file's reference resolves only to registered
+    policies)."""
     if isinstance(run, (str, Path)):
         run = load_run(run)
     if not isinstance(run, KernelRun):
@@ -462,7 +475,19 @@ def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -
         first = (h, r)
         if run.debug:
             div = first_divergence(run, h, r, pol)
-    return CrosscheckReport(checks, first, div, run.note)
+    fmts_o = fmts["o"]
+    semantic = check_attention(
+        run.q,
+        run.k,
+        run.v,
+        from_bits(run.outputs["o"], fmts_o),
+        from_bits(run.outputs["lse"], None) if "lse" in run.outputs else None,
+        pol,
+        run.softmax,
+        run.sm_scale,
+        run.causal,
+    )
+    return CrosscheckReport(checks, first, div, run.note, semantic)
 
 
 __all__ = [
@@ -477,6 +502,7 @@ __all__ = [
     "crosscheck",
     "emulate",
     "first_divergence",
+    "from_bits",
     "load_run",
     "save_run",
     "stored_formats",

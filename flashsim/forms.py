@@ -1,7 +1,9 @@
-"""The built-in recompute forms, LSE forms and split merge, registered in `flashsim.orders`' registries.
+"""The built-in K/V schedules, recompute forms, LSE forms and split merge, registered in `flashsim.orders`'
+registries.
 
-What a spec names by ``Recompute.form``, ``Func.form`` (the lse step) and ``Combine.method``; a kernel that forms
-these differently registers its own object in a file of its own, as `flashsim.orders` shows for row-sum orders.
+What a spec names by ``Tiling.schedule``, ``Recompute.form``, ``Func.form`` (the lse step) and ``Combine.method``;
+a kernel that does these differently registers its own object in a file of its own, as `flashsim.orders` shows
+for row-sum orders.
 """
 
 from __future__ import annotations
@@ -14,8 +16,18 @@ import emufloat as ef
 from emufloat import FP32
 
 from . import arith
+from .causal import causal_skips
 from .functions import get_function
-from .orders import COMBINES, LSE_FORMS, RECOMPUTES, CombineMethod, LseForm, RecomputeForm
+from .orders import (
+    COMBINES,
+    KV_SCHEDULES,
+    LSE_FORMS,
+    RECOMPUTES,
+    CombineMethod,
+    KVSchedule,
+    LseForm,
+    RecomputeForm,
+)
 from .specs import Func, Op
 
 LN2 = 0.6931471805599453
@@ -28,6 +40,34 @@ def _masked(s: np.ndarray, visible: np.ndarray | None) -> np.ndarray:
     s = s.copy()
     s[~visible] = -np.inf
     return s
+
+
+# ---- the forward's K/V blocks ----------------------------------------------------------------------------
+class EveryBlock(KVSchedule):
+    name = "blocks"
+    doc = "every block of BLOCK_N keys from the first, masked where the causal mask hides a key of it"
+
+    def blocks(self, rows, n, block_n, block_m, offset, skip_masked):
+        out = [(range(j0, min(j0 + block_n, n)), True) for j0 in range(0, n, block_n)]
+        return [(cols, m) for cols, m in out if not (skip_masked and causal_skips(offset, rows, cols))]
+
+
+class TritonStages(KVSchedule):
+    name = "triton_stages"
+    doc = (
+        "Triton's fused-attention tutorial (its TMA path): causal, the Q block starting at row r visits keys [0, r) "
+        "in blocks of BLOCK_N, unmasked and each BLOCK_N wide (past r when BLOCK_N does not divide r), then [r, r + "
+        "BLOCK_M) masked; not causal, every block unmasked; a block reaching past the last key reads zeros"
+    )
+
+    def blocks(self, rows, n, block_n, block_m, offset, skip_masked):
+        if offset is None:
+            return [(range(j0, j0 + block_n), False) for j0 in range(0, n, block_n)]
+        if offset != 0:
+            raise ValueError(f"Tiling.schedule: 'triton_stages' has the tutorial's causal offset 0, got {offset}")
+        lo = rows.start
+        off_band = [(range(j0, j0 + block_n), False) for j0 in range(0, lo, block_n)]
+        return off_band + [(range(j0, j0 + block_n), True) for j0 in range(lo, min(lo + block_m, n), block_n)]
 
 
 # ---- the backward's exponent x = S*c - L ---------------------------------------------------------------
@@ -166,10 +206,12 @@ class FA2Combine(CombineMethod):
         return arith.function(arith.binary("sub", x, y, Op(FP32), trace, "combine"), exp_f, trace, "combine")
 
 
+for _schedule in (EveryBlock(), TritonStages()):
+    KV_SCHEDULES.register(_schedule)
 for _form in (Scaled(), Natural(), PrescaleK()):
     RECOMPUTES.register(_form)
 for _join in (MulAdd(), Divide()):
     LSE_FORMS.register(_join)
 COMBINES.register(FA2Combine())
 
-__all__ = ["Divide", "FA2Combine", "MulAdd", "Natural", "PrescaleK", "Scaled"]
+__all__ = ["Divide", "EveryBlock", "FA2Combine", "MulAdd", "Natural", "PrescaleK", "Scaled", "TritonStages"]

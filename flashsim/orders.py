@@ -1,5 +1,6 @@
 """How a kernel sums, divides and forms its steps, as objects a policy names: row-sum orders (l), delta orders,
-divisions, the backward's recompute forms, LSE forms and the merge of split K/V ranges.
+divisions, the forward's K/V schedules, the backward's recompute forms, LSE forms and the merge of split K/V
+ranges.
 
 A [`RowSum`][flashsim.specs.RowSum], [`Delta`][flashsim.specs.Delta] or [`Norm`][flashsim.specs.Norm] spec names
 one of these by the name it is registered under; flashsim's arithmetic calls its methods and never asks which
@@ -125,6 +126,25 @@ class Division:
         return f"{type(self).__name__}({self.name!r})"
 
 
+class KVSchedule:
+    """Which K/V blocks the forward's loop visits for a Q block, in which order, and which it masks
+    (`flashsim.specs.Tiling.schedule`)."""
+
+    name: str = ""
+    doc: str = ""
+
+    def blocks(
+        self, rows: range, n: int, block_n: int, block_m: int, offset: int | None, skip_masked: bool
+    ) -> list[tuple[range, bool]]:
+        """(keys, masked) of each K/V block the Q block ``rows`` visits (``n`` keys; ``offset``: the causal offset,
+        None when not causal), in the forward K/V order; ``masked``: the causal mask applies to the block (where it
+        hides some key of it).  Keys past ``n`` read as zeros (a TMA load's out-of-bounds fill)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
 class RecomputeForm:
     """How the backward forms x = S*c - L before P = exp(x) (`flashsim.specs.Recompute`).
 
@@ -211,6 +231,8 @@ DELTAS: Registry[DeltaOrder] = Registry("delta order", DeltaOrder)
 DIVISIONS: Registry[Division] = Registry("division", Division)
 """The divisions a ``Norm`` spec may name."""
 
+KV_SCHEDULES: Registry[KVSchedule] = Registry("K/V schedule", KVSchedule)
+"""The schedules a ``Tiling`` spec may name."""
 RECOMPUTES: Registry[RecomputeForm] = Registry("recompute form", RecomputeForm)
 """The forms a ``Recompute`` spec may name."""
 LSE_FORMS: Registry[LseForm] = Registry("LSE form", LseForm)
@@ -222,12 +244,14 @@ __all__ = [
     "COMBINES",
     "DELTAS",
     "DIVISIONS",
+    "KV_SCHEDULES",
     "LSE_FORMS",
     "RECOMPUTES",
     "ROW_SUMS",
     "CombineMethod",
     "DeltaOrder",
     "Division",
+    "KVSchedule",
     "LseForm",
     "RecomputeForm",
     "RowSumOrder",

@@ -33,12 +33,11 @@ from .attention import (
     KVStep,
     Pipeline,
     RowsResult,
-    causal_alignment,
-    causal_offset,
     check_inputs,
     kv_steps,
     tiling_of,
 )
+from .causal import causal_alignment, causal_offset
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import NUMPY

@@ -18,7 +18,7 @@ import numpy as np
 from .. import arith
 from ..analysis import analyse_run, count_nonfinite, round_to_one_band
 from ..analysis.report import PLOT_FILES, format_report, have_matplotlib, report_dict, write_plots
-from ..attention import CAUSAL_ALIGNMENTS, causal_offset
+from ..causal import CAUSAL_ALIGNMENTS, causal_offset
 from ..console import (
     UsageError,
     folder_lock,

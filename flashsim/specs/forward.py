@@ -11,7 +11,7 @@ from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 from emufloat.accum import PRESETS as MODEL_PRESETS
 
 from ..functions import get_function
-from ..orders import COMBINES, DIVISIONS, LSE_FORMS, ROW_SUMS
+from ..orders import COMBINES, DIVISIONS, KV_SCHEDULES, LSE_FORMS, ROW_SUMS
 from .base import (
     NUMPY,
     Model,
@@ -292,7 +292,10 @@ class Tiling:
     the Qiu & Yao code processes them (which matters only to its stabilised softmax).  ``kv_splits``: the
     K/V blocks are dealt in that many contiguous ranges (ceil(blocks / splits) blocks each, as FA2's
     split-KV kernel deals them); each range runs the loop on its own to a normalised O and an LSE, which
-    the policy's ``combine`` step merges.
+    the policy's ``combine`` step merges.  ``schedule``: which K/V blocks a Q block visits and masks, a
+    `flashsim.orders.KVSchedule` of ``KV_SCHEDULES``: 'blocks' (every block of BLOCK_N keys from the first,
+    masked where the causal mask hides a key of it) or 'triton_stages' (Triton's fused-attention tutorial: the
+    blocks before the Q block's first row unmasked, whole BLOCK_N wide, then those up to its last row masked).
     """
 
     block_m: int = 64
@@ -300,15 +303,18 @@ class Tiling:
     kv_order: str = "forward"
     skip_masked: bool = True
     kv_splits: int = 1
+    schedule: str = "blocks"
 
     def __post_init__(self) -> None:
         check_tiles(self, "Tiling", ("kv_order",))
         if isinstance(self.kv_splits, bool) or not isinstance(self.kv_splits, int) or self.kv_splits < 1:
             raise ValueError(f"Tiling.kv_splits: expected a positive integer, got {self.kv_splits!r}")
+        KV_SCHEDULES.get(self.schedule, "Tiling.schedule")
 
     def __str__(self) -> str:
         splits = f", K/V in {self.kv_splits} splits" if self.kv_splits > 1 else ""
-        return f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order{splits}, fully masked blocks " + (
+        schedule = "" if self.schedule == "blocks" else f", {self.schedule} schedule"
+        return f"{self.block_m} x {self.block_n}, {self.kv_order} K/V order{splits}{schedule}, fully masked blocks " + (
             "skipped" if self.skip_masked else "processed"
         )
 

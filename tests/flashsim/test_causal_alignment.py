@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import flashsim as fs
-from flashsim.attention import causal_alignment, causal_offset
+from flashsim.causal import causal_alignment, causal_offset
 
 SHAPES = [(3, 10), (10, 3), (7, 7), (1, 300)]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import flashsim as fs
 from flashsim.crosscheck import crosscheck
 from flashsim.recording import Recording
 from gpu.crosscheck import others
@@ -35,6 +36,60 @@ def test_the_recording_covers_the_grid():
 def test_tutorial_is_bit_identical(run):
     report = run.check(counts=False)
     assert report.identical, str(report)
+
+
+def _is_attention(run) -> bool:
+    """The attention check of a recorded run (its device bits, proven by the digests) under its policy."""
+    from flashsim.bounds import check_attention
+    from flashsim.crosscheck import from_bits, stored_formats
+
+    pol, out = run.resolve_policy(), run.outputs()
+    o, lse = from_bits(out["o"], stored_formats(pol)["o"]), from_bits(out["lse"], None)
+    return check_attention(run.q, run.k, run.v, o, lse, pol, run.softmax, run.sm_scale, run.causal).attention
+
+
+def test_no_recorded_tutorial_run_is_flagged():
+    """The tiles its autotuner picked for these lengths compute attention: no correct case is flagged."""
+    assert all(_is_attention(run) for run in RUNS)
+
+
+def _tutorial_function(q, k, v, bm: int, bn: int, scale: float) -> np.ndarray:
+    """In FP64, what the tutorial's two causal loops add up, read from its code: the Q block at row r adds keys
+    [0, r) in BLOCK_N-wide loads, unmasked, then [r, r + BLOCK_M) masked, so a key both loops load counts twice."""
+    n = q.shape[0]
+    count = np.zeros((n, n))
+    for r in range(0, n, bm):
+        for j in range(0, r, bn):
+            count[r : r + bm, j : j + bn] += 1
+        for j in range(r, r + bm, bn):
+            cols = np.arange(j, min(j + bn, n))
+            count[r : r + bm, j : j + bn] += cols[None, :] <= np.arange(r, r + bm)[:, None]
+    s = np.where(count > 0, scale * (q.astype(np.float64) @ k.astype(np.float64).T), -np.inf)
+    w = count * np.exp(s - s.max(axis=1, keepdims=True))
+    return (w @ v.astype(np.float64)) / w.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_tutorial_with_block_n_above_block_m_is_flagged_and_replayed(d):
+    """BLOCK_M 64, BLOCK_N 128 (an autotuned pick on the H200 at causal d 128, N 1024/2048): the policy replays the
+    function the tutorial computes (within rounding of an FP64 model read from its code) and the cross-check's
+    attention line flags it."""
+    from flashsim.bounds import check_attention
+    from flashsim.inputs import make_inputs
+    from gpu.policies import tutorial_policy
+
+    x = make_inputs("random", 256, 256, d, "fp16", 12)
+    q, k, v = (x[name][None] for name in "qkv")
+    pol, scale = tutorial_policy(64, 128), 1 / np.sqrt(d)
+    f = fs.flash_forward(q, k, v, pol, causal=True, sm_scale=scale)
+    o = f.o.astype(np.float64)[0]
+    model = _tutorial_function(x["q"], x["k"], x["v"], 64, 128, scale)
+    assert np.max(np.abs(o - model) / np.maximum(1, np.abs(model))) < 4e-3
+    c = check_attention(q, k, v, f.o.astype(np.float64), f.lse, pol, sm_scale=scale, causal=True)
+    assert not c.attention and c.beyond > 0 and "computes another function" in str(c)
+    rows = sorted({r for r in range(64, 256) if (r // 64) % 2 == 1})  # odd Q blocks: their keys counted twice
+    exact = fs.reference_attention(q, k, v, "fp64", causal=True, sm_scale=scale).o[0]
+    assert np.max(np.abs(o[rows] - exact[rows])) > 0.05 and np.max(np.abs(o[:64] - exact[:64])) < 4e-3
 
 
 def test_the_lse_needs_libdevice_log2f():

@@ -130,8 +130,9 @@ def kernel_run(
     """Run `kernel` on heads q, k, v (N, d) or (H, N, d), rounded RNE to `dtype` first, and package its O
     (and LSE, where it gives one) and the launch it recorded as a run to be checked against `policy` (a
     Policy, a PolicyRef or a registered name; the policy's `lse` step must give the LSE in the kernel's
-    units).  None: the kernel's own `policy_for(launch)`, its parameters from the launch that ran (SDPA's
-    backends); a kernel without one needs `policy`.
+    units).  None: the kernel's own `policy_for(launch)`, its parameters from the launch that ran, what the
+    kernel reported choosing (`launch["kernel_info"]`: an autotuner's tiles) included (SDPA's backends, Triton's
+    tutorial: `gpu.policies.tutorial_policy_for`); a kernel without one needs `policy`.
 
     `allow_import`: modules whose unregistered `"module:function"` policy reference may be imported (`flashsim.trust`;
     pass the same to [`flashsim.crosscheck.crosscheck`][flashsim.crosscheck.crosscheck]).  The arguments, the policy and
@@ -154,17 +155,17 @@ def kernel_run(
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     x, rounded = on_device({"q": q, "k": k, "v": v}, tdt, device)
     launch = launch_record(torch, device, x, dtype, causal, kernel)
-    if policy is None:
-        policy = derive(launch)
-        if policy is None:
-            raise ValueError(f"policy: {launch['kernel']} has no model; pass the policy it is checked against")
-        pol = _resolved(policy, allow_import)
     scale = 1.0 / math.sqrt(rounded["q"].shape[-1]) if sm_scale is None else float(sm_scale)
     with torch.no_grad():
         got = kernel(x["q"], x["k"], x["v"], causal, scale)
     o, lse, info = _outputs(got)
     if info:
         launch["kernel_info"] = info
+    if policy is None:  # from the launch that ran, the kernel's own choices (an autotuner's tiles) included
+        policy = derive(launch)
+        if policy is None:
+            raise ValueError(f"policy: {launch['kernel']} has no model; pass the policy it is checked against")
+        pol = _resolved(policy, allow_import)
     if o.dtype != tdt or tuple(o.shape) != tuple(x["q"].shape[:-1]) + (x["v"].shape[-1],):
         raise ValueError(
             f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"

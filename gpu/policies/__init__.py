@@ -2,7 +2,7 @@
 torch needed):
 
 - `.our_kernels`: our Triton kernels (`gpu.kernels`), `triton_policy`, `kernel_policy`;
-- `.triton_tutorial`: Triton's fused-attention tutorial, `tutorial_policy`;
+- `.triton_tutorial`: Triton's fused-attention tutorial, `tutorial_policy` (and `tutorial_policy_for` a launch);
 - `.sdpa_flash`, `.sdpa_efficient`, `.sdpa_cudnn`: PyTorch SDPA's backends;
 - `.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, `qiu_yao`.
 
@@ -38,7 +38,7 @@ from .sdpa_flash import (
     fa2_split_block_n,
     sdpa_flash_policy,
 )
-from .triton_tutorial import tutorial_policy
+from .triton_tutorial import tutorial_policy, tutorial_policy_for
 
 #: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
 FUNCTIONS = (triton_policy, kernel_policy, tutorial_policy, sdpa_flash_policy, sdpa_efficient_policy, sdpa_cudnn_policy)
@@ -75,4 +75,5 @@ __all__ = [
     "sdpa_flash_policy",
     "triton_policy",
     "tutorial_policy",
+    "tutorial_policy_for",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from emufloat import FP32
-from flashsim.policy import Policy
+from flashsim.policy import Policy, PolicyRef
 from flashsim.specs import BwdTiling, Func, Mask, Recompute
 
 from .our_kernels import triton_policy
@@ -41,4 +41,15 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -
     )
 
 
-__all__ = ["tutorial_policy"]
+def tutorial_policy_for(launch: dict) -> PolicyRef:
+    """The tutorial's policy for the launch that ran: the tiles and warps its autotuner chose, as the kernel reported
+    them (``launch["kernel_info"]``: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``; a kernel's ``policy_for``)."""
+    info = launch.get("kernel_info") or {}
+    missing = [key for key in ("BLOCK_M", "BLOCK_N", "num_warps") if not isinstance(info.get(key), int)]
+    if missing:
+        raise ValueError(f"launch: the tutorial's kernel_info names no {', '.join(missing)} (its autotuner's choice)")
+    tiles = {"block_m": info["BLOCK_M"], "block_n": info["BLOCK_N"], "num_warps": info["num_warps"]}
+    return PolicyRef("gpu.policies:tutorial_policy", tiles)
+
+
+__all__ = ["tutorial_policy", "tutorial_policy_for"]

@@ -104,6 +104,26 @@ def test_a_kernel_without_a_model_needs_a_policy_and_one_with_builds_it_from_the
     assert kernel_run(kernel, x["q"], x["k"], x["v"], device="cpu").policy == fs.PolicyRef("fa2")
 
 
+def test_an_autotuned_kernels_policy_comes_from_the_tiles_it_reported():
+    """policy_for sees the launch after the kernel ran: the tutorial's tiles, as its autotuner chose them, pick its
+    policy; a launch that names none is refused."""
+    from gpu.policies import tutorial_policy, tutorial_policy_for
+
+    x = make_inputs("random", 128, 128, 64, "fp16", seed=9)
+    pol = tutorial_policy(64, 32, 4)
+
+    def kernel(q, k, v, causal, sm_scale):
+        return (*emulated_kernel(pol)(q, k, v, causal, sm_scale), {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4})
+
+    kernel.policy_for = tutorial_policy_for
+    run = kernel_run(kernel, x["q"], x["k"], x["v"], dtype="fp16", causal=True, device="cpu")
+    assert run.policy == fs.PolicyRef("gpu.policies:tutorial_policy", {"block_m": 64, "block_n": 32, "num_warps": 4})
+    report = crosscheck(run)
+    assert report.identical and report.attention.attention
+    with pytest.raises(ValueError, match="launch: the tutorial's kernel_info names no BLOCK_M, BLOCK_N, num_warps"):
+        tutorial_policy_for({"kernel_info": {}})
+
+
 def test_sdpa_flash_policy_comes_from_the_launch():
     """The split heuristic reads the launch's SM count and batch x heads: 8 heads of 1024 keys split in two on
     a 132-SM card (FA2 passes twice the SM count), and not on a card of 4 times as many SMs' worth of work."""

@@ -30,7 +30,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .crosscheck import KernelRun, OutputCheck, check_bits, emulate, stored_formats
+from .bounds import AttentionCheck, check_attention
+from .crosscheck import KernelRun, OutputCheck, check_bits, emulate, from_bits, stored_formats
 from .policy import Policy, PolicyRef
 from .softmax import SoftmaxVariant
 from .trust import AllowImport
@@ -305,6 +306,7 @@ class RunCheck:
     checks: dict[str, OutputCheck]
     source: str = ""
     command: str = ""
+    attention: AttentionCheck | None = None  # the device's O and LSE against FP64 attention, where they are known
 
     @property
     def identical(self) -> bool:
@@ -325,6 +327,7 @@ class RunCheck:
                     f"{name:>5}: {'bit-identical to' if same else 'differs from'} the recorded bits (SHA-256)"
                     + ("" if same else f"; to see where, re-record the full bits with `{self.command}` ({RECORDS_DOC})")
                 )
+        lines += [str(self.attention)] if self.attention is not None else []
         return "\n".join(lines + ([f"recording: {self.source}"] if self.source and not self.identical else []))
 
 
@@ -471,9 +474,12 @@ class RecordedRun:
     def check(self, policy: Policy | PolicyRef | None = None, counts: bool = True) -> RunCheck:
         """Rerun under the run's policy (or ``policy``) and compare every recorded output with the device's bits:
         by digest, and with ``counts`` the number of identical elements and the ulp histogram where the device's
-        bits are known (for another policy they are first proven under the run's own: `outputs()`)."""
+        bits are known (for another policy they are first proven under the run's own: `outputs()`).  Under the
+        run's own policy, where the device's O (and LSE) are known, also whether they are attention's within the
+        bound the policy's rounding allows (`RunCheck.attention`, `flashsim.bounds.check_attention()`)."""
         emu = self.emulate(policy)
         same = self.matches(emu)
+        attention = self._attention(emu) if policy is None else None
         checks: dict[str, OutputCheck] = {}
         if counts:
             fmts = stored_formats(self.resolve_policy() if policy is None else _resolved(policy))
@@ -485,7 +491,21 @@ class RecordedRun:
             for n, ok in same.items():
                 if ok:
                     self._device.setdefault(n, emu[n])
-        return RunCheck(self.note, same, checks, self.recording.source, self.recording.command)
+        return RunCheck(self.note, same, checks, self.recording.source, self.recording.command, attention)
+
+    def _attention(self, emu: dict[str, np.ndarray]) -> AttentionCheck | None:
+        """The attention check of the device's O and LSE, where both (or O, if no LSE was recorded) are known."""
+        if "o" not in self.keys:
+            return None
+        o = self._known("o", emu)
+        lse = self._known("lse", emu) if "lse" in self.keys else None
+        if o is None or ("lse" in self.keys and lse is None):
+            return None
+        pol = self.resolve_policy()
+        shapes = self._shell.outputs
+        o = from_bits(o.reshape(shapes["o"].shape), stored_formats(pol)["o"])
+        lse = None if lse is None else from_bits(lse.reshape(shapes["lse"].shape), None)
+        return check_attention(self.q, self.k, self.v, o, lse, pol, self.softmax, self.sm_scale, self.causal)
 
     def kernel_run(self) -> KernelRun:
         """The run with the device's bits as its outputs (`outputs()`): for

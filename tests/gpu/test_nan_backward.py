@@ -51,6 +51,9 @@ def test_backward_nan_rows_bit_identical(run):
     assert list(rep.checks) == ["o", "lse", "dq", "dk", "dv", "delta"]
     for c in rep.checks.values():
         assert c.identical == c.n, str(c)
+    a = rep.attention  # the NaN rows are counted, first, as non-finite where attention is finite; the rest hold
+    assert a.nonfinite == len(NAN_ROWS) * run.v.shape[-1] and a.beyond == 0 and not a.attention
+    assert str(a).startswith(f"attention: the kernel computes another function: {a.nonfinite} non-finite")
 
 
 def test_delta_nan_encoding_is_spec_data():

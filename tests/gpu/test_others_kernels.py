@@ -35,7 +35,7 @@ def test_the_recording_covers_the_grid():
 @pytest.mark.parametrize("run", RUNS, ids=[r.note for r in RUNS])
 def test_tutorial_is_bit_identical(run):
     report = run.check(counts=False)
-    assert report.identical, str(report)
+    assert report.identical and report.attention.attention, str(report)
 
 
 def _is_attention(run) -> bool:
@@ -151,7 +151,7 @@ def test_sdpa_cases_cover_both_kernels_of_fa2_and_the_backward():
 @pytest.mark.parametrize("run", SDPA, ids=[r.note for r in SDPA])
 def test_sdpa_flash_is_bit_identical(run):
     report = run.check(counts=False)
-    assert report.identical, str(report)
+    assert report.identical and report.attention.attention, str(report)
 
 
 def test_fa2_dq_atomics_are_nondeterministic_only_beyond_two_kv_blocks():
@@ -278,6 +278,7 @@ def test_sdpa_efficient_is_bit_identical_but_for_dq_with_several_key_splits(run)
     for name, same in report.same.items():
         if name != "dq" or _key_blocks(run) == 1:
             assert same, str(report)
+    assert report.attention.attention, str(report)
     assert set(report.checks) == set(report.same)  # every output's GPU bits are known
 
 
@@ -290,7 +291,7 @@ def test_sdpa_efficient_deterministic_path_is_bit_identical(run):
     so dQ (four key blocks at N = 200) is identical too; the policy is the deterministic one."""
     assert run.resolve_policy().bwd_tiling.q_order == "forward"
     report = run.check(counts=False)
-    assert report.identical, str(report)
+    assert report.identical and report.attention.attention, str(report)
 
 
 def test_efficient_deterministic_cases_have_several_key_blocks():
@@ -403,7 +404,7 @@ def test_cudnn_cases_cover_the_grid():
 def test_sdpa_cudnn_forward_is_bit_identical(run):
     report = run.check()
     assert set(report.checks) == ({"o", "lse", "dq", "dk", "dv"} if run.backward else {"o", "lse"})
-    assert report.same["o"] and report.same["lse"], str(report)
+    assert report.same["o"] and report.same["lse"] and report.attention.attention, str(report)
 
 
 def test_cudnn_backward_agreement_is_what_the_docs_say():

@@ -16,6 +16,7 @@ numpy only; nothing here knows about torch, Triton or a particular kernel.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,9 +32,22 @@ from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
 from .trust import AllowImport
 
+#: checks of a run's recorded launch against its policy: ``check(policy, launch)`` says why a match may not carry
+#: over (the run was made with other versions than the policy was calibrated on), or None.  A package that models
+#: kernels registers one (`register_launch_check`; gpu.policies: the versions each of its policies was calibrated on).
+LAUNCH_CHECKS: list[Callable[[Policy, dict], str | None]] = []
+
 FORWARD_OUTPUTS = ("o", "lse")
 BACKWARD_OUTPUTS = ("dq", "dk", "dv", "delta")
 DEBUG_KEYS = ("m", "p", "l", "acc")  # in the order a K/V step computes them
+
+
+def register_launch_check(check: Callable[[Policy, dict], str | None]) -> None:
+    """Add a check of a run's launch against its policy (`LAUNCH_CHECKS`); the same function twice is kept once."""
+    if not callable(check):
+        raise TypeError(f"check: expected a callable check(policy, launch), got {type(check).__name__}")
+    if check not in LAUNCH_CHECKS:
+        LAUNCH_CHECKS.append(check)
 
 
 # ---- bits ------------------------------------------------------------------------------------------
@@ -425,6 +439,7 @@ class CrosscheckReport:
     divergence: Divergence | None
     note: str = ""
     attention: AttentionCheck | None = None  # the kernel's O and LSE against FP64 attention, within rounding
+    launch_notes: list[str] = field(default_factory=list)  # what the launch checks said (`LAUNCH_CHECKS`)
 
     @property
     def identical(self) -> bool:
@@ -432,6 +447,7 @@ class CrosscheckReport:
 
     def __str__(self) -> str:
         lines = [f"run: {self.note}"] if self.note else []
+        lines += [f"launch: {why}" for why in self.launch_notes]
         lines += [str(c) for c in self.checks]
         if self.first_row is None:
             lines.append("every row of O and LSE bit-identical")
@@ -487,7 +503,8 @@ def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -
         run.sm_scale,
         run.causal,
     )
-    return CrosscheckReport(checks, first, div, run.note, semantic)
+    notes = [why for check in LAUNCH_CHECKS if run.launch and (why := check(pol, run.launch))]
+    return CrosscheckReport(checks, first, div, run.note, semantic, notes)
 
 
 __all__ = [
@@ -496,6 +513,7 @@ __all__ = [
     "DEBUG_KEYS",
     "Divergence",
     "FORWARD_OUTPUTS",
+    "LAUNCH_CHECKS",
     "KernelRun",
     "OutputCheck",
     "check_bits",
@@ -504,6 +522,7 @@ __all__ = [
     "first_divergence",
     "from_bits",
     "load_run",
+    "register_launch_check",
     "save_run",
     "stored_formats",
     "to_bits",

@@ -13,6 +13,7 @@ functions of the `flashsim.policy_functions` group, so that flashsim and saved r
 registers the functions under those names.
 """
 
+from flashsim.crosscheck import register_launch_check
 from flashsim.policy import register_policy_function
 
 from ..configs import (
@@ -39,6 +40,16 @@ from .sdpa_flash import (
     sdpa_flash_policy,
 )
 from .triton_tutorial import tutorial_policy, tutorial_policy_for
+
+
+def launch_calibration(policy, launch: dict) -> str | None:
+    """A run's launch against the versions its policy was calibrated on (`CALIBRATED_ON`): why the match may not
+    carry over to other builds, or None; registered with flashsim.crosscheck, so that a saved run checked on any
+    machine says so."""
+    return calibration_mismatch(policy.name, {pkg: launch.get(pkg) for pkg in ("torch", "triton", "cuda")})
+
+
+register_launch_check(launch_calibration)
 
 #: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
 FUNCTIONS = (triton_policy, kernel_policy, tutorial_policy, sdpa_flash_policy, sdpa_efficient_policy, sdpa_cudnn_policy)
@@ -70,6 +81,7 @@ __all__ = [
     "kernel_policy_args",
     "kernel_policy_ref",
     "kernel_variant",
+    "launch_calibration",
     "sdpa_cudnn_policy",
     "sdpa_efficient_policy",
     "sdpa_flash_policy",

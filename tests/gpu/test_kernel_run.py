@@ -124,6 +124,25 @@ def test_an_autotuned_kernels_policy_comes_from_the_tiles_it_reported():
         tutorial_policy_for({"kernel_info": {}})
 
 
+def test_a_saved_run_of_other_versions_says_so_wherever_it_is_checked(tmp_path):
+    """The launch's versions against the policy's calibration (gpu.policies registers the check with flashsim):
+    a run recorded with Triton 3.8 and checked under our kernels' policy (calibrated on Triton 3.6) says so in its
+    report, read back from a file too; the same run with the calibrated version says nothing."""
+    import dataclasses
+
+    from flashsim.crosscheck import load_run, save_run
+
+    x = make_inputs("random", 32, 32, 32, "bf16", seed=10)
+    pol = fs.PolicyRef("gpu.policies:triton_policy", {"dtype": "bf16"})
+    run = kernel_run(emulated_kernel(pol.resolve()), x["q"], x["k"], x["v"], policy=pol, device="cpu")
+    same = dataclasses.replace(run, launch=run.launch | {"triton": "3.6.0"})
+    assert crosscheck(same).launch_notes == []
+    other = dataclasses.replace(run, launch=run.launch | {"triton": "3.8.0"})
+    for report in (crosscheck(other), crosscheck(load_run(save_run(tmp_path / "run.npz", other)))):
+        assert report.identical and len(report.launch_notes) == 1
+        assert "Triton 3.8.0 (calibrated on 3.6.x)" in str(report).splitlines()[1]
+
+
 def test_sdpa_flash_policy_comes_from_the_launch():
     """The split heuristic reads the launch's SM count and batch x heads: 8 heads of 1024 keys split in two on
     a 132-SM card (FA2 passes twice the SM count), and not on a card of 4 times as many SMs' worth of work."""

@@ -31,6 +31,8 @@ returns it.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 import emufloat as ef
@@ -107,12 +109,21 @@ def _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal):
     return q, k, v, o, lse, do, scale
 
 
+def atomic_add(
+    acc: np.ndarray, prod: np.ndarray, grad: Grad, trace: Trace | None = None, label: str = ""
+) -> np.ndarray:
+    """acc + prod as ``atom.add.f32`` adds: subnormal operands and result flushed to zeros of their sign."""
+    flush = arith.flush_subnormals
+    return flush(arith.binary("add", flush(acc), flush(prod), grad.accum, trace, label))
+
+
 # ---- one head ---------------------------------------------------------------------------------------
 class _Head:
     """The backward of one head: inputs rounded into the policy's formats once, then block by block."""
 
     def __init__(self, pol: Policy, q, k, v, o, lse, do, sm_scale: float, causal: bool | str, trace: Trace | None):
         self.pol, self.trace, self.sm_scale = pol, trace, sm_scale
+        self.terms: dict[tuple[str, int], list[np.ndarray]] | None = None  # atomic block products, if collected
         self.offset = causal_offset(causal, q.shape[0], k.shape[0])
         tr = trace
         rec = pol.recompute
@@ -173,16 +184,18 @@ class _Head:
             parts.append(delta_rowsum(self.dp_block(rows, cols, None), self.p_block(rows, cols, None), spec, tr))
         return np.concatenate(parts)
 
-    def accumulate(self, grad: Grad, a: np.ndarray, b: np.ndarray, acc: np.ndarray, label: str) -> np.ndarray:
+    def accumulate(
+        self, grad: Grad, a: np.ndarray, b: np.ndarray, acc: np.ndarray, label: str, key: int = 0
+    ) -> np.ndarray:
+        """acc plus the block product a b as ``grad`` says; an atomic one's product is kept in `terms` under
+        (label, key) when they are collected (`flashsim.atomics`)."""
         if grad.dot.into_acc:
             return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label)
         prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
-        if grad.atomic:  # atom.add.f32: subnormal operands and results flushed to sign-preserving zero
-            return arith.flush_subnormals(
-                arith.binary(
-                    "add", arith.flush_subnormals(acc), arith.flush_subnormals(prod), grad.accum, self.trace, label
-                )
-            )
+        if grad.atomic:
+            if self.terms is not None:
+                self.terms.setdefault((label, key), []).append(prod)
+            return atomic_add(acc, prod, grad, self.trace, label)
         return arith.binary("add", acc, prod, grad.accum, self.trace, label)
 
     def finish(self, grad: Grad, acc: np.ndarray, label: str, scale: float | None) -> np.ndarray:
@@ -253,13 +266,13 @@ class _Head:
                 if kv_order == "diagonal_first":
                     deferred.setdefault(r0, {})[c0] = ds_q
                 else:
-                    dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq")
+                    dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq", r0)
             dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", self.sm_scale)
             dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", None)
         for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on
             for c0 in sorted(by_kv, key=lambda c: (c != r0, c)):
                 ds_q = by_kv[c0]
-                dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq")
+                dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq", r0)
         dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", self.dq_scale) for i0 in sorted(dq_acc)])
         dk = np.concatenate([dk_parts[j0] for j0 in sorted(dk_parts)])
         dv = np.concatenate([dv_parts[j0] for j0 in sorted(dv_parts)])
@@ -309,9 +322,28 @@ def flash_backward(
 
     Returns a `BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
     """
+    setup = _setup(q, k, v, o, lse, do, policy, softmax, causal, sm_scale, block_m, block_n, q_order, kv_order, trace)
+    return _per_head(lambda *head: setup.head(*head).run(*setup.tiles), setup.arrays)
+
+
+class _Setup(NamedTuple):
+    """A backward call's checked arguments: its policy, the arrays, the scale, and (bm, bn, q order, K/V order,
+    skip_masked)."""
+
+    pol: Policy
+    arrays: tuple
+    scale: float
+    causal: bool | str
+    trace: Trace | None
+    tiles: tuple
+
+    def head(self, q2, k2, v2, o2, lse2, do2) -> _Head:
+        return _Head(self.pol, q2, k2, v2, o2, lse2, do2, self.scale, self.causal, self.trace)
+
+
+def _setup(q, k, v, o, lse, do, policy, softmax, causal, sm_scale, block_m, block_n, q_order, kv_order, trace):
     pol = get_policy(policy)
     arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
-    scale = arrays[-1]
     t = pol.bwd_tiling
     bm = block_size(block_m, t.block_m, "block_m")
     bn = block_size(block_n, t.block_n, "block_n")
@@ -319,11 +351,7 @@ def flash_backward(
     ko = block_order(kv_order, t.kv_order, "kv_order", KV_ORDERS)
     if ko == "diagonal_first" and bm != bn:
         raise ValueError(f"kv_order: 'diagonal_first' needs block_m == block_n, got {bm} x {bn}")
-
-    def one(q2, k2, v2, o2, lse2, do2):
-        return _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace).run(bm, bn, qo, ko, t.skip_masked)
-
-    return _per_head(one, arrays[:-1])
+    return _Setup(pol, arrays[:-1], arrays[-1], causal, trace, (bm, bn, qo, ko, t.skip_masked))
 
 
 def reference_backward(

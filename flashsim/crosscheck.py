@@ -24,8 +24,10 @@ import numpy as np
 
 from emufloat import Format, as_format
 
+from .atomics import AtomicCheck, atomic_check
 from .attention import flash_forward
 from .backward import flash_backward
+from .bits import _isnan, from_bits, to_bits, ulp_distance
 from .bounds import AttentionCheck, check_attention
 from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
@@ -48,42 +50,6 @@ def register_launch_check(check: Callable[[Policy, dict], str | None]) -> None:
         raise TypeError(f"check: expected a callable check(policy, launch), got {type(check).__name__}")
     if check not in LAUNCH_CHECKS:
         LAUNCH_CHECKS.append(check)
-
-
-# ---- bits ------------------------------------------------------------------------------------------
-def to_bits(x: np.ndarray, fmt: Format | str | None) -> np.ndarray:
-    """Values as stored bits: unsigned integers of ``fmt``'s width (values rounded RNE into it), or uint32 of
-    float32 (None)."""
-    if fmt is None:
-        return np.ascontiguousarray(np.asarray(x, np.float32)).view(np.uint32)
-    carrier = np.dtype(as_format(fmt).carrier)
-    x = np.asarray(x)
-    if x.dtype != carrier:  # already in the format: keep the bits (NaN payloads included)
-        x = x.astype(np.float32).astype(carrier)
-    return np.ascontiguousarray(x).view(f"uint{8 * carrier.itemsize}")
-
-
-def from_bits(bits: np.ndarray, fmt: Format | str | None) -> np.ndarray:
-    """float64 values of stored bits (``fmt`` None: float32), the inverse of `to_bits()`."""
-    carrier = np.float32 if fmt is None else np.dtype(as_format(fmt).carrier)
-    return np.asarray(bits).view(carrier).astype(np.float64)
-
-
-def _isnan(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
-    return np.isnan(bits.view(np.float32 if bits.dtype == np.uint32 else as_format(fmt).carrier).astype(np.float32))
-
-
-def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """|a - b| in units in the last place of two arrays of bits of one format (sign-magnitude mapped onto a
-    monotone integer line, so -0 and +0 are one apart and crossing zero counts every value between)."""
-    width = a.dtype.itemsize * 8
-    sign = np.int64(1) << (width - 1)
-
-    def line(u):
-        u = u.astype(np.int64)
-        return np.where(u & sign, -(u & (sign - 1)), u)
-
-    return np.abs(line(a) - line(b))
 
 
 @dataclass
@@ -440,6 +406,12 @@ class CrosscheckReport:
     note: str = ""
     attention: AttentionCheck | None = None  # the kernel's O and LSE against FP64 attention, within rounding
     launch_notes: list[str] = field(default_factory=list)  # what the launch checks said (`LAUNCH_CHECKS`)
+    atomic: dict[str, AtomicCheck] = field(default_factory=dict)  # atomically summed outputs that differ
+
+    @property
+    def identical_up_to_atomic_order(self) -> bool:
+        """Every output bit-identical, but atomically summed ones, which hold values some order of their adds gives."""
+        return all(c.identical == c.n or (c.name in self.atomic and self.atomic[c.name].ok) for c in self.checks)
 
     @property
     def identical(self) -> bool:
@@ -448,7 +420,7 @@ class CrosscheckReport:
     def __str__(self) -> str:
         lines = [f"run: {self.note}"] if self.note else []
         lines += [f"launch: {why}" for why in self.launch_notes]
-        lines += [str(c) for c in self.checks]
+        lines += [str(self.atomic[c.name]) if c.name in self.atomic else str(c) for c in self.checks]
         if self.first_row is None:
             lines.append("every row of O and LSE bit-identical")
         elif self.divergence is not None:
@@ -504,7 +476,17 @@ def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -
         run.causal,
     )
     notes = [why for check in LAUNCH_CHECKS if run.launch and (why := check(pol, run.launch))]
-    return CrosscheckReport(checks, first, div, run.note, semantic, notes)
+    return CrosscheckReport(checks, first, div, run.note, semantic, notes, _atomic(run, pol, checks))
+
+
+def _atomic(run: KernelRun, pol: Policy, checks: list[OutputCheck]) -> dict[str, AtomicCheck]:
+    """The atomically summed outputs that differ from the policy's order, checked against every order
+    (`flashsim.atomics`)."""
+    differ = {c.name: run.outputs[c.name] for c in checks if c.identical < c.n and c.name in ("dq", "dk", "dv")}
+    if not differ or not any(getattr(pol, name).atomic for name in differ):
+        return {}
+    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale)
+    return atomic_check(run.q, run.k, run.v, f.o, f.lse, run.do, differ, pol, causal=run.causal, sm_scale=run.sm_scale)
 
 
 __all__ = [

@@ -66,7 +66,8 @@ class AtomicCheck:
             else (f"up to {self.blocks} blocks: within the bound of any order")
         )
         if self.ok:
-            dep = f", {self.order_dependent} of them order-dependent" if self.exhaustive else ""
+            plural = "element differs" if self.order_dependent == 1 else "elements differ"
+            dep = f"; {self.order_dependent} {plural} between orders" if self.exhaustive else ""
             return (
                 f"{self.name:>5}: identical up to the order of atomic adds: all {self.n} elements admitted ({how}; "
                 f"{self.identical} as in the policy's order{dep})"

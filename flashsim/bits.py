@@ -25,7 +25,8 @@ def from_bits(bits: np.ndarray, fmt: Format | str | None) -> np.ndarray:
     return np.asarray(bits).view(carrier).astype(np.float64)
 
 
-def _isnan(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
+def nan_mask(bits: np.ndarray, fmt: Format | str) -> np.ndarray:
+    """Where stored bits of ``fmt`` (uint32: float32) encode a NaN."""
     return np.isnan(bits.view(np.float32 if bits.dtype == np.uint32 else as_format(fmt).carrier).astype(np.float32))
 
 
@@ -42,4 +43,4 @@ def ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(line(a) - line(b))
 
 
-__all__ = ["from_bits", "to_bits", "ulp_distance"]
+__all__ = ["from_bits", "nan_mask", "to_bits", "ulp_distance"]

@@ -27,7 +27,7 @@ from emufloat import Format, as_format
 from .atomics import AtomicCheck, atomic_check
 from .attention import flash_forward
 from .backward import flash_backward
-from .bits import _isnan, from_bits, to_bits, ulp_distance
+from .bits import from_bits, nan_mask, to_bits, ulp_distance
 from .bounds import AttentionCheck, check_attention
 from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
@@ -83,7 +83,7 @@ def check_bits(name: str, emulated: np.ndarray, recorded: np.ndarray, fmt: Forma
     if emu.shape != rec.shape or emu.dtype != rec.dtype:
         raise ValueError(f"{name}: {emu.size} emulated values ({emu.dtype}) against {rec.size} recorded ({rec.dtype})")
     diff = emu != rec
-    nan_e, nan_r = _isnan(emu, fmt), _isnan(rec, fmt)
+    nan_e, nan_r = nan_mask(emu, fmt), nan_mask(rec, fmt)
     finite = diff & ~nan_e & ~nan_r
     hist: dict[int, int] = {}
     if finite.any():

@@ -1,6 +1,6 @@
-"""Shared test configuration: the hypothesis profile, the GPU kernels compiled ahead in the background, and the list
-of tests (and test files) that skipped for want of torch or Triton (`LOWPREC_SKIPPED_FILES`: .ci/run runs them
-again once it has installed both)."""
+"""Shared test configuration: the hypothesis profile, the GPU kernels compiled ahead in the background, and the lists
+of tests (and test files) that skipped for want of torch or Triton (`LOWPREC_SKIPPED_FILES`) and of the long runs
+left out (`LOWPREC_SLOW_TESTS`): .ci/run runs both once it has installed torch and Triton."""
 
 import os
 import sys
@@ -63,6 +63,7 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 #: skip reasons that say a test needs torch or Triton (the `gpu` extra)
 _NEEDS_GPU_STACK = ("torch", "triton")
 _skipped_files: set[str] = set()
+_slow_tests: set[str] = set()
 
 
 def _note_skip(report, nodeid: str) -> None:
@@ -79,8 +80,16 @@ def pytest_collectreport(report) -> None:
     _note_skip(report, report.nodeid.split("::")[0])  # a module that skipped whole: its file
 
 
+def pytest_deselected(items) -> None:
+    """The long runs a default run leaves out (``-m 'not slow'``), listed for `LOWPREC_SLOW_TESTS`: .ci/run runs
+    them together with the tests that skipped, in one run side by side."""
+    if os.environ.get("LOWPREC_SLOW_TESTS"):
+        _slow_tests.update(item.nodeid for item in items if item.get_closest_marker("slow"))
+
+
 def pytest_unconfigure(config) -> None:
-    path = os.environ.get("LOWPREC_SKIPPED_FILES")
-    if path and _skipped_files:
-        with open(path, "a") as f:
-            f.writelines(f"{name}\n" for name in sorted(_skipped_files))
+    for var, names in (("LOWPREC_SKIPPED_FILES", _skipped_files), ("LOWPREC_SLOW_TESTS", _slow_tests)):
+        path = os.environ.get(var)
+        if path and names:
+            with open(path, "a") as f:
+                f.writelines(f"{name}\n" for name in sorted(names))

@@ -292,7 +292,7 @@ def product_chain(a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None
 class _ExactDelta(DeltaOrder):
     name, doc = "exact", "exact sum of the (rounded) products, rounded once (emufloat.sum)"
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         first = compute_format(spec)
         rnd = spec.rounding if first == spec.fmt else RNE
         return ef.sum(products(a, b, spec, trace, label), first, rnd, trace=trace, label=label)
@@ -301,7 +301,7 @@ class _ExactDelta(DeltaOrder):
 class _NumpyDelta(DeltaOrder):
     name, doc, native = NUMPY, "numpy float64 sum (FP64 only)", True
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         return np.sum(f64(a) * f64(b), axis=-1)
 
 
@@ -309,7 +309,7 @@ class _TreeDelta(DeltaOrder):
     def __init__(self, name: str, doc: str, fusable: bool):
         self.name, self.doc, self.fusable = name, doc, fusable
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         if spec.fused:
             return product_chain(a, b, spec, trace, label)
         prods = products(a, b, spec, trace, label)

@@ -103,8 +103,9 @@ def atomic_check(
     lead = s.arrays[0].shape[:-2]
     counts = {name: np.zeros(4, np.int64) for name in names}  # identical, admitted, order-dependent, elements
     blocks, exhaustive = 0, True
-    for idx in np.ndindex(lead) if lead else [()]:
-        head = s.head(*(x[idx] for x in s.arrays))
+    heads = int(np.prod(lead))
+    for h, idx in enumerate(np.ndindex(lead) if lead else [()]):
+        head = s.head(*(x[idx] for x in s.arrays), head=(h, heads))
         head.terms = {}
         head.run(*s.tiles)
         scale = {"dq": head.dq_scale, "dk": head.sm_scale, "dv": None}

@@ -30,7 +30,7 @@ from emufloat.interop import to_numpy
 
 from . import arith
 from .causal import causal_alignment, causal_offset, causal_visible
-from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS
+from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS, BlockPlace
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
 from .specs import Op
@@ -200,11 +200,13 @@ def block_order(value: str | None, default: str, name: str, accepted: tuple[str,
 
 
 def _per_head(fn, q, k, v) -> ForwardResult:
-    """Apply a 2-D attention function over the leading axes."""
+    """Apply a 2-D attention function over the leading axes: ``fn(q, k, v, (head, heads))``, head the flat
+    index of the head over those axes (C order, as a contiguous (batch, heads, ...) tensor holds them)."""
     lead = q.shape[:-2]
     if not lead:
-        return fn(q, k, v)
-    outs = [fn(q[i], k[i], v[i]) for i in np.ndindex(lead)]
+        return fn(q, k, v, (0, 1))
+    count = math.prod(lead)
+    outs = [fn(q[i], k[i], v[i], (h, count)) for h, i in enumerate(np.ndindex(lead))]
     o = np.stack([r.o for r in outs]).reshape(*lead, *outs[0].o.shape)
     lse = np.stack([r.lse for r in outs]).reshape(*lead, *outs[0].lse.shape)
     return ForwardResult(o, lse)
@@ -257,13 +259,15 @@ def kv_steps(
     tile: tuple[int, int],
     order: str,
     offset: int | None,
+    head: tuple[int, int] = (0, 1),
 ) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
 
     ``q_rows``: the rows to compute, already cast (all of ``qrows``, or those at the ``local`` offsets);
     ``kt``, ``vc``: K^T and V, cast.  Block skipping and causal masks follow the whole Q block, so a subset
     of its rows computes bit for bit what `flash_forward()` computes for them; ``offset``: the causal
-    offset (`causal_offset()`; None: not causal).  Returns (as the generator's value) the normalised
+    offset (`causal_offset()`; None: not causal); ``head``: (this head's flat index, the launch's heads), for
+    orders that depend on a row's place in the launch.  Returns (as the generator's value) the normalised
     output, the LSE and the final state.
     """
     pol, trace = pipe.pol, pipe.trace
@@ -276,7 +280,7 @@ def kv_steps(
     r = q_rows.shape[0]
     acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
     m = arith.cast(np.full(r, -np.inf), pol.max.fmt)
-    lsum = arith.RowSumState(r, pol.row_sum, (bm, bn), trace)
+    lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), local), trace)
     acc = arith.cast(np.zeros((r, vc.shape[1])), acc_fmt)
     for cols, masked in blocks:
         j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
@@ -338,7 +342,7 @@ def reference_attention(
     pol = get_policy(policy)
     q, k, v, variant, scale = check_inputs(q, k, v, softmax, sm_scale, trace, causal)
 
-    def one(q2, k2, v2):
+    def one(q2, k2, v2, head):
         pipe = Pipeline(pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kc = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs")
@@ -348,7 +352,7 @@ def reference_attention(
         m0 = arith.cast(np.full(m_rows, -np.inf), pol.max.fmt)
         offset = causal_offset(causal, m_rows, n)
         p, m, alpha = pipe.softmax_block(s, causal_visible(range(m_rows), range(n), offset), m0)
-        lsum = arith.RowSumState(m_rows, pol.row_sum, (pol.tiling.block_m, n), trace)
+        lsum = arith.RowSumState(m_rows, pol.row_sum, BlockPlace(pol.tiling.block_m, n, *head, m_rows), trace)
         lsum.update(p, alpha)
         l = lsum.total()
         pn = arith.normalize(p, l, pol.normalize, trace)
@@ -388,7 +392,7 @@ def flash_forward(
     # with splits, each range's O stays in FP32 for the combine step
     run_pol = dataclasses.replace(pol, output=Op(FP32)) if splits > 1 else pol
 
-    def one(q2, k2, v2):
+    def one(q2, k2, v2, head):
         pipe = Pipeline(run_pol, scale, variant, trace)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
@@ -409,6 +413,7 @@ def flash_forward(
                         (bm, bn),
                         order,
                         off,
+                        head,
                     )
                 )
                 for i0 in range(0, q2.shape[0], bm)

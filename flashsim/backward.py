@@ -31,6 +31,7 @@ returns it.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -42,7 +43,7 @@ from . import arith
 from .attention import LN2, LOG2E, as_input, block_order, block_size
 from .attention import check_inputs as check_forward_inputs
 from .causal import causal_offset, causal_skips, causal_visible
-from .orders import DELTAS, RECOMPUTES
+from .orders import DELTAS, RECOMPUTES, BlockPlace
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, is_native
@@ -84,10 +85,16 @@ class BackwardResult(tuple):
 # ---- small helpers ----------------------------------------------------------------------------------
 # ---- delta ------------------------------------------------------------------------------------------
 def delta_rowsum(
-    a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None = None, label: str = "delta"
+    a: np.ndarray,
+    b: np.ndarray,
+    spec: Delta,
+    trace: Trace | None = None,
+    label: str = "delta",
+    place: BlockPlace | None = None,
 ) -> np.ndarray:
-    """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats)."""
-    acc = DELTAS.get(spec.order).rowsum(a, b, spec, trace, label)
+    """sum_k a_ik b_ik for each row, as the delta spec says (a, b already in their formats; ``place``: the Q
+    block's place in its launch, for orders that sum a launch per Q block)."""
+    acc = DELTAS.get(spec.order).rowsum(a, b, spec, trace, label, place)
     if is_native(spec.fmt):
         return acc
     if spec.compute is not None and spec.compute != spec.fmt:
@@ -121,8 +128,22 @@ def atomic_add(
 class _Head:
     """The backward of one head: inputs rounded into the policy's formats once, then block by block."""
 
-    def __init__(self, pol: Policy, q, k, v, o, lse, do, sm_scale: float, causal: bool | str, trace: Trace | None):
+    def __init__(
+        self,
+        pol: Policy,
+        q,
+        k,
+        v,
+        o,
+        lse,
+        do,
+        sm_scale: float,
+        causal: bool | str,
+        trace: Trace | None,
+        head: tuple[int, int] = (0, 1),
+    ):
         self.pol, self.trace, self.sm_scale = pol, trace, sm_scale
+        self.place = head  # (this head's flat index, the launch's heads)
         self.terms: dict[tuple[str, int], list[np.ndarray]] | None = None  # atomic block products, if collected
         self.offset = causal_offset(causal, q.shape[0], k.shape[0])
         tr = trace
@@ -173,8 +194,9 @@ class _Head:
         spec, tr = self.pol.delta, self.trace
         m, n = self.q.shape[0], self.k.shape[0]
         if spec.source == "o" and DELTAS.get(spec.order).per_q_block:  # a launch per Q block: its rows matter
+            place = BlockPlace(bm, n, *self.place)
             return np.concatenate(
-                [delta_rowsum(self.do[i : i + bm], self.o[i : i + bm], spec, tr) for i in range(0, m, bm)]
+                [delta_rowsum(self.do[i : i + bm], self.o[i : i + bm], spec, tr, place=place) for i in range(0, m, bm)]
             )
         if spec.source == "o":
             return delta_rowsum(self.do, self.o, spec, tr)
@@ -280,10 +302,12 @@ class _Head:
 
 
 def _per_head(fn, arrays) -> BackwardResult:
+    """``fn(*arrays of one head, head=(index, heads))`` over the leading axes (flat index in C order)."""
     lead = arrays[0].shape[:-2]
     if not lead:
-        return fn(*arrays)
-    outs = [fn(*(x[i] for x in arrays)) for i in np.ndindex(lead)]
+        return fn(*arrays, head=(0, 1))
+    count = math.prod(lead)
+    outs = [fn(*(x[i] for x in arrays), head=(h, count)) for h, i in enumerate(np.ndindex(lead))]
 
     def stack(j):
         parts = [r.delta if j == 3 else r[j] for r in outs]
@@ -323,7 +347,7 @@ def flash_backward(
     Returns a `BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
     """
     setup = _setup(q, k, v, o, lse, do, policy, softmax, causal, sm_scale, block_m, block_n, q_order, kv_order, trace)
-    return _per_head(lambda *head: setup.head(*head).run(*setup.tiles), setup.arrays)
+    return _per_head(lambda *arrays, head: setup.head(*arrays, head=head).run(*setup.tiles), setup.arrays)
 
 
 class _Setup(NamedTuple):
@@ -337,8 +361,8 @@ class _Setup(NamedTuple):
     trace: Trace | None
     tiles: tuple
 
-    def head(self, q2, k2, v2, o2, lse2, do2) -> _Head:
-        return _Head(self.pol, q2, k2, v2, o2, lse2, do2, self.scale, self.causal, self.trace)
+    def head(self, q2, k2, v2, o2, lse2, do2, head: tuple[int, int] = (0, 1)) -> _Head:
+        return _Head(self.pol, q2, k2, v2, o2, lse2, do2, self.scale, self.causal, self.trace, head)
 
 
 def _setup(q, k, v, o, lse, do, policy, softmax, causal, sm_scale, block_m, block_n, q_order, kv_order, trace):
@@ -377,9 +401,9 @@ def reference_backward(
     arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
     scale = arrays[-1]
 
-    def one(q2, k2, v2, o2, lse2, do2):
-        head = _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace)
-        return head.run(q2.shape[0], k2.shape[0], "forward", "forward", False)
+    def one(q2, k2, v2, o2, lse2, do2, head):
+        h = _Head(pol, q2, k2, v2, o2, lse2, do2, scale, causal, trace, head)
+        return h.run(q2.shape[0], k2.shape[0], "forward", "forward", False)
 
     return _per_head(one, arrays[:-1])
 

@@ -35,8 +35,10 @@ from .stepper import step_rows
 from .trust import AllowImport
 
 #: checks of a run's recorded launch against its policy: ``check(policy, launch)`` says why a match may not carry
-#: over (the run was made with other versions than the policy was calibrated on), or None.  A package that models
-#: kernels registers one (`register_launch_check`; gpu.policies: the versions each of its policies was calibrated on).
+#: over (the run was made with other versions than the policy was calibrated on, or at a shape the policy does not
+#: model), or None.  ``launch``: what the run recorded, over its shape (batch_heads, n_q, n_k, head_dim).  A
+#: package that models kernels registers one (`register_launch_check`; gpu.policies: the versions each of its
+#: policies was calibrated on, and the shapes where cuBLAS leaves the kernels Qiu & Yao's policy models).
 LAUNCH_CHECKS: list[Callable[[Policy, dict], str | None]] = []
 
 FORWARD_OUTPUTS = ("o", "lse")
@@ -475,7 +477,9 @@ def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -
         run.sm_scale,
         run.causal,
     )
-    notes = [why for check in LAUNCH_CHECKS if run.launch and (why := check(pol, run.launch))]
+    h, n_q, d = run.q.shape
+    launch = {"batch_heads": h, "n_q": n_q, "n_k": run.k.shape[1], "head_dim": d} | run.launch
+    notes = [why for check in LAUNCH_CHECKS if (why := check(pol, launch))]
     return CrosscheckReport(checks, first, div, run.note, semantic, notes, _atomic(run, pol, checks))
 
 

@@ -27,7 +27,7 @@ Orders are stateless values: the state (the running l) lives in `flashsim.arith.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -38,6 +38,29 @@ from .registry import Registry
 if TYPE_CHECKING:  # pragma: no cover - types only
     from .policy import Policy
     from .specs import Delta, Func, Norm, Recompute, RowSum
+
+
+class BlockPlace(NamedTuple):
+    """Where a block of P sits in its launch, for orders whose tree depends on more than the tile.  It reads as
+    the tile first (``place[0]``, ``place[1]``: BLOCK_M, BLOCK_N); PyTorch's row sums also need the head and the
+    row, because ``torch.sum`` reads each row of the launch's (heads, rows, columns) tensor as 16-byte vectors
+    counted from where the row starts."""
+
+    block_m: int
+    block_n: int
+    head: int = 0  # flat index over the leading (batch, head) axes
+    heads: int = 1  # how many the launch holds
+    q_rows: int | None = None  # rows of the Q block (None: the rows of the block of P)
+    rows: np.ndarray | None = None  # the Q block's rows the block of P holds (None: all of them, in order)
+
+    def launch_rows(self, held: int) -> int:
+        """Rows of the launch that sums this Q block (all heads at once), ``held`` the rows of the block of P."""
+        return self.heads * (held if self.q_rows is None else self.q_rows)
+
+    def row_index(self, held: int) -> np.ndarray:
+        """Each held row's index among the launch's rows (head-major)."""
+        local = np.arange(held) if self.rows is None else np.asarray(self.rows, np.int64)
+        return self.head * (held if self.q_rows is None else self.q_rows) + local
 
 
 class RowSumOrder:
@@ -56,10 +79,9 @@ class RowSumOrder:
     fusable: bool = True
     sums_blocks: bool = True
 
-    def block_sum(
-        self, p: np.ndarray, spec: RowSum, tile: tuple[int, int], trace: Trace | None, label: str
-    ) -> np.ndarray:
-        """Row sums of one block of P (rows, columns) in the spec's compute format, in this order."""
+    def block_sum(self, p: np.ndarray, spec: RowSum, tile: BlockPlace, trace: Trace | None, label: str) -> np.ndarray:
+        """Row sums of one block of P (rows, columns) in the spec's compute format, in this order; ``tile``: where
+        the block sits (`BlockPlace`, which reads as (BLOCK_M, BLOCK_N))."""
         raise NotImplementedError(f"row-sum order {self.name!r} sums whole updates only (no block sum)")
 
     def update(
@@ -68,7 +90,7 @@ class RowSumOrder:
         p: np.ndarray,
         alpha: np.ndarray,
         spec: RowSum,
-        tile: tuple[int, int],
+        tile: BlockPlace,
         trace: Trace | None,
         label: str,
     ) -> np.ndarray:
@@ -88,7 +110,8 @@ class DeltaOrder:
     """How a kernel sums delta_i = sum_k a_ik b_ik (dO * O, or dP * P) for each row.
 
     ``fusable``: the products may enter the sum through FMAs (``Delta.fused``); ``native``: FP64 steps only;
-    ``per_q_block``: the kernel sums each Q block in a launch of its own, so the rows of a block shape the order.
+    ``per_q_block``: the kernel sums each Q block in a launch of its own, so the rows of a block shape the order
+    (`rowsum()` is given the block's ``place``).
     """
 
     name: str = ""
@@ -97,8 +120,17 @@ class DeltaOrder:
     native: bool = False
     per_q_block: bool = False
 
-    def rowsum(self, a: np.ndarray, b: np.ndarray, spec: Delta, trace: Trace | None, label: str) -> np.ndarray:
-        """sum_k a_ik b_ik per row in the spec's compute format (before its store into ``fmt``)."""
+    def rowsum(
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        spec: Delta,
+        trace: Trace | None,
+        label: str,
+        place: BlockPlace | None = None,
+    ) -> np.ndarray:
+        """sum_k a_ik b_ik per row in the spec's compute format (before its store into ``fmt``); ``place``: the Q
+        block's place in its launch (`per_q_block` orders; None otherwise)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -248,6 +280,7 @@ __all__ = [
     "LSE_FORMS",
     "RECOMPUTES",
     "ROW_SUMS",
+    "BlockPlace",
     "CombineMethod",
     "DeltaOrder",
     "Division",

@@ -28,7 +28,7 @@ import numpy as np
 from ..formats import FP32
 from ..trees import ReductionTree, butterfly, tree_sum
 
-__all__ = ["row_sum_tree", "row_sums"]
+__all__ = ["row_shift", "row_sum_tree", "row_sums"]
 
 WARP = 32
 MAX_THREADS = 512
@@ -115,16 +115,25 @@ def row_sum_tree(n: int, rows: int = 512, itemsize: int = 4, shift: int = 0) -> 
     return ReductionTree.from_nested(tree if isinstance(tree, list) else [tree], name)
 
 
+def row_shift(index, n: int, itemsize: int = 4) -> np.ndarray:
+    """The `row_sum_tree` shift of rows ``index`` (0-based) of a contiguous (rows, n) tensor whose row 0 is
+    16-byte aligned: row r starts r n values in, so r n mod V values past a vector boundary (V = 16 / itemsize;
+    always 0 for rows shorter than 128 values, which are read one value at a time)."""
+    index = np.asarray(index, np.int64)
+    return (index * n) % (16 // itemsize) if n >= 128 else np.zeros(index.shape, np.int64)
+
+
 def row_sums(x, itemsize: int = 4) -> np.ndarray:
-    """``torch.sum(x, dim=-1)`` of a contiguous (rows, n) tensor in one launch, as float32: row r starts r n
-    values into the tensor (16-byte aligned at row 0), so each class of rows off the vector boundary by the same
-    ``shift`` is summed along its own tree.  ``x``: the values (fp32, or bf16/fp16 ones for ``itemsize`` 2)."""
+    """``torch.sum(x, dim=-1)`` of a contiguous (rows, n) tensor in one launch, as float32: each class of rows
+    off the vector boundary by the same `row_shift` is summed along its own tree.  ``x``: the values (fp32, or
+    bf16/fp16 ones for ``itemsize`` 2)."""
     x = np.asarray(x)
     if x.ndim != 2:
         raise ValueError(f"x: expected a (rows, n) array, got shape {x.shape}")
     rows, n = x.shape
-    vec = 16 // itemsize if itemsize in (2, 4) else 1
-    shifts = (np.arange(rows) * n) % vec if n >= 128 else np.zeros(rows, np.int64)
+    if itemsize not in (2, 4):
+        raise ValueError(f"itemsize: expected 4 (fp32) or 2 (bf16, fp16), got {itemsize!r}")
+    shifts = row_shift(np.arange(rows), n, itemsize)
     out = np.empty(rows, np.float32)
     for shift in np.unique(shifts):
         at = shifts == shift

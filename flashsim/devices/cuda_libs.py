@@ -5,37 +5,56 @@ rows of the launch and the element size (models in [`emufloat.hw.libdevice`][emu
 
 from __future__ import annotations
 
+import numpy as np
+
 import emufloat as ef
 from emufloat.hw import libdevice, torch_cuda
 
 from .. import arith
 from ..functions import FunctionModel, register_function
-from ..orders import DELTAS, ROW_SUMS, DeltaOrder
+from ..orders import DELTAS, ROW_SUMS, BlockPlace, DeltaOrder
 
 
-def torch_tree(n: int, rows: int, itemsize: int) -> ef.ReductionTree:
-    """torch.sum(dim=-1)'s tree over rows of ``n`` values of ``itemsize`` bytes in a launch of ``rows`` rows."""
-    return torch_cuda.row_sum_tree(n, rows, itemsize)
+def torch_tree(n: int, rows: int, itemsize: int, shift: int = 0) -> ef.ReductionTree:
+    """torch.sum(dim=-1)'s tree over rows of ``n`` values of ``itemsize`` bytes in a launch of ``rows`` rows, for
+    a row starting ``shift`` values past a 16-byte boundary."""
+    return torch_cuda.row_sum_tree(n, rows, itemsize, shift)
 
 
-def _launch_rows(x) -> int:
-    return x.shape[0] if x.ndim > 1 else 512
+def torch_rowsum(x, itemsize: int, place: BlockPlace | None, spec, trace, label: str):
+    """torch.sum(dim=-1) of the rows ``x`` holds, as summed in the launch ``place`` says (all heads' rows of the
+    Q block at once; None: ``x``'s rows are the launch): rows off the 16-byte boundary by the same shift share
+    a tree."""
+    held, n = x.shape
+    place = place or BlockPlace(held, n)
+    launch = place.launch_rows(held)
+    shifts = torch_cuda.row_shift(place.row_index(held), n, itemsize)
+    if not shifts.any():
+        return arith.tree_rowsum(x, torch_tree(n, launch, itemsize), spec, trace, label)
+    parts = {
+        int(c): arith.tree_rowsum(x[shifts == c], torch_tree(n, launch, itemsize, int(c)), spec, trace, label)
+        for c in np.unique(shifts)
+    }
+    out = np.empty(held, next(iter(parts.values())).dtype)
+    for c, sums in parts.items():
+        out[shifts == c] = sums
+    return out
 
 
 class TorchRowSum(arith.BlockSumOrder):
     name = "torch_cuda"
     doc = (
-        "torch.sum(dim=-1) on a CUDA fp32 tensor: a warp a row, four accumulators a lane, shuffle-down "
-        "(emufloat.hw.torch_cuda.row_sum_tree)"
+        "torch.sum(dim=-1) on a CUDA fp32 tensor of all heads' rows of the block: a warp a row, four accumulators "
+        "a lane, 16-byte vectors counted from each row's start (emufloat.hw.torch_cuda.row_sum_tree)"
     )
 
     def block_sum(self, p, spec, tile, trace, label):
-        return arith.tree_rowsum(p, torch_tree(p.shape[-1], _launch_rows(p), 4), spec, trace, label)
+        return torch_rowsum(p, 4, tile if isinstance(tile, BlockPlace) else None, spec, trace, label)
 
 
 class TorchDelta(DeltaOrder):
-    """delta = (dO * O).sum(-1) in PyTorch: a launch per Q block (its rows shape the tree), the 16-bit
-    products read 8 to a 16-byte vector."""
+    """delta = (dO * O).sum(-1) in PyTorch: a launch per Q block (all heads' rows of it shape the tree), the
+    16-bit products read 8 to a 16-byte vector."""
 
     name = "torch_cuda"
     doc = (
@@ -44,10 +63,9 @@ class TorchDelta(DeltaOrder):
     )
     per_q_block = True
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         prods = arith.products(a, b, spec, trace, label)
-        tree = torch_tree(prods.shape[-1], _launch_rows(prods), 2 if spec.prod_fmt.width <= 16 else 4)
-        return arith.tree_rowsum(prods, tree, spec, trace, label)
+        return torch_rowsum(prods, 2 if spec.prod_fmt.width <= 16 else 4, place, spec, trace, label)
 
 
 ROW_SUMS.register(TorchRowSum())
@@ -77,4 +95,4 @@ for _model in (
 ):
     register_function(_model)
 
-__all__ = ["TorchDelta", "TorchRowSum", "torch_tree"]
+__all__ = ["TorchDelta", "TorchRowSum", "torch_rowsum", "torch_tree"]

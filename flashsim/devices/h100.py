@@ -35,7 +35,7 @@ class TlSumDelta(DeltaOrder):
         "left to right, then a shuffle butterfly (emufloat.hw.h100.tl_sum_loaded_16bit)"
     )
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         prods = arith.products(a, b, spec, trace, label)
         return arith.tree_rowsum(prods, h100.tl_sum_loaded_16bit(prods.shape[-1]), spec, trace, label)
 

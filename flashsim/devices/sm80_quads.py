@@ -132,7 +132,7 @@ class Fa2DotDoO(DeltaOrder):
     )
     fusable = True
 
-    def rowsum(self, a, b, spec, trace, label):
+    def rowsum(self, a, b, spec, trace, label, place=None):
         acc_op = arith.compute_only(spec)
         acc = arith.product_chain(
             deal(a, spec.threads, spec.chunk), deal(b, spec.threads, spec.chunk), spec, trace, label

@@ -28,7 +28,7 @@ from ..configs import (
 )
 from ..versions import CALIBRATED_ON, calibration_mismatch
 from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
-from .qiu_yao import QIU_YAO
+from .qiu_yao import QIU_YAO, cublas_alignment
 from .sdpa_cudnn import sdpa_cudnn_policy
 from .sdpa_efficient import EFFICIENT_BWD_TILES, EFFICIENT_TILES, efficient_key_splits, sdpa_efficient_policy
 from .sdpa_flash import (
@@ -50,6 +50,7 @@ def launch_calibration(policy, launch: dict) -> str | None:
 
 
 register_launch_check(launch_calibration)
+register_launch_check(cublas_alignment)
 
 #: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
 FUNCTIONS = (triton_policy, kernel_policy, tutorial_policy, sdpa_flash_policy, sdpa_efficient_policy, sdpa_cudnn_policy)
@@ -70,6 +71,7 @@ __all__ = [
     "QIU_YAO",
     "TRITON_H100",
     "calibration_mismatch",
+    "cublas_alignment",
     "default_promote_pv",
     "default_softmax",
     "efficient_key_splits",

@@ -62,4 +62,30 @@ QIU_YAO = Policy(
     bwd_tiling=BwdTiling(512, 512, skip_masked=False),
 )
 
-__all__ = ["CUBLAS_BF16", "QIU_YAO"]
+
+
+def tile_extents(n: int, tile: int = 512) -> set[int]:
+    """The lengths of the tiles their code splits n rows or keys into (whole tiles, then the rest)."""
+    return {e for e in (min(n, tile), n % tile if n > tile else 0) if e}
+
+
+def cublas_alignment(policy: Policy, launch: dict) -> str | None:
+    """Why a run of Qiu & Yao's pipeline may not match `QIU_YAO` bit for bit, or None: their einsums reduce over
+    the tiles' rows and keys, and where a tile (or the head dim) is not a multiple of 8 bf16 values (a 16-byte
+    row), cuBLAS leaves its sm90 kernels for CUTLASS sm75/sm80 ones, some of them split over K, chosen by shape
+    and batch (recorded: studies/device/cublas_gemms.py); the policy models the sm90 kernels only.  Registered
+    with flashsim.crosscheck as a launch check."""
+    if policy.name != QIU_YAO.name or not {"n_q", "n_k"} <= launch.keys():
+        return None
+    extents = tile_extents(int(launch["n_q"])) | tile_extents(int(launch["n_k"])) | {int(launch.get("head_dim", 8))}
+    odd = sorted(e for e in extents if e % 8)
+    if not odd:
+        return None
+    return (
+        f"qiu_yao: tiles of {', '.join(map(str, odd))} rows or keys are not whole 16-byte rows of bf16 (multiples "
+        "of 8): cuBLAS runs CUTLASS sm75/sm80 kernels there (some split over K), which the policy does not model; "
+        "O, dQ, dK and dV can differ in a few elements (the row sums and the LSE do not depend on it)"
+    )
+
+
+__all__ = ["CUBLAS_BF16", "QIU_YAO", "cublas_alignment", "tile_extents"]

@@ -91,7 +91,7 @@ def test_delta_reads_its_bf16_products_eight_to_a_vector(monkeypatch):
     with_delta = [r for r in TWO_TILES if r.do is not None]
     assert _identical_cases(with_delta) == 1
     real = cuda_libs.torch_tree
-    monkeypatch.setattr(cuda_libs, "torch_tree", lambda n, rows, itemsize: real(n, rows, 4))
+    monkeypatch.setattr(cuda_libs, "torch_tree", lambda n, rows, itemsize, shift=0: real(n, rows, 4, shift))
     assert _identical_cases(with_delta) == 0
 
 

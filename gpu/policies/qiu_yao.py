@@ -63,7 +63,6 @@ QIU_YAO = Policy(
 )
 
 
-
 def tile_extents(n: int, tile: int = 512) -> set[int]:
     """The lengths of the tiles their code splits n rows or keys into (whole tiles, then the rest)."""
     return {e for e in (min(n, tile), n % tile if n > tile else 0) if e}

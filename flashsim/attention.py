@@ -29,7 +29,7 @@ from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
 from . import arith
-from .causal import causal_alignment, causal_offset, causal_visible
+from .causal import Offset, causal_alignment, causal_offset, causal_visible, keys_from
 from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS, BlockPlace
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
@@ -61,7 +61,8 @@ class Pipeline:
         self.pol, self.sm_scale, self.softmax, self.trace = policy, sm_scale, softmax, trace
         self.nat_units = LOG2E if policy.exp_base == "2" else 1.0  # scaled-score units per natural-log unit
         self.c = arith.constant(sm_scale * self.nat_units, policy.scale)
-        self.sub_plain = dataclasses.replace(policy.subtract, fused=False)
+        self.sub_plain = dataclasses.replace(policy.subtract, fused=False, unfused_in=())
+        self.ragged = False  # the launch's lengths are not whole tiles (`flashsim.specs.Op.unfused_in`)
         self.max_input: tuple[np.ndarray, float] | None = None  # (scores as the max saw them, units): stepper
 
     def _fill(self, s: np.ndarray, visible: np.ndarray) -> np.ndarray:
@@ -70,17 +71,21 @@ class Pipeline:
         return s
 
     def softmax_block(
-        self, s: np.ndarray, visible: np.ndarray | None, m_old: np.ndarray
+        self, s: np.ndarray, visible: np.ndarray | None, m_old: np.ndarray, masks: bool | None = None
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(P, m_new, alpha) for raw scores ``s`` of one block; ``visible`` is None when nothing is masked."""
+        """(P, m_new, alpha) for raw scores ``s`` of one block; ``visible`` is None when nothing is masked;
+        ``masks``: whether the kernel applies its mask in the block (default: where it hides a key)."""
         pol, tr, c = self.pol, self.trace, self.c
         where = pol.scale.where
         scaled = where == "scores"
+        fused = pol.subtract.fused_in(visible is not None if masks is None else masks, self.ragged)
+        s_split = None  # S * sm_scale under a split scale, before its * log2 e
         if scaled and pol.scale.split:  # S * sm_scale, then * log2 e
             s = arith.binary("mul", s, arith.constant(self.sm_scale, pol.scale), pol.scale, tr, "scale")
-            s = arith.binary("mul", s, arith.constant(LOG2E, pol.scale), pol.scale, tr, "scale")
             if visible is not None:
                 s = self._fill(s, visible)
+            s_split = s
+            s = arith.binary("mul", s, arith.constant(LOG2E, pol.scale), pol.scale, tr, "scale")
         elif scaled:
             s = arith.binary("mul", s, c, pol.scale, tr, "scale")
             if visible is not None:
@@ -108,12 +113,15 @@ class Pipeline:
         with np.errstate(invalid="ignore"):
             m_new = arith.cast(np.maximum(arith.f64(m_old), arith.f64(m_blk)), pol.max.fmt)
         m_sub = arith.cast(np.where(arith.f64(m_new) == -np.inf, 0.0, arith.f64(m_new)), pol.max.fmt)  # FA2's guard
-        if scaled:
+        if s_split is not None and fused:  # fma(S * sm_scale, log2 e, -m): the product's second rounding skipped
+            neg = arith.cast(-arith.f64(m_sub)[:, None], _fmt_of(m_sub))
+            x = arith.fma(s_split, arith.constant(LOG2E, pol.scale), neg, pol.subtract, tr, "subtract")
+        elif scaled:
             x = arith.binary("sub", s, m_sub[:, None], self.sub_plain, tr, "subtract")
         else:
             m_s = m_sub if where == "max" else arith.binary("mul", m_sub, c, pol.scale, tr, "scale")
             neg = -arith.f64(m_s)[:, None]
-            if pol.subtract.fused:
+            if fused:
                 x = arith.fma(s, c, arith.cast(neg, _fmt_of(m_s)), pol.subtract, tr, "subtract")
             else:
                 x = arith.binary(
@@ -258,7 +266,7 @@ def kv_steps(
     local: np.ndarray | None,
     tile: tuple[int, int],
     order: str,
-    offset: int | None,
+    offset: Offset,
     head: tuple[int, int] = (0, 1),
 ) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
@@ -291,7 +299,8 @@ def kv_steps(
         visible = causal_visible(qrows, cols, offset) if masked else None
         if visible is not None and local is not None:
             visible = visible[local]
-        p, m, alpha = pipe.softmax_block(s, visible, m)
+        kernel_masks = masked if schedule.marks_mask else visible is not None
+        p, m, alpha = pipe.softmax_block(s, visible, m, kernel_masks)
         if sums_cast_p(
             pipe.softmax, pol.row_sum.fmt
         ):  # l from P as cast for P V: the weights O is made with sum to l exactly
@@ -394,13 +403,14 @@ def flash_forward(
 
     def one(q2, k2, v2, head):
         pipe = Pipeline(run_pol, scale, variant, trace)
+        pipe.ragged = bool(q2.shape[0] % bm or k2.shape[0] % bn)
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
         offset = causal_offset(causal, q2.shape[0], k2.shape[0])
         results = []
         for keys in method.ranges(k2.shape[0], bn, splits):
-            off = None if offset is None else offset - keys.start  # the range's keys, counted from its start
+            off = keys_from(offset, keys.start)  # the range's keys, counted from its start
             parts = [
                 drain(
                     kv_steps(

@@ -16,7 +16,7 @@ import numpy as np
 from emufloat import FP32, Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 
 from .arith import cast as _cast
-from .causal import causal_offset
+from .causal import visible_matrix
 from .functions import get_function
 from .policy import Policy
 from .softmax import (
@@ -152,13 +152,10 @@ def attention_bound(
     n_q, d = q.shape
     n_k = k.shape[0]
     c = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    units = math.log2(math.e) if get_function(pol.lse.function).base == "2" else 1.0
+    units = math.log2(math.e) if pol.lse.base == "2" else 1.0
 
     # exact attention on the case's values
-    offset = causal_offset(causal, n_q, n_k)
-    visible = np.ones((n_q, n_k), bool)
-    if offset is not None:
-        visible = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + offset
+    visible = visible_matrix(causal, n_q, n_k)
     nat = c * (q @ k.T)
     nat_v = np.where(visible, nat, -np.inf)
     row_max = nat_v.max(axis=1, initial=-np.inf)

@@ -29,6 +29,7 @@ from .attention import flash_forward
 from .backward import flash_backward
 from .bits import from_bits, nan_mask, to_bits, ulp_distance
 from .bounds import AttentionCheck, check_attention
+from .causal import KeyMask
 from .policy import Policy, PolicyRef, get_policy
 from .softmax import SoftmaxVariant, get_softmax
 from .stepper import step_rows
@@ -108,7 +109,8 @@ class KernelRun:
     float32, NaN where the kernel skipped a block.  ``note``: where it came from.  ``launch``: what the run
     recorded about the launch that ran (the card and its SM count, the versions, the kernel's chosen tiles,
     batch x heads, ...), as JSON values: the policy's parameters are derived from it when the run is made,
-    and a report shows it.
+    and a report shows it.  ``mask``: for a kernel masked otherwise than causally (a sliding window, documents,
+    FlexAttention's ``mask_mod``), the boolean (N_q, N_k) matrix, True where a query attends a key.
     """
 
     q: np.ndarray
@@ -124,6 +126,7 @@ class KernelRun:
     debug: dict[str, np.ndarray] = field(default_factory=dict)
     note: str = ""
     launch: dict = field(default_factory=dict)
+    mask: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.launch, dict) or not all(isinstance(k, str) for k in self.launch):
@@ -156,6 +159,10 @@ class KernelRun:
             raise ValueError("do: a run with backward outputs needs the dO it was given")
         h, n_q, d = self.q.shape
         n_k = self.k.shape[1]
+        if self.mask is not None:
+            if self.causal:
+                raise ValueError("mask: a run is causal or has a mask matrix, not both (give the causal one as a mask)")
+            KeyMask(self.mask).check_shape(n_q, n_k)
         want = {
             "o": (h, n_q, d),
             "lse": (h, n_q),
@@ -173,6 +180,11 @@ class KernelRun:
                     f"outputs[{name!r}]: expected {'uint32' if wide else 'uint16'} bits of shape "
                     f"{want[name]}, got {bits.dtype} {bits.shape}"
                 )
+
+    @property
+    def masking(self) -> bool | KeyMask:
+        """The run's mask as flashsim's ``causal`` argument takes it: the `KeyMask` of ``mask``, or ``causal``."""
+        return self.causal if self.mask is None else KeyMask(self.mask)
 
     @property
     def backward(self) -> bool:
@@ -246,6 +258,8 @@ def save_run(path: str | Path, run: KernelRun) -> Path:
     }
     if run.do is not None:
         arrays["do"] = run.do.astype(np.float32)
+    if run.mask is not None:
+        arrays["mask"] = run.mask
     arrays.update({f"out_{k}": v for k, v in run.outputs.items()})
     arrays.update({f"dbg_{k}": v for k, v in run.debug.items()})
     path = Path(path)
@@ -292,6 +306,7 @@ def load_run(path: str | Path) -> KernelRun:
             debug={k[4:]: v for k, v in arrays.items() if k.startswith("dbg_")},
             note=meta.get("note", ""),
             launch=meta.get("launch", {}),
+            mask=arrays.get("mask"),
         )
     except Exception as exc:  # noqa: BLE001 - as above
         raise ValueError(f"{bad} ({type(exc).__name__}: {exc})") from None
@@ -300,10 +315,10 @@ def load_run(path: str | Path) -> KernelRun:
 # ---- rerun and compare ------------------------------------------------------------------------------
 def _emulate(run: KernelRun, pol: Policy) -> dict[str, np.ndarray]:
     fmts = stored_formats(pol)
-    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale)
+    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.masking, sm_scale=run.sm_scale)
     out = {"o": to_bits(f.o, fmts["o"]), "lse": to_bits(f.lse, None)}
     if run.backward:
-        b = flash_backward(run.q, run.k, run.v, f.o, f.lse, run.do, pol, causal=run.causal, sm_scale=run.sm_scale)
+        b = flash_backward(run.q, run.k, run.v, f.o, f.lse, run.do, pol, causal=run.masking, sm_scale=run.sm_scale)
         out.update(
             dq=to_bits(b.dq, fmts["dq"]),
             dk=to_bits(b.dk, fmts["dk"]),
@@ -365,7 +380,7 @@ def first_divergence(run: KernelRun, head: int, row: int, policy: Policy | None 
         pol,
         rows=row,
         softmax=run.softmax,
-        causal=run.causal,
+        causal=run.masking,
         sm_scale=run.sm_scale,
         trace=False,
     )
@@ -475,7 +490,7 @@ def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -
         pol,
         run.softmax,
         run.sm_scale,
-        run.causal,
+        run.masking,
     )
     h, n_q, d = run.q.shape
     launch = {"batch_heads": h, "n_q": n_q, "n_k": run.k.shape[1], "head_dim": d} | run.launch
@@ -489,8 +504,8 @@ def _atomic(run: KernelRun, pol: Policy, checks: list[OutputCheck]) -> dict[str,
     differ = {c.name: run.outputs[c.name] for c in checks if c.identical < c.n and c.name in ("dq", "dk", "dv")}
     if not differ or not any(getattr(pol, name).atomic for name in differ):
         return {}
-    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.causal, sm_scale=run.sm_scale)
-    return atomic_check(run.q, run.k, run.v, f.o, f.lse, run.do, differ, pol, causal=run.causal, sm_scale=run.sm_scale)
+    f = flash_forward(run.q, run.k, run.v, pol, softmax=run.softmax, causal=run.masking, sm_scale=run.sm_scale)
+    return atomic_check(run.q, run.k, run.v, f.o, f.lse, run.do, differ, pol, causal=run.masking, sm_scale=run.sm_scale)
 
 
 __all__ = [

@@ -16,7 +16,7 @@ import emufloat as ef
 from emufloat import FP32
 
 from . import arith
-from .causal import causal_skips
+from .causal import causal_skips, causal_visible
 from .functions import get_function
 from .orders import (
     COMBINES,
@@ -50,6 +50,37 @@ class EveryBlock(KVSchedule):
     def blocks(self, rows, n, block_n, block_m, offset, skip_masked):
         out = [(range(j0, min(j0 + block_n, n)), True) for j0 in range(0, n, block_n)]
         return [(cols, m) for cols, m in out if not (skip_masked and causal_skips(offset, rows, cols))]
+
+
+class MaskedFirst(KVSchedule):
+    """FlexAttention's block-mask order: a Q block visits its partial blocks first, then its full ones, each group
+    from the first key on.  A block is partial where the mask hides a key of it, or where its tile of the block
+    mask (``sparse`` x ``sparse``, 128 by default) reaches past the last query or the last key; fully masked blocks
+    are skipped.  Without a mask (flex_attention's ``block_mask=None``: one tile over everything) every block is
+    partial, in order, and its constant mask compiles to nothing.  A partial block is marked masked (the kernel
+    applies the mask there, hidden key or not), a full one not."""
+
+    name = "masked_first"
+    marks_mask = True
+    doc = (
+        "FlexAttention's block mask: partial blocks (a key hidden, or a 128 x 128 mask tile past the last query or "
+        "key) first, then full ones, each from the first key on; fully masked blocks skipped"
+    )
+    sparse = 128
+
+    def blocks(self, rows, n, block_n, block_m, offset, skip_masked):
+        kept = EveryBlock().blocks(rows, n, block_n, block_m, offset, skip_masked)
+        if offset is None:  # no mask: one tile over everything, its mask_mod a constant the compiler folds away
+            return [(cols, False) for cols, _ in kept]
+        q_edge = len(rows) < block_m  # the last Q block, short of a whole tile (BLOCK_M as the mask's tile)
+
+        def partial(cols: range) -> bool:
+            t0 = cols.start // self.sparse * self.sparse
+            tile = range(t0, min(t0 + self.sparse, n))
+            return q_edge or t0 + self.sparse > n or causal_visible(rows, tile, offset) is not None
+
+        flags = {cols.start: partial(cols) for cols, _ in kept}
+        return [(c, True) for c, _ in kept if flags[c.start]] + [(c, False) for c, _ in kept if not flags[c.start]]
 
 
 class TritonStages(KVSchedule):
@@ -164,6 +195,22 @@ class Divide(LseForm):
         return "m / log2 e"
 
 
+class ToNatural(LseForm):
+    name = "to_natural"
+    doc = (
+        "m + log2 l in base 2, then times ln 2 in a kernel of its own (FlexAttention: its kernel stores the base-2 "
+        "LSE, the returned one is converted after it); needs a base-2 exp and log"
+    )
+    out_base = "e"
+
+    def join(self, m, log_l, k, spec, trace):
+        lse2 = arith.binary("add", m, log_l, spec, trace, "lse")
+        return lse2 if k is None else arith.binary("mul", lse2, arith.constant(k, spec), spec, trace, "lse")
+
+    def describe(self, spec):
+        return "(m + log2 l) * ln 2, converted after the kernel"
+
+
 # ---- split K/V ----------------------------------------------------------------------------------------
 class FA2Combine(CombineMethod):
     name = "fa2"
@@ -206,12 +253,23 @@ class FA2Combine(CombineMethod):
         return arith.function(arith.binary("sub", x, y, Op(FP32), trace, "combine"), exp_f, trace, "combine")
 
 
-for _schedule in (EveryBlock(), TritonStages()):
+for _schedule in (EveryBlock(), MaskedFirst(), TritonStages()):
     KV_SCHEDULES.register(_schedule)
 for _form in (Scaled(), Natural(), PrescaleK()):
     RECOMPUTES.register(_form)
-for _join in (MulAdd(), Divide()):
+for _join in (MulAdd(), Divide(), ToNatural()):
     LSE_FORMS.register(_join)
 COMBINES.register(FA2Combine())
 
-__all__ = ["Divide", "EveryBlock", "FA2Combine", "MulAdd", "Natural", "PrescaleK", "Scaled", "TritonStages"]
+__all__ = [
+    "Divide",
+    "EveryBlock",
+    "FA2Combine",
+    "MaskedFirst",
+    "MulAdd",
+    "Natural",
+    "PrescaleK",
+    "Scaled",
+    "ToNatural",
+    "TritonStages",
+]

@@ -36,6 +36,7 @@ from emufloat import Trace
 from .registry import Registry
 
 if TYPE_CHECKING:  # pragma: no cover - types only
+    from .causal import Offset
     from .policy import Policy
     from .specs import Delta, Func, Norm, Recompute, RowSum
 
@@ -164,13 +165,16 @@ class KVSchedule:
 
     name: str = ""
     doc: str = ""
+    marks_mask: bool = False  # ``masked`` says where the kernel applies its mask, hidden key or not
 
     def blocks(
-        self, rows: range, n: int, block_n: int, block_m: int, offset: int | None, skip_masked: bool
+        self, rows: range, n: int, block_n: int, block_m: int, offset: Offset, skip_masked: bool
     ) -> list[tuple[range, bool]]:
-        """(keys, masked) of each K/V block the Q block ``rows`` visits (``n`` keys; ``offset``: the causal offset,
-        None when not causal), in the forward K/V order; ``masked``: the causal mask applies to the block (where it
-        hides some key of it).  Keys past ``n`` read as zeros (a TMA load's out-of-bounds fill)."""
+        """(keys, masked) of each K/V block the Q block ``rows`` visits (``n`` keys; ``offset``: the causal offset
+        or the `flashsim.causal.KeyMask`, None when not masked), in the forward K/V order; ``masked``: the mask
+        applies to the block (where it hides some key of it; with ``marks_mask``, exactly the blocks where the
+        kernel applies it, for steps computed differently there: `flashsim.specs.Op.unfused_in`).  Keys past ``n``
+        read as zeros (a TMA load's out-of-bounds fill)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:
@@ -218,15 +222,17 @@ class RecomputeForm:
 class LseForm:
     """How the forward's LSE joins the row max m and log l (`flashsim.specs.Func.form`, the lse step).
 
-    ``fusable``: the join may be one FMA (``Func.fused``)."""
+    ``fusable``: the join may be one FMA (``Func.fused``).  ``out_base``: the base of the LSE the form returns
+    when it is not the log's (an LSE converted after the kernel); the run's LSE is compared in it."""
 
     name: str = ""
     doc: str = ""
     fusable: bool = False
+    out_base: str | None = None
 
     def join(self, m: np.ndarray, log_l: np.ndarray, k: float | None, spec: Func, trace: Trace | None) -> np.ndarray:
-        """LSE from m and log l in the spec's format; ``k``: the factor that brings m into the log's units (None:
-        it is there already)."""
+        """LSE from m and log l in the spec's format; ``k``: the factor that brings m (in the exp's units) into the
+        base of the LSE (None: it is there already)."""
         raise NotImplementedError
 
     def describe(self, spec: Func) -> str:

@@ -180,8 +180,10 @@ class Policy:
             raise ValueError("exp: fused and form are the lse step's options")
         if self.scale.split and self.exp_base != "2":
             raise ValueError("scale: split (sm_scale, then log2 e) needs a base-2 exp")
-        if self.subtract.fused and self.scale.where == "scores":
-            raise ValueError("subtract: fused (S*c - m as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
+        if self.subtract.fused and self.scale.where == "scores" and not self.scale.split:
+            raise ValueError(
+                "subtract: fused (S*c - m as one FMA) needs scale.where 'max' or 'exp', or a split scale; got 'scores'"
+            )
         for step in ("max", "p_cast", "rescale", "o_accum", "output"):
             if getattr(self, step).fused:
                 raise ValueError(f"{step}: has no fused form (only subtract does)")

@@ -220,6 +220,7 @@ class RowStepper:
     ) -> Iterator[StepState]:
         tr = self.trace
         pipe = Pipeline(self.policy, self.sm_scale, self.softmax, tr)
+        pipe.ragged = bool(self._shape[0] % self.block_m or self._shape[1] % self.block_n)
         if np.array_equal(local, np.arange(len(qrows))):
             local = None
         pick = local if self.whole_block and local is not None else slice(None)  # rows of the computed arrays

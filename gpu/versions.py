@@ -30,6 +30,7 @@ CALIBRATED_ON: dict[str, dict[str, str]] = {
     "sdpa_efficient": {"torch": "2.11.", "cuda": "13.0."},
     "sdpa_cudnn": {"torch": "2.11.", "cuda": "13.0."},
     "qiu_yao": {"torch": "2.11.", "cuda": "13.0."},
+    "flex_attention": {"torch": "2.11.", "triton": "3.6."},
 }
 #: policy name prefix -> the kernel it models and the policies that give it, as the warning names them
 MODELS: dict[str, str] = {
@@ -37,6 +38,7 @@ MODELS: dict[str, str] = {
     "triton_tutorial": "Triton's fused-attention tutorial (tutorial_policy)",
     "sdpa_flash": "PyTorch SDPA flash (sdpa_flash_policy)",
     "sdpa_efficient": "PyTorch SDPA memory-efficient (sdpa_efficient_policy)",
+    "flex_attention": "PyTorch FlexAttention compiled by Inductor (flex_policy)",
     "sdpa_cudnn": "PyTorch SDPA cuDNN (sdpa_cudnn_policy)",
     "qiu_yao": "Qiu & Yao's attention under torch's CUDA autocast (qiu_yao)",
 }

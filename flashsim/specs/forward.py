@@ -23,6 +23,9 @@ from .base import (
     is_native,
 )
 
+#: kinds of K/V blocks a step can compute differently in (`Op.unfused_in`)
+BLOCK_KINDS = ("masked", "ragged")
+
 SCALE_PLACES = {
     "scores": "S*c rounded before the max (PyTorch style); m in scaled units",
     "max": "row max of raw S, then m = max*c (Triton: m in scaled units), x = S*c - m",
@@ -34,7 +37,11 @@ SCALE_PLACES = {
 class Op(Spec):
     """An elementwise step (max, subtract, P cast, rescale, O accumulation, output cast).
 
-    ``fused``: only for ``subtract`` under scale placement 'max'/'exp': x = S*c - m as one FMA.
+    ``fused``: only for ``subtract`` under scale placement 'max'/'exp': x = S*c - m as one FMA (and under a split
+    scale: x = fma(S*sm_scale, log2 e, -m), the product rounded once, before the max, and once more inside the FMA).
+    ``unfused_in``: kinds of blocks (``BLOCK_KINDS``) where the compiler keeps the fused step as two roundings,
+    because a select stands between the multiply and the subtract there: 'masked' (a block whose mask hides a
+    key), 'ragged' (every block of a launch whose lengths are not whole tiles: the kernel checks bounds).
     ``nan_bits``: the encoding NaN results take in ``fmt`` (hardware that converts its canonical NaN keeps
     payload bits: 0x7FFF for bf16 and fp16 on the H100, recorded); None: emufloat's canonical quiet NaN.
     """
@@ -44,17 +51,28 @@ class Op(Spec):
     compute: Format | None = None
     fused: bool = False
     nan_bits: int | None = None
+    unfused_in: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self._normalise()
         if self.fused and is_native(self.fmt):
             raise ValueError("Op.fused: numpy has no FMA, so an FP64 step cannot be fused")
+        if not isinstance(self.unfused_in, tuple) or any(k not in BLOCK_KINDS for k in self.unfused_in):
+            raise ValueError(f"Op.unfused_in: expected a tuple of {BLOCK_KINDS}, got {self.unfused_in!r}")
+        if self.unfused_in and not self.fused:
+            raise ValueError("Op.unfused_in: names blocks where a fused step is not fused; the step is not fused")
         check_nan_bits(self)
+
+    def fused_in(self, masked: bool, ragged: bool) -> bool:
+        """Whether the step is one FMA in a block (``masked``: its mask hides a key; ``ragged``: the launch's
+        lengths are not whole tiles)."""
+        return self.fused and not (masked and "masked" in self.unfused_in or ragged and "ragged" in self.unfused_in)
 
     def __str__(self) -> str:
         return (
             self._store()
             + (", fused (FMA)" if self.fused else "")
+            + (f" but in {' and '.join(self.unfused_in)} blocks" if self.unfused_in else "")
             + (f", NaN = {self.nan_bits:#x}" if self.nan_bits is not None else "")
         )
 
@@ -199,8 +217,8 @@ class Func(Spec):
 
     @property
     def base(self) -> str:
-        """'e' or '2': the base of the exponential or logarithm."""
-        return get_function(self.function).base
+        """'e' or '2': the base of the exponential or logarithm (of the LSE the form returns, for the lse step)."""
+        return LSE_FORMS.get(self.form).out_base or get_function(self.function).base
 
     def __str__(self) -> str:
         how = LSE_FORMS.get(self.form).describe(self)

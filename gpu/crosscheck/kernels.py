@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from collections.abc import Callable
 
@@ -79,6 +80,83 @@ def sdpa(backend: str) -> Kernel:
 
     kernel.__name__ = f"sdpa_{backend}"
     kernel.policy_for = lambda launch: sdpa_policy(backend, launch)
+    return kernel
+
+
+#: what Inductor's generated source says of the flex template kernel it compiled
+_FLEX_CONFIG = {
+    "BLOCK_M": re.compile(r"'BLOCK_M': (\d+)"),
+    "BLOCK_N": re.compile(r"'BLOCK_N': (\d+)"),
+    "num_warps": re.compile(r"num_warps=(\d+),\s*triton_meta=\{'signature': \{'arg_Q'"),
+    "num_stages": re.compile(r"num_stages=(\d+),\s*num_warps=\d+,\s*triton_meta=\{'signature': \{'arg_Q'"),
+}
+
+
+def flex_config(sources: list[str]) -> dict:
+    """The forward template kernel's tiles, warps and stages, read from Inductor's generated source (None where
+    the source does not say)."""
+    fwd = [src for src in sources if "triton_tem_fused_flex_attention_0" in src] or sources
+    text = "\n".join(fwd)
+    found = {key: pattern.search(text) for key, pattern in _FLEX_CONFIG.items()}
+    return {key: int(m.group(1)) if m else None for key, m in found.items()}
+
+
+def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention") -> Kernel:
+    """PyTorch's FlexAttention as users compile it: `torch.compile(flex_attention, fullgraph=True, dynamic=False)`,
+    compiled afresh for each call (so that the source Inductor generated is read: the tiles and warps it chose go
+    into the launch as `kernel_info`), a graph break raising rather than running eager.  ``mask_mod``: a
+    FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool, made into a block mask; None: no mask, or causal where
+    the run is.  Returns O and the natural-log LSE flex_attention returns.  Its `policy_for(launch)` is
+    `gpu.policies.flex_policy` for the tiles that ran; `mask_matrix(n_q, n_k, device)` gives the mask as a
+    KernelRun keeps it (None for no mask or causal)."""
+
+    def mod_for(causal: bool):
+        if mask_mod is not None:
+            return mask_mod
+        return (lambda b, h, q, kv: q >= kv) if causal else None
+
+    def kernel(q, k, v, causal: bool, sm_scale: float):
+        import torch
+        from torch._inductor.utils import run_and_get_code
+        from torch.nn.attention.flex_attention import create_block_mask
+        from torch.nn.attention.flex_attention import flex_attention as flex
+
+        if mask_mod is not None and causal:
+            raise ValueError("causal: this FlexAttention kernel has a mask_mod of its own; run it with causal=False")
+        mod = mod_for(causal)
+        n_q, n_k = q.shape[2], k.shape[2]
+        block_mask = None if mod is None else create_block_mask(mod, None, None, n_q, n_k, device=q.device)
+        compiled = torch.compile(flex, fullgraph=True, dynamic=False)
+        try:
+            from torch.nn.attention.flex_attention import AuxRequest
+        except ImportError:  # torch before AuxRequest: return_lse
+            (o, lse), sources = run_and_get_code(
+                compiled, q, k, v, block_mask=block_mask, scale=sm_scale, return_lse=True
+            )
+        else:
+            args = {"block_mask": block_mask, "scale": sm_scale, "return_aux": AuxRequest(lse=True)}
+            (o, aux), sources = run_and_get_code(compiled, q, k, v, **args)
+            lse = aux.lse
+        return o, lse.float().contiguous(), flex_config(sources)
+
+    def mask_matrix(n_q: int, n_k: int, device: str = "cpu") -> np.ndarray | None:
+        if mask_mod is None:
+            return None
+        import torch
+
+        qi, ki = torch.arange(n_q, device=device)[:, None], torch.arange(n_k, device=device)[None, :]
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        return mask_mod(zero, zero, qi, ki).expand(n_q, n_k).cpu().numpy().astype(bool)
+
+    def policy_for(launch: dict) -> PolicyRef:
+        info = launch.get("kernel_info") or {}
+        tiles = {"block_m": info.get("BLOCK_M"), "block_n": info.get("BLOCK_N"), "num_warps": info.get("num_warps")}
+        args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
+        return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
+
+    kernel.__name__ = name
+    kernel.policy_for = policy_for
+    kernel.mask_matrix = mask_matrix
     return kernel
 
 
@@ -171,6 +249,8 @@ def kernel_run(
             f"kernel: returned O {tuple(o.shape)} {o.dtype}; expected {tuple(x['q'].shape[:-1])} + (d_v,) in {tdt}"
         )
     _warn_if_uncalibrated(pol)
+    matrix = getattr(kernel, "mask_matrix", None)
+    mask = None if matrix is None else matrix(x["q"].shape[2], x["k"].shape[2], device)
     outputs = {"o": bits_of(o[0])}
     if lse is not None:
         if lse.dtype != torch.float32 or tuple(lse.shape) != tuple(x["q"].shape[:-1]):
@@ -190,6 +270,7 @@ def kernel_run(
         outputs=outputs,
         note=note or getattr(kernel, "__name__", "kernel"),
         launch=launch,
+        mask=mask,
     )
 
 
@@ -250,4 +331,13 @@ def _warn_if_uncalibrated(policy: Policy) -> None:
         warnings.warn(why, CalibrationWarning, stacklevel=3)
 
 
-__all__ = ["Kernel", "SDPA_BACKENDS", "kernel_run", "launch_record", "sdpa", "sdpa_policy"]
+__all__ = [
+    "Kernel",
+    "SDPA_BACKENDS",
+    "flex_attention",
+    "flex_config",
+    "kernel_run",
+    "launch_record",
+    "sdpa",
+    "sdpa_policy",
+]

@@ -4,6 +4,7 @@ torch needed):
 - `.our_kernels`: our Triton kernels (`gpu.kernels`), `triton_policy`, `kernel_policy`;
 - `.triton_tutorial`: Triton's fused-attention tutorial, `tutorial_policy` (and `tutorial_policy_for` a launch);
 - `.sdpa_flash`, `.sdpa_efficient`, `.sdpa_cudnn`: PyTorch SDPA's backends;
+- `.flex_attention`: PyTorch's FlexAttention compiled by Inductor, `flex_policy`;
 - `.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, `qiu_yao`.
 
 Each names what it was calibrated on (`gpu.versions.CALIBRATED_ON`, which `import gpu` checks).  The
@@ -27,6 +28,7 @@ from ..configs import (
     kernel_variant,
 )
 from ..versions import CALIBRATED_ON, calibration_mismatch
+from .flex_attention import flex_policy
 from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
 from .qiu_yao import QIU_YAO, cublas_alignment
 from .sdpa_cudnn import sdpa_cudnn_policy
@@ -53,7 +55,15 @@ register_launch_check(launch_calibration)
 register_launch_check(cublas_alignment)
 
 #: the policy functions a file may name, as "gpu.policies:NAME" with keyword arguments
-FUNCTIONS = (triton_policy, kernel_policy, tutorial_policy, sdpa_flash_policy, sdpa_efficient_policy, sdpa_cudnn_policy)
+FUNCTIONS = (
+    triton_policy,
+    kernel_policy,
+    tutorial_policy,
+    sdpa_flash_policy,
+    sdpa_efficient_policy,
+    sdpa_cudnn_policy,
+    flex_policy,
+)
 for _fn in FUNCTIONS:
     register_policy_function(_fn, target=f"{__name__}:{_fn.__name__}")
 
@@ -75,6 +85,7 @@ __all__ = [
     "default_promote_pv",
     "default_softmax",
     "efficient_key_splits",
+    "flex_policy",
     "fa2_num_splits",
     "fa2_split_block_n",
     "kernel_format",

@@ -82,6 +82,19 @@ def document_ids(n: int, seed: int) -> np.ndarray:
     return np.searchsorted(cuts, np.arange(n), side="right").astype(np.int64)
 
 
+def mask_matrix(case: dict) -> np.ndarray | None:
+    """The case's mask as flashsim takes it (`KernelRun.mask`): a boolean (n, n) matrix, True where a query
+    attends a key; None for no mask and for causal (a KernelRun's ``causal``)."""
+    n = case["n"]
+    q, k = np.arange(n)[:, None], np.arange(n)[None, :]
+    if case["mask"] == "sliding":
+        return (q >= k) & (q - k < WINDOW)
+    if case["mask"] == "document":
+        doc = document_ids(n, case["seed"])
+        return doc[q] == doc[k]
+    return None
+
+
 def mask_mod(name: str, doc):
     """The case's mask as a FlexAttention mask_mod (None: no mask)."""
     if name == "none":

@@ -46,7 +46,7 @@ def test_true_means_top_left_and_false_no_mask():
     assert np.array_equal(a, b)
     assert causal_alignment(False) is None and causal_offset(None, 3, 10) is None
     assert causal_offset("bottom-right", 3, 10) == 7 and causal_offset(True, 3, 10) == 0
-    with pytest.raises(ValueError, match="causal: expected True/False or one of top-left, bottom-right"):
+    with pytest.raises(ValueError, match="causal: expected True/False, one of top-left, bottom-right or a"):
         fs.flash_forward(q, k, v, "fp64", causal="lower-right")
 
 

@@ -51,9 +51,11 @@ def test_another_cuda_torch_names_both_versions_and_the_sdpa_models():
     assert "triton_policy" not in why and "Triton" not in why
 
 
-def test_both_differ_in_one_warning_with_two_groups():
+def test_both_differ_in_one_warning_grouped_by_what_each_kernel_depends_on():
+    """Three groups: torch's kernels, Triton's, and FlexAttention, which depends on both."""
     why = environment_mismatch({"torch": "2.12.0+cu130", "triton": "3.7.0", "cuda": "13.0"}).split(". Install")[0]
-    assert why.count(" | ") == 1 and "Triton 3.7.0" in why and "torch 2.12.0+cu130" in why
+    assert why.count(" | ") == 2 and "Triton 3.7.0" in why and "torch 2.12.0+cu130" in why
+    assert "(calibrated on 3.6.x): PyTorch FlexAttention" in why
     assert "CUDA 13.0" not in why  # the calibrated CUDA
 
 

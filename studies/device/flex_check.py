@@ -1,0 +1,163 @@
+"""FlexAttention on fresh cases through the documented path alone: `gpu.crosscheck.kernels.flex_attention` run by
+`kernel_run` (the policy from the launch that ran, its tiles read from Inductor's source; sliding-window and
+document masks as matrices), each run checked by `flashsim.crosscheck` in worker processes as it is recorded.
+
+    PYTHONPATH=. python -m studies.device.flex_check --out $OUT [--budget 400] [--workers 15]
+
+Cases: heads 1 to 64, key counts 1 to 8192 (whole tiles and not), head dims 64 and 128, bf16 and fp16, masks
+none, causal, sliding window, documents; inputs of every kind from seeds no other recording uses.  Writes
+`flex_check.json`: per case its inputs (kinds, seed), the launch (tiles, versions, card), the SHA-256 of O and
+LSE, and the cross-check's identical fractions and attention line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from flashsim.console import ArgumentParser, run_command, writable_dir
+from gpu.commands import require_gpu
+from studies.device.flex_capture import WINDOW, case_inputs, document_ids
+
+SEED0 = 2_026_600_000  # fresh: no other recording draws from here
+SHAPES = (  # (key count, heads): heads x keys^2 at most 2^26
+    (1, 64),
+    (7, 16),
+    (64, 64),
+    (100, 32),
+    (128, 8),
+    (200, 64),
+    (333, 16),
+    (512, 4),
+    (1000, 8),
+    (1024, 64),
+    (2048, 2),
+    (2100, 4),
+    (4096, 1),
+    (4000, 2),
+    (8192, 1),
+    (777, 3),
+)
+MASKS = ("none", "causal", "sliding", "document")
+
+
+def grid(count: int = 128) -> list[dict]:
+    cases = []
+    for i in range(count):
+        n, heads = SHAPES[i % len(SHAPES)]
+        cases.append(
+            {
+                "n": n,
+                "heads": heads,
+                "d": (64, 128)[(i // len(SHAPES)) % 2],
+                "dtype": ("bf16", "fp16")[(i // 2) % 2],
+                "mask": MASKS[(i // 4) % 4 if i % 3 else i % 4],
+                "seed": SEED0 + 100 * i,
+                "first_kind": i,
+            }
+        )
+    return cases
+
+
+def _check(path: str) -> dict:
+    """One run against its policy (a worker process)."""
+    import gpu.policies  # noqa: F401  (policy functions: a checkout run from PYTHONPATH=. declares no entry points)
+    from flashsim.crosscheck import crosscheck, load_run
+
+    try:
+        rep = crosscheck(load_run(path))
+    except Exception as exc:  # noqa: BLE001 - a launch the policy cannot model is a result
+        return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+    finally:
+        os.unlink(path)
+    return {
+        "identical": {c.name: c.fraction for c in rep.checks},
+        "attention": None if rep.attention is None else rep.attention.attention,
+        "launch_notes": rep.launch_notes,
+    }
+
+
+def run(args) -> int:
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m studies.device.flex_check")
+    import torch
+
+    from flashsim.crosscheck import save_run
+    from gpu.crosscheck.kernels import flex_attention, kernel_run
+
+    tmp = Path(tempfile.mkdtemp(prefix="flex_check_"))
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
+    torch._dynamo.config.recompile_limit = 4096
+    t0, cases, futures = time.monotonic(), grid(args.cases), {}
+    for i, case in enumerate(cases):
+        if time.monotonic() - t0 > args.budget:
+            break
+        n = case["n"]
+        if case["mask"] == "sliding":
+            kernel = flex_attention(lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW), "flex_sliding")
+        elif case["mask"] == "document":
+            doc = torch.from_numpy(document_ids(max(n, 2), case["seed"])[:n]).cuda()
+            kernel = flex_attention(lambda b, h, q, kv, doc=doc: doc[q] == doc[kv], "flex_document")
+        else:
+            kernel = flex_attention()
+        x = case_inputs(case)
+        try:
+            run_ = kernel_run(
+                kernel,
+                x["q"],
+                x["k"],
+                x["v"],
+                dtype=case["dtype"],
+                causal=case["mask"] == "causal",
+                note=f"flex_check case {i}",
+            )
+        except Exception as exc:  # noqa: BLE001 - a refused launch is a result
+            case["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            print(f"case {i}: {case['error'][:300]}", flush=True)
+            continue
+        case["launch"] = run_.launch
+        case["digests"] = {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in run_.outputs.items()}
+        path = save_run(tmp / f"case{i}.npz", run_)
+        futures[i] = pool.submit(_check, str(path))
+        print(
+            f"case {i} ({case['mask']} n {n} h {case['heads']} d {case['d']} {case['dtype']}) recorded "
+            f"{time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
+    for i, fut in futures.items():
+        cases[i]["check"] = fut.result()
+    pool.shutdown()
+    done = [c for c in cases if "check" in c]
+    whole = sum(all(f == 1.0 for f in c["check"].get("identical", {0: 0}).values()) for c in done)
+    print(f"flex_check: {whole} of {len(done)} cases identical in O and LSE", flush=True)
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "command": "PYTHONPATH=. python -m studies.device.flex_check --out $OUT",
+        "window": WINDOW,
+        "cases": done,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    (out / "flex_check.json").write_text(json.dumps(meta, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m studies.device.flex_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--cases", type=int, default=128, help="how many cases at most (default 128)")
+    ap.add_argument("--budget", type=float, default=400.0, help="seconds after which no new case starts")
+    ap.add_argument("--workers", type=int, default=15, help="processes cross-checking the runs (default 15)")
+    args = ap.parse_args(argv)
+    return run_command("flex_check", lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,161 @@
+"""PyTorch's FlexAttention, compiled by Inductor on an H200 (tests/data/flex, `python -m studies.device.flex_capture`),
+against `gpu.policies.flex_policy` through the documented path (a KernelRun with the kernel's own outputs, checked
+by flashsim.crosscheck): no mask, causal, a sliding window and documents (a mask matrix), 1024 keys (whole tiles)
+and 200 (not), head dims 64 and 128, bf16 and fp16, O and the natural-log LSE flex_attention returns."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import emufloat as ef
+import flashsim as fs
+from flashsim.bits import to_bits
+from flashsim.causal import KeyMask, causal_offset
+from flashsim.crosscheck import KernelRun, crosscheck
+from flashsim.orders import KV_SCHEDULES
+from flashsim.specs import Op
+from gpu.policies import flex_policy
+from studies.device.flex_capture import case_inputs, mask_matrix
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "flex"
+REC = json.loads((DATA / "flex.json").read_text())
+FRESH = json.loads((DATA / "flex_check.json").read_text())
+CASES = list(enumerate(REC["cases"]))
+QUICK = [(i, c) for i, c in CASES if c["n"] == 200]
+
+
+def _digest(bits: np.ndarray) -> str:
+    return hashlib.sha256(np.ascontiguousarray(bits).tobytes()).hexdigest()
+
+
+def _masking(case: dict):
+    mask = mask_matrix(case)
+    return KeyMask(mask) if mask is not None else case["mask"] == "causal"
+
+
+def _emulated(case: dict, policy=None) -> dict[str, str]:
+    x = case_inputs(case)
+    pol = policy or flex_policy(case["dtype"], case["d"])
+    r = fs.flash_forward(x["q"], x["k"], x["v"], pol, causal=_masking(case), sm_scale=case["d"] ** -0.5)
+    return {"o": _digest(to_bits(r.o, ef.as_format(case["dtype"]))), "lse": _digest(to_bits(r.lse, ef.FP32))}
+
+
+def _ids(item) -> str:
+    i, c = item
+    return f"{i}_{c['mask']}_n{c['n']}_d{c['d']}_{c['dtype']}"
+
+
+def test_the_recording_says_how_it_was_made():
+    assert REC["device"].startswith("NVIDIA H") and REC["torch"].startswith("2.11") and REC["triton"] == "3.6.0"
+    assert "studies.device.flex_capture" in REC["command"]
+    assert {c["mask"] for _, c in CASES} == {"none", "causal", "sliding", "document"} and len(CASES) == 32
+
+
+@pytest.mark.parametrize("item", QUICK, ids=_ids)
+def test_flex_forward_is_its_policy_bit_for_bit(item):
+    _, case = item
+    want = {name: case["digests"][name] for name in ("o", "lse")}
+    assert _emulated(case) == want
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("item", [it for it in CASES if it[1]["n"] != 200], ids=_ids)
+def test_flex_forward_at_whole_tiles_is_its_policy_bit_for_bit(item):
+    _, case = item
+    assert _emulated(case) == {name: case["digests"][name] for name in ("o", "lse")}
+
+
+@pytest.mark.parametrize("index", [24, 31])
+def test_the_documented_path_finds_flex_identical(index):
+    """KernelRun (the kernel's bits, its mask as a matrix, the LSE as flex_attention returns it) and crosscheck."""
+    case = REC["cases"][index]
+    bits = np.load(DATA / "flex_bits.npz")
+    x = case_inputs(case)
+    run = KernelRun(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        dtype=case["dtype"],
+        causal=False,
+        sm_scale=case["d"] ** -0.5,
+        softmax="standard",
+        policy=flex_policy(case["dtype"], case["d"]),
+        outputs={"o": bits[f"case{index}/o"], "lse": bits[f"case{index}/lse"]},
+        mask=mask_matrix(case),
+    )
+    report = crosscheck(run)
+    assert all(c.identical == c.n for c in report.checks) and report.attention.attention
+
+
+@pytest.mark.parametrize("item", CASES, ids=_ids)
+def test_partial_blocks_first_as_torchs_block_mask_lists_them(item):
+    """The schedule's partial and full blocks are the ones torch's create_block_mask listed (KV_IDX, FULL_KV_IDX,
+    128 x 128 tiles): the partial ones in order, then the full ones."""
+    _, case = item
+    if case["mask"] == "none":
+        return
+    n, schedule = case["n"], KV_SCHEDULES.get("masked_first")
+    offset = causal_offset(_masking(case), n, n)
+    for qb in range(-(-n // 128)):
+        rows = range(128 * qb, min(128 * qb + 128, n))
+        got = schedule.blocks(rows, n, 128, 128, offset, True)
+        partial = case["kv_indices"][qb][: case["kv_num_blocks"][qb]]
+        full = case["full_kv_indices"][qb][: case["full_kv_num_blocks"][qb]]
+        assert [(c.start // 128, m) for c, m in got] == [(j, True) for j in partial] + [(j, False) for j in full]
+
+
+def test_without_the_split_fusion_or_the_block_order_flex_is_lost():
+    """Mutations: the subtract fused in every block (no select in the way) loses causal and sliding-window cases, at
+    whole tiles and not; the blocks in key order (full ones before the diagonal) loses the causal one."""
+    for index, order_shows in ((4, True), (8, False), (24, False)):
+        case = REC["cases"][index]
+        want = {name: case["digests"][name] for name in ("o", "lse")}
+        pol = flex_policy(case["dtype"], case["d"])
+        assert _emulated(case, dataclasses.replace(pol, subtract=Op(ef.FP32, fused=True))) != want
+        in_key_order = dataclasses.replace(pol, tiling=dataclasses.replace(pol.tiling, schedule="blocks"))
+        assert (_emulated(case, in_key_order) != want) == order_shows
+
+
+def _policy_of(case: dict):
+    info = case["kernel_info"]
+    return flex_policy(case["dtype"], case["d"], info["BLOCK_M"], info["BLOCK_N"], info["num_warps"])
+
+
+def test_fresh_launches_through_kernel_run_are_identical_or_refused():
+    """106 fresh launches (`python -m studies.device.flex_check`: kernel_run, the policy from the tiles Inductor
+    chose, masks as matrices, crosscheck on the device): every one the policy models is bit-identical in O and
+    LSE and is attention; the others are exactly the short-sequence configs (2 warps, or BLOCK_M 16) the policy
+    refuses, with an error naming why."""
+    assert FRESH["launch_common"]["device"] == "NVIDIA H200" and FRESH["launch_common"]["triton"] == "3.6.0"
+    modelled = [c for c in FRESH["cases"] if "identical" in c["check"]]
+    assert len(modelled) >= 75 and len(FRESH["cases"]) >= 100
+    assert {c["mask"] for c in modelled} == {"none", "causal", "sliding", "document"}
+    assert {c["heads"] for c in modelled} >= {1, 64} and max(c["n"] for c in modelled) == 8192
+    for c in modelled:
+        assert all(f == 1.0 for f in c["check"]["identical"].values()) and c["check"]["attention"]
+        _policy_of(c)
+    for c in FRESH["cases"]:
+        if "error" in c["check"]:
+            assert c["kernel_info"]["num_warps"] < 4 or c["kernel_info"]["BLOCK_M"] < 64
+            with pytest.raises(ValueError, match="short-sequence configs"):
+                _policy_of(c)
+
+
+SMALL_FRESH = [c for c in FRESH["cases"] if "identical" in c["check"] and c["heads"] * c["n"] ** 2 <= 2**20]
+
+
+@pytest.mark.parametrize("case", SMALL_FRESH[:4], ids=lambda c: f"{c['mask']}_n{c['n']}_h{c['heads']}_s{c['seed']}")
+def test_fresh_launch_bits_are_rederived_from_their_seeds(case):
+    assert _emulated(case, _policy_of(case)) == {name: case["digests"][name] for name in ("o", "lse")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SMALL_FRESH[4:], ids=lambda c: f"{c['mask']}_n{c['n']}_h{c['heads']}_s{c['seed']}")
+def test_more_fresh_launch_bits_are_rederived_from_their_seeds(case):
+    assert _emulated(case, _policy_of(case)) == {name: case["digests"][name] for name in ("o", "lse")}

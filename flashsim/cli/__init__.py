@@ -2,6 +2,7 @@
 
 - ``flashsim trace-row`` (`.trace_row`): one query row traced under a policy, standard softmax beside a fix;
 - ``flashsim bias-rows`` (`.bias_rows`): many random rows with repeated maxima, per variant;
+- ``flashsim hunt`` (`.hunt`): a search of input families for the largest lean of O, confirmed on fresh rows;
 - ``flashsim crosscheck RUN.npz`` (`.crosscheck`): kernel runs recorded on a GPU against the emulator;
 - ``flashsim sweep SPEC`` and ``flashsim sweep report DIR`` (`.sweep`): grids on dask.distributed.
 
@@ -17,10 +18,10 @@ import sys
 from ..console import ArgumentParser, run_command
 from ..userdata import InputError
 from ..warmup import compiling_alongside
-from . import bias_rows, crosscheck, sweep, trace_row
+from . import bias_rows, crosscheck, hunt, sweep, trace_row
 
 # commands whose first run compiles the traced kernels: a second process compiles half of them (flashsim.warmup)
-COMPILE_ALONGSIDE = ("trace-row", "bias-rows")
+COMPILE_ALONGSIDE = ("trace-row", "bias-rows", "hunt")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="flashsim", description="Flash attention step by step under precision policies (see docs/flashsim.md)."
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for command in (trace_row, bias_rows, crosscheck, sweep):
+    for command in (trace_row, bias_rows, hunt, crosscheck, sweep):
         command.add_parser(sub)
     return parser
 

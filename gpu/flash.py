@@ -8,8 +8,8 @@ the kernels directly (O, LSE and the gradients), and
 `robust` = the project's first fix, `cast_sum` = the standard shift with l summed from P as cast for P V) is a
 compile-time choice of the kernel; its thresholds are the constants flashsim's variants use, rounded to float32 the way
 flashsim rounds them, so the `triton_h100` policy ([`gpu.policies`][gpu.policies]) with the same tiles computes what the
-kernel computes.  Unnamed, the softmax is the dtype's default (`gpu.policies.DEFAULT_SOFTMAX`): `standard` for bf16 and
-fp16, `cast_sum` for FP8 (docs/fix.md, "Which softmax with which kernel"); `robust` leans O and warns (FutureWarning).
+kernel computes.  Unnamed, the softmax is the dtype's default (`gpu.policies.DEFAULT_SOFTMAX`): `cast_sum` for every
+dtype (docs/fix.md, "The table from hunts"); `robust` leans O and warns (FutureWarning).
 
 LSE is returned in base 2 (m + log2 l, Triton's convention); multiply by ln 2 for the natural log.
 """
@@ -65,7 +65,7 @@ _KERNEL_VARIANTS = (StandardSoftmax, StabilisedSoftmax, RobustSoftmax, CastSumSo
 #: the warning a forward with the robust variant gives (it is kept for the recordings and the research)
 ROBUST_LEANS = (
     "softmax 'robust' leans O where it was meant to help (docs/fix.md, 'Which softmax with which kernel'); it "
-    "stays callable for the recordings. Use the dtype's default: 'standard' for bf16/fp16, 'cast_sum' for FP8"
+    "stays callable for the recordings. Use the dtype's default, 'cast_sum'"
 )
 #: forward kernels: "overlap" (Gluon, warp-specialised, softmax overlapped with the tensor cores; Hopper,
 #: BLOCK_N = d, no debug outputs), "triton" (tl: everything incl. debug); "auto" takes the faster for the
@@ -274,9 +274,9 @@ def forward(
     for every row: arrays (B*H, blocks, N_q[, BLOCK_N or d]) (NaN where a block was skipped).
 
     `softmax`: a name of `SOFTMAX_IDS`, a flashsim variant of those kinds, or None for the dtype's
-    default (`gpu.policies.DEFAULT_SOFTMAX`): `standard` for bfloat16 and float16, `cast_sum` for
-    float8_e4m3fn, where P's 4 significand bits underflow on sharp rows and l, summed from the E4M3 P that P V
-    uses, keeps O from leaning (docs/fix.md).  `robust` runs but warns (FutureWarning): it leans O.
+    default (`gpu.policies.DEFAULT_SOFTMAX`): `cast_sum` for every dtype: l summed from the P that P V uses keeps
+    O from leaning where P rounds (keys just below the row max in BF16 and FP16, P's 4 significand bits in E4M3;
+    docs/fix.md).  `robust` runs but warns (FutureWarning): it leans O.
     float8_e4m3fn q, k, v: scores and P V on e4m3 tensor cores, P cast to e4m3 (RNE, saturating), O in
     bfloat16 (P in e4m3 has 4 significand bits: the shifting fixes cost accuracy there, see docs/fix.md).
     `kernel`: one of `KERNELS`.  `v_transposed`: whether the kernels read V from a transposed copy,

@@ -24,8 +24,18 @@ POLICIES = {  # label -> the policy (our kernels and the kernels the project mod
     "sdpa_flash": PolicyRef("gpu.policies:sdpa_flash_policy", {"dtype": "bf16", "head_dim": 64}),
     "sdpa_cudnn": PolicyRef("gpu.policies:sdpa_cudnn_policy", {"dtype": "bf16", "head_dim": 64}),
     "qiu_yao": PolicyRef("qiu_yao"),
+    "sdpa_efficient": PolicyRef("gpu.policies:sdpa_efficient_policy", {"dtype": "bf16", "head_dim": 64}),
+    "Triton's tutorial (fp16)": PolicyRef("gpu.policies:tutorial_policy", {}),
+    "our FP8 kernel (P V promoted)": PolicyRef(
+        "gpu.policies:kernel_policy", {"dtype": "e4m3", "head_dim": 64, "causal": False, "promote_pv": True}
+    ),
+    "our FP8 kernel (not promoted)": PolicyRef(
+        "gpu.policies:kernel_policy", {"dtype": "e4m3", "head_dim": 64, "causal": False, "promote_pv": False}
+    ),
 }
 VARIANTS = ("standard", "cast_sum", "stabilised", "robust")
+#: parameters a policy's hunt holds: the tutorial computes attention only for key counts that are whole tiles
+FIXED = {"Triton's tutorial (fp16)": (("n_keys", 128),)}
 
 
 def run(out: Path, jobs: int, seed: int, policies: list[str], variants: list[str]) -> list[dict]:
@@ -37,11 +47,13 @@ def run(out: Path, jobs: int, seed: int, policies: list[str], variants: list[str
     done = {(c["policy"], c["softmax"]) for c in cells}
     for label in policies:
         pol = POLICIES[label].resolve()
-        formats = ("fp16",) if "fp16" in label else ("bf16",)
+        formats = ("fp16",) if "fp16" in label else ("e4m3fn",) if "FP8" in label else ("bf16",)
         for variant in variants:
             if (label, variant) in done:
                 continue
-            settings = HuntSettings(policy=pol.name, softmax=variant, seed=seed, jobs=jobs, formats=formats)
+            settings = HuntSettings(
+                policy=pol.name, softmax=variant, seed=seed, jobs=jobs, formats=formats, fixed=FIXED.get(label, ())
+            )
             t0 = time.monotonic()
             rep = hunt(settings, policy=pol)
             worst = rep.found[0]
@@ -65,6 +77,7 @@ def run(out: Path, jobs: int, seed: int, policies: list[str], variants: list[str
                         "confirm_rows": settings.confirm_rows,
                     },
                     "seed": seed,
+                    "fixed": [list(f) for f in settings.fixed],
                     "seconds": round(time.monotonic() - t0, 1),
                 }
             )

@@ -107,10 +107,10 @@ class Mask:
     """How causal masking enters the scores.
 
     ``how='fill'``: masked scores are replaced by ``value`` (after scaling under placement 'scores', between
-    the two multiplies of a split scale, on raw S otherwise); ``how='add'`` (the Triton tutorial's diagonal block): S*c + where(mask, value, 0) as
-    one FMA, the row max taken over that, then a separate subtraction; ``how='select'`` (the project's
-    kernels): the same FMA, then masked entries replaced by ``value`` (-inf), so no masked score can win
-    the max or bring a NaN in.  Blocks without masked entries are untouched in all three.
+    the two multiplies of a split scale, on raw S otherwise); ``how='add'`` (the Triton tutorial's diagonal
+    block): S*c + where(mask, value, 0) as one FMA, the row max taken over that, then a separate subtraction;
+    ``how='select'`` (the project's kernels): the same FMA, then masked entries replaced by ``value`` (-inf), so
+    no masked score can win the max or bring a NaN in.  Blocks without masked entries are untouched in all three.
     """
 
     value: float = -math.inf

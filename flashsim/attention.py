@@ -57,12 +57,14 @@ def natural_lse(lse: np.ndarray, policy: Policy | str) -> np.ndarray:
 class Pipeline:
     """The policy's constants and the steps from raw scores to P, shared by both algorithms."""
 
-    def __init__(self, policy: Policy, sm_scale: float, softmax: SoftmaxVariant, trace: Trace | None):
+    def __init__(
+        self, policy: Policy, sm_scale: float, softmax: SoftmaxVariant, trace: Trace | None, ragged: bool = False
+    ):
         self.pol, self.sm_scale, self.softmax, self.trace = policy, sm_scale, softmax, trace
         self.nat_units = LOG2E if policy.exp_base == "2" else 1.0  # scaled-score units per natural-log unit
         self.c = arith.constant(sm_scale * self.nat_units, policy.scale)
         self.sub_plain = dataclasses.replace(policy.subtract, fused=False, unfused_in=())
-        self.ragged = False  # the launch's lengths are not whole tiles (`flashsim.specs.Op.unfused_in`)
+        self.ragged = ragged  # the launch's lengths are not whole tiles (`flashsim.specs.Op.unfused_in`)
         self.max_input: tuple[np.ndarray, float] | None = None  # (scores as the max saw them, units): stepper
 
     def _fill(self, s: np.ndarray, visible: np.ndarray) -> np.ndarray:
@@ -402,8 +404,7 @@ def flash_forward(
     run_pol = dataclasses.replace(pol, output=Op(FP32)) if splits > 1 else pol
 
     def one(q2, k2, v2, head):
-        pipe = Pipeline(run_pol, scale, variant, trace)
-        pipe.ragged = bool(q2.shape[0] % bm or k2.shape[0] % bn)
+        pipe = Pipeline(run_pol, scale, variant, trace, bool(q2.shape[0] % bm or k2.shape[0] % bn))
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
         kt = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs").T
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")

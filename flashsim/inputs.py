@@ -72,4 +72,11 @@ def make_inputs(
     return out
 
 
-__all__ = ["ALL_KINDS", "KINDS", "draw_head", "make_inputs"]
+def make_heads(kinds, heads: int, n_q: int, n_k: int, d: int, dtype: str, seed: int) -> dict[str, np.ndarray]:
+    """`make_inputs()` for ``heads`` heads stacked as (heads, n, d): head h draws ``kinds[h mod len(kinds)]`` from
+    seed + h (a launch of several heads, each reproducible on its own)."""
+    per = [make_inputs(kinds[h % len(kinds)], n_q, n_k, d, dtype, seed + h) for h in range(heads)]
+    return {name: np.stack([p[name] for p in per]) for name in per[0]}
+
+
+__all__ = ["ALL_KINDS", "KINDS", "draw_head", "make_heads", "make_inputs"]

@@ -219,8 +219,8 @@ class RowStepper:
         self, qrows: range, local: np.ndarray, qc: np.ndarray, kt: np.ndarray, vc: np.ndarray
     ) -> Iterator[StepState]:
         tr = self.trace
-        pipe = Pipeline(self.policy, self.sm_scale, self.softmax, tr)
-        pipe.ragged = bool(self._shape[0] % self.block_m or self._shape[1] % self.block_n)
+        ragged = bool(self._shape[0] % self.block_m or self._shape[1] % self.block_n)
+        pipe = Pipeline(self.policy, self.sm_scale, self.softmax, tr, ragged)
         if np.array_equal(local, np.arange(len(qrows))):
             local = None
         pick = local if self.whole_block and local is not None else slice(None)  # rows of the computed arrays

@@ -24,7 +24,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +32,7 @@ import numpy as np
 from ..policy import Policy, get_policy
 from ..softmax import get_softmax
 from .experiments import row_errors
+from .families import _int, _positive
 from .processes import in_processes
 from .space import FORMATS, PLACEMENTS, FamilyPoint
 from .stats import adjust, t_ppf, t_sf
@@ -78,23 +79,17 @@ class HuntSettings:
 
     def __post_init__(self) -> None:
         for name in ("start_points", "rows0", "rounds", "confirm_rows", "confirm_top", "jobs"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise ValueError(f"seed: expected an integer >= 0, got {self.seed!r}")
-        if not (isinstance(self.margin, (int, float)) and math.isfinite(self.margin) and self.margin > 0):
-            raise ValueError(f"margin: expected a positive finite number, got {self.margin!r}")
-        if not (isinstance(self.budget_s, (int, float)) and self.budget_s > 0):
-            raise ValueError(f"budget_s: expected a positive number of seconds, got {self.budget_s!r}")
+            _int(getattr(self, name), name, 1)
+        _int(self.seed, "seed", 0)
+        _positive(self.margin, "margin")
+        _positive(self.budget_s, "budget_s")
         bad = [f for f in self.formats if f not in FORMATS]
         if not self.formats or bad:
             raise ValueError(f"formats: expected some of {', '.join(FORMATS)}, got {self.formats!r}")
-        names = {f.name for f in dataclasses.fields(FamilyPoint)}
-        unknown = sorted(name for name, _ in self.fixed if name not in names)
-        if unknown:
-            raise ValueError(f"fixed: unknown parameter(s) {', '.join(unknown)}; accepted: {', '.join(sorted(names))}")
-        FamilyPoint.from_dict(FamilyPoint().to_dict() | dict(self.fixed))  # the values themselves checked
+        try:  # names and values, as a family takes them
+            FamilyPoint.from_dict(FamilyPoint().to_dict() | dict(self.fixed))
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"fixed: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -144,7 +139,6 @@ class HuntReport:
     rows: int
     seconds: float
     rounds_done: int
-    log: list[str] = field(default_factory=list)
 
     @property
     def beyond(self) -> list[Found]:
@@ -259,7 +253,8 @@ def measure(
     return int(e.size), math.fsum(e), math.fsum(e * e), int(errs.size - e.size)
 
 
-def _lean(total: tuple[int, float, float, int]) -> Lean:
+def lean_of(total: tuple[int, float, float, int]) -> Lean:
+    """The `Lean` of what `measure` returns (rows, sum, sum of squares, non-finite rows)."""
     n, s, ss, bad = total
     if n == 0:
         return Lean(0, math.nan, math.nan, bad)
@@ -323,7 +318,7 @@ def hunt(
         scored = []
         alive = list({p.to_toml(): p for p in alive}.values())  # a move can land on a point already alive
         for p, total in zip(alive, grow(alive, n_rows), strict=True):
-            lean = _lean(total)
+            lean = lean_of(total)
             score = abs(lean.mean) - (lean.se if math.isfinite(lean.se) else 0.0) if lean.n else -math.inf
             scored.append((score, p, lean))
         scored.sort(key=lambda t: -t[0])
@@ -338,12 +333,12 @@ def hunt(
         n_rows *= 2
     # confirmation of the best, on fresh rows, over everything tried
     ranked = sorted(
-        {k: _lean(v) for (k, s), v in totals.items() if s == 0}.items(),
+        {k: lean_of(v) for (k, s), v in totals.items() if s == 0}.items(),
         key=lambda kv: -(abs(kv[1].mean) - (kv[1].se if math.isfinite(kv[1].se) else 0.0)) if kv[1].n else math.inf,
     )
     chosen = ranked[: settings.confirm_top]
     fresh = grow([points[k] for k, _ in chosen], settings.confirm_rows, STREAM_CONFIRM)
-    confirmed = [(points[k], lean, _lean(total)) for (k, lean), total in zip(chosen, fresh, strict=True)]
+    confirmed = [(points[k], lean, lean_of(total)) for (k, lean), total in zip(chosen, fresh, strict=True)]
     tried = len({k for k, s in totals if s == 0})
     pvals = [c.p_beyond(settings.margin) for _, _, c in confirmed] + [1.0] * (tried - len(confirmed))
     holm = adjust(pvals, "holm")[: len(confirmed)]
@@ -397,6 +392,7 @@ __all__ = [
     "Lean",
     "format_report",
     "hunt",
+    "lean_of",
     "measure",
     "neighbour",
     "random_point",

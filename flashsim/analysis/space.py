@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from .experiments import BiasRows, rows_in_format
-from .families import RowInputs, build_rows
+from .families import RowInputs, _int, build_rows
 
 PLACEMENTS = ("random", "first", "last", "split")
 FORMATS = ("bf16", "fp16", "e4m3fn")
@@ -56,9 +56,7 @@ class FamilyPoint:
 
     def __post_init__(self) -> None:
         for name, low in (("n_keys", 2), ("d", 1), ("ties", 1), ("near", 0), ("block", 1)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
-                raise ValueError(f"{name}: expected an integer >= {low}, got {value!r}")
+            _int(getattr(self, name), name, low)
         if self.ties + self.near > self.n_keys:
             raise ValueError(
                 f"ties, near: {self.ties} + {self.near} keys at or near the max exceed n_keys ({self.n_keys})"

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
-from ..analysis.hunt import HuntSettings, Lean, format_report, hunt, measure
+from ..analysis.hunt import HuntSettings, format_report, hunt, lean_of, measure
 from ..analysis.space import FORMATS, FamilyPoint
 from ..console import UsageError
 from .common import add_policy_arguments, allow_import, policy_arg, positive, softmax_variants
@@ -64,20 +63,17 @@ def cmd_hunt(args: argparse.Namespace) -> int:
         positive(value, flag, minimum=low)
     if args.family:
         point = _family(args.family)
-        n, s, ss, bad = measure(point, policy, variant[0].name, args.rows, args.seed)
-        mean = s / n if n else math.nan
-        se = math.sqrt(max(ss / n - mean * mean, 0.0) / (n - 1)) if n > 1 else math.nan
-        lean = Lean(n, mean, se, bad)
+        lean = lean_of(measure(point, policy, variant[0].name, args.rows, args.seed))
         lo, hi = lean.ci()
         print(
             f"{point.describe()}: policy {policy.name}, softmax {variant[0].name}, rows 0..{args.rows - 1} of seed "
             f"{args.seed}"
         )
-        if bad:
-            print(f"  {bad} rows with a non-finite error left out")
+        if lean.excluded:
+            print(f"  {lean.excluded} rows with a non-finite error left out")
         print(
-            f"  lean of O {mean:+.3e}, 95% interval [{lo:+.3e}, {hi:+.3e}] on {n} rows "
-            f"({mean / args.margin:+.1f} margins of {args.margin:g}; "
+            f"  lean of O {lean.mean:+.3e}, 95% interval [{lo:+.3e}, {hi:+.3e}] on {lean.n} rows "
+            f"({lean.mean / args.margin:+.1f} margins of {args.margin:g}; "
             f"p of |lean| > margin {lean.p_beyond(args.margin):.2g})"
         )
         return 0

@@ -41,10 +41,9 @@ def _digest(bits: np.ndarray) -> str:
 
 
 def _heads(h: int, n: int, d: int, dtype: str, seed: int) -> dict[str, np.ndarray]:
-    from flashsim.inputs import make_inputs
+    from flashsim.inputs import make_heads
 
-    per = [make_inputs(KINDS[i % len(KINDS)], n, n, d, dtype, seed + i) for i in range(h)]
-    return {name: np.stack([p[name] for p in per]) for name in ("q", "k", "v", "do")}
+    return make_heads(KINDS, h, n, n, d, dtype, seed)
 
 
 def _launches(x: dict, dtype: str, causal: bool, launches: int) -> tuple[dict, list[dict]]:

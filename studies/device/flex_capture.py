@@ -14,7 +14,6 @@ modules, and each template kernel's PTX and `cuobjdump -sass`).
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, run_command, writable_dir
+from flashsim.recording import sha256_of
 from gpu.commands import require_gpu
 
 SEED0 = 2_026_400_000  # fresh: no other recording draws from here
@@ -59,26 +59,18 @@ def grid() -> list[dict]:
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
     """q, k, v, do of the case as (heads, n, d) float32 arrays of dtype values."""
-    from flashsim.inputs import ALL_KINDS, make_inputs
+    from flashsim.inputs import ALL_KINDS, make_heads
 
-    per = [
-        make_inputs(
-            ALL_KINDS[(case["first_kind"] + h) % len(ALL_KINDS)],
-            case["n"],
-            case["n"],
-            case["d"],
-            case["dtype"],
-            case["seed"] + h,
-        )
-        for h in range(case["heads"])
-    ]
-    return {name: np.stack([p[name] for p in per]) for name in ("q", "k", "v", "do")}
+    first = case["first_kind"] % len(ALL_KINDS)
+    kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
+    return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], case["dtype"], case["seed"])
 
 
 def document_ids(n: int, seed: int) -> np.ndarray:
-    """Each position's document: 2 to 5 documents of random lengths."""
+    """Each position's document: 2 to 5 documents of random lengths (fewer where n is smaller)."""
     rng = np.random.default_rng(seed)
-    cuts = np.sort(rng.choice(np.arange(1, n), size=int(rng.integers(1, 5)), replace=False))
+    count = min(int(rng.integers(1, 5)), n - 1)
+    cuts = np.sort(rng.choice(np.arange(1, n), size=max(count, 0), replace=False))
     return np.searchsorted(cuts, np.arange(n), side="right").astype(np.int64)
 
 
@@ -212,7 +204,7 @@ def run(args) -> int:
             print(f"case {i}: {case['error'][:300]}", flush=True)
             continue
         case |= info
-        case["digests"] = {name: hashlib.sha256(b.tobytes()).hexdigest() for name, b in bits.items()}
+        case["digests"] = {name: sha256_of(b) for name, b in bits.items()}
         case["seconds"] = round(time.monotonic() - t1, 1)
         meta["cases"].append(case)
         for name in ("o", "lse"):

@@ -12,7 +12,6 @@ LSE, and the cross-check's identical fractions and attention line.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -22,8 +21,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from flashsim.console import ArgumentParser, run_command, writable_dir
+from flashsim.recording import sha256_of
 from gpu.commands import require_gpu
-from studies.device.flex_capture import WINDOW, case_inputs, document_ids
+from studies.device.flex_capture import WINDOW, case_inputs, document_ids, mask_mod
 
 SEED0 = 2_026_600_000  # fresh: no other recording draws from here
 SHAPES = (  # (key count, heads): heads x keys^2 at most 2^26
@@ -100,11 +100,9 @@ def run(args) -> int:
         if time.monotonic() - t0 > args.budget:
             break
         n = case["n"]
-        if case["mask"] == "sliding":
-            kernel = flex_attention(lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW), "flex_sliding")
-        elif case["mask"] == "document":
-            doc = torch.from_numpy(document_ids(max(n, 2), case["seed"])[:n]).cuda()
-            kernel = flex_attention(lambda b, h, q, kv, doc=doc: doc[q] == doc[kv], "flex_document")
+        if case["mask"] in ("sliding", "document"):  # causal: the kernel's own, from the run's causal flag
+            doc = torch.from_numpy(document_ids(n, case["seed"])).cuda()
+            kernel = flex_attention(mask_mod(case["mask"], doc), f"flex_{case['mask']}")
         else:
             kernel = flex_attention()
         x = case_inputs(case)
@@ -123,7 +121,7 @@ def run(args) -> int:
             print(f"case {i}: {case['error'][:300]}", flush=True)
             continue
         case["launch"] = run_.launch
-        case["digests"] = {k: hashlib.sha256(v.tobytes()).hexdigest() for k, v in run_.outputs.items()}
+        case["digests"] = {k: sha256_of(v) for k, v in run_.outputs.items()}
         path = save_run(tmp / f"case{i}.npz", run_)
         futures[i] = pool.submit(_check, str(path))
         print(

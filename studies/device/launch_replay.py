@@ -48,11 +48,10 @@ FLASH_CASES = (
 
 
 def _heads(h: int, n: int, d: int, dtype: str, seed: int) -> dict[str, np.ndarray]:
-    from flashsim.inputs import make_inputs
+    from flashsim.inputs import make_heads
 
-    kinds = ("random", "repeated", "sink", "large")
-    per = [make_inputs(kinds[i % len(kinds)], n, n, d, dtype, seed + i) for i in range(h)]
-    return {name: np.stack([p[name] for p in per]) for name in ("q", "k", "v")}
+    x = make_heads(("random", "repeated", "sink", "large"), h, n, n, d, dtype, seed)
+    return {name: x[name] for name in ("q", "k", "v")}
 
 
 def _digest(bits: np.ndarray) -> str:

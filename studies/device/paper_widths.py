@@ -13,7 +13,6 @@ the launch, the SHA-256 of every output's bits and the cross-check's identical f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import os
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
+from flashsim.recording import sha256_of
 from gpu.commands import require_gpu
 
 SEED0 = 2_026_300_000  # fresh: no other recording draws from here
@@ -53,35 +53,27 @@ def grid(count: int = 112) -> list[dict]:
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
     """q, k, v, do of the case as (heads, n, d) float32 arrays of bf16 values."""
-    from flashsim.inputs import ALL_KINDS, make_inputs
+    from flashsim.inputs import ALL_KINDS, make_heads
 
-    per = [
-        make_inputs(
-            ALL_KINDS[(case["first_kind"] + h) % len(ALL_KINDS)],
-            case["n"],
-            case["n"],
-            case["d"],
-            "bf16",
-            case["seed"] + h,
-        )
-        for h in range(case["heads"])
-    ]
-    return {name: np.stack([p[name] for p in per]) for name in ("q", "k", "v", "do")}
+    first = case["first_kind"] % len(ALL_KINDS)
+    kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
+    return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], "bf16", case["seed"])
 
 
-def digest(bits: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(bits).tobytes()).hexdigest()
+def case_softmax(case: dict):
+    """The variant the case ran: their fix (`stabilised`) counts masked entries as their code does."""
+    from flashsim.softmax import get_softmax
+
+    return get_softmax(case["softmax"], **({"count_masked": True} if case["softmax"] == "stabilised" else {}))
 
 
 def _check(job: tuple[int, dict, dict]) -> tuple[int, dict]:
     """One case against the emulator (a worker process): the fraction of identical elements per output."""
     from flashsim.crosscheck import KernelRun, crosscheck
-    from flashsim.softmax import get_softmax
     from gpu.policies.qiu_yao import QIU_YAO  # the object: a checkout run from PYTHONPATH=. declares no entry points
 
     i, case, bits = job
     x = case_inputs(case)
-    variant = get_softmax(case["softmax"], **({"count_masked": True} if case["softmax"] == "stabilised" else {}))
     run = KernelRun(
         q=x["q"],
         k=x["k"],
@@ -90,7 +82,7 @@ def _check(job: tuple[int, dict, dict]) -> tuple[int, dict]:
         dtype="bf16",
         causal=case["causal"],
         sm_scale=case["d"] ** -0.5,
-        softmax=variant,
+        softmax=case_softmax(case),
         policy=QIU_YAO,
         outputs=bits,
         note=f"paper_widths case {i}",
@@ -117,7 +109,7 @@ def run(args) -> int:
         res = run_paper(paper, x, case["causal"], case["softmax"])
         bits = {name: bits_of(res[name][0].float() if name == "lse" else res[name][0]) for name in OUTPUTS}
         bits["lse"] = bits["lse"].reshape(case["heads"], -1)
-        case["digests"] = {name: digest(b) for name, b in bits.items()}
+        case["digests"] = {name: sha256_of(b) for name, b in bits.items()}
         jobs.append((i, case, bits))
     print(f"recorded {len(cases)} cases in {time.monotonic() - t0:.0f} s", flush=True)
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
@@ -132,7 +124,7 @@ def run(args) -> int:
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "command": f"PYTHONPATH=. python -m studies.device.paper_widths --out $OUT --paper {args.paper}",
-        "paper_file_sha256": digest(np.frombuffer(Path(args.paper).read_bytes(), np.uint8)),
+        "paper_file_sha256": sha256_of(np.frombuffer(Path(args.paper).read_bytes(), np.uint8)),
         "cases": cases,
         "seconds": round(time.monotonic() - t0, 1),
     }

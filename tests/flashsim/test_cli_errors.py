@@ -244,6 +244,14 @@ TABLE = [
     ("flashsim", ["bias-rows", "--rows", "0"], "--rows"),
     ("flashsim", ["bias-rows", "--rows", "-3"], "--rows"),
     ("flashsim", ["bias-rows", "--ties", "9-2"], "--ties"),
+    ("flashsim", ["hunt", "--fix", "ties=0"], "--fix"),
+    ("flashsim", ["hunt", "--fix", "tie=2"], "--fix"),
+    ("flashsim", ["hunt", "--fix", "ties"], "--fix"),
+    ("flashsim", ["hunt", "--margin", "0"], "--margin"),
+    ("flashsim", ["hunt", "--formats", "fp64"], "--formats"),
+    ("flashsim", ["hunt", "--softmax", "standard,cast_sum"], "--softmax"),
+    ("flashsim", ["hunt", "--family", "{t}/none.toml"], "--family"),
+    ("flashsim", ["hunt", "--family", "{t}/x.txt"], "--family"),
     ("flashsim", ["bias-rows", "--ties", "x"], "--ties"),
     ("flashsim", ["bias-rows", "--ties", "0"], "--ties"),
     ("flashsim", ["bias-rows", "--ties", "500"], "--ties"),
@@ -481,7 +489,7 @@ def test_the_table_covers_every_command():
         "studies.probes.torch_ops",
         "studies.probes.cudnn_steps",
     }
-    assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "crosscheck"}
+    assert {a[0] for c, a, _ in TABLE if c == "flashsim"} >= {"trace-row", "bias-rows", "hunt", "crosscheck"}
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,6 @@ and 200 (not), head dims 64 and 128, bf16 and fp16, O and the natural-log LSE fl
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from flashsim.bits import to_bits
 from flashsim.causal import KeyMask, causal_offset
 from flashsim.crosscheck import KernelRun, crosscheck
 from flashsim.orders import KV_SCHEDULES
+from flashsim.recording import sha256_of
 from flashsim.specs import Op
 from gpu.policies import flex_policy
 from studies.device.flex_capture import case_inputs, mask_matrix
@@ -30,10 +30,6 @@ CASES = list(enumerate(REC["cases"]))
 QUICK = [(i, c) for i, c in CASES if c["n"] == 200]
 
 
-def _digest(bits: np.ndarray) -> str:
-    return hashlib.sha256(np.ascontiguousarray(bits).tobytes()).hexdigest()
-
-
 def _masking(case: dict):
     mask = mask_matrix(case)
     return KeyMask(mask) if mask is not None else case["mask"] == "causal"
@@ -43,7 +39,7 @@ def _emulated(case: dict, policy=None) -> dict[str, str]:
     x = case_inputs(case)
     pol = policy or flex_policy(case["dtype"], case["d"])
     r = fs.flash_forward(x["q"], x["k"], x["v"], pol, causal=_masking(case), sm_scale=case["d"] ** -0.5)
-    return {"o": _digest(to_bits(r.o, ef.as_format(case["dtype"]))), "lse": _digest(to_bits(r.lse, ef.FP32))}
+    return {"o": sha256_of(to_bits(r.o, ef.as_format(case["dtype"]))), "lse": sha256_of(to_bits(r.lse, ef.FP32))}
 
 
 def _ids(item) -> str:

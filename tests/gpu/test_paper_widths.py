@@ -6,7 +6,6 @@ kernels, and the cross-check says so for every such case."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
@@ -16,9 +15,9 @@ import pytest
 import emufloat as ef
 import flashsim as fs
 from flashsim.bits import to_bits
-from flashsim.softmax import get_softmax
+from flashsim.recording import sha256_of
 from gpu.policies import QIU_YAO, cublas_alignment
-from studies.device.paper_widths import case_inputs
+from studies.device.paper_widths import case_inputs, case_softmax
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "paper_widths" / "paper_widths.json"
 REC = json.loads(DATA.read_text())
@@ -28,11 +27,8 @@ QUICK = [c for c in CASES if c["n"] <= 400 and c["heads"] <= 3][:10]
 
 def _lse_digest(case: dict) -> str:
     x = case_inputs(case)
-    extra = {"count_masked": True} if case["softmax"] == "stabilised" else {}
-    r = fs.flash_forward(
-        x["q"], x["k"], x["v"], QIU_YAO, causal=case["causal"], softmax=get_softmax(case["softmax"], **extra)
-    )
-    return hashlib.sha256(np.ascontiguousarray(to_bits(r.lse, ef.FP32)).tobytes()).hexdigest()
+    r = fs.flash_forward(x["q"], x["k"], x["v"], QIU_YAO, causal=case["causal"], softmax=case_softmax(case))
+    return sha256_of(to_bits(r.lse, ef.FP32))
 
 
 def test_the_recording_says_how_it_was_made():

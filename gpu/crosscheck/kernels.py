@@ -3,6 +3,9 @@
 A kernel takes torch tensors of shape (1, H, N, d) (SDPA's layout) in the run's dtype and returns O of the
 same shape and the LSE (1, H, N) as float32, or None when it gives none; a third element, a dict of JSON
 values, may say what the kernel chose (an autotuner's tiles, a split count) and is recorded with the launch.
+A kernel with a backward has `backward(q, k, v, do, causal, sm_scale) -> (dQ, dK, dV)` (each in the inputs'
+shape and dtype; it runs its forward again where it needs one), and `kernel_run(..., do=...)` records the
+gradients too.
 `kernel_run` runs it on one set of heads and packages the result as a `KernelRun` with the launch it
 recorded (`launch_record`: the card, its SM count, the versions, the shapes) and the policy it is to be
 checked against, so `flashsim.crosscheck.crosscheck`, `save_run` and `python -m flashsim crosscheck` work as
@@ -55,8 +58,8 @@ def sdpa_policy(backend: str, launch: dict) -> PolicyRef | None:
 def sdpa(backend: str) -> Kernel:
     """PyTorch SDPA restricted to one backend, as a kernel giving O and the natural-log LSE of the scaled
     scores ('math' gives O only).  'flash': FlashAttention-2 as built into PyTorch; 'efficient': the
-    memory-efficient (CUTLASS) kernel; 'cudnn': cuDNN's fused attention.  Its `policy_for(launch)` is
-    `sdpa_policy`."""
+    memory-efficient (CUTLASS) kernel; 'cudnn': cuDNN's fused attention.  Its `backward` runs the same backend
+    through autograd; its `policy_for(launch)` is `sdpa_policy`."""
     if backend not in SDPA_BACKENDS:
         raise ValueError(f"backend: expected one of {SDPA_BACKENDS}, got {backend!r}")
 
@@ -77,6 +80,17 @@ def sdpa(backend: str) -> Kernel:
                 return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale), None
         o, lse = out[0], out[1].reshape(q.shape[0], q.shape[1], -1)  # cuDNN: (B, H, N, 1)
         return o, lse[..., : q.shape[2]].float().contiguous(), {"sdpa_backend": backend}
+
+    def backward(q, k, v, do, causal: bool, sm_scale: float):
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        which = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION"}
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        with sdpa_kernel(getattr(SDPBackend, which.get(backend, "MATH"))):
+            o = torch.nn.functional.scaled_dot_product_attention(qq, kk, vv, is_causal=causal, scale=sm_scale)
+        o.backward(do)
+        return qq.grad, kk.grad, vv.grad
 
     kernel.__name__ = f"sdpa_{backend}"
     kernel.policy_for = lambda launch: sdpa_policy(backend, launch)
@@ -195,6 +209,7 @@ def kernel_run(
     q: np.ndarray,
     k: np.ndarray,
     v: np.ndarray,
+    do: np.ndarray | None = None,
     *,
     policy: Policy | PolicyRef | str | None = None,
     dtype: str = "bf16",
@@ -206,7 +221,8 @@ def kernel_run(
     allow_import: trust.AllowImport = False,
 ) -> KernelRun:
     """Run `kernel` on heads q, k, v (N, d) or (H, N, d), rounded RNE to `dtype` first, and package its O
-    (and LSE, where it gives one) and the launch it recorded as a run to be checked against `policy` (a
+    (and LSE, where it gives one; with `do`, the upstream gradient of O, also the dQ, dK, dV of its `backward`)
+    and the launch it recorded as a run to be checked against `policy` (a
     Policy, a PolicyRef or a registered name; the policy's `lse` step must give the LSE in the kernel's
     units).  None: the kernel's own `policy_for(launch)`, its parameters from the launch that ran, what the
     kernel reported choosing (`launch["kernel_info"]`: an autotuner's tiles) included (SDPA's backends, Triton's
@@ -226,12 +242,16 @@ def kernel_run(
             "policy: this kernel has no policy of its own (no policy_for(launch)); pass the policy it is checked "
             "against (a registered name, a Policy or a PolicyRef)"
         )
+    backward = getattr(kernel, "backward", None)
+    if do is not None and not callable(backward):
+        raise ValueError("do: this kernel has no backward(q, k, v, do, causal, sm_scale); run it without do")
     if policy is not None:
         pol = _resolved(policy, allow_import)
     variant = get_softmax(softmax)
     torch = _require_device(device)
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    x, rounded = on_device({"q": q, "k": k, "v": v}, tdt, device)
+    heads = {"q": q, "k": k, "v": v} | ({} if do is None else {"do": do})
+    x, rounded = on_device(heads, tdt, device)
     launch = launch_record(torch, device, x, dtype, causal, kernel)
     scale = 1.0 / math.sqrt(rounded["q"].shape[-1]) if sm_scale is None else float(sm_scale)
     with torch.no_grad():
@@ -258,10 +278,20 @@ def kernel_run(
                 f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected {tuple(x['q'].shape[:-1])} float32"
             )
         outputs["lse"] = bits_of(lse[0])
+    if do is not None:
+        grads = backward(x["q"], x["k"], x["v"], x["do"], causal, scale)
+        for name, g, like in zip(("dq", "dk", "dv"), grads, (x["q"], x["k"], x["v"]), strict=True):
+            if g.dtype != tdt or g.shape != like.shape:
+                raise ValueError(
+                    f"kernel: its backward returned {name} {tuple(g.shape)} {g.dtype}; expected "
+                    f"{tuple(like.shape)} {tdt}"
+                )
+            outputs[name] = bits_of(g[0])
     return KernelRun(
         q=rounded["q"],
         k=rounded["k"],
         v=rounded["v"],
+        do=rounded.get("do"),
         dtype=dtype,
         causal=causal,
         sm_scale=scale,

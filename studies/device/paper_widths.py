@@ -95,7 +95,7 @@ def run(args) -> int:
     import torch
 
     from gpu.crosscheck.live import bits_of
-    from studies.device.record_kernels import load_paper, run_paper
+    from gpu.crosscheck.upstream import load_paper, paper_attention
 
     if args.paper is None or not Path(args.paper).is_file():
         raise UsageError(f"--paper: Qiu & Yao's attention.py is needed, got {args.paper}")
@@ -106,9 +106,8 @@ def run(args) -> int:
     cases, jobs = grid(args.cases), []
     for i, case in enumerate(cases):
         x = {n: torch.from_numpy(a).cuda().to(torch.bfloat16)[None] for n, a in case_inputs(case).items()}
-        res = run_paper(paper, x, case["causal"], case["softmax"])
-        bits = {name: bits_of(res[name][0].float() if name == "lse" else res[name][0]) for name in OUTPUTS}
-        bits["lse"] = bits["lse"].reshape(case["heads"], -1)
+        res = paper_attention(paper, x["q"], x["k"], x["v"], case["causal"], case["softmax"] == "stabilised", x["do"])
+        bits = {name: bits_of(res[name][0]) for name in OUTPUTS}
         case["digests"] = {name: sha256_of(b) for name, b in bits.items()}
         jobs.append((i, case, bits))
     print(f"recorded {len(cases)} cases in {time.monotonic() - t0:.0f} s", flush=True)

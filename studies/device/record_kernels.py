@@ -18,7 +18,6 @@ operands (bf16, as autocast hands them on) and output as bits.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import multiprocessing
@@ -30,76 +29,28 @@ from pathlib import Path
 
 import numpy as np
 
-from flashsim import trust
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 from gpu.commands import require_gpu, sections
 from gpu.crosscheck.others import KERNELS
-
-
-class _Ctx:
-    """What torch.autograd.Function.forward is given as ctx: keeps what forward saves for backward."""
-
-    def save_for_backward(self, *tensors) -> None:
-        self.saved_tensors = tensors
-
-
-def load_tutorial(path: Path):
-    """The tutorial file the user names (`--tutorial`) as a module (its kernels and `_attention`)."""
-    return trust.import_file(path, "triton_tutorial_fused_attention", "--tutorial")
+from gpu.crosscheck.upstream import load_paper, load_tutorial
 
 
 def run_tutorial(mod, x: dict, causal: bool, scale: float) -> tuple[dict, dict]:
-    """Forward (O, M = the base-2 LSE) and backward (dQ, dK, dV) of the tutorial on (1, 1, n, d) fp16 tensors."""
-    ctx = _Ctx()
-    o = mod._attention.forward(ctx, x["q"], x["k"], x["v"], causal, scale)
-    lse = ctx.saved_tensors[4]
-    tuner = mod._attn_fwd_tma if mod.supports_tma() else mod._attn_fwd  # the path its forward takes
-    best = tuner.best_config
-    config = dict(best.kwargs) | {
-        "num_warps": best.num_warps,
-        "num_stages": best.num_stages,
-        "kernel": tuner.fn.__name__,
-    }
-    dq, dk, dv = mod._attention.backward(ctx, x["do"].contiguous())[:3]
+    """Forward (O, M = the base-2 LSE) and backward (dQ, dK, dV) of the tutorial on (1, 1, n, d) tensors, and the
+    tiles its autotuner chose."""
+    from gpu.crosscheck.upstream import tutorial_kernel
+
+    kernel = tutorial_kernel(mod)
+    o, lse, config = kernel(x["q"], x["k"], x["v"], causal, scale)
+    dq, dk, dv = kernel.backward(x["q"], x["k"], x["v"], x["do"], causal, scale)
     return {"o": o, "lse": lse, "dq": dq, "dk": dk, "dv": dv}, config
 
 
-def load_paper(path: Path):
-    """Qiu & Yao's attention.py, the file the user names (`--paper`), as a module; einops (used only for masks,
-    which these runs do not pass) is stubbed where it is not installed."""
-    import types
-
-    if "einops" not in sys.modules and importlib.util.find_spec("einops") is None:
-        stub = types.ModuleType("einops")  # a module, so that a later find_spec finds it (a namespace has no spec)
-        stub.rearrange = None
-        sys.modules["einops"] = stub
-    return trust.import_file(path, "qiu_yao_attention", "--paper")
-
-
 def run_paper(mod, x: dict, causal: bool, softmax: str, capture: list | None = None) -> dict:
-    """Their FlashAttentionFunction's forward and backward on (1, 1, n, d) bf16 tensors, both called eagerly
-    under bf16 autocast (as their training's compiled step traces the backward), 512x512 tiles; the fix is
-    their `STABLE` environment switch.  `capture`: a list that receives every einsum's operands (as
-    autocast hands them to cuBLAS, bf16) and output."""
-    import torch
+    """Qiu & Yao's forward and backward (`gpu.crosscheck.upstream.paper_attention`), fix on for `stabilised`."""
+    from gpu.crosscheck.upstream import paper_attention
 
-    einsum = mod.einsum
-
-    def recording(eq, a, b):
-        out = einsum(eq, a, b)
-        capture.append((eq, a.to(torch.bfloat16), b.to(torch.bfloat16), out))
-        return out
-
-    os.environ["STABLE"] = "1" if softmax == "stabilised" else "0"
-    mod.einsum = recording if capture is not None else einsum
-    try:
-        ctx = _Ctx()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            o = mod.FlashAttentionFunction.forward(ctx, x["q"], x["k"], x["v"], None, causal, 512, 512)
-            dq, dk, dv = mod.FlashAttentionFunction.backward(ctx, x["do"])[:3]
-    finally:
-        mod.einsum = einsum
-    return {"o": o, "lse": ctx.saved_tensors[4], "dq": dq, "dk": dk, "dv": dv}
+    return paper_attention(mod, x["q"], x["k"], x["v"], causal, softmax == "stabilised", x["do"], capture)
 
 
 def run_sdpa(backend: str, x: dict, causal: bool, scale: float) -> dict:

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from flashsim import trust
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
 from gpu.commands import require_gpu
 
@@ -38,29 +37,6 @@ def _digest(bits: np.ndarray) -> str:
 
 def _tiles(cfg) -> dict:
     return {"BLOCK_M": cfg.kwargs["BLOCK_M"], "BLOCK_N": cfg.kwargs["BLOCK_N"], "num_warps": cfg.num_warps}
-
-
-def _kernel(mod, configs):
-    """The tutorial's forward with its autotuner limited to ``configs``: (O, base-2 LSE, the tiles that ran); its
-    policy is the tutorial's for those tiles (`tutorial_policy_for`)."""
-    from gpu.policies import tutorial_policy_for
-
-    tuner = mod._attn_fwd_tma
-
-    class _Ctx:
-        def save_for_backward(self, *tensors):
-            self.saved_tensors = tensors
-
-    def kernel(q, k, v, causal, sm_scale):
-        tuner.configs = list(configs)
-        tuner.cache.clear()
-        ctx = _Ctx()
-        o = mod._attention.forward(ctx, q, k, v, causal, sm_scale)
-        best = tuner.best_config
-        return o, ctx.saved_tensors[4], _tiles(best) | {"num_stages": best.num_stages}
-
-    kernel.policy_for = tutorial_policy_for
-    return kernel
 
 
 def _check(job: tuple) -> dict:
@@ -84,14 +60,15 @@ def run(args) -> int:
     from flashsim.crosscheck import save_run
     from flashsim.inputs import make_inputs
     from gpu.crosscheck.kernels import kernel_run
+    from gpu.crosscheck.upstream import load_tutorial, tutorial_kernel, tutorial_tuner
 
     out = writable_dir(args.out, "--out")
     if args.tutorial is None or not args.tutorial.is_file():
         raise UsageError(f"--tutorial: the tutorial's file is needed, got {args.tutorial}")
     require_gpu("python -m studies.device.tutorial_tiles")
-    mod = trust.import_file(args.tutorial, "triton_tutorial_fused_attention", "--tutorial")
+    mod = load_tutorial(args.tutorial)
     t0 = time.monotonic()
-    all_configs = list(mod._attn_fwd_tma.configs)
+    all_configs = list(tutorial_tuner(mod).configs)
     seen, singles = set(), []
     for cfg in all_configs:  # one per (tiles, warps): the stages do not change what is computed
         key = tuple(_tiles(cfg).values())
@@ -119,7 +96,7 @@ def run(args) -> int:
         seed = SEED0 + i
         x = make_inputs(kind, n, n, d, "fp16", seed)
         q, k, v = (x[name][None] for name in "qkv")
-        run_ = kernel_run(_kernel(mod, configs), q, k, v, dtype="fp16", causal=causal, note=f"case {i}")
+        run_ = kernel_run(tutorial_kernel(mod, configs), q, k, v, dtype="fp16", causal=causal, note=f"case {i}")
         tiles = run_.launch["kernel_info"]
         path = out / f"run_{i}.npz"
         save_run(path, run_)

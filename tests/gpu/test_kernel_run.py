@@ -27,6 +27,63 @@ def emulated_kernel(policy, bump: bool = False):
     return kernel
 
 
+def with_backward(kernel, policy, bump: bool = False):
+    """`kernel` given a backward that is the emulator's (`bump`: one bit of dK changed)."""
+
+    def backward(q, k, v, do, causal, sm_scale):
+        x = [t[0].float().numpy() for t in (q, k, v, do)]
+        f = fs.flash_forward(*x[:3], policy, causal=causal, sm_scale=sm_scale)
+        b = fs.flash_backward(*x[:3], f.o, f.lse, x[3], policy, causal=causal, sm_scale=sm_scale)
+        grads = [torch.from_numpy(np.asarray(g, np.float32)).to(q.dtype)[None] for g in (b.dq, b.dk, b.dv)]
+        if bump:
+            grads[1].view(torch.int16)[0, 0, 2, 7] ^= 1
+        return tuple(grads)
+
+    kernel.backward = backward
+    return kernel
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_kernels_backward_is_recorded_and_checked(causal):
+    x = make_inputs("sink", 50, 50, 32, "bf16", seed=9)
+    run = kernel_run(
+        with_backward(emulated_kernel("fa2"), "fa2"),
+        x["q"],
+        x["k"],
+        x["v"],
+        x["do"],
+        policy="fa2",
+        causal=causal,
+        device="cpu",
+    )
+    assert run.backward and run.do.shape == (1, 50, 32)
+    rep = crosscheck(run)
+    assert rep.identical and {c.name for c in rep.checks} == {"o", "lse", "dq", "dk", "dv"}
+    bumped = kernel_run(
+        with_backward(emulated_kernel("fa2"), "fa2", bump=True),
+        x["q"],
+        x["k"],
+        x["v"],
+        x["do"],
+        policy="fa2",
+        causal=causal,
+        device="cpu",
+    )
+    checks = {c.name: c.identical for c in crosscheck(bumped).checks}
+    assert checks["dk"] == 50 * 32 - 1 and checks["dq"] == checks["dv"] == 50 * 32
+
+
+def test_a_backward_run_needs_a_kernel_with_a_backward():
+    x = make_inputs("random", 8, 8, 16, "bf16", seed=6)
+    with pytest.raises(ValueError, match="do: this kernel has no backward"):
+        kernel_run(emulated_kernel("fa2"), x["q"], x["k"], x["v"], x["do"], policy="fa2", device="cpu")
+    broken = with_backward(emulated_kernel("fa2"), "fa2")
+    backward = broken.backward
+    broken.backward = lambda *a: tuple(g.float() for g in backward(*a))
+    with pytest.raises(ValueError, match="kernel: its backward returned dq"):
+        kernel_run(broken, x["q"], x["k"], x["v"], x["do"], policy="fa2", device="cpu")
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_the_emulator_as_a_kernel_is_bit_identical(causal):
     x = make_inputs("repeated", 70, 70, 64, "bf16", seed=4)

@@ -1,0 +1,262 @@
+"""Other people's kernels on fresh launches through the documented path alone, forward and backward: each
+launch run by `gpu.crosscheck.kernels.kernel_run` (the policy from the launch that ran: the card's SM count,
+the autotuner's tiles), every output checked by `flashsim.crosscheck` in worker processes as it is recorded.
+
+    PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial PATH/06-fused-attention.py \\
+        --paper PATH/attention.py [--kernels sdpa_flash,...] [--cases 100] [--budget 300] [--workers 15]
+
+Kernels: SDPA's flash, memory-efficient and cuDNN backends (their default, nondeterministic paths), Triton's
+tutorial (autotuned; key counts whole 128-key tiles, as it requires; its backward only for causal runs, the only
+ones it computes) and Qiu & Yao's attention.py (bf16, fix off and on).  Cases cycle through batch x heads 1 to 64
+and key counts 1 to 8192 (FA2's split launches among them), head dims 64 and 128, causal and not, bf16 and fp16,
+inputs of every kind from seeds no other recording uses; the kernels take turns so that each gets its share of
+the budget.  Writes `fresh_check.json`: per case its inputs (kinds, seed), the launch, the SHA-256 of every
+output's bits, and the cross-check: identical fractions, atomically summed outputs admitted by some order of
+their adds (`flashsim.atomics`), the attention line and the launch notes.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
+from flashsim.recording import sha256_of
+from gpu.commands import require_gpu, sections
+
+SEED0 = 2_026_700_000  # fresh: no other recording draws from here
+KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper")
+#: (key count, batch x heads), cycled: heads x keys^2 at most 2^26, most far less (the emulator's time)
+SHAPES = (
+    (8192, 1),
+    (1, 64),
+    (64, 16),
+    (1024, 8),
+    (7, 4),
+    (200, 24),
+    (2048, 2),
+    (100, 64),
+    (333, 16),
+    (4096, 1),
+    (128, 8),
+    (1000, 4),
+    (513, 3),
+    (256, 64),
+    (1536, 2),
+    (77, 32),
+    (640, 5),
+    (3000, 1),
+    (512, 12),
+    (129, 1),
+    (2100, 1),
+    (384, 32),
+    (999, 2),
+    (40, 48),
+    (1100, 6),
+)
+
+
+def grid(kernel: str, count: int) -> list[dict]:
+    """``count`` cases of `kernel`: seed SEED0 + 10^6 (kernel's index) + 100 i; head h of case i draws kind
+    ALL_KINDS[(i + h) mod 7] from seed + h."""
+    k = KERNELS.index(kernel)
+    cases = []
+    for i in range(count):
+        n, heads = SHAPES[(i + 3 * k) % len(SHAPES)]
+        dtype = ("bf16", "fp16")[(i // 2) % 2]
+        if kernel == "tutorial":
+            n = max(128, -(-n // 128) * 128)  # whole 128-key tiles: the tutorial asserts it
+            heads = max(1, min(heads, (1 << 26) // (n * n)))
+        if kernel == "paper":
+            dtype = "bf16"
+        cases.append(
+            {
+                "kernel": kernel,
+                "n": n,
+                "heads": heads,
+                "d": (64, 128)[(i // len(SHAPES) + i) % 2],
+                "dtype": dtype,
+                "causal": bool((i // 3) % 2),
+                "softmax": "stabilised" if kernel == "paper" and (i // 5) % 2 else "standard",
+                "seed": SEED0 + 1_000_000 * k + 100 * i,
+                "first_kind": i,
+            }
+        )
+    return cases
+
+
+def case_inputs(case: dict) -> dict[str, np.ndarray]:
+    """q, k, v, do of the case as (heads, n, d) float32 arrays of its dtype's values."""
+    from flashsim.inputs import ALL_KINDS, make_heads
+
+    first = case["first_kind"] % len(ALL_KINDS)
+    kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
+    return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], case["dtype"], case["seed"])
+
+
+def case_softmax(case: dict):
+    """The variant the case ran: Qiu & Yao's fix counts masked entries as their code does."""
+    from flashsim.softmax import get_softmax
+
+    return get_softmax(case["softmax"], **({"count_masked": True} if case["softmax"] == "stabilised" else {}))
+
+
+def with_backward(case: dict) -> bool:
+    """Whether the case records dQ, dK, dV: the tutorial's backward computes causal attention's only."""
+    return case["kernel"] != "tutorial" or case["causal"]
+
+
+def register_checkout_policies() -> None:
+    """Register what installed entry points would (a checkout run from PYTHONPATH=. declares none): `qiu_yao`, and the
+    policy functions of gpu.policies."""
+    import gpu.policies  # noqa: F401
+    from flashsim.policy import get_policy, register_policy
+    from gpu.policies.qiu_yao import QIU_YAO
+
+    try:
+        get_policy(QIU_YAO.name)
+    except ValueError:
+        register_policy(QIU_YAO)
+
+
+def _check(path: str) -> dict:
+    """One run against its policy (a worker process)."""
+    from flashsim.crosscheck import crosscheck, load_run
+
+    register_checkout_policies()
+    t0 = time.monotonic()
+    try:
+        rep = crosscheck(load_run(path))
+    except Exception as exc:  # noqa: BLE001 - a launch the policy cannot model is a result
+        return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
+    finally:
+        os.unlink(path)
+    return {
+        "identical": {c.name: c.fraction for c in rep.checks},
+        "atomic": {name: {"ok": a.ok, "line": str(a)} for name, a in rep.atomic.items()},
+        "up_to_atomic_order": rep.identical_up_to_atomic_order,
+        "attention": None if rep.attention is None else rep.attention.attention,
+        "launch_notes": rep.launch_notes,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def _kernel(name: str, case: dict, tutorial, paper):
+    from gpu.crosscheck.kernels import sdpa
+    from gpu.crosscheck.upstream import paper_kernel, tutorial_kernel
+
+    if name == "tutorial":
+        return tutorial_kernel(tutorial)
+    if name == "paper":
+        return paper_kernel(paper, stable=case["softmax"] == "stabilised")
+    return sdpa(name.removeprefix("sdpa_"))
+
+
+def run(args) -> int:
+    kernels = sections(args.kernels, KERNELS, "--kernels")
+    for name, path in (("tutorial", args.tutorial), ("paper", args.paper)):
+        if name in kernels and (path is None or not Path(path).is_file()):
+            raise UsageError(f"--{name}: the file is needed for the {name} kernel, got {path}")
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m studies.device.fresh_check")
+    import torch
+
+    from flashsim.crosscheck import save_run
+    from gpu.crosscheck.kernels import kernel_run
+    from gpu.crosscheck.upstream import load_paper, load_tutorial
+
+    register_checkout_policies()
+    tutorial = load_tutorial(args.tutorial) if "tutorial" in kernels else None
+    paper = load_paper(args.paper) if "paper" in kernels else None
+    tmp = Path(tempfile.mkdtemp(prefix="fresh_check_"))
+    os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
+    pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
+    per_kernel = {name: grid(name, args.cases) for name in kernels}
+    order = [per_kernel[name][i] for i in range(args.cases) for name in kernels]  # the kernels take turns
+    t0, futures = time.monotonic(), []
+    for j, case in enumerate(order):
+        if time.monotonic() - t0 > args.budget:
+            break
+        x = case_inputs(case)
+        scale = case["d"] ** -0.5
+        try:
+            run_ = kernel_run(
+                _kernel(case["kernel"], case, tutorial, paper),
+                x["q"],
+                x["k"],
+                x["v"],
+                x["do"] if with_backward(case) else None,
+                dtype=case["dtype"],
+                causal=case["causal"],
+                sm_scale=scale,
+                softmax=case_softmax(case),
+                note=f"fresh_check {case['kernel']} seed {case['seed']}",
+            )
+        except Exception as exc:  # noqa: BLE001 - a refused launch is a result
+            case["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+            print(f"{case['kernel']} seed {case['seed']}: {case['error'][:300]}", flush=True)
+            continue
+        case["launch"] = run_.launch
+        case["digests"] = {k: sha256_of(v) for k, v in run_.outputs.items()}
+        futures.append((case, pool.submit(_check, str(save_run(tmp / f"case{j}.npz", run_)))))
+        print(
+            f"{case['kernel']} n {case['n']} h {case['heads']} d {case['d']} {case['dtype']} causal {case['causal']} "
+            f"recorded {time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
+    for case, fut in futures:
+        try:
+            case["check"] = fut.result(timeout=max(1.0, args.deadline - (time.monotonic() - t0)))
+        except Exception as exc:  # noqa: BLE001 - a check past the deadline (or crashed) is said, not lost
+            case["check"] = {"error": f"{type(exc).__name__}: {exc}"[:300] or "past the deadline"}
+    for proc in list(pool._processes.values()):  # checks past the deadline are abandoned, not waited for
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
+    cases = [c for name in kernels for c in per_kernel[name] if "digests" in c or "error" in c]
+    for name in kernels:
+        mine = [c for c in cases if c["kernel"] == name and "check" in c]
+        whole = sum(bool(c["check"].get("up_to_atomic_order")) for c in mine)
+        print(f"fresh_check {name}: {whole} of {len(mine)} cases identical (up to atomic order)", flush=True)
+    meta = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "triton": __import__("triton").__version__,
+        "command": "PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial "
+        ".upstream/triton_06_fused_attention.py --paper .upstream/qiu_yao_attention.py",
+        "files_sha256": {
+            name: sha256_of(np.frombuffer(Path(p).read_bytes(), np.uint8))
+            for name, p in (("tutorial", args.tutorial), ("paper", args.paper))
+            if name in kernels
+        },
+        "cases": cases,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    (out / "fresh_check.json").write_text(json.dumps(meta, indent=1))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m studies.device.fresh_check", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument("--kernels", default=",".join(KERNELS), help=f"comma list of {', '.join(KERNELS)}")
+    ap.add_argument("--tutorial", help="the Triton tutorial's 06-fused-attention.py (imported: you name it)")
+    ap.add_argument("--paper", help="Qiu & Yao's attention.py (imported: you name it)")
+    ap.add_argument("--cases", type=int, default=100, help="cases a kernel at most (default 100)")
+    ap.add_argument("--budget", type=float, default=300.0, help="seconds after which no new case starts")
+    ap.add_argument("--deadline", type=float, default=540.0, help="seconds after which unfinished checks are dropped")
+    ap.add_argument("--workers", type=int, default=15, help="processes cross-checking the runs (default 15)")
+    args = ap.parse_args(argv)
+    return run_command("fresh_check", lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -93,6 +93,7 @@ def sdpa(backend: str) -> Kernel:
         return qq.grad, kk.grad, vv.grad
 
     kernel.__name__ = f"sdpa_{backend}"
+    kernel.backward = backward
     kernel.policy_for = lambda launch: sdpa_policy(backend, launch)
     return kernel
 

@@ -1,5 +1,5 @@
-"""Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16 or bf16) on the H100/H200, for
-the tiles its autotuner chose.  Calibrated on Triton 3.6 (`gpu.versions.CALIBRATED_ON`)."""
+"""Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the H100/H200, for the
+tiles its autotuner chose.  Calibrated on Triton 3.6 (`gpu.versions.CALIBRATED_ON`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,11 @@ from flashsim.specs import BwdTiling, Func, Mask, Recompute
 from .our_kernels import triton_policy
 
 
-def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4, dtype: str = "fp16") -> Policy:
-    """Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py) on the H100, for the forward
-    tiles and warps its autotuner chose and the inputs' `dtype` ('fp16', its own, or 'bf16': it computes in its
-    inputs' type).
+def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4) -> Policy:
+    """Triton's fused-attention tutorial (python/tutorials/06-fused-attention.py, fp16) on the H100, for the
+    forward tiles and warps its autotuner chose.
 
-    Our kernels descend from it, so it is [`triton_policy`][gpu.policies.triton_policy] (of `dtype`) with steps of
-    its own.
+    Our kernels descend from it, so it is [`triton_policy`][gpu.policies.triton_policy] ('fp16') with steps of its own.
     Forward: causal, a Q block starting at row r visits keys [0, r) unmasked in blocks of BLOCK_N, then [r, r +
     BLOCK_M) masked (`Tiling(schedule="triton_stages")`): with BLOCK_N > BLOCK_M the first loop's last block reaches
     past r into keys the second loop adds again, masked, so the tutorial computes another function than attention
@@ -30,14 +28,11 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4, d
     diagonal to dQ first, then the keys from 0 on (`BwdTiling(128, 128, kv_order="diagonal_first")`).  The tutorial
     needs N a multiple of 128.
     """
-    if dtype not in ("fp16", "bf16"):
-        raise ValueError(f"dtype: expected 'fp16' or 'bf16', got {dtype!r}")
-    base = triton_policy(dtype, block_m=block_m, block_n=block_n, num_warps=num_warps)
-    suffix = "" if dtype == "fp16" else f"_{dtype}"
+    base = triton_policy("fp16", block_m=block_m, block_n=block_n, num_warps=num_warps)
     return dataclasses.replace(
         base,
-        name=f"triton_tutorial_{block_m}x{block_n}w{num_warps}{suffix}",
-        note=f"Triton's fused-attention tutorial, {dtype} forward on the H100 ({block_m}x{block_n}, {num_warps} warps)",
+        name=f"triton_tutorial_{block_m}x{block_n}w{num_warps}",
+        note=f"Triton's fused-attention tutorial, fp16 forward on the H100 ({block_m}x{block_n}, {num_warps} warps)",
         tiling=dataclasses.replace(base.tiling, schedule="triton_stages"),
         mask=Mask(-1e6, "add"),
         lse=Func("libdevice_log2f", FP32),
@@ -48,15 +43,13 @@ def tutorial_policy(block_m: int = 128, block_n: int = 64, num_warps: int = 4, d
 
 def tutorial_policy_for(launch: dict) -> PolicyRef:
     """The tutorial's policy for the launch that ran: the tiles and warps its autotuner chose, as the kernel reported
-    them (``launch["kernel_info"]``: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``; a kernel's ``policy_for``), and the
-    launch's dtype."""
+    them (``launch["kernel_info"]``: ``BLOCK_M``, ``BLOCK_N``, ``num_warps``; a kernel's ``policy_for``)."""
     info = launch.get("kernel_info") or {}
     missing = [key for key in ("BLOCK_M", "BLOCK_N", "num_warps") if not isinstance(info.get(key), int)]
     if missing:
         raise ValueError(f"launch: the tutorial's kernel_info names no {', '.join(missing)} (its autotuner's choice)")
     tiles = {"block_m": info["BLOCK_M"], "block_n": info["BLOCK_N"], "num_warps": info["num_warps"]}
-    dtype = {} if launch.get("dtype", "fp16") == "fp16" else {"dtype": launch["dtype"]}
-    return PolicyRef("gpu.policies:tutorial_policy", tiles | dtype)
+    return PolicyRef("gpu.policies:tutorial_policy", tiles)
 
 
 __all__ = ["tutorial_policy", "tutorial_policy_for"]

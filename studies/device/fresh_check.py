@@ -3,7 +3,7 @@ launch run by `gpu.crosscheck.kernels.kernel_run` (the policy from the launch th
 the autotuner's tiles), every output checked by `flashsim.crosscheck` in worker processes as it is recorded.
 
     PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial PATH/06-fused-attention.py \\
-        --paper PATH/attention.py [--kernels sdpa_flash,...] [--cases 100] [--budget 300] [--workers 15]
+        --paper PATH/attention.py [--kernels sdpa_flash,...] [--cases 100] [--start 0] [--budget 300] [--workers 15]
 
 Kernels: SDPA's flash, memory-efficient and cuDNN backends (their default, nondeterministic paths), Triton's tutorial
 (autotuned, fp16: its TMA forward does not compile for bf16; key counts whole 128-key tiles, as it requires; its
@@ -179,7 +179,7 @@ def run(args) -> int:
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     per_kernel = {name: grid(name, args.cases) for name in kernels}
-    order = [per_kernel[name][i] for i in range(args.cases) for name in kernels]  # the kernels take turns
+    order = [per_kernel[name][i] for i in range(args.start, args.cases) for name in kernels]  # the kernels take turns
     t0, futures = time.monotonic(), []
     for j, case in enumerate(order):
         if time.monotonic() - t0 > args.budget:
@@ -251,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tutorial", help="the Triton tutorial's 06-fused-attention.py (imported: you name it)")
     ap.add_argument("--paper", help="Qiu & Yao's attention.py (imported: you name it)")
     ap.add_argument("--cases", type=int, default=100, help="cases a kernel at most (default 100)")
+    ap.add_argument("--start", type=int, default=0, help="skip each kernel's first cases (an earlier call's)")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds after which no new case starts")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds after which unfinished checks are dropped")
     ap.add_argument("--workers", type=int, default=15, help="processes cross-checking the runs (default 15)")

@@ -32,6 +32,7 @@ from flashsim.recording import sha256_of
 from gpu.commands import require_gpu, sections
 
 SEED0 = 2_026_700_000  # fresh: no other recording draws from here
+SEED_CI = 2_026_900_000  # the CI grid's: small launches the CPU re-derives (tests/data/fresh_check)
 KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper")
 #: (key count, batch x heads), cycled: heads x keys^2 at most 2^26, most far less (the emulator's time)
 SHAPES = (
@@ -62,14 +63,20 @@ SHAPES = (
     (1100, 6),
 )
 
+#: the CI grid's (key count, batch x heads): launches small enough for the CPU to re-derive in seconds
+CI_SHAPES = ((1, 1), (7, 2), (33, 1), (64, 2), (77, 1), (100, 2), (128, 1), (129, 2), (200, 1), (256, 1), (250, 2))
 
-def grid(kernel: str, count: int) -> list[dict]:
-    """``count`` cases of `kernel`: seed SEED0 + 10^6 (kernel's index) + 100 i; head h of case i draws kind
-    ALL_KINDS[(i + h) mod 7] from seed + h."""
+
+def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
+    """``count`` cases of `kernel`: seed SEED0 (SEED_CI for the CI grid) + 10^6 (kernel's index) + 100 i; head h
+    of case i draws kind ALL_KINDS[(i + h) mod 7] from seed + h."""
     k = KERNELS.index(kernel)
+    shapes = CI_SHAPES if ci else SHAPES
     cases = []
     for i in range(count):
-        n, heads = SHAPES[(i + 3 * k) % len(SHAPES)]
+        n, heads = shapes[(i + 3 * k) % len(shapes)]
+        if ci and kernel == "paper":
+            n = max(8, -(-n // 8) * 8)  # whole 8-key rows: cuBLAS's other GEMMs at other widths are not modelled
         dtype = ("bf16", "fp16")[(i // 2) % 2]
         if kernel == "tutorial":
             n = max(128, -(-n // 128) * 128)  # whole 128-key tiles: the tutorial asserts it
@@ -81,11 +88,11 @@ def grid(kernel: str, count: int) -> list[dict]:
                 "kernel": kernel,
                 "n": n,
                 "heads": heads,
-                "d": (64, 128)[(i // len(SHAPES) + i) % 2],
+                "d": (64, 128)[(i // len(shapes) + i) % 2],
                 "dtype": dtype,
                 "causal": bool((i // 3) % 2),
                 "softmax": "stabilised" if kernel == "paper" and (i // 5) % 2 else "standard",
-                "seed": SEED0 + 1_000_000 * k + 100 * i,
+                "seed": (SEED_CI if ci else SEED0) + 1_000_000 * k + 100 * i,
                 "first_kind": i,
             }
         )
@@ -159,17 +166,37 @@ def _kernel(name: str, case: dict, tutorial, paper):
     return sdpa(name.removeprefix("sdpa_"))
 
 
+def _launch(case: dict, kernels: dict, tutorial, paper):
+    """One kernel_run of the case (its backward too where the kernel has one for it)."""
+    from gpu.crosscheck.kernels import kernel_run
+
+    x = case_inputs(case)
+    return kernel_run(
+        _kernel(case["kernel"], case, tutorial, paper),
+        x["q"],
+        x["k"],
+        x["v"],
+        x["do"] if with_backward(case) else None,
+        dtype=case["dtype"],
+        causal=case["causal"],
+        sm_scale=case["d"] ** -0.5,
+        softmax=case_softmax(case),
+        note=f"fresh_check {case['kernel']} seed {case['seed']}",
+    )
+
+
 def run(args) -> int:
     kernels = sections(args.kernels, KERNELS, "--kernels")
     for name, path in (("tutorial", args.tutorial), ("paper", args.paper)):
         if name in kernels and (path is None or not Path(path).is_file()):
             raise UsageError(f"--{name}: the file is needed for the {name} kernel, got {path}")
+    keep = sections(args.keep_bits, KERNELS, "--keep-bits") if args.keep_bits else []
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.fresh_check")
     import torch
 
     from flashsim.crosscheck import save_run
-    from gpu.crosscheck.kernels import kernel_run
+    from flashsim.policy import PolicyRef
     from gpu.crosscheck.upstream import load_paper, load_tutorial
 
     register_checkout_policies()
@@ -177,35 +204,32 @@ def run(args) -> int:
     paper = load_paper(args.paper) if "paper" in kernels else None
     tmp = Path(tempfile.mkdtemp(prefix="fresh_check_"))
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
-    pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
-    per_kernel = {name: grid(name, args.cases) for name in kernels}
+    pool = None
+    if args.workers:
+        pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
+    per_kernel = {name: grid(name, args.cases, ci=args.grid == "ci") for name in kernels}
     order = [per_kernel[name][i] for i in range(args.start, args.cases) for name in kernels]  # the kernels take turns
-    t0, futures = time.monotonic(), []
+    t0, futures, bits = time.monotonic(), [], {}
     for j, case in enumerate(order):
         if time.monotonic() - t0 > args.budget:
             break
-        x = case_inputs(case)
-        scale = case["d"] ** -0.5
         try:
-            run_ = kernel_run(
-                _kernel(case["kernel"], case, tutorial, paper),
-                x["q"],
-                x["k"],
-                x["v"],
-                x["do"] if with_backward(case) else None,
-                dtype=case["dtype"],
-                causal=case["causal"],
-                sm_scale=scale,
-                softmax=case_softmax(case),
-                note=f"fresh_check {case['kernel']} seed {case['seed']}",
-            )
+            run_ = _launch(case, kernels, tutorial, paper)
+            again = _launch(case, kernels, tutorial, paper).outputs if args.repeat else None
         except Exception as exc:  # noqa: BLE001 - a refused launch is a result
             case["error"] = f"{type(exc).__name__}: {exc}"[:1000]
             print(f"{case['kernel']} seed {case['seed']}: {case['error'][:300]}", flush=True)
             continue
+        ref = run_.policy if isinstance(run_.policy, PolicyRef) else PolicyRef(run_.policy.name)
+        case["policy"] = ref.to_json()
         case["launch"] = run_.launch
         case["digests"] = {k: sha256_of(v) for k, v in run_.outputs.items()}
-        futures.append((case, pool.submit(_check, str(save_run(tmp / f"case{j}.npz", run_)))))
+        if again is not None:  # outputs that differ between two identical launches: the GPU's order of atomics
+            case["varies"] = sorted(k for k, v in again.items() if not np.array_equal(v, run_.outputs[k]))
+        if case["kernel"] in keep:
+            bits.update({f"{case['kernel']}/{case['seed']}/{k}": v for k, v in run_.outputs.items()})
+        if pool is not None:
+            futures.append((case, pool.submit(_check, str(save_run(tmp / f"case{j}.npz", run_)))))
         print(
             f"{case['kernel']} n {case['n']} h {case['heads']} d {case['d']} {case['dtype']} causal {case['causal']} "
             f"recorded {time.monotonic() - t0:.0f} s",
@@ -216,14 +240,16 @@ def run(args) -> int:
             case["check"] = fut.result(timeout=max(1.0, args.deadline - (time.monotonic() - t0)))
         except Exception as exc:  # noqa: BLE001 - a check past the deadline (or crashed) is said, not lost
             case["check"] = {"error": f"{type(exc).__name__}: {exc}"[:300] or "past the deadline"}
-    for proc in list(pool._processes.values()):  # checks past the deadline are abandoned, not waited for
-        proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    if pool is not None:
+        for proc in list(pool._processes.values()):  # checks past the deadline are abandoned, not waited for
+            proc.kill()
+        pool.shutdown(wait=False, cancel_futures=True)
     cases = [c for name in kernels for c in per_kernel[name] if "digests" in c or "error" in c]
     for name in kernels:
         mine = [c for c in cases if c["kernel"] == name and "check" in c]
         whole = sum(bool(c["check"].get("up_to_atomic_order")) for c in mine)
-        print(f"fresh_check {name}: {whole} of {len(mine)} cases identical (up to atomic order)", flush=True)
+        recorded = sum("digests" in c for c in cases if c["kernel"] == name)
+        print(f"fresh_check {name}: {recorded} recorded; {whole} of {len(mine)} checked identical (up to atomic order)")
     meta = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
@@ -231,7 +257,10 @@ def run(args) -> int:
         "cudnn": torch.backends.cudnn.version(),
         "triton": __import__("triton").__version__,
         "command": "PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial "
-        ".upstream/triton_06_fused_attention.py --paper .upstream/qiu_yao_attention.py",
+        f".upstream/triton_06_fused_attention.py --paper .upstream/qiu_yao_attention.py --grid {args.grid} "
+        f"--kernels {args.kernels} --cases {args.cases} --start {args.start} --workers {args.workers}"
+        + (" --repeat" if args.repeat else "")
+        + (f" --keep-bits {args.keep_bits}" if args.keep_bits else ""),
         "files_sha256": {
             name: sha256_of(np.frombuffer(Path(p).read_bytes(), np.uint8))
             for name, p in (("tutorial", args.tutorial), ("paper", args.paper))
@@ -241,6 +270,8 @@ def run(args) -> int:
         "seconds": round(time.monotonic() - t0, 1),
     }
     (out / "fresh_check.json").write_text(json.dumps(meta, indent=1))
+    if bits:
+        np.savez_compressed(out / "fresh_bits.npz", **bits)
     return 0
 
 
@@ -254,7 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0, help="skip each kernel's first cases (an earlier call's)")
     ap.add_argument("--budget", type=float, default=300.0, help="seconds after which no new case starts")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds after which unfinished checks are dropped")
-    ap.add_argument("--workers", type=int, default=15, help="processes cross-checking the runs (default 15)")
+    ap.add_argument("--workers", type=int, default=12, help="processes cross-checking the runs (0: record only)")
+    ap.add_argument("--grid", choices=("fresh", "ci"), default="fresh", help="fresh launches, or the CI grid's")
+    ap.add_argument("--repeat", action="store_true", help="launch each case twice; record the outputs that vary")
+    ap.add_argument("--keep-bits", default="", help="kernels whose outputs' bits go to fresh_bits.npz")
     args = ap.parse_args(argv)
     return run_command("fresh_check", lambda: run(args))
 

@@ -1,19 +1,23 @@
 """Outputs a kernel adds up with atomics, in an order the GPU chooses: which values every admissible order gives.
 
-A gradient whose block products are added with ``atomicAdd`` (`flashsim.specs.Grad.atomic`: FA2's dQ, summed over
-the K/V blocks into an FP32 buffer) changes between identical launches once three or more blocks meet: the adds
+A gradient whose K/V blocks meet in an FP32 buffer in turns the GPU orders (`flashsim.specs.Grad.atomic`: FA2's dQ,
+block products added with ``atomicAdd``; the memory-efficient kernel's dQ, each block's product continuing the
+buffer as its C under a lock) changes between identical launches once three or more blocks meet: the additions
 are exact in no order, and the order is the GPU's.  Comparing such an output with the policy's one order element
 by element reports differences that are not modelling errors.  `atomic_check()` asks instead whether each recorded
 element is one the atomic adds can give in some order:
 
-- with at most `EXHAUSTIVE_BLOCKS` blocks, every order is rerun (the emulator's own block products, each order's
-  sum as ``atom.add.f32`` adds, then the gradient's final scale and cast): an element is admitted when some order
-  gives its bits;
+- with at most `EXHAUSTIVE_BLOCKS` blocks, every order is rerun (the emulator's own block products or operands,
+  each order's turns as the GPU computes them, then the gradient's final scale and cast): an element is admitted
+  when some order gives its bits;
 - with more, by a bound: any order of k FP32 additions rounded to nearest is within
   gamma_(k-1) * sum |t_i| of the exact sum (gamma_n = n u / (1 - n u), u = 2^-24: recursive summation in any order,
   Higham, Accuracy and Stability of Numerical Algorithms, section 4.2), plus 2^-126 for each flushed operand or
-  result; the final scale and cast are monotone, so an element is admitted when its value lies between the images
-  of the interval's ends.
+  result; a chain of S tensor-core steps of w products each (`emufloat.FusedBlock`: terms truncated to
+  ``align_bits`` below the step's largest exponent, the sum rounded toward zero into FP32), in any order, is within
+  ((w + 1) 2^-align_bits + 2^-23) (S + 1) / (1 - that) * sum |a_i b_i| of the exact sum, since each step errs by at
+  most that constant times its terms' magnitudes and its C by at most the sum of all of them; the final scale and
+  cast are monotone, so an element is admitted when its value lies between the images of the interval's ends.
 
 The report says how many elements depend on the order (differ between two admissible orders, where every order is
 tried) and how many no order gives.
@@ -28,6 +32,7 @@ import numpy as np
 
 from emufloat import Trace
 
+from . import arith
 from .backward import _setup, atomic_add
 from .bits import from_bits, to_bits
 from .policy import Policy
@@ -112,7 +117,8 @@ def atomic_check(
         for (name, row0), terms in head.terms.items():
             if name not in names:
                 continue
-            got = np.asarray(recorded[name])[idx][row0 : row0 + terms[0].shape[0]]
+            rows = np.shape(terms[0][0] if isinstance(terms[0], tuple) else terms[0])[0]
+            got = np.asarray(recorded[name])[idx][row0 : row0 + rows]
             finish = _finisher(head, grads[name], name, scale[name])
             c = _admitted(terms, grads[name], finish, got)
             counts[name] += c
@@ -133,15 +139,49 @@ def _finisher(head, grad, name: str, scale: float | None):
     return finish
 
 
-def _admitted(terms: list[np.ndarray], grad, finish, got: np.ndarray) -> np.ndarray:
+def _step(grad):
+    """acc plus one K/V block's term as the GPU's turn computes it: an ``atomicAdd`` of the stored product, or
+    (``dot.into_acc``) the block's product continuing the buffer as its C."""
+    if grad.dot.into_acc:
+        return lambda acc, term: arith.dot(term[0], term[1], grad.dot, c=acc)
+    return lambda acc, term: atomic_add(acc, term, grad)
+
+
+def _bound(terms: list, grad) -> tuple[np.ndarray, np.ndarray]:
+    """(exact sum, bound): every order of the turns gives a value within bound of the exact sum of the terms."""
+    if not grad.dot.into_acc:  # k - 1 FP32 additions rounded to nearest, in any order (Higham 4.2)
+        t = np.stack([np.asarray(x, np.float64) for x in terms])
+        k = len(terms)
+        mag = np.abs(t).sum(axis=0)
+        gamma = (k - 1) * _U / (1 - (k - 1) * _U)
+        return t.sum(axis=0), gamma * mag + (k - 1) * 2.0**-53 * mag + 3 * k * _FLUSH
+    # each product continues the buffer: S steps of `width` products and C; a step's result is within c times
+    # the sum of its terms' magnitudes of their exact sum, where each term lost less than 2^-align_bits of the
+    # largest (truncated below the step's largest exponent) and the sum less than an FP32 ulp (RTZ), or, for a
+    # model without that alignment, one rounding to nearest a product; each step's C is bounded by the sum
+    # of all products' magnitudes (plus the errors so far): the total is within c (S + 1) of it
+    model = grad.dot.model
+    width, align = getattr(model, "width", 1), getattr(model, "align_bits", None)
+    c = (width + 1) * 2.0**-align + 2.0**-23 if align is not None else 2 * width * _U
+    exact = sum(np.asarray(a, np.float64) @ np.asarray(b, np.float64) for a, b in terms)
+    mag = sum(np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b, np.float64)) for a, b in terms)
+    steps = sum(-(-np.shape(a)[1] // width) for a, _b in terms)
+    grow = c * (steps + 1)
+    if grow >= 0.5:
+        raise ValueError(f"atomics: {steps} accumulation steps are too many for the bound ({grow:.2f})")
+    return exact, grow / (1 - grow) * mag + 3 * steps * _FLUSH
+
+
+def _admitted(terms: list, grad, finish, got: np.ndarray) -> np.ndarray:
     """(identical to the first order, admitted, order-dependent, elements) for one block of rows."""
     got = np.asarray(got)
-    zero = np.zeros_like(np.asarray(terms[0], np.float32))
+    step = _step(grad)
+    zero = np.zeros(np.shape(got), np.float32)
 
     def total(order) -> np.ndarray:
         acc = zero
         for i in order:
-            acc = atomic_add(acc, terms[i], grad)
+            acc = step(acc, terms[i])
         return acc
 
     first = finish(total(range(len(terms))))
@@ -153,12 +193,7 @@ def _admitted(terms: list[np.ndarray], grad, finish, got: np.ndarray) -> np.ndar
             admitted |= bits == got
             dependent |= bits != first
         return np.array([same.sum(), admitted.sum(), dependent.sum(), same.size])
-    t = np.stack([np.asarray(x, np.float64) for x in terms])
-    k = len(terms)
-    gamma = (k - 1) * _U / (1 - (k - 1) * _U)
-    mag = np.abs(t).sum(axis=0)
-    bound = gamma * mag + (k - 1) * 2.0**-53 * mag + 3 * k * _FLUSH  # rounding, the FP64 sum's own, flushes
-    exact = t.sum(axis=0)
+    exact, bound = _bound(terms, grad)
     lo = np.nextafter((exact - bound).astype(np.float32), np.float32(-np.inf))
     hi = np.nextafter((exact + bound).astype(np.float32), np.float32(np.inf))
     fmt = grad.out.fmt

@@ -144,7 +144,7 @@ class _Head:
     ):
         self.pol, self.trace, self.sm_scale = pol, trace, sm_scale
         self.place = head  # (this head's flat index, the launch's heads)
-        self.terms: dict[tuple[str, int], list[np.ndarray]] | None = None  # atomic block products, if collected
+        self.terms: dict[tuple[str, int], list] | None = None  # atomic block products (or operands), if collected
         self.offset = causal_offset(causal, q.shape[0], k.shape[0])
         tr = trace
         rec = pol.recompute
@@ -209,9 +209,11 @@ class _Head:
     def accumulate(
         self, grad: Grad, a: np.ndarray, b: np.ndarray, acc: np.ndarray, label: str, key: int = 0
     ) -> np.ndarray:
-        """acc plus the block product a b as ``grad`` says; an atomic one's product is kept in `terms` under
-        (label, key) when they are collected (`flashsim.atomics`)."""
+        """acc plus the block product a b as ``grad`` says; an atomic one's product (with ``dot.into_acc``, its
+        operands) is kept in `terms` under (label, key) when they are collected (`flashsim.atomics`)."""
         if grad.dot.into_acc:
+            if grad.atomic and self.terms is not None:
+                self.terms.setdefault((label, key), []).append((a, b))
             return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label)
         prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
         if grad.atomic:
@@ -262,14 +264,16 @@ class _Head:
             q_blocks.reverse()
         if kv_order == "reverse":
             kv_blocks.reverse()
-        deferred: dict[int, dict[int, np.ndarray]] = {}  # diagonal_first: each Q block's dS, added to dQ after
+        deferred: dict[int, dict[int, np.ndarray]] = {}  # each Q block's dS by K/V block, added to dQ after
+        reached: dict[tuple[int, int], int] = {}  # lockstep: (Q block, K/V block) -> the step the walk reached it
         dv_cols, dq_cols = self.do.shape[1], self.k.shape[1]
         dq_acc = {r.start: arith.cast(np.zeros((len(r), dq_cols)), pol.dq.acc_fmt) for r in q_blocks}
         dk_parts, dv_parts = {}, {}
         for cols in kv_blocks:
             dk_acc = arith.cast(np.zeros((len(cols), dq_cols)), pol.dk.acc_fmt)
             dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
-            for rows in self.q_walk(q_blocks, q_order, cols.start // bn, cols):
+            for step, rows in enumerate(self.q_walk(q_blocks, q_order, cols.start // bn, cols)):
+                reached[rows.start, cols.start] = step
                 if skip_masked and causal_skips(self.offset, rows, cols):
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
@@ -285,14 +289,16 @@ class _Head:
                     else arith.cast_if_needed(ds, pol.dq.dot.inputs, tr, "ds")
                 )
                 dk_acc = self.accumulate(pol.dk, ds_k.T, self.q_dk[r0:r1], dk_acc, "dk")
-                if kv_order == "diagonal_first":
+                if kv_order in ("diagonal_first", "lockstep"):
                     deferred.setdefault(r0, {})[c0] = ds_q
                 else:
                     dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq", r0)
             dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", self.sm_scale)
             dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", None)
-        for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on
-            for c0 in sorted(by_kv, key=lambda c: (c != r0, c)):
+        for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on; or
+            # the order in which the K/V blocks' walks, advancing together, reach the Q block
+            first = (lambda c: (c != r0, c)) if kv_order == "diagonal_first" else (lambda c: (reached[r0, c], c))
+            for c0 in sorted(by_kv, key=first):
                 ds_q = by_kv[c0]
                 dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq", r0)
         dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", self.dq_scale) for i0 in sorted(dq_acc)])

@@ -12,7 +12,7 @@ from ..orders import DELTAS, RECOMPUTES
 from .base import Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
 from .forward import Dot, Func, Op
 
-KV_ORDERS = ("forward", "reverse", "diagonal_first")
+KV_ORDERS = ("forward", "reverse", "diagonal_first", "lockstep")
 Q_ORDERS = ("forward", "reverse", "rotated")
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
@@ -200,10 +200,12 @@ class Grad:
     the product's format; ``dot.into_acc``: the accumulator enters as the product's C (mma / ``tl.dot(a, b,
     acc)``), otherwise each block product is stored and added by ``accum`` (``dq.add_(chunk)``, FA2's
     fp32 atomicAdd into dQaccum).  ``accum`` also rounds the final multiply by sm_scale (``scale_at='end'``).
-    ``out``: the cast of the result into its stored format.  ``atomic``: the block products are added with
-    ``atomicAdd`` into an FP32 buffer (FA2's dQaccum), whose ``atom.add.f32`` flushes subnormal operands
-    and results to sign-preserving zero; with three or more K/V blocks the GPU's order varies from launch
-    to launch (the model adds in ``BwdTiling.kv_order``), with at most two it cannot matter.
+    ``out``: the cast of the result into its stored format.  ``atomic``: the K/V blocks meet in an order the
+    GPU chooses, which varies from launch to launch with three or more of them (the model takes
+    ``BwdTiling.kv_order``): without ``dot.into_acc``, their products are added with ``atomicAdd`` into an FP32
+    buffer (FA2's dQaccum), whose ``atom.add.f32`` flushes subnormal operands and results to sign-preserving
+    zero; with it, each K/V block in its turn continues the FP32 buffer as its product's C (the memory-efficient
+    kernel's dQ, the blocks taking a lock).
     """
 
     dot: Dot
@@ -221,8 +223,8 @@ class Grad:
                 f"Grad.accum: with dot.into_acc the accumulator is the product's format "
                 f"{format_name(self.dot.fmt)}; got {format_name(self.accum.fmt)}"
             )
-        if self.atomic and (self.dot.into_acc or self.accum.fmt != FP32):
-            raise ValueError("Grad.atomic: atomicAdd adds stored FP32 block products (dot.into_acc False, accum FP32)")
+        if self.atomic and self.accum.fmt != FP32:
+            raise ValueError("Grad.atomic: the K/V blocks meet in an FP32 buffer; accum must be FP32")
         if self.accum.fused or self.out.fused:
             raise ValueError("Grad.accum, Grad.out: have no fused form")
         if self.out.compute is not None and self.out.compute != self.out.fmt:
@@ -246,8 +248,10 @@ class BwdTiling:
     last to first; 'rotated': from the K/V block's own index on, wrapping round, as the memory-efficient kernel
     does when its key blocks run in parallel and nothing is masked; with a causal mask, from the first
     unmasked block on); ``kv_order``: order of K/V blocks, the order dQ accumulates in: 'forward', 'reverse',
-    or 'diagonal_first' (Triton's tutorial: a Q block's dQ adds the K/V block on its diagonal first, then
-    the blocks from the first on; needs ``block_m == block_n``).  ``skip_masked``:
+    'diagonal_first' (Triton's tutorial: a Q block's dQ adds the K/V block on its diagonal first, then
+    the blocks from the first on; needs ``block_m == block_n``) or 'lockstep' (the K/V blocks run at once, each
+    walking its Q blocks in ``q_order``, one a step: a Q block's dQ takes them in the order their walks reach
+    it, the lower K/V block first at the same step: the memory-efficient kernel's key splits).  ``skip_masked``:
     (Q block, K/V block) pairs masked for every entry are skipped (FA2, Triton); the Qiu & Yao code
     processes them (their P is 0, so they add only zeros).
     """

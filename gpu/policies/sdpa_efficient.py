@@ -67,8 +67,10 @@ def sdpa_efficient_policy(
     dS = ((dP - delta) P) * scale; dK and dV in registers over the query blocks, which each key block's thread block
     walks from its own index on (`q_order='rotated'`) when the keys are split (`n_k` keys, `batch_heads` heads,
     `deterministic`: [`efficient_key_splits`][gpu.policies.efficient_key_splits]); dQ continued by each key block in
-    turn from an FP32 buffer.  With several key splits the GPU's order of those turns varies from launch to launch; the
-    model takes them in key order, the order of a deterministic run.
+    turn from an FP32 buffer.  Deterministic, the turns go in key order; with several key splits the key blocks run
+    at once and take turns as their walks reach a query block (`kv_order='lockstep'`: its own key block first, then
+    the ones before it, as every small launch recorded does), an order the GPU may change from launch to launch: dQ
+    is atomic (`flashsim.atomics` admits any order of the turns).
     """
     if head_dim not in EFFICIENT_TILES:
         raise ValueError(
@@ -110,8 +112,10 @@ def sdpa_efficient_policy(
         dp=Dot(fmt, model),
         ds=SoftmaxGrad(FP32, scale_at="ds", p_format=fmt),
         dk=grad,
-        dq=grad,
-        bwd_tiling=BwdTiling(tile, tile, q_order="rotated" if splits > 1 else "forward"),
+        dq=dataclasses.replace(grad, atomic=splits > 1),
+        bwd_tiling=BwdTiling(
+            tile, tile, q_order="rotated" if splits > 1 else "forward", kv_order="lockstep" if splits > 1 else "forward"
+        ),
     )
 
 

@@ -120,6 +120,32 @@ def with_backward(case: dict) -> bool:
     return case["kernel"] != "tutorial" or case["causal"]
 
 
+def emulated_digests(case: dict) -> dict[str, str]:
+    """The SHA-256 of every output the policy the case recorded computes from the case's seed: what a recorded
+    case's digests are checked against on the CPU."""
+    from flashsim.crosscheck import KernelRun, emulate
+    from flashsim.policy import PolicyRef
+
+    x = case_inputs(case)
+    h, n, d = x["q"].shape
+    shapes = {"o": (h, n, d), "dq": (h, n, d), "dk": (h, n, d), "dv": (h, n, d)}
+    placeholder = {k: np.zeros(shapes.get(k, (h, n)), np.uint16 if k in shapes else np.uint32) for k in case["digests"]}
+    run = KernelRun(
+        q=x["q"],
+        k=x["k"],
+        v=x["v"],
+        do=x["do"] if "dq" in case["digests"] else None,
+        dtype=case["dtype"],
+        causal=case["causal"],
+        sm_scale=case["d"] ** -0.5,
+        softmax=case_softmax(case),
+        policy=PolicyRef.from_json(case["policy"]),
+        outputs=placeholder,
+        launch=case["launch"],
+    )
+    return {k: sha256_of(v) for k, v in emulate(run).items() if k in case["digests"]}
+
+
 def register_checkout_policies() -> None:
     """Register what installed entry points would (a checkout run from PYTHONPATH=. declares none): `qiu_yao`, and the
     policy functions of gpu.policies."""

@@ -297,8 +297,8 @@ class _Head:
             dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", None)
         for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on; or
             # the order in which the K/V blocks' walks, advancing together, reach the Q block
-            first = (lambda c: (c != r0, c)) if kv_order == "diagonal_first" else (lambda c: (reached[r0, c], c))
-            for c0 in sorted(by_kv, key=first):
+            turns = sorted((c != r0 if kv_order == "diagonal_first" else reached[r0, c], c) for c in by_kv)
+            for _, c0 in turns:
                 ds_q = by_kv[c0]
                 dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq", r0)
         dq = np.concatenate([self.finish(pol.dq, dq_acc[i0], "dq", self.dq_scale) for i0 in sorted(dq_acc)])

@@ -282,9 +282,11 @@ def run(args) -> int:
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
         "triton": __import__("triton").__version__,
-        "command": "PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial "
-        f".upstream/triton_06_fused_attention.py --paper .upstream/qiu_yao_attention.py --grid {args.grid} "
-        f"--kernels {args.kernels} --cases {args.cases} --start {args.start} --workers {args.workers}"
+        "command": "PYTHONPATH=. python -m studies.device.fresh_check --out $OUT"
+        + (" --tutorial .upstream/triton_06_fused_attention.py" if "tutorial" in kernels else "")
+        + (" --paper .upstream/qiu_yao_attention.py" if "paper" in kernels else "")
+        + f" --grid {args.grid} --kernels {args.kernels} --cases {args.cases} --start {args.start} "
+        f"--workers {args.workers}"
         + (" --repeat" if args.repeat else "")
         + (f" --keep-bits {args.keep_bits}" if args.keep_bits else ""),
         "files_sha256": {

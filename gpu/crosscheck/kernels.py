@@ -42,14 +42,15 @@ SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 def sdpa_policy(backend: str, launch: dict) -> PolicyRef | None:
     """The policy of SDPA's `backend` for a recorded launch (`launch_record`), its parameters read from it:
     the flash backend's split heuristic from the card's SM count and the launch's batch x heads and lengths,
-    the memory-efficient backend's dQ order from the deterministic flag; None for 'math' (no model)."""
+    the memory-efficient backend's key splits from the deterministic flag, the key count and batch x heads; None for 'math' (no model)."""
     base = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
     if backend == "flash":
         args = base | {k: launch[k] for k in ("n_q", "n_k", "batch_heads")}
         return PolicyRef("gpu.policies:sdpa_flash_policy", args | {"sm_count": launch.get("sm_count", H100_SM_COUNT)})
     if backend == "efficient":
         det = {"deterministic": True} if launch.get("deterministic") else {}
-        return PolicyRef("gpu.policies:sdpa_efficient_policy", base | {"n_k": launch["n_k"]} | det)
+        args = base | {k: launch[k] for k in ("n_k", "batch_heads")} | det
+        return PolicyRef("gpu.policies:sdpa_efficient_policy", args)
     if backend == "cudnn":
         return PolicyRef("gpu.policies:sdpa_cudnn_policy", base)
     return None

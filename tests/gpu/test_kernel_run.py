@@ -209,4 +209,7 @@ def test_sdpa_flash_policy_comes_from_the_launch():
     assert sdpa_policy("flash", launch).resolve().tiling.kv_splits == 2
     assert sdpa_policy("flash", launch | {"batch_heads": 64}).resolve().tiling.kv_splits == 1
     assert sdpa_policy("efficient", launch | {"deterministic": True}).kwargs["deterministic"] is True
+    many = launch | {"head_dim": 64, "n_k": 128, "batch_heads": 256}  # one thread block takes both key blocks
+    assert sdpa_policy("efficient", many).resolve().dq.atomic is False
+    assert sdpa_policy("efficient", many | {"batch_heads": 255}).resolve().dq.atomic is True
     assert sdpa_policy("math", launch) is None

@@ -83,6 +83,10 @@ class PolicyRow:
             from gpu.policies import sdpa_cudnn_policy
 
             return sdpa_cudnn_policy("bf16", D)
+        if self.name.startswith("qiu_yao_"):  # the pipeline with l, or P V and O, kept in FP32
+            from gpu.policies import qiu_yao_policy
+
+            return qiu_yao_policy(l_fp32="l32" in self.name, o_fp32="o32" in self.name)
         return self.name
 
     def variants(self) -> list:
@@ -107,6 +111,9 @@ POLICIES = {
         PolicyRow("fa2", "bf16", 8, True),
         PolicyRow("sdpa_flash", "bf16", 8, False),
         PolicyRow("sdpa_cudnn", "bf16", 8, False),
+        PolicyRow("qiu_yao_l32", "bf16", 8, True),
+        PolicyRow("qiu_yao_o32", "bf16", 8, True),
+        PolicyRow("qiu_yao_l32_o32", "bf16", 8, True),
     )
 }
 VARIANT_ORDER = ("standard", "stabilised", "robust", "dithered", "cast_sum")

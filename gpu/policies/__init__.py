@@ -30,7 +30,7 @@ from ..configs import (
 from ..versions import CALIBRATED_ON, calibration_mismatch
 from .flex_attention import flex_policy
 from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
-from .qiu_yao import QIU_YAO, cublas_alignment
+from .qiu_yao import QIU_YAO, cublas_alignment, qiu_yao_policy
 from .sdpa_cudnn import sdpa_cudnn_policy
 from .sdpa_efficient import EFFICIENT_BWD_TILES, EFFICIENT_TILES, efficient_key_splits, sdpa_efficient_policy
 from .sdpa_flash import (
@@ -63,6 +63,7 @@ FUNCTIONS = (
     sdpa_efficient_policy,
     sdpa_cudnn_policy,
     flex_policy,
+    qiu_yao_policy,
 )
 for _fn in FUNCTIONS:
     register_policy_function(_fn, target=f"{__name__}:{_fn.__name__}")
@@ -86,6 +87,7 @@ __all__ = [
     "default_softmax",
     "efficient_key_splits",
     "flex_policy",
+    "qiu_yao_policy",
     "fa2_num_splits",
     "fa2_split_block_n",
     "kernel_format",

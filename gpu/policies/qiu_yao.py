@@ -5,6 +5,8 @@ FlashAttention-2 with 512 x 512 tiles) run eager under CUDA bf16 autocast on the
 
 from __future__ import annotations
 
+import dataclasses
+
 from emufloat import BF16, FP32
 from flashsim.policy import Policy
 from flashsim.specs import (
@@ -63,6 +65,25 @@ QIU_YAO = Policy(
 )
 
 
+def qiu_yao_policy(l_fp32: bool = False, o_fp32: bool = False) -> Policy:
+    """Qiu & Yao's pipeline with the smallest changes to its arithmetic that a fix of the lean can make:
+    ``l_fp32`` keeps the row sums l in FP32 (``row_sums`` an fp32 tensor; the division still gives BF16 O), and
+    ``o_fp32`` keeps P V and O's running accumulation in FP32 (the einsum's output and ``oc`` fp32, O stored in
+    BF16 at the end).  Both False: `QIU_YAO`.  docs/fix.md measures which one the softmax variants need."""
+    if not isinstance(l_fp32, bool) or not isinstance(o_fp32, bool):
+        raise ValueError(f"l_fp32, o_fp32: expected True or False, got {l_fp32!r}, {o_fp32!r}")
+    if not (l_fp32 or o_fp32):
+        return QIU_YAO
+    pol = QIU_YAO
+    if l_fp32:
+        pol = dataclasses.replace(pol, row_sum=RowSum("torch_cuda", FP32, floor=1e-10))
+    if o_fp32:
+        pol = dataclasses.replace(pol, pv=Dot(BF16, CUBLAS_BF16, FP32), rescale=Op(FP32), o_accum=Op(FP32))
+    kept = " and ".join(n for n, on in (("l", l_fp32), ("P V and O's accumulator", o_fp32)) if on)
+    suffix = "_".join(n for n, on in (("l32", l_fp32), ("o32", o_fp32)) if on)
+    return dataclasses.replace(pol, name=f"qiu_yao_{suffix}", note=f"{QIU_YAO.note}; here {kept} in FP32")
+
+
 def tile_extents(n: int, tile: int = 512) -> set[int]:
     """The lengths of the tiles their code splits n rows or keys into (whole tiles, then the rest)."""
     return {e for e in (min(n, tile), n % tile if n > tile else 0) if e}
@@ -87,4 +108,4 @@ def cublas_alignment(policy: Policy, launch: dict) -> str | None:
     )
 
 
-__all__ = ["CUBLAS_BF16", "QIU_YAO", "cublas_alignment", "tile_extents"]
+__all__ = ["CUBLAS_BF16", "QIU_YAO", "cublas_alignment", "qiu_yao_policy", "tile_extents"]

@@ -42,7 +42,8 @@ SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 def sdpa_policy(backend: str, launch: dict) -> PolicyRef | None:
     """The policy of SDPA's `backend` for a recorded launch (`launch_record`), its parameters read from it:
     the flash backend's split heuristic from the card's SM count and the launch's batch x heads and lengths,
-    the memory-efficient backend's key splits from the deterministic flag, the key count and batch x heads; None for 'math' (no model)."""
+    the memory-efficient backend's key splits from the deterministic flag, the key count and batch x heads; None
+    for 'math' (no model)."""
     base = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
     if backend == "flash":
         args = base | {k: launch[k] for k in ("n_q", "n_k", "batch_heads")}

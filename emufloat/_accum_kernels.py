@@ -294,7 +294,7 @@ def _block_kernel(
     work_f,
     work_i,
     no_steps,
-    ti,
+    tiles,
 ):
     """A FusedBlock chain for every output element, untraced, computing as `_block_step()`.
 
@@ -310,10 +310,16 @@ def _block_kernel(
     results, late C, special C, stochastic rounding).  Elements whose row of a
     or column of b holds an infinity or NaN are recomputed by
     `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``.
+
+    ``tiles`` (T, 4): each tile's rows ``[i0, i1)``, its column tile of ``sb`` and its batch.  A batched
+    product stacks the batches' rows of a and of ``bt`` (``n`` columns a batch, ``out.shape[1]``) and each
+    batch's column tiles of b (whole tiles a batch): a tile of batch ``g`` pairs its rows with its own columns
+    only, and writes them as columns 0.. of ``out``.
     """
-    m, kk = sa.shape
+    kk = sa.shape[1]
     n = out.shape[1]
-    nj, _kk, tj = sb.shape
+    _nj, _kk, tj = sb.shape
+    npad = -(-n // tj) * tj  # a batch's columns, padded to whole tiles
     early_c = mp.early_c != 0
     width = mp.width
     align = mp.align_bits
@@ -326,17 +332,16 @@ def _block_kernel(
     mode_ok = np.int64(mode != SR)
     _eb, _mb, acc_bias, _sp, _sn, _ov = acc_params
     c_emin = np.int64(1) - acc_bias
-    for t in nb.prange(((m + ti - 1) // ti) * nj):
-        i0 = (t // nj) * ti
-        jb = t % nj
-        j0 = jb * tj
+    for t in nb.prange(tiles.shape[0]):
+        i0, i1, jb, g = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
+        j0 = jb * tj - g * npad  # the tile's first column within its batch
         acc = work_f[t, 0]
         promoted = work_f[t, 1]
         fres = work_f[t, 2]
         cut46 = work_i[t, 0]  # the step's cut + 2 SIG_BITS
         tot = work_i[t, 1]
         okv = work_i[t, 2]
-        for i in range(i0, min(i0 + ti, m)):
+        for i in range(i0, i1):
             for jj in range(tj):  # with promotion C starts in the FP32 accumulator, as in _block_chain
                 cij = c[i, j0 + jj] if have_c and j0 + jj < n else 0.0
                 acc[jj] = 0.0 if chunk else cij
@@ -406,12 +411,12 @@ def _block_kernel(
                     c_in = False
             for jj in range(min(tj, n - j0)):
                 j = j0 + jj
-                if bad_a[i] or bad_b[j]:
+                if bad_a[i] or bad_b[jb * tj + jj]:
                     out[i, j] = _block_chain(
                         a[i],
-                        bt[j],
+                        bt[g * n + j],
                         ea[i],
-                        eb[j],
+                        eb[g * n + j],
                         c[i, j] if have_c else 0.0,
                         have_c,
                         mp,
@@ -428,30 +433,37 @@ def _block_kernel(
                     out[i, j] = acc[jj]
 
 
-def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max):
-    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`."""
-    m, kk = av.shape
-    n = bt.shape[0]
+def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
+    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`.  ``batch``:
+    ``av`` and ``bt`` stack that many products' rows (of a and of b transposed), ``cv`` and ``out`` their rows of
+    the result."""
+    m, kk = av.shape[0] // batch, av.shape[1]
+    n = bt.shape[0] // batch
     if m == 0 or n == 0:
         return
     tj = min(_TILE_J, -(-n // 8) * 8)
     nj = -(-n // tj)
     npad = nj * tj
     # rows per tile: at most _TILE_I, but enough tiles to keep every thread busy
-    ti = max(1, min(_TILE_I, m * nj // (4 * nb.get_num_threads())))
-    sa, xa = np.empty((m, kk), np.int32), np.empty((m, kk), np.int32)
-    sbt, xbt = np.empty((n, kk), np.int32), np.empty((n, kk), np.int32)
-    bad_a, bad_bt = np.empty(m, np.bool_), np.empty(n, np.bool_)
+    ti = max(1, min(_TILE_I, batch * m * nj // (4 * nb.get_num_threads())))
+    sa, xa = np.empty((batch * m, kk), np.int32), np.empty((batch * m, kk), np.int32)
+    sbt, xbt = np.empty((batch * n, kk), np.int32), np.empty((batch * n, kk), np.int32)
+    bad_a, bad_bt = np.empty(batch * m, np.bool_), np.empty(batch * n, np.bool_)
     _split(av, ea, zeros_in_max, sa, xa, bad_a)
     _split(bt, eb, zeros_in_max, sbt, xbt, bad_bt)
-    sb = np.zeros((npad, kk), np.int32)
-    xb = np.full((npad, kk), _ZERO_EXP, np.int32)
-    bad_b = np.zeros(npad, np.bool_)
-    sb[:n], xb[:n], bad_b[:n] = sbt, xbt, bad_bt
+    sb = np.zeros((batch, npad, kk), np.int32)
+    xb = np.full((batch, npad, kk), _ZERO_EXP, np.int32)
+    bad_b = np.zeros((batch, npad), np.bool_)
+    sb[:, :n], xb[:, :n] = sbt.reshape(batch, n, kk), xbt.reshape(batch, n, kk)
+    bad_b[:, :n] = bad_bt.reshape(batch, n)
     # tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
-    sb = np.ascontiguousarray(sb.reshape(nj, tj, kk).transpose(0, 2, 1))
-    xb = np.ascontiguousarray(xb.reshape(nj, tj, kk).transpose(0, 2, 1))
-    ntiles = -(-m // ti) * nj
+    sb = np.ascontiguousarray(sb.reshape(batch * nj, tj, kk).transpose(0, 2, 1))
+    xb = np.ascontiguousarray(xb.reshape(batch * nj, tj, kk).transpose(0, 2, 1))
+    starts = np.arange(0, m, ti)
+    g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
+    i0 = g * m + r
+    tiles = np.stack([i0, np.minimum(i0 + ti, (g + 1) * m), g * nj + jl, g], axis=-1).reshape(-1, 4)
+    ntiles = tiles.shape[0]
     _block_kernel(
         sa,
         xa,
@@ -465,7 +477,7 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
         acc_params,
         mode,
         bad_a,
-        bad_b,
+        bad_b.reshape(-1),
         av,
         bt,
         ea,
@@ -473,7 +485,7 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
         np.empty((ntiles, 3, tj)),
         np.empty((ntiles, 3, tj), np.int64),
         np.zeros((0, 0, 4)),
-        ti,
+        np.ascontiguousarray(tiles, np.int64),
     )
 
 

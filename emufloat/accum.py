@@ -223,7 +223,9 @@ def matmul(
     """``a @ b (+ c)`` with every dot product accumulated as ``model`` says.
 
     a: (M, K), b: (K, N), c: (M, N) or None, holding FP32-representable values
-    of any format.  ``model`` is a model or the name of a registered preset
+    of any format; or a batch of them, (B, M, K), (B, K, N) and (B, M, N): each
+    product is the one its 2-D call gives, the untraced FusedBlock ones run as
+    one.  ``model`` is a model or the name of a registered preset
     (`PRESETS`), and has no default: a dot product's bits depend on how
     it is accumulated and no order is neutral (sequential FMAs, a pairwise
     tree, the exact sum and each tensor core's fused blocks all differ), so the
@@ -244,6 +246,8 @@ def matmul(
     check_trace(trace)
     av, afmt = _values(a, "a")
     bv, bfmt = _values(b, "b")
+    if av.ndim == 3 or bv.ndim == 3:
+        return _batched(av, bv, afmt, bfmt, model, c, trace, label)
     if av.ndim != 2 or bv.ndim != 2 or av.shape[1] != bv.shape[0]:
         raise ValueError(f"a, b: expected shapes (M, K) and (K, N), got {av.shape} and {bv.shape}")
     m, n = av.shape[0], bv.shape[1]
@@ -296,6 +300,47 @@ def matmul(
                 )
             )
     return out.astype(fmt.carrier)
+
+
+def _batched(av, bv, afmt, bfmt, model, c, trace, label) -> np.ndarray:
+    """`matmul()` of a batch: (B, M, K) @ (B, K, N) (+ (B, M, N))."""
+    if av.ndim != 3 or bv.ndim != 3 or av.shape[0] != bv.shape[0] or av.shape[2] != bv.shape[1]:
+        raise ValueError(f"a, b: expected shapes (B, M, K) and (B, K, N), got {av.shape} and {bv.shape}")
+    (batch, m, kk), n = av.shape, bv.shape[2]
+    cv = None if c is None else _values(c, "c")[0]
+    if cv is not None and cv.shape != (batch, m, n):
+        raise ValueError(f"c: expected shape {(batch, m, n)}, got {cv.shape}")
+    if not isinstance(model, FusedBlock) or trace is not None or batch * m * n == 0:
+        return np.stack(
+            [matmul(av[i], bv[i], model, None if cv is None else cv[i], trace=trace, label=label) for i in range(batch)]
+        ).reshape(batch, m, n)
+    fmt = as_format(model.fmt)
+    if fmt.precision > 24:
+        raise ValueError(f"model: the result format must have at most 24 significand bits, got {fmt.name}")
+    a2 = av.reshape(batch * m, kk)
+    bt = np.ascontiguousarray(bv.transpose(0, 2, 1)).reshape(batch * n, kk)
+    out = np.empty((batch * m, n))
+    have_c = cv is not None
+    c2 = cv.reshape(batch * m, n) if have_c else np.zeros((batch * m, n))
+    ea, eb = lead_exps(a2, afmt.emin), lead_exps(bt, bfmt.emin)
+    mode = as_rounding(model.rounding)
+    with _arrays.threads_for(batch * m * n * kk):
+        block_matmul(
+            a2,
+            bt,
+            ea,
+            eb,
+            c2,
+            have_c,
+            out,
+            model.params,
+            fmt.params,
+            mode.code,
+            model.acc_fmt.params,
+            model.zeros_in_max,
+            batch,
+        )
+    return out.reshape(batch, m, n).astype(fmt.carrier)
 
 
 def dot(

@@ -279,10 +279,15 @@ def kv_steps(
     offset (`causal_offset()`; None: not causal); ``head``: (this head's flat index, the launch's heads), for
     orders that depend on a row's place in the launch.  Returns (as the generator's value) the normalised
     output, the LSE and the final state.
+
+    Several heads at once: ``kt`` (H, d, N) and ``vc`` (H, N, d_v) hold each head's keys, ``q_rows`` their Q
+    blocks' rows stacked head after head (H * rows, d), ``head`` (0, H); every step is the one each head's own
+    loop takes, row by row, so the rows are the bits of H separate loops.
     """
     pol, trace = pipe.pol, pipe.trace
     bm, bn = tile
-    n = kt.shape[1]
+    n = kt.shape[-1]
+    heads = kt.shape[0] if kt.ndim == 3 else 0
     schedule = KV_SCHEDULES.get(pol.tiling.schedule)
     blocks = schedule.blocks(qrows, n, bn, bm, offset, pol.tiling.skip_masked)
     if order == "reverse":
@@ -291,16 +296,19 @@ def kv_steps(
     acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
     m = arith.cast(np.full(r, -np.inf), pol.max.fmt)
     lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), local), trace)
-    acc = arith.cast(np.zeros((r, vc.shape[1])), acc_fmt)
+    acc = arith.cast(np.zeros((r, vc.shape[-1])), acc_fmt)
     for cols, masked in blocks:
         j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
-        kb, vb = kt[:, j0 : cols.stop], vc[j0 : cols.stop]
+        kb, vb = kt[..., j0 : cols.stop], vc[..., j0 : cols.stop, :]
         if past:
-            kb, vb = np.pad(kb, ((0, 0), (0, past))), np.pad(vb, ((0, past), (0, 0)))
-        s = arith.dot(q_rows, kb, pol.scores, trace=trace, label="scores")
+            lead = [(0, 0)] * (kb.ndim - 2)
+            kb, vb = np.pad(kb, [*lead, (0, 0), (0, past)]), np.pad(vb, [*lead, (0, past), (0, 0)])
+        s = _stacked_dot(q_rows, kb, pol.scores, heads, trace=trace, label="scores")
         visible = causal_visible(qrows, cols, offset) if masked else None
         if visible is not None and local is not None:
             visible = visible[local]
+        if visible is not None and heads:
+            visible = np.tile(visible, (heads, 1))
         kernel_masks = masked if schedule.marks_mask else visible is not None
         p, m, alpha = pipe.softmax_block(s, visible, m, kernel_masks)
         if sums_cast_p(
@@ -313,9 +321,9 @@ def kv_steps(
             pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
-            acc = arith.dot(pl, vb, pol.pv, c=acc, trace=trace, label="pv")
+            acc = _stacked_dot(pl, vb, pol.pv, heads, c=acc, trace=trace, label="pv")
         else:
-            pv = arith.dot(pl, vb, pol.pv, trace=trace, label="pv")
+            pv = _stacked_dot(pl, vb, pol.pv, heads, trace=trace, label="pv")
             acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
         s_max, units = pipe.max_input
         yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)
@@ -323,6 +331,17 @@ def kv_steps(
     o = arith.normalize(acc, l, pol.normalize, trace)
     o = arith.output_cast(o, pol.output, trace, "output")
     return RowsResult(o, pipe.lse(m, l), m, l, acc)
+
+
+def _stacked_dot(a: np.ndarray, b: np.ndarray, spec, heads: int, c: np.ndarray | None = None, **kw) -> np.ndarray:
+    """a @ b (+ c) as `flashsim.arith.dot`; with ``heads``, ``a`` and ``c`` stack that many heads' rows and ``b``
+    holds each head's own operand: each head's rows times its b, stacked the same way."""
+    if not heads:
+        return arith.dot(a, b, spec, c=c, **kw)
+    rows = a.shape[0] // heads
+    cc = None if c is None else c.reshape(heads, rows, -1)
+    out = arith.dot(a.reshape(heads, rows, -1), b, spec, c=cc, **kw)
+    return out.reshape(heads * rows, -1)
 
 
 def drain(steps: Generator[KVStep, None, RowsResult]) -> RowsResult:
@@ -403,6 +422,10 @@ def flash_forward(
     # with splits, each range's O stays in FP32 for the combine step
     run_pol = dataclasses.replace(pol, output=Op(FP32)) if splits > 1 else pol
 
+    lead = q.shape[:-2]
+    if lead and math.prod(lead) > 1 and q.shape[-2] <= bm and splits == 1 and trace is None:
+        return _one_q_block_heads(q, k, v, run_pol, variant, scale, causal, (bm, bn), order)
+
     def one(q2, k2, v2, head):
         pipe = Pipeline(run_pol, scale, variant, trace, bool(q2.shape[0] % bm or k2.shape[0] % bn))
         qc = arith.cast(q2, pol.scores.inputs, trace=trace, label="inputs")
@@ -436,3 +459,17 @@ def flash_forward(
         return ForwardResult(arith.output_cast(acc, pol.output, trace, "output"), lse)
 
     return _per_head(one, q, k, v)
+
+
+def _one_q_block_heads(q, k, v, pol: Policy, variant, scale: float, causal, tile: tuple[int, int], order: str):
+    """`flash_forward()` of heads whose queries fit one Q block, every head's loop run at once (`kv_steps()` on
+    stacked heads): the bits of the per-head loops, in one pass over the K/V blocks."""
+    lead, (m, d), n = q.shape[:-2], q.shape[-2:], k.shape[-2]
+    heads = math.prod(lead)
+    pipe = Pipeline(pol, scale, variant, None, bool(m % tile[0] or n % tile[1]))
+    qc = arith.cast(q.reshape(heads * m, d), pol.scores.inputs, label="inputs")
+    kt = arith.cast(k.reshape(heads, n, -1), pol.scores.inputs, label="inputs").transpose(0, 2, 1)
+    vc = arith.cast(v.reshape(heads, n, -1), pol.pv.inputs, label="inputs")
+    offset = causal_offset(causal, m, n)
+    res = drain(kv_steps(pipe, qc, kt, vc, range(0, m), None, tile, order, offset, (0, heads)))
+    return ForwardResult(res.o.reshape(*lead, m, -1), res.lse.reshape(*lead, m))

@@ -216,3 +216,34 @@ def test_fused_block_overflow_in_the_fast_path():
             general = ef.matmul(a, b, model, c, trace=ef.Trace())
             np.testing.assert_array_equal(fast.view(np.uint32), general.view(np.uint32))
     assert np.isinf(ef.matmul(a, b, h100.WGMMA_BF16)).all()
+
+
+@pytest.mark.parametrize("name", ["bf16", "e4m3fn"])
+def test_a_batch_of_products_is_each_product(name):
+    """(B, M, K) @ (B, K, N): the untraced FusedBlock batch runs as one kernel call, each product the bits of the
+    traced general path (term by term) on its own operands, specials included; other models and traced calls
+    loop over the batch."""
+    fp8 = name == "e4m3fn"
+    acc = ef.Format(8, 13) if fp8 else ef.FP32
+    rng = np.random.default_rng(7)
+    dtype = _STRESS_DTYPES[name]
+    models = [
+        h100.WGMMA_FP8_PROMOTED if fp8 else h100.WGMMA_BF16,
+        ef.FusedBlock(width=4, align_bits=3, final_rounding=ef.Rounding("rne"), acc_fmt=acc),
+        ef.Sequential(),
+    ]
+    for model in models:
+        for batch, m, k, n in [(3, 1, 64, 64), (2, 9, 37, 70), (4, 2, 16, 3)]:
+            a = np.stack([_stress_operand(rng, (m, k), dtype, 30, 0.004) for _ in range(batch)])
+            b = np.stack([_stress_operand(rng, (k, n), dtype, 30, 0.004) for _ in range(batch)])
+            c = rng.standard_normal((batch, m, n)).astype(np.float32)
+            for cc in (None, c):
+                got = ef.matmul(a, b, model, cc)
+                assert got.shape == (batch, m, n)
+                for i in range(batch):
+                    want = ef.matmul(a[i], b[i], model, None if cc is None else cc[i], trace=ef.Trace())
+                    assert np.array_equal(got[i].view(np.uint32), want.view(np.uint32)), (model, batch, m, k, n, i)
+    with pytest.raises(ValueError, match=r"\(B, M, K\) and \(B, K, N\)"):
+        ef.matmul(np.zeros((2, 3, 4)), np.zeros((3, 4, 5)), h100.WGMMA_BF16)
+    with pytest.raises(ValueError, match="c: expected shape"):
+        ef.matmul(np.zeros((2, 3, 4)), np.zeros((2, 4, 5)), h100.WGMMA_BF16, np.zeros((2, 3, 4)))

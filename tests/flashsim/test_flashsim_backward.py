@@ -470,9 +470,9 @@ def test_equality_and_diff_cover_the_backward():
         (lambda: fs.specs.Delta("fa2_dot_do_o", "fp32", shuffle="up"), "Delta.shuffle"),
         (lambda: fs.specs.SoftmaxGrad("fp32", p_format="bf17"), "SoftmaxGrad.p_format"),
         (
-            lambda: fs.specs.Grad(
-                fs.specs.Dot("bf16", ef.Sequential("fp32"), into_acc=True),
-                fs.specs.Op("fp32"),
+            lambda: fs.specs.Grad(  # the blocks meet in an FP32 buffer, not a BF16 one
+                fs.specs.Dot("bf16", ef.Sequential("fp32")),
+                fs.specs.Op("bf16"),
                 fs.specs.Op("bf16"),
                 True,
             ),

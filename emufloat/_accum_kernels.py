@@ -237,10 +237,10 @@ _M52 = (1 << 52) - 1
 
 
 @nb.njit(parallel=True, cache=True)
-def _split(x, e, zeros_in_max, sig, xe, bad):
+def _split(x, emin, zeros_in_max, sig, xe, e, bad):
     """Each row's values as integers ``sig`` (x = sig * 2**(e - SIG_BITS)) and exponents ``xe``.
 
-    ``e`` holds the unnormalised exponents; ``xe`` is that, or _ZERO_EXP for a
+    ``e`` receives the unnormalised exponents (`_lead_exp()` with ``emin``); ``xe`` is that, or _ZERO_EXP for a
     zero that does not count in the maximum.  ``bad[r]``: row r holds an
     infinity or NaN (or a value that does not fit), for the general path.
     """
@@ -248,6 +248,7 @@ def _split(x, e, zeros_in_max, sig, xe, bad):
     for r in nb.prange(rows):
         b = False
         for k in range(kk):
+            e[r, k] = _lead_exp(x[r, k], emin)
             cls, sign, s53, ex = _core.f64_parts(x[r, k])
             sh = e[r, k] - SIG_BITS - ex
             if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
@@ -259,6 +260,37 @@ def _split(x, e, zeros_in_max, sig, xe, bad):
                 xe[r, k] = e[r, k] if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP
                 b |= cls != _core.CLS_ZERO
         bad[r] = b
+
+
+@nb.njit(parallel=True, cache=True)
+def _split_tiles(x, emin, zeros_in_max, n, sig, xe, e, bad):
+    """`_split()` of b's columns (the rows of ``x``, ``n`` a batch) written tile-major as `_block_kernel()` reads
+    them: column j of batch g at ``sig[g * tiles + j // tj, :, j % tj]`` (``tiles`` a batch, ``tj`` columns a
+    tile), ``bad`` at ``g * tiles * tj + j``; the padding columns are left as they are.  A tile's columns at a
+    time, so that both its reads and its writes stay in cache."""
+    rows, kk = x.shape
+    tiles_b, tj = sig.shape[0] // (rows // n), sig.shape[2]  # column tiles a batch, columns a tile
+    for t in nb.prange(sig.shape[0]):
+        g, j0 = t // tiles_b, (t % tiles_b) * tj
+        cols = min(tj, n - j0)
+        for col in range(cols):
+            bad[t * tj + col] = False
+        for k in range(kk):
+            for col in range(cols):
+                r = g * n + j0 + col
+                ek = _lead_exp(x[r, k], emin)
+                e[r, k] = ek
+                cls, sign, s53, ex = _core.f64_parts(x[r, k])
+                sh = ek - SIG_BITS - ex
+                if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
+                    v = s53 >> sh
+                    sig[t, k, col] = -v if sign else v
+                    xe[t, k, col] = ek
+                else:
+                    sig[t, k, col] = 0
+                    xe[t, k, col] = ek if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP
+                    if cls != _core.CLS_ZERO:
+                        bad[t * tj + col] = True
 
 
 @nb.njit(cache=True)
@@ -433,32 +465,31 @@ def _block_kernel(
                     out[i, j] = acc[jj]
 
 
-def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
-    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`.  ``batch``:
-    ``av`` and ``bt`` stack that many products' rows (of a and of b transposed), ``cv`` and ``out`` their rows of
-    the result."""
+def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
+    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`.  ``emins``: the
+    operands' formats' emin (their subnormals' exponent); ``batch``: ``av`` and ``bt`` stack that many products'
+    rows (of a and of b transposed), ``cv`` and ``out`` their rows of the result."""
     m, kk = av.shape[0] // batch, av.shape[1]
     n = bt.shape[0] // batch
     if m == 0 or n == 0:
         return
+    ea, eb = np.empty(av.shape, np.int64), np.empty(bt.shape, np.int64)
     tj = min(_TILE_J, -(-n // 8) * 8)
     nj = -(-n // tj)
     npad = nj * tj
     # rows per tile: at most _TILE_I, but enough tiles to keep every thread busy
     ti = max(1, min(_TILE_I, batch * m * nj // (4 * nb.get_num_threads())))
     sa, xa = np.empty((batch * m, kk), np.int32), np.empty((batch * m, kk), np.int32)
-    sbt, xbt = np.empty((batch * n, kk), np.int32), np.empty((batch * n, kk), np.int32)
-    bad_a, bad_bt = np.empty(batch * m, np.bool_), np.empty(batch * n, np.bool_)
-    _split(av, ea, zeros_in_max, sa, xa, bad_a)
-    _split(bt, eb, zeros_in_max, sbt, xbt, bad_bt)
-    sb = np.zeros((batch, npad, kk), np.int32)
-    xb = np.full((batch, npad, kk), _ZERO_EXP, np.int32)
-    bad_b = np.zeros((batch, npad), np.bool_)
-    sb[:, :n], xb[:, :n] = sbt.reshape(batch, n, kk), xbt.reshape(batch, n, kk)
-    bad_b[:, :n] = bad_bt.reshape(batch, n)
-    # tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
-    sb = np.ascontiguousarray(sb.reshape(batch * nj, tj, kk).transpose(0, 2, 1))
-    xb = np.ascontiguousarray(xb.reshape(batch * nj, tj, kk).transpose(0, 2, 1))
+    bad_a = np.empty(batch * m, np.bool_)
+    _split(av, emins[0], zeros_in_max, sa, xa, ea, bad_a)
+    # b tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
+    if npad == n:  # whole tiles: every column written
+        sb, xb = np.empty((batch * nj, kk, tj), np.int32), np.empty((batch * nj, kk, tj), np.int32)
+        bad_b = np.empty(batch * npad, np.bool_)
+    else:
+        sb, xb = np.zeros((batch * nj, kk, tj), np.int32), np.full((batch * nj, kk, tj), _ZERO_EXP, np.int32)
+        bad_b = np.zeros(batch * npad, np.bool_)
+    _split_tiles(bt, emins[1], zeros_in_max, n, sb, xb, eb, bad_b)
     starts = np.arange(0, m, ti)
     g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
     i0 = g * m + r
@@ -477,7 +508,7 @@ def block_matmul(av, bt, ea, eb, cv, have_c, out, mp, params, mode, acc_params, 
         acc_params,
         mode,
         bad_a,
-        bad_b.reshape(-1),
+        bad_b,
         av,
         bt,
         ea,

@@ -208,7 +208,7 @@ def _resolve(model: Model | str) -> Model:
 def _values(x, name: str) -> tuple[np.ndarray, Format]:
     arr = _arrays.as_float_array(x, name)
     _arrays.check_fp32_values(arr, name)
-    return np.ascontiguousarray(arr.astype(np.float64)), _arrays.source_format(arr)
+    return np.ascontiguousarray(arr, dtype=np.float64), _arrays.source_format(arr)
 
 
 def matmul(
@@ -244,10 +244,10 @@ def matmul(
     """
     model = _resolve(model)
     check_trace(trace)
+    if np.ndim(a) == 3 or np.ndim(b) == 3:
+        return _batched(a, b, model, c, trace, label)
     av, afmt = _values(a, "a")
     bv, bfmt = _values(b, "b")
-    if av.ndim == 3 or bv.ndim == 3:
-        return _batched(av, bv, afmt, bfmt, model, c, trace, label)
     if av.ndim != 2 or bv.ndim != 2 or av.shape[1] != bv.shape[0]:
         raise ValueError(f"a, b: expected shapes (M, K) and (K, N), got {av.shape} and {bv.shape}")
     m, n = av.shape[0], bv.shape[1]
@@ -266,15 +266,13 @@ def matmul(
     steps = np.zeros((m * n, nsteps, 4) if tracing else (0, 0, 4))
     out = np.empty((m, n))
     bt = np.ascontiguousarray(bv.T)
-    if block:
-        ea, eb = lead_exps(av, afmt.emin), lead_exps(bt, bfmt.emin)
-    else:
-        ea = eb = np.zeros((0, 0), np.int64)
     mp = model.params
     if block and not tracing:
+        emins = (afmt.emin, bfmt.emin)
         with _arrays.threads_for(m * n * av.shape[1]):
-            block_matmul(av, bt, ea, eb, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
+            block_matmul(av, bt, emins, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
     else:
+        ea, eb = (lead_exps(av, afmt.emin), lead_exps(bt, bfmt.emin)) if block else (np.zeros((0, 0), np.int64),) * 2
         args = (av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
         _arrays.run_blocks(matmul_kernel, matmul_range, m * n, *args, work=m * n * av.shape[1])
     if tracing:
@@ -302,34 +300,34 @@ def matmul(
     return out.astype(fmt.carrier)
 
 
-def _batched(av, bv, afmt, bfmt, model, c, trace, label) -> np.ndarray:
+def _batched(a, b, model, c, trace, label) -> np.ndarray:
     """`matmul()` of a batch: (B, M, K) @ (B, K, N) (+ (B, M, N))."""
-    if av.ndim != 3 or bv.ndim != 3 or av.shape[0] != bv.shape[0] or av.shape[2] != bv.shape[1]:
-        raise ValueError(f"a, b: expected shapes (B, M, K) and (B, K, N), got {av.shape} and {bv.shape}")
-    (batch, m, kk), n = av.shape, bv.shape[2]
+    av, afmt = _values(a, "a")
+    b = _arrays.as_float_array(b, "b")
+    bt, bfmt = _values(np.swapaxes(b, -1, -2) if b.ndim >= 2 else b, "b")  # b's columns as rows: one pass
+    if av.ndim != 3 or bt.ndim != 3 or av.shape[0] != bt.shape[0] or av.shape[2] != bt.shape[2]:
+        raise ValueError(f"a, b: expected shapes (B, M, K) and (B, K, N), got {av.shape} and {b.shape}")
+    (batch, m, kk), n = av.shape, bt.shape[1]
     cv = None if c is None else _values(c, "c")[0]
     if cv is not None and cv.shape != (batch, m, n):
         raise ValueError(f"c: expected shape {(batch, m, n)}, got {cv.shape}")
     if not isinstance(model, FusedBlock) or trace is not None or batch * m * n == 0:
-        return np.stack(
-            [matmul(av[i], bv[i], model, None if cv is None else cv[i], trace=trace, label=label) for i in range(batch)]
-        ).reshape(batch, m, n)
+        parts = [
+            matmul(av[i], bt[i].T, model, None if cv is None else cv[i], trace=trace, label=label) for i in range(batch)
+        ]
+        return np.stack(parts).reshape(batch, m, n)
     fmt = as_format(model.fmt)
     if fmt.precision > 24:
         raise ValueError(f"model: the result format must have at most 24 significand bits, got {fmt.name}")
-    a2 = av.reshape(batch * m, kk)
-    bt = np.ascontiguousarray(bv.transpose(0, 2, 1)).reshape(batch * n, kk)
     out = np.empty((batch * m, n))
     have_c = cv is not None
     c2 = cv.reshape(batch * m, n) if have_c else np.zeros((batch * m, n))
-    ea, eb = lead_exps(a2, afmt.emin), lead_exps(bt, bfmt.emin)
     mode = as_rounding(model.rounding)
     with _arrays.threads_for(batch * m * n * kk):
         block_matmul(
-            a2,
-            bt,
-            ea,
-            eb,
+            av.reshape(batch * m, kk),
+            bt.reshape(batch * n, kk),
+            (afmt.emin, bfmt.emin),
             c2,
             have_c,
             out,

@@ -236,6 +236,29 @@ _TILE_J = 64  # output columns per tile: the inner loops run along them
 _M52 = (1 << 52) - 1
 
 
+@nb.njit(inline="always", cache=True)
+def _split_one(xv, emin, zeros_in_max):
+    """(sig, xe, e, bad) of one value for `_split()`: its integer significand and exponents, and whether it
+    needs the general path (an infinity, a NaN, or a value that does not fit)."""
+    b = _core.f64_bits(xv)
+    ef = (b >> 52) & 0x7FF
+    if 0 < ef < 0x7FF:  # normal: the leading bit is the implicit one
+        ek = max(ef - 1023, np.int64(emin))
+        sh = ek - SIG_BITS - (ef - 1075)
+        s53 = (b & _M52) | (np.int64(1) << 52)
+        if 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
+            v = s53 >> sh
+            return (-v if b < 0 else v), ek, ek, False
+        return np.int64(0), np.int64(_ZERO_EXP), ek, True
+    ek = _lead_exp(xv, emin)
+    cls, sign, s53, ex = _core.f64_parts(xv)
+    sh = ek - SIG_BITS - ex
+    if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
+        v = s53 >> sh
+        return (-v if sign else v), ek, ek, False
+    return np.int64(0), (ek if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP), ek, cls != _core.CLS_ZERO
+
+
 @nb.njit(parallel=True, cache=True)
 def _split(x, emin, zeros_in_max, sig, xe, e, bad):
     """Each row's values as integers ``sig`` (x = sig * 2**(e - SIG_BITS)) and exponents ``xe``.
@@ -248,17 +271,8 @@ def _split(x, emin, zeros_in_max, sig, xe, e, bad):
     for r in nb.prange(rows):
         b = False
         for k in range(kk):
-            e[r, k] = _lead_exp(x[r, k], emin)
-            cls, sign, s53, ex = _core.f64_parts(x[r, k])
-            sh = e[r, k] - SIG_BITS - ex
-            if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
-                v = s53 >> sh
-                sig[r, k] = -v if sign else v
-                xe[r, k] = e[r, k]
-            else:
-                sig[r, k] = 0
-                xe[r, k] = e[r, k] if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP
-                b |= cls != _core.CLS_ZERO
+            sig[r, k], xe[r, k], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+            b |= bk
         bad[r] = b
 
 
@@ -278,19 +292,9 @@ def _split_tiles(x, emin, zeros_in_max, n, sig, xe, e, bad):
         for k in range(kk):
             for col in range(cols):
                 r = g * n + j0 + col
-                ek = _lead_exp(x[r, k], emin)
-                e[r, k] = ek
-                cls, sign, s53, ex = _core.f64_parts(x[r, k])
-                sh = ek - SIG_BITS - ex
-                if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
-                    v = s53 >> sh
-                    sig[t, k, col] = -v if sign else v
-                    xe[t, k, col] = ek
-                else:
-                    sig[t, k, col] = 0
-                    xe[t, k, col] = ek if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP
-                    if cls != _core.CLS_ZERO:
-                        bad[t * tj + col] = True
+                sig[t, k, col], xe[t, k, col], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+                if bk:
+                    bad[t * tj + col] = True
 
 
 @nb.njit(cache=True)

@@ -705,10 +705,7 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     """cumulative_error.png (O - O_fp64 summed along the row's elements), block_error.png (O so far after each
     K/V block) and step_error.png (mean signed rounding error and share rounded away per step).  Needs
     matplotlib; raises ImportError without it."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state, a faster import
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -726,9 +723,9 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
             fig.text(0.01, 0.005, textwrap.shorten(banner, 160), color="red", fontsize=7, va="bottom")
         paths.append(out / name)
         fig.savefig(paths[-1], dpi=110)
-        plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     for a in analyses:
         total = a.budget.errors["total"]
         (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a.softmax}: O - O_fp64")
@@ -758,7 +755,8 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     ax.legend(fontsize=8)
     save(fig, PLOT_FILES[0])
 
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     x = np.arange(len(a0.blocks))
     for a in analyses:
         (line,) = ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
@@ -787,7 +785,8 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
 
     seen = {s.label for a in analyses for s in a.steps}
     labels = [lab for lab in TRACE_LABELS if lab in seen] + sorted(seen - set(TRACE_LABELS))
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    fig = Figure(figsize=(9, 6.5))
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
     width = 0.8 / max(len(analyses), 1)
     pos = np.arange(len(labels))
     for j, a in enumerate(analyses):

@@ -268,10 +268,13 @@ def hunt(
     out: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     policy: Policy | None = None,
+    client=None,
 ) -> HuntReport:
     """Search the family space for the largest lean of O under ``settings`` (the module docstring says how), and
     confirm the best on fresh rows; ``out``: a folder for the cache (resumes a hunt) and the report; ``policy``:
-    the Policy itself where ``settings.policy`` names one that is not registered (its name is then only a label)."""
+    the Policy itself where ``settings.policy`` names one that is not registered (its name is then only a label);
+    ``client``: a ``distributed.Client`` whose cluster measures the families (instead of ``settings.jobs``
+    local processes; the results are the same: each measurement depends only on its family, rows and seed)."""
     t0 = time.monotonic()
     say = progress or (lambda _msg: None)
     policy = get_policy(settings.policy) if policy is None else policy
@@ -300,7 +303,12 @@ def hunt(
                 todo.append((key, ck, (point, policy, softmax, n_rows - done, settings.seed + 7919 * stream, done)))
         missing = [t for t in todo if cache.get(t[1]) is None]
         calls = [t[2] for t in missing]
-        parts = in_processes(measure, calls, settings.jobs) if settings.jobs > 1 else (measure(*c) for c in calls)
+        if client is not None and calls:
+            parts = client.gather(client.map(measure, *zip(*calls, strict=True), pure=False))
+        elif settings.jobs > 1:
+            parts = in_processes(measure, calls, settings.jobs)
+        else:
+            parts = (measure(*c) for c in calls)
         for (_key, ck, _call), part in zip(missing, parts, strict=True):
             cache.put(ck, part)
         for key, ck, call in todo:

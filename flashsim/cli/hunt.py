@@ -101,9 +101,26 @@ def cmd_hunt(args: argparse.Namespace) -> int:
             f"{flag.get(head, '--' + head.replace('_', '-'))}: {str(exc).split(':', 1)[1].strip()}"
         ) from None
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
-    report = hunt(settings, args.out, say, policy=policy)
+    client = _client(args.scheduler) if args.scheduler else None
+    try:
+        report = hunt(settings, args.out, say, policy=policy, client=client)
+    finally:
+        if client is not None:
+            client.close()
     print(format_report(report, args.out))
     return 0
+
+
+def _client(scheduler: str):
+    """A client of the dask cluster at ``scheduler``; a UsageError naming --scheduler when there is none."""
+    try:
+        from distributed import Client
+    except ImportError:
+        raise UsageError("--scheduler: needs dask.distributed: pip install 'lowprec-attention[sweep]'") from None
+    try:
+        return Client(scheduler, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as exc:
+        raise UsageError(f"--scheduler: cannot connect to {scheduler} ({type(exc).__name__}: {exc})") from None
 
 
 def add_parser(sub) -> None:
@@ -134,6 +151,11 @@ def add_parser(sub) -> None:
     hp.add_argument("--fix", action="append", metavar="NAME=VALUE", help="hold a family parameter (repeat)")
     hp.add_argument("--seed", type=int, default=1)
     hp.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes measuring rows; default 1")
+    hp.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="a dask cluster's scheduler (tcp://host:port) whose workers measure the families, instead of --jobs",
+    )
     hp.add_argument("--out", metavar="DIR", help="folder for the cache (a hunt resumes from it) and the report")
     hp.add_argument("--family", metavar="FILE.toml", help="measure this family (as hunt writes it) instead of hunting")
     hp.add_argument("--quiet", action="store_true", help="no progress lines")

@@ -100,3 +100,15 @@ def test_with_the_lean_removed_from_the_model_the_same_hunt_finds_nothing():
     """Mutation: l summed from P as cast (cast_sum) removes that lean; the same hunt confirms nothing."""
     report = hunt(_slice("cast_sum"))
     assert not report.beyond, [(f.point.describe(), f.confirm) for f in report.beyond]
+
+
+def test_a_hunt_on_a_dask_cluster_is_the_hunt_in_one_process(tmp_path):
+    """The families measured by a dask cluster's workers (`hunt(client=...)`, `flashsim hunt --scheduler`): the
+    same families tried, the same leans confirmed, as measured here."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster:
+        with distributed.Client(cluster) as client:
+            on_cluster = hunt(_slice("standard"), tmp_path / "cluster", client=client)
+    here = hunt(_slice("standard"), tmp_path / "here")
+    assert on_cluster.tried == here.tried and on_cluster.rows == here.rows
+    assert [(f.point, f.confirm) for f in on_cluster.found] == [(f.point, f.confirm) for f in here.found]

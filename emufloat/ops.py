@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from . import _arrays, _core, _fastpath
+from . import _arrays, _bf16_rne, _core, _fastpath
 from ._core import CLS_FINITE, CLS_NAN
-from .formats import Format
+from .formats import BF16, Format
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import OP_CODE, Chunk, Trace, check_trace
 
@@ -421,7 +421,52 @@ def _lo_is_float32(code: int, f: Format) -> bool:
     return 2 * f.precision <= 24 and f.max**2 <= float(np.finfo(np.float32).max) and tiny**2 >= 2.0**-149
 
 
-def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None):
+def _bf16_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
+    """The common bf16 call (bf16 arrays of one shape, C-contiguous, result bf16 rounded to nearest even, no
+    ``out`` or trace) through `emufloat._bf16_rne` without `_apply()`'s checks; None for any other call."""
+    if not (
+        trace is None
+        and out is None
+        and type(a) is np.ndarray
+        and type(b) is np.ndarray
+        and a.dtype == _BF16_DTYPE
+        and b.dtype == _BF16_DTYPE
+        and a.shape == b.shape
+        and a.flags.c_contiguous
+        and b.flags.c_contiguous
+        and (fmt is None or fmt is BF16 or fmt == "bf16")
+        and (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
+    ):
+        return None
+    ua, ub = a.view(np.uint16), b.view(np.uint16)
+    if a.ndim != 1:
+        ua, ub = ua.reshape(-1), ub.reshape(-1)
+    bits = np.empty(ua.size, np.uint16)
+    idx = _bf16_rne.run(code, ua, ub, bits)
+    if idx is not None:
+        fa, fb = ua[idx].view(_BF16_DTYPE), ub[idx].view(_BF16_DTYPE)
+        operands = {"a": fa} if code == SQRT else {"a": fa, "b": fb}
+        bits[idx] = _apply(op_name, code, operands, BF16, "rne", None, "", fast=False).view(np.uint16)
+    res = bits.view(_BF16_DTYPE)
+    return res if a.ndim == 1 else res.reshape(a.shape)
+
+
+def _bf16_rne_apply(code, arrays: dict, f: Format, shape: tuple, into, redo) -> np.ndarray:
+    """A bf16 call rounded to nearest even through float32 (`emufloat._bf16_rne`); the elements it declines
+    computed by ``redo(operands)``, the general path, and put in their places."""
+    flat = [a.reshape(-1).view(np.uint16) for a in arrays.values()]
+    n = flat[0].size
+    out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow=True)
+    idx = _bf16_rne.run(code, flat[0], flat[-1], out)
+    if idx is not None:
+        out[idx] = redo({k: a.reshape(-1)[idx] for k, a in arrays.items()}).view(np.uint16)
+    return _arrays.finish_output(out, f, shape, into)
+
+
+_BF16_DTYPE = BF16.dtype
+
+
+def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None, fast=True):
     key = None
     if trace is None and out is None:  # float64 operands' values need a per-call check: not through the lane
         parts = (op_code, extra_code, fmt, rounding)
@@ -443,6 +488,21 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     narrow = f.width <= 16 and f.dtype is not None and all(a.dtype == f.dtype for a in arrays.values())
     code = op_code if extra_code is None else extra_code
     tracing = trace is not None
+    if (
+        fast
+        and narrow
+        and not tracing
+        and code in _bf16_rne.CODES
+        and f == BF16
+        and rnd.mode == "rne"
+        and math.prod(shape) >= _arrays.SERIAL_BELOW  # smaller calls: the small-call lane, no parallel start
+        and all(a.shape == shape for a in arrays.values())
+    ):
+
+        def redo(sub: dict) -> np.ndarray:
+            return _apply(op_name, op_code, sub, f, rnd, None, label, extra_code, fast=False)
+
+        return _bf16_rne_apply(code, arrays, f, shape, into, redo)
     narrow &= not tracing or _lo_is_float32(code, f)  # a narrow call's trace keeps its low halves as float32
     flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
     while len(flat) < 3:
@@ -532,6 +592,9 @@ def add(
     label: str = "",
 ) -> np.ndarray:
     """a + b rounded once to ``fmt`` (inferred when both operands share a format)."""
+    quick = _bf16_quick("add", ADD, a, b, fmt, rounding, trace, out)
+    if quick is not None:
+        return quick
     return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
@@ -546,6 +609,9 @@ def sub(
     label: str = "",
 ) -> np.ndarray:
     """a - b rounded once to ``fmt``."""
+    quick = _bf16_quick("sub", SUB, a, b, fmt, rounding, trace, out)
+    if quick is not None:
+        return quick
     return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
@@ -560,6 +626,9 @@ def mul(
     label: str = "",
 ) -> np.ndarray:
     """a * b rounded once to ``fmt``."""
+    quick = _bf16_quick("mul", MUL, a, b, fmt, rounding, trace, out)
+    if quick is not None:
+        return quick
     return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
@@ -574,6 +643,9 @@ def div(
     label: str = "",
 ) -> np.ndarray:
     """a / b correctly rounded to ``fmt`` (IEEE division, not a GPU approximation)."""
+    quick = _bf16_quick("div", DIV, a, b, fmt, rounding, trace, out)
+    if quick is not None:
+        return quick
     return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
 
 
@@ -602,6 +674,9 @@ def sqrt(
     label: str = "",
 ) -> np.ndarray:
     """Correctly rounded square root (NaN for negative operands, sqrt(-0) = -0)."""
+    quick = _bf16_quick("sqrt", SQRT, a, a, fmt, rounding, trace, out)
+    if quick is not None:
+        return quick
     return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label, out=out)
 
 

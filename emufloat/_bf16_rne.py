@@ -1,0 +1,156 @@
+"""BF16 arithmetic rounded to nearest even, through float32: the untraced fast path of `emufloat.ops`.
+
+For bf16 operands, RN_bf16(RN_f32(a op b)) = RN_bf16(a op b) for op in +, -, *, / and sqrt: double rounding is
+innocuous when the wider format carries at least 2p + 2 significand bits (Figueroa, "When is double rounding
+innocuous?", SIGNUM Newsletter 30(3), 1995; here 24 >= 2 * 8 + 2), where both roundings see their normal
+grids.  So every element is computed in float32 and rounded to bf16 with integer arithmetic, and an element is
+declined, for the general kernel to compute, wherever that argument does not cover it or the CPU could bend it:
+a non-finite result (NaN encodings and overflow are the general kernel's), an operand or result below the
+float32 normal range (subnormal grids, and a flush-to-zero mode some library may have set), a zero result that
+may be an underflow.  The loop is branch-free, so LLVM vectorises it.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from ._arrays import SERIAL_BELOW, entry_point
+from .trace import OP_CODE
+
+ADD, SUB, MUL, DIV, SQRT = (OP_CODE[k] for k in ("add", "sub", "mul", "div", "sqrt"))
+CODES = frozenset((ADD, SUB, MUL, DIV, SQRT))
+_MIN_NORMAL = np.float32(2.0**-126)
+
+
+@intrinsic
+def _as_f32(typingctx, u):
+    """The float32 whose bits are the uint32 ``u``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _bits(typingctx, f):
+    """The bits of the float32 ``f``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return types.uint32(types.float32), codegen
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _finish(a, b, r, zero_ok):
+    """(bf16 bits of the float32 ``r`` rounded to nearest even, whether the element is declined)."""
+    tiny = (a != 0) & (abs(a) < _MIN_NORMAL) | (b != 0) & (abs(b) < _MIN_NORMAL) | (r != 0) & (abs(r) < _MIN_NORMAL)
+    bad = ~np.isfinite(r) | tiny | ((r == 0) & ~zero_ok)
+    u = _bits(r)
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)), bad
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _f32(x):
+    return _as_f32(np.uint32(x) << np.uint32(16))
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _add(x, y):
+    a, b = _f32(x), _f32(y)
+    return _finish(a, b, a + b, a == -b)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _sub(x, y):
+    a, b = _f32(x), _f32(y)
+    return _finish(a, b, a - b, a == b)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _mul(x, y):
+    a, b = _f32(x), _f32(y)
+    return _finish(a, b, a * b, (a == 0) | (b == 0))
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _div(x, y):
+    a, b = _f32(x), _f32(y)
+    return _finish(a, b, a / b, (a == 0) & (b != 0))
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _sqrt(x, y):
+    a = _f32(x)
+    return _finish(a, a, np.sqrt(a), a == 0)
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")  # x / 0 is IEEE, not an exception
+def _kernel(code, a, b, out):
+    """out = a op b (bf16 encodings); returns how many elements are declined (their ``out`` is meaningless).
+    One loop per operation, so that each vectorises."""
+    declined = 0
+    if code == ADD:
+        for i in nb.prange(a.size):
+            out[i], bad = _add(a[i], b[i])
+            declined += bad
+    elif code == SUB:
+        for i in nb.prange(a.size):
+            out[i], bad = _sub(a[i], b[i])
+            declined += bad
+    elif code == MUL:
+        for i in nb.prange(a.size):
+            out[i], bad = _mul(a[i], b[i])
+            declined += bad
+    elif code == DIV:
+        for i in nb.prange(a.size):
+            out[i], bad = _div(a[i], b[i])
+            declined += bad
+    else:
+        for i in nb.prange(a.size):
+            out[i], bad = _sqrt(a[i], b[i])
+            declined += bad
+    return declined
+
+
+@nb.njit(cache=True, error_model="numpy")
+def _declined(code, a, b):
+    """Where `_kernel()` declined (the rare second pass)."""
+    bad = np.empty(a.size, np.bool_)
+    for i in range(a.size):
+        if code == ADD:
+            bad[i] = _add(a[i], b[i])[1]
+        elif code == SUB:
+            bad[i] = _sub(a[i], b[i])[1]
+        elif code == MUL:
+            bad[i] = _mul(a[i], b[i])[1]
+        elif code == DIV:
+            bad[i] = _div(a[i], b[i])[1]
+        else:
+            bad[i] = _sqrt(a[i], b[i])[1]
+    return bad
+
+
+#: the same loops without a parallel start, for small calls
+_serial = nb.njit(cache=True, error_model="numpy")(_kernel.py_func)
+_ENTRY: dict = {}  # kernel -> its compiled entry point, called without the dispatcher's typing
+
+
+def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray | None:
+    """``out`` = a op b for flat uint16 bf16 encodings (``b`` ignored by sqrt); returns the indices of the
+    elements declined (left for the general kernel), or None when there are none."""
+    kernel = _kernel if a.size >= SERIAL_BELOW else _serial
+    try:
+        call = _ENTRY[kernel]
+    except KeyError:
+        call = _ENTRY[kernel] = entry_point(kernel, (code, a, b, out))
+    if call(code, a, b, out):
+        return np.flatnonzero(_declined(code, a, b))
+    return None
+
+
+__all__ = ["CODES", "run"]

@@ -7,7 +7,9 @@ grids.  So every element is computed in float32 and rounded to bf16 with integer
 declined, for the general kernel to compute, wherever that argument does not cover it or the CPU could bend it:
 a non-finite result (NaN encodings and overflow are the general kernel's), an operand or result below the
 float32 normal range (subnormal grids, and a flush-to-zero mode some library may have set), a zero result that
-may be an underflow.  The loop is branch-free, so LLVM vectorises it.
+may be an underflow.  The loop is branch-free, so LLVM vectorises it.  The general kernel applies the same
+argument element by element to add, sub and mul of every narrow format (`emufloat._fastpath.single_rounding_ok`);
+this is bf16's lane over whole arrays, division and square root included.
 """
 
 from __future__ import annotations

@@ -137,9 +137,42 @@ def _declined(code, a, b):
     return bad
 
 
+@nb.njit(parallel=True, cache=True, error_model="numpy")
+def _fma_kernel(a, b, c, out):
+    """out = a * b + c rounded once to float32, for bf16 ``a``, ``b`` (encodings) and float32 ``c``: the product
+    of two 8-bit significands is exact in float32, so the float32 sum is the one rounding; returns how many
+    elements are declined (a product or result below the normal range, where a flush could bend it, or a
+    product that may have underflowed, or a non-finite result)."""
+    declined = 0
+    for i in nb.prange(a.size):
+        x, y, z = _f32(a[i]), _f32(b[i]), c[i]
+        p = x * y
+        r = p + z
+        tiny = (p != 0) & (abs(p) < _MIN_NORMAL) | (z != 0) & (abs(z) < _MIN_NORMAL) | (r != 0) & (abs(r) < _MIN_NORMAL)
+        small = (x != 0) & (abs(x) < _MIN_NORMAL) | (y != 0) & (abs(y) < _MIN_NORMAL)
+        underflow = (p == 0) & (x != 0) & (y != 0)
+        out[i] = r
+        declined += ~np.isfinite(r) | ~np.isfinite(p) | tiny | small | underflow
+    return declined
+
+
 #: the same loops without a parallel start, for small calls
 _serial = nb.njit(cache=True, error_model="numpy")(_kernel.py_func)
 _ENTRY: dict = {}  # kernel -> its compiled entry point, called without the dispatcher's typing
+
+
+_fma_serial = nb.njit(cache=True, error_model="numpy")(_fma_kernel.py_func)
+
+
+def run_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> bool:
+    """``out`` = fp32(a * b + c) for flat bf16 encodings ``a``, ``b`` and float32 ``c``; False when some element
+    is declined (the caller then computes the call on the general kernel)."""
+    kernel = _fma_kernel if a.size >= SERIAL_BELOW else _fma_serial
+    try:
+        call = _ENTRY[kernel]
+    except KeyError:
+        call = _ENTRY[kernel] = entry_point(kernel, (a, b, c, out))
+    return not call(a, b, c, out)
 
 
 def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray | None:
@@ -155,4 +188,4 @@ def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> np.ndarray 
     return None
 
 
-__all__ = ["CODES", "run"]
+__all__ = ["CODES", "run", "run_fma"]

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _arrays, _bf16_rne, _core, _fastpath
 from ._core import CLS_FINITE, CLS_NAN
-from .formats import BF16, Format
+from .formats import BF16, FP32, Format
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import OP_CODE, Chunk, Trace, check_trace
 
@@ -661,6 +661,26 @@ def fma(
     label: str = "",
 ) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
+    if (  # bf16 products into a float32 accumulator, rounded to nearest: float32 arithmetic (emufloat._bf16_rne)
+        trace is None
+        and out is None
+        and type(a) is np.ndarray
+        and type(b) is np.ndarray
+        and type(c) is np.ndarray
+        and a.dtype == _BF16_DTYPE
+        and b.dtype == _BF16_DTYPE
+        and c.dtype == np.float32
+        and a.shape == b.shape == c.shape
+        and a.flags.c_contiguous
+        and b.flags.c_contiguous
+        and c.flags.c_contiguous
+        and (fmt is FP32 or fmt == "fp32")
+        and (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
+    ):
+        res = np.empty(a.shape, np.float32)
+        flat = [x.reshape(-1) for x in (a.view(np.uint16), b.view(np.uint16), c, res)]
+        if _bf16_rne.run_fma(*flat):
+            return res
     return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label, out=out)
 
 

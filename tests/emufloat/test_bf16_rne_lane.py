@@ -96,3 +96,22 @@ def test_results_are_exactly_rounded_on_a_sample():
         for i in range(0, 3000, 7):
             x, y = Fraction(float(a[i])), Fraction(float(b[i]))
             assert got[i] == _rne_bf16(exact[name](x, y)), (name, float(a[i]), float(b[i]))
+
+
+def test_fma_of_bf16_products_into_float32():
+    """fma(bf16, bf16, f32) -> f32 rounded to nearest: the float32 lane (the product exact, one rounding) is the
+    general kernel's bits for every first operand against edge and random second operands and addends."""
+    rng = np.random.default_rng(5)
+    others = np.concatenate([EDGES, rng.integers(0, 1 << 16, 20, dtype=np.uint16).view(ml_dtypes.bfloat16)])
+    a = np.repeat(ALL, others.size)
+    b = np.tile(others, ALL.size)
+    c = (rng.standard_normal(a.size) * np.exp2(rng.integers(-20, 20, a.size))).astype(np.float32)
+    c[::97] = 0.0
+    with np.errstate(all="ignore"):
+        clean = np.isfinite(a.astype(np.float32) * b.astype(np.float32))
+    for keep in (clean, np.ones(a.size, bool)):  # without specials (the lane), and with them (the fallback)
+        x, y, z = a[keep], b[keep], c[keep]
+        with np.errstate(all="ignore"):
+            got = ef.fma(x, y, z, "fp32")
+            want = ops._apply("fma", ops.FMA, {"a": x, "b": y, "c": z}, "fp32", "rne", None, "", fast=False)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))

@@ -442,25 +442,19 @@ def _bf16_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.
     if a.ndim != 1:
         ua, ub = ua.reshape(-1), ub.reshape(-1)
     bits = np.empty(ua.size, np.uint16)
-    idx = _bf16_rne.run(code, ua, ub, bits)
-    if idx is not None:
-        fa, fb = ua[idx].view(_BF16_DTYPE), ub[idx].view(_BF16_DTYPE)
-        operands = {"a": fa} if code == SQRT else {"a": fa, "b": fb}
-        bits[idx] = _apply(op_name, code, operands, BF16, "rne", None, "", fast=False).view(np.uint16)
+    _bf16_rne_fill(op_name, code, (ua, ub), bits)
     res = bits.view(_BF16_DTYPE)
     return res if a.ndim == 1 else res.reshape(a.shape)
 
 
-def _bf16_rne_apply(code, arrays: dict, f: Format, shape: tuple, into, redo) -> np.ndarray:
-    """A bf16 call rounded to nearest even through float32 (`emufloat._bf16_rne`); the elements it declines
-    computed by ``redo(operands)``, the general path, and put in their places."""
-    flat = [a.reshape(-1).view(np.uint16) for a in arrays.values()]
-    n = flat[0].size
-    out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow=True)
-    idx = _bf16_rne.run(code, flat[0], flat[-1], out)
+def _bf16_rne_fill(op_name: str, code: int, flat: tuple, bits: np.ndarray, label: str = "") -> None:
+    """``bits`` = flat[0] op flat[-1] (flat bf16 encodings) through `emufloat._bf16_rne`, the elements it
+    declines computed by the general path and put in their places."""
+    idx = _bf16_rne.run(code, flat[0], flat[-1], bits)
     if idx is not None:
-        out[idx] = redo({k: a.reshape(-1)[idx] for k, a in arrays.items()}).view(np.uint16)
-    return _arrays.finish_output(out, f, shape, into)
+        names = ("a",) if code == SQRT else ("a", "b")
+        operands = {k: flat[i][idx].view(_BF16_DTYPE) for i, k in enumerate(names)}
+        bits[idx] = _apply(op_name, code, operands, BF16, "rne", None, label, fast=False).view(np.uint16)
 
 
 _BF16_DTYPE = BF16.dtype
@@ -497,12 +491,11 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
         and rnd.mode == "rne"
         and math.prod(shape) >= _arrays.SERIAL_BELOW  # smaller calls: the small-call lane, no parallel start
         and all(a.shape == shape for a in arrays.values())
-    ):
-
-        def redo(sub: dict) -> np.ndarray:
-            return _apply(op_name, op_code, sub, f, rnd, None, label, extra_code, fast=False)
-
-        return _bf16_rne_apply(code, arrays, f, shape, into, redo)
+    ):  # bf16 rounded to nearest: float32 arithmetic (what `add()` and the others take directly when they can)
+        flat = tuple(a.reshape(-1).view(np.uint16) for a in arrays.values())
+        bits = _arrays.new_output(f, flat[0].size, into, tuple(arrays.values()), narrow=True)
+        _bf16_rne_fill(op_name, code, flat, bits, label)
+        return _arrays.finish_output(bits, f, shape, into)
     narrow &= not tracing or _lo_is_float32(code, f)  # a narrow call's trace keeps its low halves as float32
     flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
     while len(flat) < 3:

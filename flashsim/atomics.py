@@ -14,10 +14,11 @@ element is one the atomic adds can give in some order:
   gamma_(k-1) * sum |t_i| of the exact sum (gamma_n = n u / (1 - n u), u = 2^-24: recursive summation in any order,
   Higham, Accuracy and Stability of Numerical Algorithms, section 4.2), plus 2^-126 for each flushed operand or
   result; a chain of S tensor-core steps of w products each (`emufloat.FusedBlock`: terms truncated to
-  ``align_bits`` below the step's largest exponent, the sum rounded toward zero into FP32), in any order, is within
-  ((w + 1) 2^-align_bits + 2^-23) (S + 1) / (1 - that) * sum |a_i b_i| of the exact sum, since each step errs by at
-  most that constant times its terms' magnitudes and its C by at most the sum of all of them; the final scale and
-  cast are monotone, so an element is admitted when its value lies between the images of the interval's ends.
+  ``align_bits`` below the step's largest exponent, the sum rounded toward zero into the accumulator's p bits), in
+  any order, is within ((w + 1) 2^-align_bits + 2^(1 - p)) (S + 1) / (1 - that) * sum |a_i b_i| of the exact sum,
+  since each step errs by at most that constant times its terms' magnitudes and its C by at most the sum of all
+  of them; the final scale and cast are monotone, so an element is admitted when its value lies between the
+  images of the interval's ends.
 
 The report says how many elements depend on the order (differ between two admissible orders, where every order is
 tried) and how many no order gives.
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from emufloat import Trace
+from emufloat import Trace, as_format
 
 from . import arith
 from .backward import _setup, atomic_add
@@ -162,7 +163,8 @@ def _bound(terms: list, grad) -> tuple[np.ndarray, np.ndarray]:
     # of all products' magnitudes (plus the errors so far): the total is within c (S + 1) of it
     model = grad.dot.model
     width, align = getattr(model, "width", 1), getattr(model, "align_bits", None)
-    c = (width + 1) * 2.0**-align + 2.0**-23 if align is not None else 2 * width * _U
+    acc_bits = as_format(getattr(model, "acc_fmt", "fp32")).precision  # the step's result, rounded toward zero
+    c = (width + 1) * 2.0**-align + 2.0 ** (1 - acc_bits) if align is not None else 2 * width * _U
     exact = sum(np.asarray(a, np.float64) @ np.asarray(b, np.float64) for a, b in terms)
     mag = sum(np.abs(np.asarray(a, np.float64)) @ np.abs(np.asarray(b, np.float64)) for a, b in terms)
     steps = sum(-(-np.shape(a)[1] // width) for a, _b in terms)

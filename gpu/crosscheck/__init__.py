@@ -9,6 +9,8 @@
   Triton and a GPU are needed only there.
 - `gpu.crosscheck.kernels`: any kernel `kernel(q, k, v, causal, sm_scale) -> (O, LSE)` run on the GPU and
   packaged as a kernel run against a policy of your choice; PyTorch SDPA with a chosen backend as one.
+- `gpu.crosscheck.upstream`: Triton's fused-attention tutorial and Qiu & Yao's attention.py, from the files you
+  name, as kernels with their backward and their policies.
 - `gpu.crosscheck.others`: the recorded grid of other people's kernels (Triton's tutorial, SDPA).
 - `gpu.crosscheck.cli`: `python -m gpu.crosscheck`.
 

@@ -20,9 +20,9 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from . import _arrays, _bf16_rne, _core, _fastpath
+from . import _arrays, _core, _fastpath, _narrow_rne
 from ._core import CLS_FINITE, CLS_NAN
-from .formats import BF16, FP32, Format
+from .formats import BF16, FP16, FP32, Format
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import OP_CODE, Chunk, Trace, check_trace
 
@@ -421,20 +421,21 @@ def _lo_is_float32(code: int, f: Format) -> bool:
     return 2 * f.precision <= 24 and f.max**2 <= float(np.finfo(np.float32).max) and tiny**2 >= 2.0**-149
 
 
-def _bf16_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
-    """The common bf16 call (bf16 arrays of one shape, C-contiguous, result bf16 rounded to nearest even, no
-    ``out`` or trace) through `emufloat._bf16_rne` without `_apply()`'s checks; None for any other call."""
+def _narrow_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
+    """The common bf16 or fp16 call (arrays of that one dtype and shape, C-contiguous, the result in their format
+    rounded to nearest even, no ``out`` or trace) through `emufloat._narrow_rne` without `_apply()`'s checks; None
+    for any other call."""
     if not (
         trace is None
         and out is None
         and type(a) is np.ndarray
         and type(b) is np.ndarray
-        and a.dtype == _BF16_DTYPE
-        and b.dtype == _BF16_DTYPE
+        and a.dtype in _NARROW
+        and b.dtype == a.dtype
         and a.shape == b.shape
         and a.flags.c_contiguous
         and b.flags.c_contiguous
-        and (fmt is None or fmt is BF16 or fmt == "bf16")
+        and (fmt is None or fmt is _NARROW[a.dtype] or fmt == _NARROW[a.dtype].name)
         and (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
     ):
         return None
@@ -442,22 +443,23 @@ def _bf16_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.
     if a.ndim != 1:
         ua, ub = ua.reshape(-1), ub.reshape(-1)
     bits = np.empty(ua.size, np.uint16)
-    _bf16_rne_fill(op_name, code, (ua, ub), bits)
-    res = bits.view(_BF16_DTYPE)
+    _narrow_rne_fill(op_name, code, _NARROW[a.dtype], (ua, ub), bits)
+    res = bits.view(a.dtype)
     return res if a.ndim == 1 else res.reshape(a.shape)
 
 
-def _bf16_rne_fill(op_name: str, code: int, flat: tuple, bits: np.ndarray, label: str = "") -> None:
-    """``bits`` = flat[0] op flat[-1] (flat bf16 encodings) through `emufloat._bf16_rne`, the elements it
-    declines computed by the general path and put in their places."""
-    idx = _bf16_rne.run(code, flat[0], flat[-1], bits)
+def _narrow_rne_fill(op_name: str, code: int, f: Format, flat: tuple, bits: np.ndarray, label: str = "") -> None:
+    """``bits`` = flat[0] op flat[-1] (flat encodings of ``f``, bf16 or fp16) through `emufloat._narrow_rne`, the
+    elements it declines computed by the general path and put in their places."""
+    idx = _narrow_rne.run(code, flat[0], flat[-1], bits, f is FP16)
     if idx is not None:
         names = ("a",) if code == SQRT else ("a", "b")
-        operands = {k: flat[i][idx].view(_BF16_DTYPE) for i, k in enumerate(names)}
-        bits[idx] = _apply(op_name, code, operands, BF16, "rne", None, label, fast=False).view(np.uint16)
+        operands = {k: flat[i][idx].view(f.dtype) for i, k in enumerate(names)}
+        bits[idx] = _apply(op_name, code, operands, f, "rne", None, label, fast=False).view(np.uint16)
 
 
 _BF16_DTYPE = BF16.dtype
+_NARROW = {BF16.dtype: BF16, FP16.dtype: FP16}  # the formats emufloat._narrow_rne computes, by dtype
 
 
 def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None, fast=True):
@@ -486,15 +488,15 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
         fast
         and narrow
         and not tracing
-        and code in _bf16_rne.CODES
-        and f == BF16
+        and code in _narrow_rne.CODES
+        and (f == BF16 or f == FP16)
         and rnd.mode == "rne"
         and math.prod(shape) >= _arrays.SERIAL_BELOW  # smaller calls: the small-call lane, no parallel start
         and all(a.shape == shape for a in arrays.values())
-    ):  # bf16 rounded to nearest: float32 arithmetic (what `add()` and the others take directly when they can)
+    ):  # bf16 or fp16 rounded to nearest: float32 arithmetic (what `add()` and the others take directly when they can)
         flat = tuple(a.reshape(-1).view(np.uint16) for a in arrays.values())
         bits = _arrays.new_output(f, flat[0].size, into, tuple(arrays.values()), narrow=True)
-        _bf16_rne_fill(op_name, code, flat, bits, label)
+        _narrow_rne_fill(op_name, code, BF16 if f == BF16 else FP16, flat, bits, label)
         return _arrays.finish_output(bits, f, shape, into)
     narrow &= not tracing or _lo_is_float32(code, f)  # a narrow call's trace keeps its low halves as float32
     flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
@@ -585,7 +587,7 @@ def add(
     label: str = "",
 ) -> np.ndarray:
     """a + b rounded once to ``fmt`` (inferred when both operands share a format)."""
-    quick = _bf16_quick("add", ADD, a, b, fmt, rounding, trace, out)
+    quick = _narrow_quick("add", ADD, a, b, fmt, rounding, trace, out)
     if quick is not None:
         return quick
     return _apply("add", ADD, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
@@ -602,7 +604,7 @@ def sub(
     label: str = "",
 ) -> np.ndarray:
     """a - b rounded once to ``fmt``."""
-    quick = _bf16_quick("sub", SUB, a, b, fmt, rounding, trace, out)
+    quick = _narrow_quick("sub", SUB, a, b, fmt, rounding, trace, out)
     if quick is not None:
         return quick
     return _apply("sub", SUB, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
@@ -619,7 +621,7 @@ def mul(
     label: str = "",
 ) -> np.ndarray:
     """a * b rounded once to ``fmt``."""
-    quick = _bf16_quick("mul", MUL, a, b, fmt, rounding, trace, out)
+    quick = _narrow_quick("mul", MUL, a, b, fmt, rounding, trace, out)
     if quick is not None:
         return quick
     return _apply("mul", MUL, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
@@ -636,7 +638,7 @@ def div(
     label: str = "",
 ) -> np.ndarray:
     """a / b correctly rounded to ``fmt`` (IEEE division, not a GPU approximation)."""
-    quick = _bf16_quick("div", DIV, a, b, fmt, rounding, trace, out)
+    quick = _narrow_quick("div", DIV, a, b, fmt, rounding, trace, out)
     if quick is not None:
         return quick
     return _apply("div", DIV, {"a": a, "b": b}, fmt, rounding, trace, label, out=out)
@@ -654,7 +656,7 @@ def fma(
     label: str = "",
 ) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
-    if (  # bf16 products into a float32 accumulator, rounded to nearest: float32 arithmetic (emufloat._bf16_rne)
+    if (  # bf16 products into a float32 accumulator, rounded to nearest: float32 arithmetic (emufloat._narrow_rne)
         trace is None
         and out is None
         and type(a) is np.ndarray
@@ -672,7 +674,7 @@ def fma(
     ):
         res = np.empty(a.shape, np.float32)
         flat = [x.reshape(-1) for x in (a.view(np.uint16), b.view(np.uint16), c, res)]
-        if _bf16_rne.run_fma(*flat):
+        if _narrow_rne.run_fma(*flat):
             return res
     return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label, out=out)
 
@@ -687,7 +689,7 @@ def sqrt(
     label: str = "",
 ) -> np.ndarray:
     """Correctly rounded square root (NaN for negative operands, sqrt(-0) = -0)."""
-    quick = _bf16_quick("sqrt", SQRT, a, a, fmt, rounding, trace, out)
+    quick = _narrow_quick("sqrt", SQRT, a, a, fmt, rounding, trace, out)
     if quick is not None:
         return quick
     return _apply("sqrt", SQRT, {"a": a}, fmt, rounding, trace, label, out=out)

@@ -55,17 +55,17 @@ def test_small_calls_match_the_general_path(name, op, k, dtype, fmt, rounding):
             np.testing.assert_array_equal(got.view(np.uint8), whole[lo:hi].view(np.uint8))
     code = ops.OP_CODE[{"minimum": "min", "maximum": "max"}.get(name, name)]
     lane = _arrays.small_lane(ops._SMALL_CALLS, small, (code, None, fmt, rounding), float64=False)[1]
-    # bf16 rounded to nearest takes the float32 lane (emufloat._bf16_rne) for these, every size
+    # bf16 rounded to nearest takes the float32 lane (emufloat._narrow_rne) for these, every size
     quick = dtype is ml_dtypes.bfloat16 and rounding == "rne" and name in ("add", "sub", "mul", "div", "sqrt")
     assert (lane is None) if quick else (lane is not None)
 
 
 def test_the_lane_is_taken_and_keeps_shapes():
-    a = np.ones((2, 3), np.float16)
+    a = np.ones((2, 3), ml_dtypes.float8_e4m3fn)
     ef.add(a, a)
     assert _arrays.small_lane(ops._SMALL_CALLS, (a, a), (ops.ADD, None, None, "rne"), float64=False)[1] is not None
     out = ef.add(a, a)
-    assert out.shape == (2, 3) and out.dtype == np.float16 and np.all(out.astype(np.float32) == 2)
+    assert out.shape == (2, 3) and out.dtype == ml_dtypes.float8_e4m3fn and np.all(out.astype(np.float32) == 2)
 
 
 def test_the_lane_says_what_the_general_path_says():

@@ -1,0 +1,212 @@
+"""BF16 and FP16 arithmetic rounded to nearest even, through float32: the untraced fast path of `emufloat.ops`.
+
+For operands of a format of p <= 11 significand bits, RN_p(RN_f32(a op b)) = RN_p(a op b) for op in +, -, *, /
+and sqrt: double rounding is innocuous when the wider format carries at least 2p + 2 significand bits (Figueroa,
+"When is double rounding innocuous?", SIGNUM Newsletter 30(3), 1995; 24 >= 2 * 8 + 2 for bf16, 24 >= 2 * 11 + 2
+for fp16), where both roundings see their normal grids.  So every element is computed in float32 and rounded to
+the format with integer arithmetic, and an element is declined, for the general kernel to compute, wherever that
+argument does not cover it or the CPU could bend it: a non-finite result or an overflow (NaN encodings and
+infinities are the general kernel's), an operand or result below the format's normal range (subnormal grids,
+and a flush-to-zero mode some library may have set), a zero result that may be an underflow.  The loop is
+branch-free, so LLVM vectorises it.  The general kernel applies the same argument element by element to add, sub
+and mul of every narrow format (`emufloat._fastpath.single_rounding_ok`); this is the lane of bf16 and fp16 over
+whole arrays, division and square root included.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+from numba import types
+from numba.extending import intrinsic
+
+from ._arrays import SERIAL_BELOW, entry_point
+from .trace import OP_CODE
+
+ADD, SUB, MUL, DIV, SQRT = (OP_CODE[k] for k in ("add", "sub", "mul", "div", "sqrt"))
+CODES = frozenset((ADD, SUB, MUL, DIV, SQRT))
+_MIN_NORMAL = np.float32(2.0**-126)  # bf16's (float32's)
+_MIN_NORMAL_HALF = np.float32(2.0**-14)  # fp16's
+
+
+@intrinsic
+def _as_f32(typingctx, u):
+    """The float32 whose bits are the uint32 ``u``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.float32))
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _bits(typingctx, f):
+    """The bits of the float32 ``f``."""
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return types.uint32(types.float32), codegen
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _finish(a, b, r, zero_ok, half):
+    """(the encoding of the float32 ``r`` rounded to nearest even, bf16 or (``half``) fp16; whether the element is
+    declined)."""
+    lo = _MIN_NORMAL_HALF if half else _MIN_NORMAL
+    tiny = (a != 0) & (abs(a) < lo) | (b != 0) & (abs(b) < lo) | (r != 0) & (abs(r) < lo)
+    bad = ~np.isfinite(r) | tiny | ((r == 0) & ~zero_ok)
+    u = _bits(r)
+    if half:  # rebias the exponent (127 -> 15), round off 13 bits; a carry may reach the infinity code
+        v = (u & np.uint32(0x7FFFFFFF)) - np.uint32(112 << 23)
+        h = (v + np.uint32(0xFFF) + ((v >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
+        bad |= (r != 0) & (h >= np.uint32(0x7C00))
+        h = np.uint32(0) if r == 0 else h
+        return np.uint16(((u >> np.uint32(16)) & np.uint32(0x8000)) | h), bad
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)), bad
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _f32(x, half):
+    """The float32 value of a bf16 or (``half``) fp16 encoding; an fp16 subnormal decodes to a nonzero value below
+    fp16's normal range (a wrong one: such operands are declined)."""
+    u = np.uint32(x)
+    if half:
+        e = (u >> np.uint32(10)) & np.uint32(0x1F)
+        e32 = np.uint32(255) if e == 31 else (np.uint32(0) if e == 0 else e + np.uint32(112))
+        return _as_f32(
+            ((u & np.uint32(0x8000)) << np.uint32(16))
+            | (e32 << np.uint32(23))
+            | ((u & np.uint32(0x3FF)) << np.uint32(13))
+        )
+    return _as_f32(u << np.uint32(16))
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _add(x, y, half):
+    a, b = _f32(x, half), _f32(y, half)
+    return _finish(a, b, a + b, a == -b, half)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _sub(x, y, half):
+    a, b = _f32(x, half), _f32(y, half)
+    return _finish(a, b, a - b, a == b, half)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _mul(x, y, half):
+    a, b = _f32(x, half), _f32(y, half)
+    return _finish(a, b, a * b, (a == 0) | (b == 0), half)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _div(x, y, half):
+    a, b = _f32(x, half), _f32(y, half)
+    return _finish(a, b, a / b, (a == 0) & (b != 0), half)
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _sqrt(x, y, half):
+    a = _f32(x, half)
+    return _finish(a, a, np.sqrt(a), a == 0, half)
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")  # x / 0 is IEEE, not an exception
+def _kernel(code, half, a, b, out):
+    """out = a op b (bf16, or ``half`` fp16, encodings); returns how many elements are declined (their ``out`` is
+    meaningless).  One loop per operation, so that each vectorises."""
+    declined = 0
+    if code == ADD:
+        for i in nb.prange(a.size):
+            out[i], bad = _add(a[i], b[i], half)
+            declined += bad
+    elif code == SUB:
+        for i in nb.prange(a.size):
+            out[i], bad = _sub(a[i], b[i], half)
+            declined += bad
+    elif code == MUL:
+        for i in nb.prange(a.size):
+            out[i], bad = _mul(a[i], b[i], half)
+            declined += bad
+    elif code == DIV:
+        for i in nb.prange(a.size):
+            out[i], bad = _div(a[i], b[i], half)
+            declined += bad
+    else:
+        for i in nb.prange(a.size):
+            out[i], bad = _sqrt(a[i], b[i], half)
+            declined += bad
+    return declined
+
+
+@nb.njit(cache=True, error_model="numpy")
+def _declined(code, half, a, b):
+    """Where `_kernel()` declined (the rare second pass)."""
+    bad = np.empty(a.size, np.bool_)
+    for i in range(a.size):
+        if code == ADD:
+            bad[i] = _add(a[i], b[i], half)[1]
+        elif code == SUB:
+            bad[i] = _sub(a[i], b[i], half)[1]
+        elif code == MUL:
+            bad[i] = _mul(a[i], b[i], half)[1]
+        elif code == DIV:
+            bad[i] = _div(a[i], b[i], half)[1]
+        else:
+            bad[i] = _sqrt(a[i], b[i], half)[1]
+    return bad
+
+
+@nb.njit(parallel=True, cache=True, error_model="numpy")
+def _fma_kernel(a, b, c, out):
+    """out = a * b + c rounded once to float32, for bf16 ``a``, ``b`` (encodings) and float32 ``c``: the product
+    of two 8-bit significands is exact in float32, so the float32 sum is the one rounding; returns how many
+    elements are declined (a product or result below the normal range, where a flush could bend it, or a
+    product that may have underflowed, or a non-finite result)."""
+    declined = 0
+    for i in nb.prange(a.size):
+        x, y, z = _f32(a[i], False), _f32(b[i], False), c[i]
+        p = x * y
+        r = p + z
+        tiny = (p != 0) & (abs(p) < _MIN_NORMAL) | (z != 0) & (abs(z) < _MIN_NORMAL) | (r != 0) & (abs(r) < _MIN_NORMAL)
+        small = (x != 0) & (abs(x) < _MIN_NORMAL) | (y != 0) & (abs(y) < _MIN_NORMAL)
+        underflow = (p == 0) & (x != 0) & (y != 0)
+        out[i] = r
+        declined += ~np.isfinite(r) | ~np.isfinite(p) | tiny | small | underflow
+    return declined
+
+
+#: the same loops without a parallel start, for small calls
+_serial = nb.njit(cache=True, error_model="numpy")(_kernel.py_func)
+_ENTRY: dict = {}  # kernel -> its compiled entry point, called without the dispatcher's typing
+
+
+_fma_serial = nb.njit(cache=True, error_model="numpy")(_fma_kernel.py_func)
+
+
+def run_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> bool:
+    """``out`` = fp32(a * b + c) for flat bf16 encodings ``a``, ``b`` and float32 ``c``; False when some element
+    is declined (the caller then computes the call on the general kernel)."""
+    kernel = _fma_kernel if a.size >= SERIAL_BELOW else _fma_serial
+    try:
+        call = _ENTRY[kernel]
+    except KeyError:
+        call = _ENTRY[kernel] = entry_point(kernel, (a, b, c, out))
+    return not call(a, b, c, out)
+
+
+def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, half: bool = False) -> np.ndarray | None:
+    """``out`` = a op b for flat uint16 encodings of bf16 (``half``: fp16; ``b`` ignored by sqrt); returns the
+    indices of the elements declined (left for the general kernel), or None when there are none."""
+    kernel = _kernel if a.size >= SERIAL_BELOW else _serial
+    try:
+        call = _ENTRY[kernel]
+    except KeyError:
+        call = _ENTRY[kernel] = entry_point(kernel, (code, half, a, b, out))
+    if call(code, half, a, b, out):
+        return np.flatnonzero(_declined(code, half, a, b))
+    return None
+
+
+__all__ = ["CODES", "run", "run_fma"]

@@ -112,50 +112,61 @@ def _sqrt(x, y, half):
     return _finish(a, a, np.sqrt(a), a == 0, half)
 
 
-@nb.njit(parallel=True, cache=True, error_model="numpy")  # x / 0 is IEEE, not an exception
-def _kernel(code, half, a, b, out):
-    """out = a op b (bf16, or ``half`` fp16, encodings); returns how many elements are declined (their ``out`` is
-    meaningless).  One loop per operation, so that each vectorises."""
-    declined = 0
-    if code == ADD:
-        for i in nb.prange(a.size):
-            out[i], bad = _add(a[i], b[i], half)
-            declined += bad
-    elif code == SUB:
-        for i in nb.prange(a.size):
-            out[i], bad = _sub(a[i], b[i], half)
-            declined += bad
-    elif code == MUL:
-        for i in nb.prange(a.size):
-            out[i], bad = _mul(a[i], b[i], half)
-            declined += bad
-    elif code == DIV:
-        for i in nb.prange(a.size):
-            out[i], bad = _div(a[i], b[i], half)
-            declined += bad
-    else:
-        for i in nb.prange(a.size):
-            out[i], bad = _sqrt(a[i], b[i], half)
-            declined += bad
-    return declined
+def _lane(half: bool):
+    """The kernels of one format (``half``: fp16, else bf16; a constant of the compiled code, so that each loop
+    is branch-free): (parallel, serial, declined)."""
 
-
-@nb.njit(cache=True, error_model="numpy")
-def _declined(code, half, a, b):
-    """Where `_kernel()` declined (the rare second pass)."""
-    bad = np.empty(a.size, np.bool_)
-    for i in range(a.size):
+    def kernel(code, a, b, out):
+        """out = a op b (encodings); returns how many elements are declined (their ``out`` is meaningless).  One
+        loop per operation, so that each vectorises."""
+        declined = 0
         if code == ADD:
-            bad[i] = _add(a[i], b[i], half)[1]
+            for i in nb.prange(a.size):
+                out[i], bad = _add(a[i], b[i], half)
+                declined += bad
         elif code == SUB:
-            bad[i] = _sub(a[i], b[i], half)[1]
+            for i in nb.prange(a.size):
+                out[i], bad = _sub(a[i], b[i], half)
+                declined += bad
         elif code == MUL:
-            bad[i] = _mul(a[i], b[i], half)[1]
+            for i in nb.prange(a.size):
+                out[i], bad = _mul(a[i], b[i], half)
+                declined += bad
         elif code == DIV:
-            bad[i] = _div(a[i], b[i], half)[1]
+            for i in nb.prange(a.size):
+                out[i], bad = _div(a[i], b[i], half)
+                declined += bad
         else:
-            bad[i] = _sqrt(a[i], b[i], half)[1]
-    return bad
+            for i in nb.prange(a.size):
+                out[i], bad = _sqrt(a[i], b[i], half)
+                declined += bad
+        return declined
+
+    def declined(code, a, b):
+        """Where `kernel` declined (the second pass, when it declined any)."""
+        bad = np.empty(a.size, np.bool_)
+        if code == ADD:
+            for i in nb.prange(a.size):
+                bad[i] = _add(a[i], b[i], half)[1]
+        elif code == SUB:
+            for i in nb.prange(a.size):
+                bad[i] = _sub(a[i], b[i], half)[1]
+        elif code == MUL:
+            for i in nb.prange(a.size):
+                bad[i] = _mul(a[i], b[i], half)[1]
+        elif code == DIV:
+            for i in nb.prange(a.size):
+                bad[i] = _div(a[i], b[i], half)[1]
+        else:
+            for i in nb.prange(a.size):
+                bad[i] = _sqrt(a[i], b[i], half)[1]
+        return bad
+
+    jit = dict(cache=True, error_model="numpy")  # x / 0 is IEEE, not an exception
+    return nb.njit(parallel=True, **jit)(kernel), nb.njit(**jit)(kernel), nb.njit(parallel=True, **jit)(declined)
+
+
+LANES = {False: _lane(False), True: _lane(True)}  # bf16, fp16
 
 
 @nb.njit(parallel=True, cache=True, error_model="numpy")
@@ -177,8 +188,6 @@ def _fma_kernel(a, b, c, out):
     return declined
 
 
-#: the same loops without a parallel start, for small calls
-_serial = nb.njit(cache=True, error_model="numpy")(_kernel.py_func)
 _ENTRY: dict = {}  # kernel -> its compiled entry point, called without the dispatcher's typing
 
 
@@ -199,13 +208,14 @@ def run_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> boo
 def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, half: bool = False) -> np.ndarray | None:
     """``out`` = a op b for flat uint16 encodings of bf16 (``half``: fp16; ``b`` ignored by sqrt); returns the
     indices of the elements declined (left for the general kernel), or None when there are none."""
-    kernel = _kernel if a.size >= SERIAL_BELOW else _serial
+    parallel, serial, declined = LANES[half]
+    kernel = parallel if a.size >= SERIAL_BELOW else serial
     try:
         call = _ENTRY[kernel]
     except KeyError:
-        call = _ENTRY[kernel] = entry_point(kernel, (code, half, a, b, out))
-    if call(code, half, a, b, out):
-        return np.flatnonzero(_declined(code, half, a, b))
+        call = _ENTRY[kernel] = entry_point(kernel, (code, a, b, out))
+    if call(code, a, b, out):
+        return np.flatnonzero(declined(code, a, b))
     return None
 
 

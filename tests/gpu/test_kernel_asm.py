@@ -41,8 +41,8 @@ for disp in (cast._cast_kernel, ops._arith_kernel):
         block = disp.__name__.replace("_kernel", "_block")  # the serial function holding the hot loops
         print(disp.__name__, len(text), text.count("vpgather"), text.count("vpscatter"), int(block in text))
 ef.add(bf, bf)  # the float32 lane: its loops are in the kernel itself
-for sig in _narrow_rne._kernel.signatures:
-    text = asm(_narrow_rne._kernel.overloads[sig].library, set())
+for sig in _narrow_rne.LANES[False][0].signatures:
+    text = asm(_narrow_rne.LANES[False][0].overloads[sig].library, set())
     print("_narrow_rne", len(text), text.count("vpgather"), text.count("vpscatter"), 1)
 """
 

@@ -26,16 +26,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..policy import Policy, get_policy
+from ..policy import Policy, PolicyRef, get_policy
 from ..softmax import get_softmax
-from .experiments import row_errors
+from .experiments import errors_of_o, reference, row_errors
 from .families import _int, _positive
 from .processes import in_processes
 from .space import FORMATS, PLACEMENTS, FamilyPoint
 from .stats import adjust, t_ppf, t_sf
+
+if TYPE_CHECKING:
+    from ..sweep.engines import RowEngine
 
 #: each parameter's range for random points and moves: (kind, values or (low, high))
 RANGES: dict[str, tuple[str, tuple]] = {
@@ -243,14 +247,62 @@ class _Cache:
 
 
 def measure(
-    point: FamilyPoint, policy: Policy, softmax: str, n_rows: int, seed: int, first_row: int = 0
+    point: FamilyPoint,
+    policy: Policy,
+    softmax: str,
+    n_rows: int,
+    seed: int,
+    first_row: int = 0,
+    engine: RowEngine | None = None,
+    policy_ref: PolicyRef | None = None,
 ) -> tuple[int, float, float, int]:
-    """(rows, sum, sum of squares, non-finite rows) of the per-row errors of O on rows first_row.. of the family."""
+    """(rows, sum, sum of squares, non-finite rows) of the per-row errors of O on rows first_row.. of the family.
+
+    ``engine``: a row engine ([`flashsim.sweep.engines`][flashsim.sweep.engines], e.g. the GPU's) computes O where it
+    reproduces the policy (``policy_ref``: the policy by reference, as the engine's cells name it) bit for bit, a few
+    of its rows computed again by the emulator and compared (a difference raises `ConfirmationError`); the emulator
+    computes the rest."""
     rows = point.rows(n_rows, seed, first_row)
-    errs = row_errors(rows, policy, [softmax])[get_softmax(softmax).name].o
+    o = None if engine is None else _engine_o(engine, point, policy, policy_ref, softmax, rows, seed, first_row)
+    if o is None:
+        errs = row_errors(rows, policy, [softmax])[get_softmax(softmax).name].o
+    else:
+        errs = errors_of_o(rows, policy, o, reference(rows)).o
     ok = np.isfinite(errs)
     e = errs[ok]
     return int(e.size), math.fsum(e), math.fsum(e * e), int(errs.size - e.size)
+
+
+def _engine_o(engine, point, policy, policy_ref, softmax, rows, seed, first_row) -> np.ndarray | None:
+    """O of ``rows`` from ``engine``, confirmed on some rows against the emulator; None where the engine does not
+    reproduce the policy (or no reference names it)."""
+    from ..sweep.engines import DEFAULT_CONFIRM, EMULATOR, ConfirmationError, compare_o, confirm_rows, take_rows
+    from ..sweep.spec import Cell, FamilyEntry, Group, PolicyEntry, SoftmaxEntry
+
+    if policy_ref is None:
+        return None
+    family = FamilyEntry("hunt", json.dumps(point.to_dict(), sort_keys=True), point.describe())
+    n = rows.q.shape[0]
+    cell = Cell(
+        Group(family, seed, point.n_keys, point.d, point.fmt, n),
+        PolicyEntry(policy_ref.target, json.dumps(policy_ref.kwargs, sort_keys=True)),
+        SoftmaxEntry(get_softmax(softmax).name),
+        policy.tiling.block_n,
+    )
+    if engine.why_not(cell) is not None:
+        return None
+    o = np.asarray(engine.compute_o(rows, [cell])[cell.id])
+    idx = confirm_rows(cell.id, first_row, n, DEFAULT_CONFIRM)
+    found = compare_o(o[idx], EMULATOR.compute_o(take_rows(rows, idx), [cell])[cell.id])
+    if found is not None:
+        bad = tuple(int(first_row + idx[i]) for i in found[0])
+        raise ConfirmationError(
+            f"engine {engine.name}: O differs from the emulator's on rows {list(bad)} of family {point.describe()} "
+            f"({found[1]})",
+            cell=cell.id,
+            rows=bad,
+        )
+    return o
 
 
 def lean_of(total: tuple[int, float, float, int]) -> Lean:
@@ -269,12 +321,16 @@ def hunt(
     progress: Callable[[str], None] | None = None,
     policy: Policy | None = None,
     client=None,
+    engine: RowEngine | None = None,
+    policy_ref: PolicyRef | None = None,
 ) -> HuntReport:
     """Search the family space for the largest lean of O under ``settings`` (the module docstring says how), and
     confirm the best on fresh rows; ``out``: a folder for the cache (resumes a hunt) and the report; ``policy``:
     the Policy itself where ``settings.policy`` names one that is not registered (its name is then only a label);
     ``client``: a ``distributed.Client`` whose cluster measures the families (instead of ``settings.jobs``
-    local processes; the results are the same: each measurement depends only on its family, rows and seed)."""
+    local processes; the results are the same: each measurement depends only on its family, rows and seed);
+    ``engine``: a row engine that computes O where it reproduces the policy bit for bit (`measure`; the policy
+    by reference, ``policy_ref``, as its cells name it), each measurement confirmed on some rows by the emulator."""
     t0 = time.monotonic()
     say = progress or (lambda _msg: None)
     policy = get_policy(settings.policy) if policy is None else policy
@@ -300,7 +356,8 @@ def hunt(
             done = have[0] + have[3]
             if n_rows > done:
                 ck = hashlib.sha256(f"{tag}/{stream}/{done}/{n_rows - done}/{key}".encode()).hexdigest()
-                todo.append((key, ck, (point, policy, softmax, n_rows - done, settings.seed + 7919 * stream, done)))
+                call = (point, policy, softmax, n_rows - done, settings.seed + 7919 * stream, done, engine, policy_ref)
+                todo.append((key, ck, call))
         missing = [t for t in todo if cache.get(t[1]) is None]
         calls = [t[2] for t in missing]
         if client is not None and calls:

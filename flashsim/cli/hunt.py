@@ -10,6 +10,7 @@ from pathlib import Path
 from ..analysis.hunt import HuntSettings, format_report, hunt, lean_of, measure
 from ..analysis.space import FORMATS, FamilyPoint
 from ..console import UsageError
+from ..policy import PolicyRef
 from .common import add_policy_arguments, allow_import, policy_arg, positive, softmax_variants
 
 try:
@@ -101,9 +102,19 @@ def cmd_hunt(args: argparse.Namespace) -> int:
             f"{flag.get(head, '--' + head.replace('_', '-'))}: {str(exc).split(':', 1)[1].strip()}"
         ) from None
     say = (lambda _m: None) if args.quiet else (lambda m: print(m, flush=True))
+    engine, ref = None, None
+    if args.engine != "cpu":
+        from ..sweep.engines import usable_engine
+        from ..sweep.spec import SpecError
+
+        try:
+            engine = usable_engine(args.engine, allow_import(args))
+        except SpecError as exc:
+            raise UsageError(str(exc)) from None
+        ref = PolicyRef(args.policy, json.loads(args.policy_args) if args.policy_args else {})
     client = _client(args.scheduler) if args.scheduler else None
     try:
-        report = hunt(settings, args.out, say, policy=policy, client=client)
+        report = hunt(settings, args.out, say, policy=policy, client=client, engine=engine, policy_ref=ref)
     finally:
         if client is not None:
             client.close()
@@ -151,6 +162,13 @@ def add_parser(sub) -> None:
     hp.add_argument("--fix", action="append", metavar="NAME=VALUE", help="hold a family parameter (repeat)")
     hp.add_argument("--seed", type=int, default=1)
     hp.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes measuring rows; default 1")
+    hp.add_argument(
+        "--engine",
+        default="cpu",
+        metavar="NAME",
+        help="what computes O: cpu (the emulator, default) or an engine plug-in such as gpu, for the families whose "
+        "launch it reproduces bit for bit (a few rows of each measurement confirmed on the emulator)",
+    )
     hp.add_argument(
         "--scheduler",
         metavar="ADDRESS",

@@ -8,6 +8,8 @@ import pytest
 from flashsim.analysis.experiments import reference
 from flashsim.analysis.hunt import HuntSettings, Lean, hunt, neighbour, random_point
 from flashsim.analysis.space import P_BAND, POINTS, FamilyPoint
+from flashsim.policy import PolicyRef
+from flashsim.sweep.engines import ConfirmationError, EmulatorEngine
 
 
 def test_a_family_regenerates_its_rows_from_a_seed_in_any_chunks():
@@ -112,3 +114,24 @@ def test_a_hunt_on_a_dask_cluster_is_the_hunt_in_one_process(tmp_path):
     here = hunt(_slice("standard"), tmp_path / "here")
     assert on_cluster.tried == here.tried and on_cluster.rows == here.rows
     assert [(f.point, f.confirm) for f in on_cluster.found] == [(f.point, f.confirm) for f in here.found]
+
+
+class _LyingEngine(EmulatorEngine):
+    """A row engine whose O differs from the emulator's in the last bit of each row's first element."""
+
+    def compute_o(self, rows, cells):
+        out = super().compute_o(rows, cells)
+        for o in out.values():
+            o.reshape(o.shape[0], -1)[:, 0].view(np.uint16)[...] ^= 1
+        return out
+
+
+def test_a_hunt_on_a_row_engine_is_confirmed_row_by_row(tmp_path):
+    """`hunt(engine=...)` / `flashsim hunt --engine NAME`: an engine's O, confirmed on some rows of every measurement
+    against the emulator, gives the report the emulator gives; an engine that differs stops the hunt."""
+    ref = PolicyRef("triton_h100")
+    on_engine = hunt(_slice("standard"), tmp_path / "engine", engine=EmulatorEngine(name="echo"), policy_ref=ref)
+    here = hunt(_slice("standard"), tmp_path / "here")
+    assert [(f.point, f.confirm) for f in on_engine.found] == [(f.point, f.confirm) for f in here.found]
+    with pytest.raises(ConfirmationError, match="engine lying: O differs from the emulator's"):
+        hunt(_slice("standard"), engine=_LyingEngine(name="lying"), policy_ref=ref)

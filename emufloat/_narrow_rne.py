@@ -112,54 +112,53 @@ def _sqrt(x, y, half):
     return _finish(a, a, np.sqrt(a), a == 0, half)
 
 
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _fill(fn, a, b, out, half):
+    """out = fn(a, b) element by element; how many elements ``fn`` declines (``fn`` a compile-time function, so
+    that each operation's loop is its own, branch-free)."""
+    declined = 0
+    for i in nb.prange(a.size):
+        out[i], bad = fn(a[i], b[i], half)
+        declined += bad
+    return declined
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def _mark(fn, a, b, bad, half):
+    """bad[i]: ``fn`` declines element i."""
+    for i in nb.prange(a.size):
+        bad[i] = fn(a[i], b[i], half)[1]
+
+
 def _lane(half: bool):
     """The kernels of one format (``half``: fp16, else bf16; a constant of the compiled code, so that each loop
     is branch-free): (parallel, serial, declined)."""
 
     def kernel(code, a, b, out):
-        """out = a op b (encodings); returns how many elements are declined (their ``out`` is meaningless).  One
-        loop per operation, so that each vectorises."""
-        declined = 0
+        """out = a op b (encodings); returns how many elements are declined (their ``out`` is meaningless)."""
         if code == ADD:
-            for i in nb.prange(a.size):
-                out[i], bad = _add(a[i], b[i], half)
-                declined += bad
-        elif code == SUB:
-            for i in nb.prange(a.size):
-                out[i], bad = _sub(a[i], b[i], half)
-                declined += bad
-        elif code == MUL:
-            for i in nb.prange(a.size):
-                out[i], bad = _mul(a[i], b[i], half)
-                declined += bad
-        elif code == DIV:
-            for i in nb.prange(a.size):
-                out[i], bad = _div(a[i], b[i], half)
-                declined += bad
-        else:
-            for i in nb.prange(a.size):
-                out[i], bad = _sqrt(a[i], b[i], half)
-                declined += bad
-        return declined
+            return _fill(_add, a, b, out, half)
+        if code == SUB:
+            return _fill(_sub, a, b, out, half)
+        if code == MUL:
+            return _fill(_mul, a, b, out, half)
+        if code == DIV:
+            return _fill(_div, a, b, out, half)
+        return _fill(_sqrt, a, b, out, half)
 
     def declined(code, a, b):
-        """Where `kernel` declined (the second pass, when it declined any)."""
+        """Where `kernel` declined (the second pass, run only when it declined some)."""
         bad = np.empty(a.size, np.bool_)
         if code == ADD:
-            for i in nb.prange(a.size):
-                bad[i] = _add(a[i], b[i], half)[1]
+            _mark(_add, a, b, bad, half)
         elif code == SUB:
-            for i in nb.prange(a.size):
-                bad[i] = _sub(a[i], b[i], half)[1]
+            _mark(_sub, a, b, bad, half)
         elif code == MUL:
-            for i in nb.prange(a.size):
-                bad[i] = _mul(a[i], b[i], half)[1]
+            _mark(_mul, a, b, bad, half)
         elif code == DIV:
-            for i in nb.prange(a.size):
-                bad[i] = _div(a[i], b[i], half)[1]
+            _mark(_div, a, b, bad, half)
         else:
-            for i in nb.prange(a.size):
-                bad[i] = _sqrt(a[i], b[i], half)[1]
+            _mark(_sqrt, a, b, bad, half)
         return bad
 
     jit = dict(cache=True, error_model="numpy")  # x / 0 is IEEE, not an exception
@@ -194,27 +193,27 @@ _ENTRY: dict = {}  # kernel -> its compiled entry point, called without the disp
 _fma_serial = nb.njit(cache=True, error_model="numpy")(_fma_kernel.py_func)
 
 
-def run_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> bool:
-    """``out`` = fp32(a * b + c) for flat bf16 encodings ``a``, ``b`` and float32 ``c``; False when some element
-    is declined (the caller then computes the call on the general kernel)."""
-    kernel = _fma_kernel if a.size >= SERIAL_BELOW else _fma_serial
+def _call(kernel, *args):
+    """``kernel(*args)`` through its compiled entry point (resolved on the first call), skipping the dispatcher's
+    typing of every argument: microseconds a small call."""
     try:
         call = _ENTRY[kernel]
     except KeyError:
-        call = _ENTRY[kernel] = entry_point(kernel, (a, b, c, out))
-    return not call(a, b, c, out)
+        call = _ENTRY[kernel] = entry_point(kernel, args)
+    return call(*args)
+
+
+def run_fma(a: np.ndarray, b: np.ndarray, c: np.ndarray, out: np.ndarray) -> bool:
+    """``out`` = fp32(a * b + c) for flat bf16 encodings ``a``, ``b`` and float32 ``c``; False when some element
+    is declined (the caller then computes the call on the general kernel)."""
+    return not _call(_fma_kernel if a.size >= SERIAL_BELOW else _fma_serial, a, b, c, out)
 
 
 def run(code: int, a: np.ndarray, b: np.ndarray, out: np.ndarray, half: bool = False) -> np.ndarray | None:
     """``out`` = a op b for flat uint16 encodings of bf16 (``half``: fp16; ``b`` ignored by sqrt); returns the
     indices of the elements declined (left for the general kernel), or None when there are none."""
     parallel, serial, declined = LANES[half]
-    kernel = parallel if a.size >= SERIAL_BELOW else serial
-    try:
-        call = _ENTRY[kernel]
-    except KeyError:
-        call = _ENTRY[kernel] = entry_point(kernel, (code, a, b, out))
-    if call(code, a, b, out):
+    if _call(parallel if a.size >= SERIAL_BELOW else serial, code, a, b, out):
         return np.flatnonzero(declined(code, a, b))
     return None
 

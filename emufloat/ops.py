@@ -421,22 +421,31 @@ def _lo_is_float32(code: int, f: Format) -> bool:
     return 2 * f.precision <= 24 and f.max**2 <= float(np.finfo(np.float32).max) and tiny**2 >= 2.0**-149
 
 
+def _plain_rne(rounding, trace, out, *xs) -> bool:
+    """Whether a call may take a float32 lane (`emufloat._narrow_rne`) as it is: rounding to nearest even, no
+    trace or ``out``, operands numpy arrays of one shape, C-contiguous."""
+    if (
+        trace is not None
+        or out is not None
+        or not (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
+    ):
+        return False
+    shape = xs[0].shape if type(xs[0]) is np.ndarray else None
+    for x in xs:  # a loop, not all(generator): this check runs on every small call
+        if type(x) is not np.ndarray or x.shape != shape or not x.flags.c_contiguous:
+            return False
+    return True
+
+
 def _narrow_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
     """The common bf16 or fp16 call (arrays of that one dtype and shape, C-contiguous, the result in their format
     rounded to nearest even, no ``out`` or trace) through `emufloat._narrow_rne` without `_apply()`'s checks; None
     for any other call."""
     if not (
-        trace is None
-        and out is None
-        and type(a) is np.ndarray
-        and type(b) is np.ndarray
+        _plain_rne(rounding, trace, out, a, b)
         and a.dtype in _NARROW
         and b.dtype == a.dtype
-        and a.shape == b.shape
-        and a.flags.c_contiguous
-        and b.flags.c_contiguous
         and (fmt is None or fmt is _NARROW[a.dtype] or fmt == _NARROW[a.dtype].name)
-        and (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
     ):
         return None
     ua, ub = a.view(np.uint16), b.view(np.uint16)
@@ -657,20 +666,11 @@ def fma(
 ) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
     if (  # bf16 products into a float32 accumulator, rounded to nearest: float32 arithmetic (emufloat._narrow_rne)
-        trace is None
-        and out is None
-        and type(a) is np.ndarray
-        and type(b) is np.ndarray
-        and type(c) is np.ndarray
+        _plain_rne(rounding, trace, out, a, b, c)
         and a.dtype == _BF16_DTYPE
         and b.dtype == _BF16_DTYPE
         and c.dtype == np.float32
-        and a.shape == b.shape == c.shape
-        and a.flags.c_contiguous
-        and b.flags.c_contiguous
-        and c.flags.c_contiguous
         and (fmt is FP32 or fmt == "fp32")
-        and (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
     ):
         res = np.empty(a.shape, np.float32)
         flat = [x.reshape(-1) for x in (a.view(np.uint16), b.view(np.uint16), c, res)]

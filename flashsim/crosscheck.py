@@ -453,20 +453,24 @@ class CrosscheckReport:
         return "\n".join(lines)
 
 
-def crosscheck(run: KernelRun | str | Path, allow_import: AllowImport = False) -> CrosscheckReport:
+def crosscheck(
+    run: KernelRun | str | Path,
+    allow_import: AllowImport = False,
+    emulated: dict[str, np.ndarray] | None = None,
+) -> CrosscheckReport:
     """Rerun ``run`` (a `KernelRun`, or the path of one saved by `save_run()`) under its policy and
     compare every recorded output; locate the first differing row's first divergent step when per-block
     intermediates were recorded; and say whether the kernel's O and LSE are attention's within the bound rounding
     allows under the policy (`flashsim.bounds.check_attention()`: a kernel that computes another function is
     reported as such, even where the policy repeats it bit for bit).  ``allow_import``: modules the run's policy
     reference may import (`PolicyRef.resolve()`; by default a file's reference resolves only to registered
-    policies)."""
+    policies).  ``emulated``: what `emulate(run)` gave, where the caller has it already (spares the rerun)."""
     if isinstance(run, (str, Path)):
         run = load_run(run)
     if not isinstance(run, KernelRun):
         raise TypeError(f"run: expected a KernelRun or the path of a saved run, got {type(run).__name__}")
     pol = run.resolve_policy(allow_import)
-    emu, fmts = _emulate(run, pol), stored_formats(pol)
+    emu, fmts = emulated if emulated is not None else _emulate(run, pol), stored_formats(pol)
     checks = [
         check_bits(name, emu[name], run.outputs[name], fmts[name] or "fp32") for name in emu if name in run.outputs
     ]

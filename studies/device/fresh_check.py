@@ -120,17 +120,20 @@ def with_backward(case: dict) -> bool:
     return case["kernel"] != "tutorial" or case["causal"]
 
 
-def emulated_digests(case: dict) -> dict[str, str]:
-    """The SHA-256 of every output the policy the case recorded computes from the case's seed: what a recorded
-    case's digests are checked against on the CPU."""
-    from flashsim.crosscheck import KernelRun, emulate
+def case_run(case: dict, outputs: dict[str, np.ndarray] | None = None):
+    """The recorded case as a `KernelRun` from its seed: ``outputs`` the GPU's bits, where known (None: zeros of
+    each recorded output's shape, for emulating)."""
+    from flashsim.crosscheck import KernelRun
     from flashsim.policy import PolicyRef
 
     x = case_inputs(case)
     h, n, d = x["q"].shape
-    shapes = {"o": (h, n, d), "dq": (h, n, d), "dk": (h, n, d), "dv": (h, n, d)}
-    placeholder = {k: np.zeros(shapes.get(k, (h, n)), np.uint16 if k in shapes else np.uint32) for k in case["digests"]}
-    run = KernelRun(
+    if outputs is None:
+        outputs = {
+            k: np.zeros((h, n, d), np.uint16) if k in ("o", "dq", "dk", "dv") else np.zeros((h, n), np.uint32)
+            for k in case["digests"]
+        }
+    return KernelRun(
         q=x["q"],
         k=x["k"],
         v=x["v"],
@@ -140,10 +143,23 @@ def emulated_digests(case: dict) -> dict[str, str]:
         sm_scale=case["d"] ** -0.5,
         softmax=case_softmax(case),
         policy=PolicyRef.from_json(case["policy"]),
-        outputs=placeholder,
+        outputs=outputs,
         launch=case["launch"],
+        note=f"{case['kernel']} seed {case['seed']}",
     )
-    return {k: sha256_of(v) for k, v in emulate(run).items() if k in case["digests"]}
+
+
+def emulated_outputs(case: dict) -> dict[str, np.ndarray]:
+    """The bits of every output the policy the case recorded computes from the case's seed."""
+    from flashsim.crosscheck import emulate
+
+    return {k: v for k, v in emulate(case_run(case)).items() if k in case["digests"]}
+
+
+def emulated_digests(case: dict) -> dict[str, str]:
+    """The SHA-256 of every output the policy the case recorded computes from the case's seed: what a recorded
+    case's digests are checked against on the CPU."""
+    return {k: sha256_of(v) for k, v in emulated_outputs(case).items()}
 
 
 def register_checkout_policies() -> None:
@@ -159,6 +175,17 @@ def register_checkout_policies() -> None:
         register_policy(QIU_YAO)
 
 
+def summary(rep) -> dict:
+    """What a case keeps of its cross-check (a `CrosscheckReport`)."""
+    return {
+        "identical": {c.name: c.fraction for c in rep.checks},
+        "atomic": {name: {"ok": a.ok, "line": str(a)} for name, a in rep.atomic.items()},
+        "up_to_atomic_order": rep.identical_up_to_atomic_order,
+        "attention": None if rep.attention is None else rep.attention.attention,
+        "launch_notes": rep.launch_notes,
+    }
+
+
 def _check(path: str) -> dict:
     """One run against its policy (a worker process)."""
     from flashsim.crosscheck import crosscheck, load_run
@@ -171,14 +198,32 @@ def _check(path: str) -> dict:
         return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
     finally:
         os.unlink(path)
-    return {
-        "identical": {c.name: c.fraction for c in rep.checks},
-        "atomic": {name: {"ok": a.ok, "line": str(a)} for name, a in rep.atomic.items()},
-        "up_to_atomic_order": rep.identical_up_to_atomic_order,
-        "attention": None if rep.attention is None else rep.attention.attention,
-        "launch_notes": rep.launch_notes,
-        "seconds": round(time.monotonic() - t0, 1),
-    }
+    return summary(rep) | {"seconds": round(time.monotonic() - t0, 1)}
+
+
+def atomic_outputs(run) -> list[str]:
+    """The outputs the run's policy sums with atomic adds: their bits may be any order's, so a digest alone cannot
+    judge them."""
+    pol = run.resolve_policy()
+    return [k for k in ("dq", "dk", "dv") if k in run.outputs and getattr(pol, k).atomic]
+
+
+def save_bits(out: Path, bits: dict[str, np.ndarray], cap: int, chunk: int = 15 << 20) -> list[str]:
+    """``bits`` into fresh_bits_<i>.npz files of at most ``chunk`` bytes each before compression, ``cap`` bytes in
+    all (what one device call returns); returns the keys left out."""
+    chunks: list[dict[str, np.ndarray]] = [{}]
+    left, total = [], 0
+    for key, value in bits.items():
+        if total + value.nbytes > cap or value.nbytes > chunk:
+            left.append(key)
+            continue
+        if sum(v.nbytes for v in chunks[-1].values()) + value.nbytes > chunk:
+            chunks.append({})
+        chunks[-1][key] = value
+        total += value.nbytes
+    for i, c in enumerate(c for c in chunks if c):
+        np.savez_compressed(out / f"fresh_bits_{i}.npz", **c)
+    return left
 
 
 def _kernel(name: str, case: dict, tutorial, paper):
@@ -217,6 +262,7 @@ def run(args) -> int:
         if name in kernels and (path is None or not Path(path).is_file()):
             raise UsageError(f"--{name}: the file is needed for the {name} kernel, got {path}")
     keep = sections(args.keep_bits, KERNELS, "--keep-bits") if args.keep_bits else []
+    checked = sections(args.check, KERNELS, "--check") if args.check else kernels
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.fresh_check")
     import torch
@@ -235,7 +281,7 @@ def run(args) -> int:
         pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     per_kernel = {name: grid(name, args.cases, ci=args.grid == "ci") for name in kernels}
     order = [per_kernel[name][i] for i in range(args.start, args.cases) for name in kernels]  # the kernels take turns
-    t0, futures, bits = time.monotonic(), [], {}
+    t0, futures, bits, atomic = time.monotonic(), [], {}, {}
     for j, case in enumerate(order):
         if time.monotonic() - t0 > args.budget:
             break
@@ -254,7 +300,9 @@ def run(args) -> int:
             case["varies"] = sorted(k for k, v in again.items() if not np.array_equal(v, run_.outputs[k]))
         if case["kernel"] in keep:
             bits.update({f"{case['kernel']}/{case['seed']}/{k}": v for k, v in run_.outputs.items()})
-        if pool is not None:
+        else:  # kept should no check finish here: what a digest cannot judge
+            atomic.update({f"{case['kernel']}/{case['seed']}/{k}": run_.outputs[k] for k in atomic_outputs(run_)})
+        if pool is not None and case["kernel"] in checked:
             futures.append((case, pool.submit(_check, str(save_run(tmp / f"case{j}.npz", run_)))))
         print(
             f"{case['kernel']} n {case['n']} h {case['heads']} d {case['d']} {case['dtype']} causal {case['causal']} "
@@ -271,6 +319,11 @@ def run(args) -> int:
             proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
     cases = [c for name in kernels for c in per_kernel[name] if "digests" in c or "error" in c]
+    done = {f"{c['kernel']}/{c['seed']}" for c in cases if "identical" in c.get("check", {})}
+    bits.update({key: v for key, v in atomic.items() if key.rsplit("/", 1)[0] not in done})
+    left = save_bits(out, bits, args.bits_cap << 20) if bits else []
+    if left:
+        print(f"fresh_check: {len(left)} outputs' bits over --bits-cap, not kept: {', '.join(left[:20])}")
     for name in kernels:
         mine = [c for c in cases if c["kernel"] == name and "check" in c]
         whole = sum(bool(c["check"].get("up_to_atomic_order")) for c in mine)
@@ -287,6 +340,7 @@ def run(args) -> int:
         + (" --paper .upstream/qiu_yao_attention.py" if "paper" in kernels else "")
         + f" --grid {args.grid} --kernels {args.kernels} --cases {args.cases} --start {args.start} "
         f"--workers {args.workers}"
+        + (f" --check {args.check}" if args.check else "")
         + (" --repeat" if args.repeat else "")
         + (f" --keep-bits {args.keep_bits}" if args.keep_bits else ""),
         "files_sha256": {
@@ -294,12 +348,11 @@ def run(args) -> int:
             for name, p in (("tutorial", args.tutorial), ("paper", args.paper))
             if name in kernels
         },
+        "bits_left_out": left,
         "cases": cases,
         "seconds": round(time.monotonic() - t0, 1),
     }
     (out / "fresh_check.json").write_text(json.dumps(meta, indent=1))
-    if bits:
-        np.savez_compressed(out / "fresh_bits.npz", **bits)
     return 0
 
 
@@ -316,7 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=12, help="processes cross-checking the runs (0: record only)")
     ap.add_argument("--grid", choices=("fresh", "ci"), default="fresh", help="fresh launches, or the CI grid's")
     ap.add_argument("--repeat", action="store_true", help="launch each case twice; record the outputs that vary")
-    ap.add_argument("--keep-bits", default="", help="kernels whose outputs' bits go to fresh_bits.npz")
+    ap.add_argument("--keep-bits", default="", help="kernels all of whose outputs' bits are kept (fresh_bits_<i>.npz)")
+    ap.add_argument("--check", default="", help="kernels checked here as recorded (default: all; the rest by digest)")
+    ap.add_argument("--bits-cap", type=int, default=56, help="MiB of bits kept at most (default 56)")
     args = ap.parse_args(argv)
     return run_command("fresh_check", lambda: run(args))
 

@@ -1,0 +1,103 @@
+"""Other people's kernels on fresh launches (tests/data/fresh_check/fresh_*.json and tutorial_*.json, recorded on an
+H200 by `studies.device.fresh_check --grid fresh`): what each recording's check says, kernel by kernel, and a
+sample of its small launches re-derived here from their seeds (`studies.device.fresh_verify.verify`).
+
+Kept as recorded: the device's check of SDPA's three backends and the tutorial, the CPU's check
+(`studies.device.fresh_verify`) of Qiu & Yao's pipeline and of the memory-efficient cases first checked under an
+older policy.  Misses are asserted where they are known and said: Qiu & Yao's at key counts that are not a
+multiple of 8 (cuBLAS's CUTLASS GEMMs, not modelled) and cuDNN's backward (not modelled to the bit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from studies.device.fresh_verify import verify
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "fresh_check"
+FILES = sorted(DATA.glob("fresh_*.json")) + sorted(DATA.glob("tutorial_*.json"))
+RECORDINGS = {p.name: json.loads(p.read_text()) for p in FILES}
+CASES = [c for rec in RECORDINGS.values() for c in rec["cases"]]
+CHECKED = [c for c in CASES if "check" in c and "identical" in c["check"]]
+
+
+def _of(kernel: str) -> list[dict]:
+    return [c for c in CHECKED if c["kernel"] == kernel]
+
+
+def _label(c: dict) -> str:
+    return f"{c['kernel']}_n{c['n']}x{c['heads']}_d{c['d']}_{c['dtype']}_{'causal' if c['causal'] else 'full'}"
+
+
+def test_the_recordings_say_how_and_where_they_were_made():
+    for name, rec in RECORDINGS.items():
+        assert rec["device"] == "NVIDIA H200" and rec["torch"].startswith("2.11") and rec["triton"] == "3.6.0", name
+        assert rec["command"].startswith("PYTHONPATH=. python -m studies.device.fresh_check"), name
+        assert "--grid fresh" in rec["command"], name
+    seeds = [(c["kernel"], c["seed"]) for c in CASES]
+    assert len(seeds) == len(set(seeds))  # no launch counted twice
+
+
+@pytest.mark.parametrize("kernel", ["sdpa_flash", "sdpa_efficient", "tutorial"])
+def test_every_fresh_launch_is_identical_up_to_atomic_order(kernel):
+    mine = _of(kernel)
+    assert len(mine) >= 100
+    assert {c["d"] for c in mine} == {64, 128} and {c["causal"] for c in mine} == {False, True}
+    assert max(c["n"] for c in mine) == 8192 and {1, 64} <= {c["heads"] for c in mine}
+    bad = [_label(c) for c in mine if not c["check"]["up_to_atomic_order"]]
+    assert not bad
+
+
+def test_flash_dq_varies_between_launches_and_is_admitted_by_an_order():
+    varied = [c for c in _of("sdpa_flash") if "dq" in c.get("varies", [])]
+    assert len(varied) >= 20
+    for c in varied:
+        assert c["check"]["up_to_atomic_order"] and (c["check"]["identical"]["dq"] == 1.0 or c["check"]["atomic"])
+
+
+def test_the_tutorials_semantic_flag_is_raised_exactly_where_it_computes_another_function():
+    """Causal launches whose autotuned BLOCK_M is below BLOCK_N read keys past the diagonal twice."""
+    mine = _of("tutorial")
+    flagged = {id(c) for c in mine if c["check"]["attention"] is False}
+    wrong = {
+        id(c)
+        for c in mine
+        if c["causal"] and c["launch"]["kernel_info"]["BLOCK_M"] < c["launch"]["kernel_info"]["BLOCK_N"]
+    }
+    assert flagged == wrong and len(wrong) >= 10
+    assert all(c["check"]["attention"] is True for c in mine if id(c) not in wrong)
+
+
+def test_qiu_yao_misses_only_where_cublas_leaves_its_sm90_gemms():
+    mine = _of("paper")
+    assert len(mine) >= 100 and {c["softmax"] for c in mine} == {"standard", "stabilised"}
+    aligned = [c for c in mine if c["n"] % 8 == 0]
+    assert len(aligned) >= 60 and all(c["check"]["up_to_atomic_order"] for c in aligned)
+    missed = [c for c in mine if not c["check"]["up_to_atomic_order"]]
+    assert missed and all(c["n"] % 8 for c in missed)
+    assert all(c["check"]["identical"].get("lse") == 1.0 for c in mine)  # the row sums at every width
+
+
+def test_cudnn_forward_is_exact_its_backward_not_yet():
+    mine = _of("sdpa_cudnn")
+    assert len(mine) >= 80
+    assert all(c["check"]["identical"]["o"] == 1.0 and c["check"]["identical"]["lse"] == 1.0 for c in mine)
+    refused = [c for c in CASES if c["kernel"] == "sdpa_cudnn" and "error" in c]
+    assert refused and all(c["n"] == 1 and "No available kernel" in c["error"] for c in refused)
+    exact = sum(c["check"]["up_to_atomic_order"] for c in mine)
+    assert exact < len(mine)  # fails once the backward is modelled: then assert every case
+
+
+SMALL = {
+    kernel: [c for c in _of(kernel) if c["check"]["up_to_atomic_order"] and c["heads"] * c["n"] ** 2 <= 2**19][:3]
+    for kernel in ("sdpa_flash", "sdpa_efficient", "paper", "tutorial")
+}
+
+
+@pytest.mark.parametrize("case", [c for cs in SMALL.values() for c in cs], ids=_label)
+def test_small_fresh_launches_are_rederived_from_their_seeds(case):
+    got = verify(case, {})
+    assert got["up_to_atomic_order"] and set(got["identical"].values()) == {1.0}, got
+    assert got["attention"] == case["check"]["attention"]

@@ -123,7 +123,8 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     compiled afresh for each call (so that the source Inductor generated is read: the tiles and warps it chose go
     into the launch as `kernel_info`), a graph break raising rather than running eager.  ``mask_mod``: a
     FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool, made into a block mask; None: no mask, or causal where
-    the run is.  Returns O and the natural-log LSE flex_attention returns.  Its `policy_for(launch)` is
+    the run is.  Returns O and the natural-log LSE flex_attention returns; its `backward` the gradients through
+    the compiled forward and the backward Inductor generates for it.  Its `policy_for(launch)` is
     `gpu.policies.flex_policy` for the tiles that ran; `mask_matrix(n_q, n_k, device)` gives the mask as a
     KernelRun keeps it (None for no mask or causal)."""
 
@@ -132,9 +133,9 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
             return mask_mod
         return (lambda b, h, q, kv: q >= kv) if causal else None
 
-    def kernel(q, k, v, causal: bool, sm_scale: float):
+    def compiled_for(q, k, causal: bool):
+        """The compiled flex_attention and the run's block mask."""
         import torch
-        from torch._inductor.utils import run_and_get_code
         from torch.nn.attention.flex_attention import create_block_mask
         from torch.nn.attention.flex_attention import flex_attention as flex
 
@@ -143,7 +144,12 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         mod = mod_for(causal)
         n_q, n_k = q.shape[2], k.shape[2]
         block_mask = None if mod is None else create_block_mask(mod, None, None, n_q, n_k, device=q.device)
-        compiled = torch.compile(flex, fullgraph=True, dynamic=False)
+        return torch.compile(flex, fullgraph=True, dynamic=False), block_mask
+
+    def kernel(q, k, v, causal: bool, sm_scale: float):
+        from torch._inductor.utils import run_and_get_code
+
+        compiled, block_mask = compiled_for(q, k, causal)
         try:
             from torch.nn.attention.flex_attention import AuxRequest
         except ImportError:  # torch before AuxRequest: return_lse
@@ -155,6 +161,13 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
             (o, aux), sources = run_and_get_code(compiled, q, k, v, **args)
             lse = aux.lse
         return o, lse.float().contiguous(), flex_config(sources)
+
+    def backward(q, k, v, do, causal: bool, sm_scale: float):
+        """dQ, dK, dV of O's gradient ``do``, through the compiled forward and the backward Inductor generates."""
+        compiled, block_mask = compiled_for(q, k, causal)
+        qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        compiled(qq, kk, vv, block_mask=block_mask, scale=sm_scale).backward(do)
+        return qq.grad, kk.grad, vv.grad
 
     def mask_matrix(n_q: int, n_k: int, device: str = "cpu") -> np.ndarray | None:
         if mask_mod is None:
@@ -172,6 +185,7 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
 
     kernel.__name__ = name
+    kernel.backward = backward
     kernel.policy_for = policy_for
     kernel.mask_matrix = mask_matrix
     return kernel

@@ -2,12 +2,14 @@
 `kernel_run` (the policy from the launch that ran, its tiles read from Inductor's source; sliding-window and
 document masks as matrices), each run checked by `flashsim.crosscheck` in worker processes as it is recorded.
 
-    PYTHONPATH=. python -m studies.device.flex_check --out $OUT [--budget 400] [--workers 15]
+    PYTHONPATH=. python -m studies.device.flex_check --out $OUT [--budget 400] [--workers 15] [--start 0]
+        [--backward]
 
 Cases: heads 1 to 64, key counts 1 to 8192 (whole tiles and not), head dims 64 and 128, bf16 and fp16, masks
 none, causal, sliding window, documents; inputs of every kind from seeds no other recording uses.  Writes
 `flex_check.json`: per case its inputs (kinds, seed), the launch (tiles, versions, card), the SHA-256 of O and
-LSE, and the cross-check's identical fractions and attention line.
+LSE (and, with ``--backward``, of dQ, dK, dV), and the cross-check's identical fractions and attention line; the
+bits of the cases the policy refused or missed go to flex_bits_<i>.npz (for diagnosis).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from flashsim.console import ArgumentParser, run_command, writable_dir
 from flashsim.recording import sha256_of
 from gpu.commands import require_gpu
 from studies.device.flex_capture import WINDOW, case_inputs, document_ids, mask_mod
+from studies.device.fresh_check import save_bits
 
 SEED0 = 2_026_600_000  # fresh: no other recording draws from here
 SHAPES = (  # (key count, heads): heads x keys^2 at most 2^26
@@ -95,8 +98,10 @@ def run(args) -> int:
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     torch._dynamo.config.recompile_limit = 4096
-    t0, cases, futures = time.monotonic(), grid(args.cases), {}
+    t0, cases, futures, outputs = time.monotonic(), grid(args.cases), {}, {}
     for i, case in enumerate(cases):
+        if i < args.start:
+            continue
         if time.monotonic() - t0 > args.budget:
             break
         n = case["n"]
@@ -112,6 +117,7 @@ def run(args) -> int:
                 x["q"],
                 x["k"],
                 x["v"],
+                x["do"] if args.backward else None,
                 dtype=case["dtype"],
                 causal=case["mask"] == "causal",
                 note=f"flex_check case {i}",
@@ -122,6 +128,7 @@ def run(args) -> int:
             continue
         case["launch"] = run_.launch
         case["digests"] = {k: sha256_of(v) for k, v in run_.outputs.items()}
+        outputs[i] = run_.outputs
         path = save_run(tmp / f"case{i}.npz", run_)
         futures[i] = pool.submit(_check, str(path))
         print(
@@ -134,11 +141,20 @@ def run(args) -> int:
     pool.shutdown()
     done = [c for c in cases if "check" in c]
     whole = sum(all(f == 1.0 for f in c["check"].get("identical", {0: 0}).values()) for c in done)
-    print(f"flex_check: {whole} of {len(done)} cases identical in O and LSE", flush=True)
+    print(f"flex_check: {whole} of {len(done)} cases identical in every output", flush=True)
+    missed = {
+        f"case{i}/{k}": v
+        for i, got in outputs.items()
+        if not all(f == 1.0 for f in cases[i]["check"].get("identical", {0: 0}).values())
+        for k, v in got.items()
+    }
+    left = save_bits(out, missed, args.bits_cap << 20, stem="flex_bits") if missed else []
     meta = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
-        "command": "PYTHONPATH=. python -m studies.device.flex_check --out $OUT",
+        "command": f"PYTHONPATH=. python -m studies.device.flex_check --out $OUT --cases {args.cases} "
+        f"--start {args.start}" + (" --backward" if args.backward else ""),
+        "bits_left_out": left,
         "window": WINDOW,
         "cases": done,
         "seconds": round(time.monotonic() - t0, 1),
@@ -153,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", type=int, default=128, help="how many cases at most (default 128)")
     ap.add_argument("--budget", type=float, default=400.0, help="seconds after which no new case starts")
     ap.add_argument("--workers", type=int, default=15, help="processes cross-checking the runs (default 15)")
+    ap.add_argument("--start", type=int, default=0, help="skip the grid's first cases (an earlier call's)")
+    ap.add_argument("--backward", action="store_true", help="record and check dQ, dK, dV too")
+    ap.add_argument("--bits-cap", type=int, default=40, help="MiB of missed cases' bits kept at most (default 40)")
     args = ap.parse_args(argv)
     return run_command("flex_check", lambda: run(args))
 

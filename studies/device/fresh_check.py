@@ -208,9 +208,11 @@ def atomic_outputs(run) -> list[str]:
     return [k for k in ("dq", "dk", "dv") if k in run.outputs and getattr(pol, k).atomic]
 
 
-def save_bits(out: Path, bits: dict[str, np.ndarray], cap: int, chunk: int = 15 << 20) -> list[str]:
-    """``bits`` into fresh_bits_<i>.npz files of at most ``chunk`` bytes each before compression, ``cap`` bytes in
-    all (what one device call returns); returns the keys left out."""
+def save_bits(
+    out: Path, bits: dict[str, np.ndarray], cap: int, chunk: int = 15 << 20, stem: str = "fresh_bits"
+) -> list[str]:
+    """``bits`` into <stem>_<i>.npz files of at most ``chunk`` bytes each before compression, ``cap`` bytes in all
+    (what one device call returns); returns the keys left out."""
     chunks: list[dict[str, np.ndarray]] = [{}]
     left, total = [], 0
     for key, value in bits.items():
@@ -222,7 +224,7 @@ def save_bits(out: Path, bits: dict[str, np.ndarray], cap: int, chunk: int = 15 
         chunks[-1][key] = value
         total += value.nbytes
     for i, c in enumerate(c for c in chunks if c):
-        np.savez_compressed(out / f"fresh_bits_{i}.npz", **c)
+        np.savez_compressed(out / f"{stem}_{i}.npz", **c)
     return left
 
 

@@ -31,6 +31,7 @@ returns it.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import NamedTuple
 
@@ -40,10 +41,11 @@ import emufloat as ef
 from emufloat import Rounding, Trace
 
 from . import arith
-from .attention import LN2, LOG2E, as_input, block_order, block_size
+from .attention import LN2, LOG2E, as_input, block_order, block_size, flash_forward
 from .attention import check_inputs as check_forward_inputs
 from .causal import causal_offset, causal_skips, causal_visible
-from .orders import DELTAS, RECOMPUTES, BlockPlace
+from .functions import get_function
+from .orders import DELTAS, KV_SCHEDULES, LSE_FORMS, RECOMPUTES, BlockPlace
 from .policy import Policy, get_policy
 from .softmax import STANDARD, SoftmaxVariant
 from .specs import Delta, Grad, is_native
@@ -163,8 +165,10 @@ class _Head:
         self.exp = rec.func()
         self.c = arith.constant(sm_scale * units, pol.scale)
         lse = arith.cast_if_needed(lse, pol.lse.fmt, tr, "inputs")
-        self.lse_natural = lse if pol.lse.base == "e" else None
-        if pol.lse.base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
+        base = kernel_lse_base(pol)  # ``lse`` is the LSE the kernel stored
+        self.lse_natural = lse if base == "e" else None
+        self.masks, self.ragged = True, False  # the block at hand: the kernel applies its mask; checks bounds
+        if base != rec.base:  # L in the exp's base: FA2's lse * M_LOG2E
             lse = arith.binary(
                 "mul", lse, arith.constant(LOG2E if rec.base == "2" else LN2, rec), self.x_op, tr, "recompute"
             )
@@ -177,12 +181,15 @@ class _Head:
         self.dq_scale = self.form.dq_scale(sm_scale, rec.base)  # the factor dQ takes at the end
 
     # P = exp(S*c - L) for one block
-    def p_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
+    def p_block(self, rows: range, cols: range, trace: Trace | None, masks: bool | None = None) -> np.ndarray:
+        """P of one block; ``masks``: whether the kernel applies its mask there (None: where it hides a key)."""
         pol, tr = self.pol, trace
         s = arith.dot(
             self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
         )
-        x = self.form.exponent(s, self, rows, causal_visible(rows, cols, self.offset), tr)
+        visible = causal_visible(rows, cols, self.offset)
+        self.masks = visible is not None if masks is None else masks
+        x = self.form.exponent(s, self, rows, visible, tr)
         return arith.function(x, self.exp, tr, "recompute")
 
     def dp_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
@@ -245,7 +252,10 @@ class _Head:
     def q_walk(self, q_blocks: list[range], q_order: str, j: int, cols: range) -> list[range]:
         """The Q blocks K/V block ``j`` (the keys ``cols``, the j-th block of keys) visits, in order; 'rotated'
         starts at Q block j (mod their count), or with a causal mask at the first with a visible key, wrapping
-        round."""
+        round; 'masked_first': those of the block mask's partial tiles, then those of its full ones."""
+        if q_order == "masked_first":
+            kinds = [(r, self.tile_kind(r, cols)) for r in q_blocks]
+            return [r for r, _ in sorted(((r, k) for r, k in kinds if k is not None), key=lambda rk: not rk[1])]
         if q_order != "rotated":
             return q_blocks
         if self.offset is None:
@@ -254,9 +264,23 @@ class _Head:
             start = next((i for i, r in enumerate(q_blocks) if not causal_skips(self.offset, r, cols)), 0)
         return q_blocks[start:] + q_blocks[:start]
 
+    def tile_kind(self, rows: range, cols: range) -> bool | None:
+        """Under 'masked_first': whether the block mask's tile of the block is partial; None where the mask hides
+        it entirely (the walks skip it)."""
+        t = self.schedule.sparse
+        return self.tiles.get((rows.start // t, cols.start // t))
+
     def run(self, bm: int, bn: int, q_order: str, kv_order: str, skip_masked: bool) -> BackwardResult:
         pol, tr = self.pol, self.trace
         m, n = self.q.shape[0], self.k.shape[0]
+        flex = kv_order == "masked_first"
+        if flex:  # FlexAttention's block mask: tiles of `MaskedFirst.sparse`, each walk partial tiles first
+            self.schedule = KV_SCHEDULES.get("masked_first")
+            t = self.schedule.sparse
+            if t % bm or t % bn:
+                raise ValueError(f"bwd_tiling: 'masked_first' needs blocks that divide its {t} x {t} tiles")
+            self.tiles = self.schedule.tiles(m, n, self.offset)
+            self.ragged = bool(m % t or n % t)
         delta = self.delta(bm)
         q_blocks = [range(i0, min(i0 + bm, m)) for i0 in range(0, m, bm)]
         kv_blocks = [range(j0, min(j0 + bn, n)) for j0 in range(0, n, bn)]
@@ -274,10 +298,10 @@ class _Head:
             dv_acc = arith.cast(np.zeros((len(cols), dv_cols)), pol.dv.acc_fmt)
             for step, rows in enumerate(self.q_walk(q_blocks, q_order, cols.start // bn, cols)):
                 reached[rows.start, cols.start] = step
-                if skip_masked and causal_skips(self.offset, rows, cols):
+                if not flex and skip_masked and causal_skips(self.offset, rows, cols):
                     continue  # every key of the block comes after every query of the block
                 r0, r1, c0, c1 = rows.start, rows.stop, cols.start, cols.stop
-                p = self.p_block(rows, cols, tr)
+                p = self.p_block(rows, cols, tr, self.tile_kind(rows, cols) if flex else None)
                 dv_acc = self.accumulate(
                     pol.dv, arith.cast_if_needed(p, pol.dv.dot.inputs, tr, "dv").T, self.do_dv[r0:r1], dv_acc, "dv"
                 )
@@ -289,15 +313,15 @@ class _Head:
                     else arith.cast_if_needed(ds, pol.dq.dot.inputs, tr, "ds")
                 )
                 dk_acc = self.accumulate(pol.dk, ds_k.T, self.q_dk[r0:r1], dk_acc, "dk")
-                if kv_order in ("diagonal_first", "lockstep"):
+                if kv_order in ("diagonal_first", "lockstep", "masked_first"):
                     deferred.setdefault(r0, {})[c0] = ds_q
                 else:
                     dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0:c1], dq_acc[r0], "dq", r0)
             dk_parts[cols.start] = self.finish(pol.dk, dk_acc, "dk", self.sm_scale)
             dv_parts[cols.start] = self.finish(pol.dv, dv_acc, "dv", None)
         for r0, by_kv in deferred.items():  # the diagonal block first, then the others from the first on; or
-            # the order in which the K/V blocks' walks, advancing together, reach the Q block
-            turns = sorted((c != r0 if kv_order == "diagonal_first" else reached[r0, c], c) for c in by_kv)
+            # the order in which the K/V blocks' walks, advancing together, reach the Q block; or partial first
+            turns = sorted((self._turn(kv_order, r0, c, bm, reached), c) for c in by_kv)
             for _, c0 in turns:
                 ds_q = by_kv[c0]
                 dq_acc[r0] = self.accumulate(pol.dq, ds_q, self.k_dq[c0 : c0 + ds_q.shape[1]], dq_acc[r0], "dq", r0)
@@ -305,6 +329,33 @@ class _Head:
         dk = np.concatenate([dk_parts[j0] for j0 in sorted(dk_parts)])
         dv = np.concatenate([dv_parts[j0] for j0 in sorted(dv_parts)])
         return BackwardResult(dq, dk, dv, delta)
+
+    def _turn(self, kv_order: str, r0: int, c0: int, bm: int, reached: dict) -> int:
+        """Where K/V block ``c0`` comes in Q block ``r0``'s dQ sum (ties in key order)."""
+        if kv_order == "diagonal_first":
+            return c0 != r0
+        if kv_order == "masked_first":
+            return not self.tile_kind(range(r0, r0 + bm), range(c0, c0 + 1))
+        return reached[r0, c0]
+
+
+def kernel_lse_base(pol: Policy) -> str:
+    """The base of the LSE the kernel stores: the lse step's, or, where the returned LSE is converted after the
+    kernel (an `flashsim.orders.LseForm` with ``out_base``), its log's."""
+    if LSE_FORMS.get(pol.lse.form).out_base is None:
+        return pol.lse.base
+    return get_function(pol.lse.function).base
+
+
+def kernel_lse(q, k, v, policy: Policy | str, *, softmax=STANDARD, causal=False, sm_scale=None) -> np.ndarray:
+    """The LSE the forward kernel stores, before any conversion after it (FlexAttention's base-2 m + log2 l, of
+    which the natural LSE it returns keeps too little to recover it): the forward run again with the lse step's
+    log joined to m as the kernel does."""
+    pol = get_policy(policy)
+    if LSE_FORMS.get(pol.lse.form).out_base is None:
+        return flash_forward(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
+    raw = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form="mul_add"))
+    return flash_forward(q, k, v, raw, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
 
 
 def _per_head(fn, arrays) -> BackwardResult:
@@ -340,6 +391,7 @@ def flash_backward(
     q_order: str | None = None,
     kv_order: str | None = None,
     trace: Trace | None = None,
+    kernel_lse: np.ndarray | None = None,
 ) -> BackwardResult:
     """Tiled backward (FlashAttention-2): K/V blocks outer, Q blocks inner, P recomputed from ``lse``.
 
@@ -348,12 +400,28 @@ def flash_backward(
     same policy); ``do``: dL/dO.  Tiles and orders default to the policy's ``bwd_tiling``; the last blocks
     may be narrower.  Under ``causal``, block pairs masked for every entry are skipped unless the tiling
     says otherwise.  ``softmax`` does not change the backward (see the module docstring: the LSE a
-    variant's forward returns is m + log l = log sum exp(S*c) whatever shift m it chose).
+    variant's forward returns is m + log l = log sum exp(S*c) whatever shift m it chose).  Where the policy's
+    LSE is converted after the kernel (FlexAttention), the backward reads the kernel's own LSE instead:
+    ``kernel_lse`` (`kernel_lse()`'s), else recomputed by a forward.
 
     Returns a `BackwardResult`: ``dq, dk, dv = flash_backward(...)``; ``.delta`` holds delta.
     """
+    lse = _stored_lse(q, k, v, lse, policy, softmax, causal, sm_scale, kernel_lse)
     setup = _setup(q, k, v, o, lse, do, policy, softmax, causal, sm_scale, block_m, block_n, q_order, kv_order, trace)
     return _per_head(lambda *arrays, head: setup.head(*arrays, head=head).run(*setup.tiles), setup.arrays)
+
+
+def _stored_lse(q, k, v, lse, policy, softmax, causal, sm_scale, given):
+    """``lse``, or where the policy converts it after the kernel, the LSE the kernel stored (``given``, else
+    recomputed)."""
+    pol = get_policy(policy)
+    if LSE_FORMS.get(pol.lse.form).out_base is None:
+        return lse
+    if given is None:
+        return kernel_lse(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale)
+    if np.shape(given) != np.shape(lse):
+        raise ValueError(f"kernel_lse: expected the shape of lse {np.shape(lse)}, got {np.shape(given)}")
+    return given
 
 
 class _Setup(NamedTuple):
@@ -404,6 +472,7 @@ def reference_backward(
     length (each accumulated once into a zero accumulator, then stored as the policy says).
     """
     pol = get_policy(policy)
+    lse = _stored_lse(q, k, v, lse, pol, softmax, causal, sm_scale, None)
     arrays = _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal)
     scale = arrays[-1]
 
@@ -414,4 +483,4 @@ def reference_backward(
     return _per_head(one, arrays[:-1])
 
 
-__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum"]
+__all__ = ["BackwardResult", "flash_backward", "reference_backward", "delta_rowsum", "kernel_lse", "kernel_lse_base"]

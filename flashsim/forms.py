@@ -14,16 +14,19 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import FP32
+from emufloat.trees import butterfly
 
 from . import arith
 from .causal import causal_skips, causal_visible
 from .functions import get_function
 from .orders import (
     COMBINES,
+    DELTAS,
     KV_SCHEDULES,
     LSE_FORMS,
     RECOMPUTES,
     CombineMethod,
+    DeltaOrder,
     KVSchedule,
     LseForm,
     RecomputeForm,
@@ -81,6 +84,16 @@ class MaskedFirst(KVSchedule):
 
         flags = {cols.start: partial(cols) for cols, _ in kept}
         return [(c, True) for c, _ in kept if flags[c.start]] + [(c, False) for c, _ in kept if not flags[c.start]]
+
+    def tiles(self, m: int, n: int, offset) -> dict[tuple[int, int], bool]:
+        """The block mask's tiles, (Q tile, K/V tile) -> partial, of ``m`` queries and ``n`` keys; tiles the mask
+        hides entirely are absent (the backward's walks, in both directions, take the same tiles)."""
+        t = self.sparse
+        return {
+            (i0 // t, cols.start // t): partial
+            for i0 in range(0, m, t)
+            for cols, partial in self.blocks(range(i0, min(i0 + t, m)), n, t, t, offset, True)
+        }
 
 
 class TritonStages(KVSchedule):
@@ -165,6 +178,68 @@ class PrescaleK(RecomputeForm):
 
     def describe(self, spec):
         return "S - L, K prescaled by c"
+
+
+class SplitLog2e(RecomputeForm):
+    """FlexAttention's exponent: S*sm_scale rounded, masked entries -inf, then times log2 e minus the kernel's
+    base-2 LSE, one FMA (ptxas contracts the multiply and the subtraction) except in blocks where a select stands
+    between them (``Recompute.unfused_in``: the kernel's mask or bounds check), where each rounds."""
+
+    name = "split_log2e"
+    doc = (
+        "FlexAttention: S*sm_scale rounded, masked -inf, then fma(that, log2 e, -L) against the base-2 LSE the "
+        "kernel stored, or times log2 e and minus L, each rounded, where a select stands between"
+    )
+    fusable = True
+
+    def check(self, spec, base, native):
+        if base != "2" or native:
+            raise ValueError("Recompute.form: 'split_log2e' (times log2 e, minus a base-2 L) needs an FP32 base-2 exp")
+
+    def exponent(self, s, head, rows, visible, trace):
+        pol, r0, r1 = head.pol, rows.start, rows.stop
+        s = _masked(arith.binary("mul", s, head.c_natural, pol.scale, trace, "scale"), visible)
+        if pol.recompute.fused_in(head.masks, head.ragged):
+            neg_l = arith.cast(head.neg_l[r0:r1, None], arith.compute_format(pol.recompute))
+            return arith.fma(s, head.log2e, neg_l, head.x_op, trace, "recompute")
+        x = arith.binary("mul", s, head.log2e, head.x_op, trace, "recompute")
+        return arith.binary("sub", x, head.l[r0:r1, None], head.x_op, trace, "recompute")
+
+    def describe(self, spec):
+        how = "fma(S*sm_scale, log2 e, -L)" if spec.fused else "S*sm_scale*log2 e - L"
+        return how + (f", unfused in {' and '.join(spec.unfused_in)} blocks" if spec.unfused_in else "")
+
+
+# ---- delta ----------------------------------------------------------------------------------------------
+class RowPerProgram(DeltaOrder):
+    """``tl.sum`` of one row a program over 2 warps, as Inductor's persistent reduction runs at XBLOCK=1 (its
+    autotuner's pick among XBLOCK 1, 8 and 32 varies from launch to launch; at 32 the tree is 'h100_tl_sum'):
+    d/64 contiguous values a lane (at least one) left to right, each warp's 32 lanes by shuffle-xor 16, ..., 1,
+    then the two warps' sums added."""
+
+    name = "inductor_xblock1"
+    doc = (
+        "Inductor's persistent reduction at XBLOCK=1 (2 warps a row): d/64 contiguous values a lane, a butterfly "
+        "over each warp's 32 lanes, then the two warps added"
+    )
+
+    def rowsum(self, a, b, spec, trace, label, place=None):
+        prods = arith.products(a, b, spec, trace, label)
+        return arith.tree_rowsum(prods, self.tree(prods.shape[-1]), spec, trace, label)
+
+    @staticmethod
+    def tree(n: int) -> ef.ReductionTree:
+        """The order over a row of ``n`` values (a power of two)."""
+        if n < 1 or n & (n - 1):
+            raise ValueError(f"delta: 'inductor_xblock1' sums a power-of-two head dim, got {n}")
+        per = max(1, n // 64)
+        lanes = min(32, n // per)
+        warps = [
+            [list(range(w * per * lanes + t * per, w * per * lanes + (t + 1) * per)) for t in range(lanes)]
+            for w in range(n // (per * lanes))
+        ]
+        sums = [butterfly(w) if len(w) > 1 else w[0] for w in warps]
+        return ef.ReductionTree.from_nested(butterfly(sums) if len(sums) > 1 else sums[0])
 
 
 # ---- the forward's LSE = m + log l -------------------------------------------------------------------
@@ -255,11 +330,12 @@ class FA2Combine(CombineMethod):
 
 for _schedule in (EveryBlock(), MaskedFirst(), TritonStages()):
     KV_SCHEDULES.register(_schedule)
-for _form in (Scaled(), Natural(), PrescaleK()):
+for _form in (Scaled(), Natural(), PrescaleK(), SplitLog2e()):
     RECOMPUTES.register(_form)
 for _join in (MulAdd(), Divide(), ToNatural()):
     LSE_FORMS.register(_join)
 COMBINES.register(FA2Combine())
+DELTAS.register(RowPerProgram())
 
 __all__ = [
     "Divide",
@@ -269,7 +345,9 @@ __all__ = [
     "MulAdd",
     "Natural",
     "PrescaleK",
+    "RowPerProgram",
     "Scaled",
+    "SplitLog2e",
     "ToNatural",
     "TritonStages",
 ]

@@ -206,7 +206,7 @@ class Policy:
                 raise TypeError(f"{step}: expected a {typ.__name__} spec, got {type(val).__name__}")
         if self.dp.into_acc:
             raise ValueError("dp: into_acc is only for gradient products (dq, dk, dv)")
-        if self.recompute.fused and self.scale.where == "scores":
+        if self.recompute.fused and self.scale.where == "scores" and self.recompute.form == "scaled":
             raise ValueError("recompute: fused (S*c - L as one FMA) needs scale.where 'max' or 'exp', got 'scores'")
         need = RECOMPUTES.get(self.recompute.form).lse_base
         if need is not None and self.lse.base != need:

@@ -10,10 +10,10 @@ from emufloat import FP32, Format, Rounding
 from ..functions import get_function
 from ..orders import DELTAS, RECOMPUTES
 from .base import Spec, check_choice, check_nan_bits, check_tiles, format_name, is_native, spec_format
-from .forward import Dot, Func, Op
+from .forward import BLOCK_KINDS, Dot, Func, Op
 
-KV_ORDERS = ("forward", "reverse", "diagonal_first", "lockstep")
-Q_ORDERS = ("forward", "reverse", "rotated")
+KV_ORDERS = ("forward", "reverse", "diagonal_first", "lockstep", "masked_first")
+Q_ORDERS = ("forward", "reverse", "rotated", "masked_first")
 DELTA_SOURCES = {
     "o": "delta = rowsum(dO * O) from the forward's stored output (FlashAttention, Triton, Qiu & Yao)",
     "p": "delta = rowsum(dP * P) over the whole row (PyTorch's softmax backward; the paper's alternative fix)",
@@ -135,10 +135,15 @@ class Recompute(Spec):
     compute: Format | None = None
     fused: bool = False
     form: str = "scaled"
+    unfused_in: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         model = get_function(self.function, "exp", argname="Recompute.function")
         self._normalise()
+        if not isinstance(self.unfused_in, tuple) or any(k not in BLOCK_KINDS for k in self.unfused_in):
+            raise ValueError(f"Recompute.unfused_in: expected a tuple of {BLOCK_KINDS}, got {self.unfused_in!r}")
+        if self.unfused_in and not self.fused:
+            raise ValueError("Recompute.unfused_in: names blocks where a fused x is not fused; x is not fused")
         form = RECOMPUTES.get(self.form, "Recompute.form")
         if model.hardware and is_native(self.fmt):
             raise ValueError(f"Recompute.fmt: {self.function} is an FP32 hardware model; FP64 is not its format")
@@ -151,6 +156,11 @@ class Recompute(Spec):
     @property
     def base(self) -> str:
         return get_function(self.function).base
+
+    def fused_in(self, masked: bool, ragged: bool) -> bool:
+        """Whether x is one FMA in a block (``masked``: the kernel applies its mask there; ``ragged``: the
+        launch checks bounds)."""
+        return self.fused and not (masked and "masked" in self.unfused_in or ragged and "ragged" in self.unfused_in)
 
     def func(self) -> Func:
         """The exp as a `Func` spec (for `flashsim.arith.function()`)."""
@@ -251,7 +261,10 @@ class BwdTiling:
     'diagonal_first' (Triton's tutorial: a Q block's dQ adds the K/V block on its diagonal first, then
     the blocks from the first on; needs ``block_m == block_n``) or 'lockstep' (the K/V blocks run at once, each
     walking its Q blocks in ``q_order``, one a step: a Q block's dQ takes them in the order their walks reach
-    it, the lower K/V block first at the same step: the memory-efficient kernel's key splits).  ``skip_masked``:
+    it, the lower K/V block first at the same step: the memory-efficient kernel's key splits).  'masked_first'
+    (both orders together): FlexAttention's block mask (`flashsim.forms.MaskedFirst`'s tiles): each walk takes
+    the blocks in partial tiles first, then those in full ones, each group in order, and skips tiles the mask
+    hides entirely; the kernel applies its mask in partial tiles only (`Recompute.unfused_in`).  ``skip_masked``:
     (Q block, K/V block) pairs masked for every entry are skipped (FA2, Triton); the Qiu & Yao code
     processes them (their P is 0, so they add only zeros).
     """
@@ -266,6 +279,8 @@ class BwdTiling:
         check_tiles(self, "BwdTiling", ())
         check_choice(self.q_order, Q_ORDERS, "BwdTiling.q_order")
         check_choice(self.kv_order, KV_ORDERS, "BwdTiling.kv_order")
+        if (self.q_order == "masked_first") != (self.kv_order == "masked_first"):
+            raise ValueError("BwdTiling: 'masked_first' is an order of both walks (q_order and kv_order)")
         if self.kv_order == "diagonal_first" and self.block_m != self.block_n:
             raise ValueError(
                 f"BwdTiling.kv_order: 'diagonal_first' needs block_m == block_n, got {self.block_m} x {self.block_n}"

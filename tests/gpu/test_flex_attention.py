@@ -1,7 +1,8 @@
 """PyTorch's FlexAttention, compiled by Inductor on an H200 (tests/data/flex, `python -m studies.device.flex_capture`),
 against `gpu.policies.flex_policy` through the documented path (a KernelRun with the kernel's own outputs, checked
 by flashsim.crosscheck): no mask, causal, a sliding window and documents (a mask matrix), 1024 keys (whole tiles)
-and 200 (not), head dims 64 and 128, bf16 and fp16, O and the natural-log LSE flex_attention returns."""
+and 200 (not), head dims 64 and 128, bf16 and fp16, O and the natural-log LSE flex_attention returns; and the
+backward's dQ, dK and dV re-derived from the cases' seeds against their digests."""
 
 from __future__ import annotations
 
@@ -155,3 +156,81 @@ def test_fresh_launch_bits_are_rederived_from_their_seeds(case):
 @pytest.mark.parametrize("case", SMALL_FRESH[4:], ids=lambda c: f"{c['mask']}_n{c['n']}_h{c['heads']}_s{c['seed']}")
 def test_more_fresh_launch_bits_are_rederived_from_their_seeds(case):
     assert _emulated(case, _policy_of(case)) == {name: case["digests"][name] for name in ("o", "lse")}
+
+
+# ---- the backward ------------------------------------------------------------------------------------------
+#: cases whose delta kernel Inductor's autotuner ran at XBLOCK=1 (a row over 2 warps); the others at XBLOCK=32.
+#: The pick holds for a compiled delta kernel (dtype, rows, head dim) within a run: here fp16 with 1024 rows and
+#: head dim 128, bf16 with 600 rows and 128 (another recording of the same cases took 1 for bf16, 600 rows and 64
+#: instead).  Every case is reproduced by exactly its pick, or, where delta's last bits do not reach the
+#: gradients, by both.
+DELTA_XBLOCK1 = {3, 7, 11, 15, 18, 22, 26, 30}
+
+
+def _backward(case: dict, policy=None, **kw) -> dict[str, str]:
+    """Digests of dq, dk, dv re-derived from the case's seed: the forward under the policy for O and the kernel's
+    base-2 LSE (`kernel_lse`), then the backward."""
+    x = case_inputs(case)
+    pol = policy or _bwd_policy(case)
+    args = dict(causal=_masking(case), sm_scale=case["d"] ** -0.5)
+    raw = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form="mul_add"))  # stops at the kernel's LSE
+    f = fs.flash_forward(x["q"], x["k"], x["v"], raw, **args)
+    kw.setdefault("kernel_lse", f.lse)
+    b = fs.flash_backward(x["q"], x["k"], x["v"], f.o, f.lse, x["do"], pol, **args, **kw)
+    fmt = ef.as_format(case["dtype"])
+    return {name: sha256_of(to_bits(g, fmt)) for name, g in zip(("dq", "dk", "dv"), b, strict=True)}
+
+
+def _bwd_policy(case: dict, other_xblock: bool = False):
+    """The case's policy with delta as its launch summed it (``other_xblock``: as the other pick sums it)."""
+    return flex_policy(
+        case["dtype"], case["d"], delta_xblock=1 if (case["index"] in DELTA_XBLOCK1) != other_xblock else 32
+    )
+
+
+def _want(case: dict) -> dict[str, str]:
+    return {name: case["digests"][name] for name in ("dq", "dk", "dv")}
+
+
+BWD_CASES = [(i, {**c, "index": i}) for i, c in CASES]
+
+
+@pytest.mark.parametrize("item", BWD_CASES, ids=_ids)
+def test_flex_backward_is_its_policy_bit_for_bit(item):
+    """dQ, dK and dV of every recorded case, bit for bit, with delta's XBLOCK the launch took."""
+    _, case = item
+    assert _backward(case) == _want(case)
+
+
+def test_the_backward_reads_the_kernels_lse_and_recomputes_it_when_not_given():
+    """flash_backward(o, lse) as flash_forward returns them: the natural LSE does not determine the kernel's base-2
+    one, so the backward recomputes it (the same bits); handed the natural LSE instead, it is lost."""
+    case = {**REC["cases"][16], "index": 16}
+    x, pol = case_inputs(case), _bwd_policy(case)
+    f = fs.flash_forward(x["q"], x["k"], x["v"], pol, sm_scale=0.125)
+    b = fs.flash_backward(x["q"], x["k"], x["v"], f.o, f.lse, x["do"], pol, sm_scale=0.125)
+    assert {n: sha256_of(to_bits(g, ef.BF16)) for n, g in zip(("dq", "dk", "dv"), b, strict=True)} == _want(case)
+    assert _backward(case, pol, kernel_lse=f.lse) != _want(case)
+
+
+@pytest.mark.parametrize(
+    ("index", "change"),
+    [
+        (4, "order"),  # causal: each walk's blocks in plain order (full blocks before the diagonal partial one)
+        (15, "order"),  # documents
+        (11, "fused"),  # x one FMA where the mask's select stands between the multiply and the subtract
+        (17, "fused"),  # ... or the bounds check's, in a launch not of whole tiles
+        (3, "unfused"),  # x a multiply and a subtraction where ptxas contracts them
+        (3, "xblock"),  # delta summed as the other XBLOCK sums it
+        (16, "xblock"),
+    ],
+)
+def test_without_flexs_block_order_fusion_or_delta_tree_the_backward_is_lost(index, change):
+    case = {**REC["cases"][index], "index": index}
+    pol = _bwd_policy(case, other_xblock=change == "xblock")
+    rec = pol.recompute
+    if change == "order":
+        pol = dataclasses.replace(pol, bwd_tiling=fs.specs.BwdTiling(64, 128))
+    if change in ("fused", "unfused"):
+        pol = dataclasses.replace(pol, recompute=dataclasses.replace(rec, fused=change == "fused", unfused_in=()))
+    assert _backward(case, pol) != _want(case)

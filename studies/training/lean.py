@@ -15,6 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+import emufloat as ef
 from flashsim.analysis.stats import Summary, summarize
 from flashsim.attention import flash_forward
 from flashsim.policy import Policy, get_policy
@@ -95,7 +96,7 @@ class LayerErrors:
 def bf16_ties(q: np.ndarray, k: np.ndarray, scale: float) -> np.ndarray:
     """Per causal row, how often its maximum score, rounded to bf16, occurs (scores in float64)."""
     s = (q.astype(np.float64) @ k.astype(np.float64).T) * scale
-    s = s.astype(ml_dtypes.bfloat16).astype(np.float64)
+    s = ef.quantize(s, ef.BF16).astype(np.float64)  # one rounding from float64 (ml_dtypes' differs by version)
     s[np.triu_indices(s.shape[0], 1, s.shape[1])] = -np.inf
     return np.count_nonzero(s == s.max(axis=1, keepdims=True), axis=1)
 

@@ -118,6 +118,29 @@ def flex_config(sources: list[str]) -> dict:
     return {key: int(m.group(1)) if m else None for key, m in found.items()}
 
 
+def launched_configs(fn: Callable[[], object]) -> dict[str, dict]:
+    """Run ``fn()`` and return, for each Inductor-generated Triton kernel it launched, the config its autotuner
+    chose (the config's kwargs and num_warps), by kernel name."""
+    from torch._inductor.runtime import triton_heuristics
+
+    seen: dict[str, dict] = {}
+    run = triton_heuristics.CachingAutotuner.run
+
+    def recording(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        if len(self.launchers) == 1:
+            cfg = self.launchers[0].config
+            seen[self.fn.__name__] = dict(cfg.kwargs) | {"num_warps": cfg.num_warps}
+        return out
+
+    triton_heuristics.CachingAutotuner.run = recording
+    try:
+        fn()
+    finally:
+        triton_heuristics.CachingAutotuner.run = run
+    return seen
+
+
 def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention") -> Kernel:
     """PyTorch's FlexAttention as users compile it: `torch.compile(flex_attention, fullgraph=True, dynamic=False)`,
     compiled afresh for each call (so that the source Inductor generated is read: the tiles and warps it chose go
@@ -163,11 +186,15 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         return o, lse.float().contiguous(), flex_config(sources)
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
-        """dQ, dK, dV of O's gradient ``do``, through the compiled forward and the backward Inductor generates."""
+        """dQ, dK, dV of O's gradient ``do``, through the compiled forward and the backward Inductor generates,
+        and what its autotuner picked for delta's reduction (``delta_xblock``: the rows a program sums, which
+        decides the order of the sum)."""
         compiled, block_mask = compiled_for(q, k, causal)
         qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
-        compiled(qq, kk, vv, block_mask=block_mask, scale=sm_scale).backward(do)
-        return qq.grad, kk.grad, vv.grad
+        picked = launched_configs(lambda: compiled(qq, kk, vv, block_mask=block_mask, scale=sm_scale).backward(do))
+        delta = [cfg for name, cfg in picked.items() if name.startswith("triton_per_fused_flex_attention_backward")]
+        info = {"delta_xblock": delta[0]["XBLOCK"]} if len(delta) == 1 and "XBLOCK" in delta[0] else {}
+        return qq.grad, kk.grad, vv.grad, info
 
     def mask_matrix(n_q: int, n_k: int, device: str = "cpu") -> np.ndarray | None:
         if mask_mod is None:
@@ -181,6 +208,7 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     def policy_for(launch: dict) -> PolicyRef:
         info = launch.get("kernel_info") or {}
         tiles = {"block_m": info.get("BLOCK_M"), "block_n": info.get("BLOCK_N"), "num_warps": info.get("num_warps")}
+        tiles["delta_xblock"] = info.get("delta_xblock")
         args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
         return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
 
@@ -274,6 +302,10 @@ def kernel_run(
     with torch.no_grad():
         got = kernel(x["q"], x["k"], x["v"], causal, scale)
     o, lse, info = _outputs(got)
+    grads = None
+    if do is not None:  # before the policy: a backward may say what it chose too (an autotuner's pick)
+        grads, picked = _grads(backward(x["q"], x["k"], x["v"], x["do"], causal, scale))
+        info |= picked
     if info:
         launch["kernel_info"] = info
     if policy is None:  # from the launch that ran, the kernel's own choices (an autotuner's tiles) included
@@ -295,8 +327,7 @@ def kernel_run(
                 f"kernel: returned LSE {tuple(lse.shape)} {lse.dtype}; expected {tuple(x['q'].shape[:-1])} float32"
             )
         outputs["lse"] = bits_of(lse[0])
-    if do is not None:
-        grads = backward(x["q"], x["k"], x["v"], x["do"], causal, scale)
+    if grads is not None:
         for name, g, like in zip(("dq", "dk", "dv"), grads, (x["q"], x["k"], x["v"]), strict=True):
             if g.dtype != tdt or g.shape != like.shape:
                 raise ValueError(
@@ -334,6 +365,18 @@ def _outputs(got: object) -> tuple:
     if not ok:
         raise ValueError(f"kernel: its third output must be a dict of JSON values, got {type(info).__name__}")
     return got[0], got[1], info
+
+
+def _grads(got: object) -> tuple:
+    """((dQ, dK, dV), info) of what a backward returned: (dQ, dK, dV) or (dQ, dK, dV, info)."""
+    if not isinstance(got, tuple) or len(got) not in (3, 4):
+        raise ValueError(
+            f"kernel: its backward must return (dQ, dK, dV) or (dQ, dK, dV, info), got {type(got).__name__}"
+        )
+    info = got[3] if len(got) == 4 else {}
+    if not isinstance(info, dict):
+        raise ValueError(f"kernel: its backward's fourth output must be a dict, got {type(info).__name__}")
+    return got[:3], info
 
 
 def _resolved(policy: Policy | PolicyRef | str, allow_import: trust.AllowImport) -> Policy:

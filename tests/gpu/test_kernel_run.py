@@ -213,3 +213,25 @@ def test_sdpa_flash_policy_comes_from_the_launch():
     assert sdpa_policy("efficient", many).resolve().dq.atomic is False
     assert sdpa_policy("efficient", many | {"batch_heads": 255}).resolve().dq.atomic is True
     assert sdpa_policy("math", launch) is None
+
+
+def test_what_a_backward_chose_reaches_the_policy():
+    """A backward may return what it chose as a fourth output (FlexAttention: the XBLOCK its autotuner picked for
+    delta); kernel_run runs it before deriving the policy, so the launch's kernel_info holds it; a fourth output
+    that is no dict is refused."""
+    x = make_inputs("random", 40, 40, 32, "bf16", seed=3)
+    kernel = with_backward(emulated_kernel("fa2"), "fa2")
+    backward, seen = kernel.backward, []
+    kernel.backward = lambda *a: (*backward(*a), {"delta_xblock": 1})
+
+    def policy_for(launch):
+        seen.append(launch["kernel_info"])
+        return fs.PolicyRef("fa2")
+
+    kernel.policy_for = policy_for
+    run = kernel_run(kernel, x["q"], x["k"], x["v"], x["do"], device="cpu")
+    assert seen == [{"delta_xblock": 1}] and run.launch["kernel_info"] == {"delta_xblock": 1}
+    assert crosscheck(run).identical
+    kernel.backward = lambda *a: (*backward(*a), 1)
+    with pytest.raises(ValueError, match="backward's fourth output must be a dict"):
+        kernel_run(kernel, x["q"], x["k"], x["v"], x["do"], device="cpu")

@@ -121,7 +121,10 @@ def _check(q, k, v, o, lse, do, softmax, sm_scale, trace, causal):
 def atomic_add(
     acc: np.ndarray, prod: np.ndarray, grad: Grad, trace: Trace | None = None, label: str = ""
 ) -> np.ndarray:
-    """acc + prod as ``atom.add.f32`` adds: subnormal operands and result flushed to zeros of their sign."""
+    """acc + prod as the gradient's atomic adds add: ``atom.add.f32`` flushes subnormal operands and result to zeros
+    of their sign (``Grad.flush``), others keep them."""
+    if not grad.flush:
+        return arith.binary("add", acc, prod, grad.accum, trace, label)
     flush = arith.flush_subnormals
     return flush(arith.binary("add", flush(acc), flush(prod), grad.accum, trace, label))
 

@@ -215,13 +215,15 @@ class Grad:
     ``BwdTiling.kv_order``): without ``dot.into_acc``, their products are added with ``atomicAdd`` into an FP32
     buffer (FA2's dQaccum), whose ``atom.add.f32`` flushes subnormal operands and results to sign-preserving
     zero; with it, each K/V block in its turn continues the FP32 buffer as its product's C (the memory-efficient
-    kernel's dQ, the blocks taking a lock).
+    kernel's dQ, the blocks taking a lock).  ``flush``: the atomic adds flush subnormals (``atom.add.f32``); False:
+    they keep them (cuDNN's dQ).
     """
 
     dot: Dot
     accum: Op
     out: Op
     atomic: bool = False
+    flush: bool = True
 
     def __post_init__(self) -> None:
         for arg, typ in (("dot", Dot), ("accum", Op), ("out", Op)):
@@ -235,6 +237,8 @@ class Grad:
             )
         if self.atomic and self.accum.fmt != FP32:
             raise ValueError("Grad.atomic: the K/V blocks meet in an FP32 buffer; accum must be FP32")
+        if not isinstance(self.flush, bool) or not (self.flush or self.atomic):
+            raise ValueError(f"Grad.flush: a bool, False only for atomic adds (atomic=True); got {self.flush!r}")
         if self.accum.fused or self.out.fused:
             raise ValueError("Grad.accum, Grad.out: have no fused form")
         if self.out.compute is not None and self.out.compute != self.out.fmt:

@@ -50,6 +50,14 @@ def verify(case: dict, kept: dict[str, np.ndarray]) -> dict:
     return summary(rep) | {"seconds": round(time.monotonic() - t0, 1), "where": "cpu"}
 
 
+def _verdict(check: dict) -> str:
+    if check.get("up_to_atomic_order"):
+        return "identical"
+    if check.get("unjudged"):
+        return f"unjudged ({', '.join(check['unjudged'])}: digest differs, no bits kept)"
+    return "ERROR" if "error" in check else "DIFFERS"
+
+
 def _load_bits(paths: list[Path]) -> dict[str, np.ndarray]:
     bits: dict[str, np.ndarray] = {}
     for p in paths:
@@ -100,7 +108,7 @@ def run(args) -> int:
             c["check"] = fut.result()
             print(
                 f"{c['kernel']} n {c['n']} h {c['heads']} d {c['d']} {c['dtype']} causal {c['causal']}: "
-                f"{'identical' if c['check'].get('up_to_atomic_order') else 'DIFFERS'} "
+                f"{_verdict(c['check'])} "
                 f"({time.monotonic() - t0:.0f} s)",
                 flush=True,
             )

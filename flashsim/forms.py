@@ -211,35 +211,42 @@ class SplitLog2e(RecomputeForm):
 
 
 # ---- delta ----------------------------------------------------------------------------------------------
-class RowPerProgram(DeltaOrder):
-    """``tl.sum`` of one row a program over 2 warps, as Inductor's persistent reduction runs at XBLOCK=1 (its
-    autotuner's pick among XBLOCK 1, 8 and 32 varies from launch to launch; at 32 the tree is 'h100_tl_sum'):
-    d/64 contiguous values a lane (at least one) left to right, each warp's 32 lanes by shuffle-xor 16, ..., 1,
-    then the two warps' sums added."""
+class TritonBlocked(DeltaOrder):
+    """``tl.sum`` over a row of a loaded 16-bit tile in Triton's blocked layout, as Inductor's persistent reduction
+    runs it: ``Delta.chunk`` contiguous values a lane added left to right, the ``Delta.threads`` lanes of a row by
+    shuffle-xor within each warp (offsets min(threads, 32)/2, ..., 1), then the warps' sums (threads / 32 of them,
+    where a row spans more than one warp) by a butterfly.  `triton_blocked_delta()` gives chunk and threads for a
+    launch's XBLOCK, warps and head dim."""
 
-    name = "inductor_xblock1"
+    name = "triton_blocked"
     doc = (
-        "Inductor's persistent reduction at XBLOCK=1 (2 warps a row): d/64 contiguous values a lane, a butterfly "
-        "over each warp's 32 lanes, then the two warps added"
+        "Triton's blocked-layout tl.sum of a loaded row (Inductor's persistent reduction): `chunk` values a lane, "
+        "a butterfly over each warp's lanes, then over the warps; `threads` lanes a row"
     )
 
     def rowsum(self, a, b, spec, trace, label, place=None):
         prods = arith.products(a, b, spec, trace, label)
-        return arith.tree_rowsum(prods, self.tree(prods.shape[-1]), spec, trace, label)
+        return arith.tree_rowsum(prods, self.tree(prods.shape[-1], spec.chunk, spec.threads), spec, trace, label)
 
     @staticmethod
-    def tree(n: int) -> ef.ReductionTree:
-        """The order over a row of ``n`` values (a power of two)."""
-        if n < 1 or n & (n - 1):
-            raise ValueError(f"delta: 'inductor_xblock1' sums a power-of-two head dim, got {n}")
-        per = max(1, n // 64)
-        lanes = min(32, n // per)
-        warps = [
-            [list(range(w * per * lanes + t * per, w * per * lanes + (t + 1) * per)) for t in range(lanes)]
-            for w in range(n // (per * lanes))
-        ]
-        sums = [butterfly(w) if len(w) > 1 else w[0] for w in warps]
-        return ef.ReductionTree.from_nested(butterfly(sums) if len(sums) > 1 else sums[0])
+    def tree(n: int, chunk: int, threads: int) -> ef.ReductionTree:
+        """The order over a row of ``n`` values held ``chunk`` a lane by ``threads`` lanes."""
+        if chunk * threads != n:
+            raise ValueError(f"delta: {threads} lanes of {chunk} values do not hold a row of {n}")
+        lanes = [list(range(t * chunk, (t + 1) * chunk)) for t in range(threads)]
+        per_warp = min(threads, 32)
+        warps = [butterfly(lanes[w : w + per_warp]) for w in range(0, threads, per_warp)]
+        return ef.ReductionTree.from_nested(butterfly(warps) if len(warps) > 1 else warps[0])
+
+
+def triton_blocked_delta(xblock: int, num_warps: int, head_dim: int) -> tuple[int, int]:
+    """(chunk, threads) of a [xblock, head_dim] 16-bit tile on ``num_warps`` warps: a lane holds what the tile has
+    for each of its threads, at most one 16-byte vector (8 values)."""
+    for arg, val in (("xblock", xblock), ("num_warps", num_warps), ("head_dim", head_dim)):
+        if isinstance(val, bool) or not isinstance(val, int) or val < 1 or val & (val - 1):
+            raise ValueError(f"{arg}: expected a power of two, got {val!r}")
+    chunk = max(1, min(8, xblock * head_dim // (32 * num_warps), head_dim))
+    return chunk, head_dim // chunk
 
 
 # ---- the forward's LSE = m + log l -------------------------------------------------------------------
@@ -335,7 +342,7 @@ for _form in (Scaled(), Natural(), PrescaleK(), SplitLog2e()):
 for _join in (MulAdd(), Divide(), ToNatural()):
     LSE_FORMS.register(_join)
 COMBINES.register(FA2Combine())
-DELTAS.register(RowPerProgram())
+DELTAS.register(TritonBlocked())
 
 __all__ = [
     "Divide",
@@ -345,7 +352,8 @@ __all__ = [
     "MulAdd",
     "Natural",
     "PrescaleK",
-    "RowPerProgram",
+    "TritonBlocked",
+    "triton_blocked_delta",
     "Scaled",
     "SplitLog2e",
     "ToNatural",

@@ -187,13 +187,15 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
         """dQ, dK, dV of O's gradient ``do``, through the compiled forward and the backward Inductor generates,
-        and what its autotuner picked for delta's reduction (``delta_xblock``: the rows a program sums, which
-        decides the order of the sum)."""
+        and what its autotuner picked for delta's reduction (``delta_xblock``, ``delta_num_warps``: the rows a
+        program sums and its warps, which decide the order of the sum)."""
         compiled, block_mask = compiled_for(q, k, causal)
         qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
         picked = launched_configs(lambda: compiled(qq, kk, vv, block_mask=block_mask, scale=sm_scale).backward(do))
         delta = [cfg for name, cfg in picked.items() if name.startswith("triton_per_fused_flex_attention_backward")]
-        info = {"delta_xblock": delta[0]["XBLOCK"]} if len(delta) == 1 and "XBLOCK" in delta[0] else {}
+        info = {}
+        if len(delta) == 1 and "XBLOCK" in delta[0]:
+            info = {"delta_xblock": delta[0]["XBLOCK"], "delta_num_warps": delta[0]["num_warps"]}
         return qq.grad, kk.grad, vv.grad, info
 
     def mask_matrix(n_q: int, n_k: int, device: str = "cpu") -> np.ndarray | None:
@@ -208,7 +210,7 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     def policy_for(launch: dict) -> PolicyRef:
         info = launch.get("kernel_info") or {}
         tiles = {"block_m": info.get("BLOCK_M"), "block_n": info.get("BLOCK_N"), "num_warps": info.get("num_warps")}
-        tiles["delta_xblock"] = info.get("delta_xblock")
+        tiles |= {key: info.get(key) for key in ("delta_xblock", "delta_num_warps")}
         args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
         return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
 

@@ -234,3 +234,29 @@ def test_without_flexs_block_order_fusion_or_delta_tree_the_backward_is_lost(ind
     if change in ("fused", "unfused"):
         pol = dataclasses.replace(pol, recompute=dataclasses.replace(rec, fused=change == "fused", unfused_in=()))
     assert _backward(case, pol) != _want(case)
+
+
+def test_delta_follows_the_layout_of_the_pick_the_launch_reports():
+    """Triton's blocked layout for delta's [XBLOCK, d] tile: at XBLOCK 32 (8 warps) 8 values a lane, the tree of
+    our kernels' delta; at XBLOCK 1 (2 warps) a row over 64 lanes; at XBLOCK 8 (4 warps) 4 values a lane at d 64
+    (derived, not yet seen on the GPU).  The launch's own report of the pick reaches the policy."""
+    from emufloat.hw import h100
+    from flashsim.forms import TritonBlocked, triton_blocked_delta
+    from gpu.crosscheck.kernels import flex_attention
+
+    assert triton_blocked_delta(32, 8, 64) == (8, 8) and triton_blocked_delta(32, 8, 128) == (8, 16)
+    assert triton_blocked_delta(1, 2, 64) == (1, 64) and triton_blocked_delta(1, 2, 128) == (2, 64)
+    assert triton_blocked_delta(8, 4, 64) == (4, 16) and triton_blocked_delta(8, 4, 128) == (8, 16)
+    for d in (64, 128):
+        chunk, threads = triton_blocked_delta(32, 8, d)
+        assert TritonBlocked.tree(d, chunk, threads) == h100.tl_sum_loaded_16bit(d)
+    assert TritonBlocked.tree(64, 1, 64) != TritonBlocked.tree(64, 4, 16)
+    with pytest.raises(ValueError, match="num_warps: expected a power of two"):
+        triton_blocked_delta(8, 3, 64)
+    with pytest.raises(ValueError, match="delta_xblock: without delta_num_warps"):
+        flex_policy("bf16", 64, delta_xblock=16)
+    launch = {"dtype": "bf16", "head_dim": 64, "kernel_info": {"BLOCK_M": 128, "BLOCK_N": 128, "num_warps": 4}}
+    launch["kernel_info"] |= {"delta_xblock": 8, "delta_num_warps": 2}
+    ref = flex_attention().policy_for(launch)
+    assert ref.kwargs["delta_xblock"] == 8 and ref.kwargs["delta_num_warps"] == 2
+    assert ref.resolve().delta.chunk == 8

@@ -4,8 +4,9 @@ sample of its small launches re-derived here from their seeds (`studies.device.f
 
 Kept as recorded: the device's check of SDPA's three backends and the tutorial, the CPU's check
 (`studies.device.fresh_verify`) of Qiu & Yao's pipeline and of the memory-efficient cases first checked under an
-older policy.  Misses are asserted where they are known and said: Qiu & Yao's at key counts that are not a
-multiple of 8 (cuBLAS's CUTLASS GEMMs, not modelled) and cuDNN's backward (not modelled to the bit)."""
+older policy, and of cuDNN's launches under its exact backward.  Misses are asserted where they are known and
+said: Qiu & Yao's at key counts that are not a multiple of 8 (cuBLAS's CUTLASS GEMMs, not modelled), and cuDNN's
+dQ where the GPU chose the order of its atomic adds and no bits were kept to admit it."""
 
 from __future__ import annotations
 
@@ -80,14 +81,19 @@ def test_qiu_yao_misses_only_where_cublas_leaves_its_sm90_gemms():
     assert all(c["check"]["identical"].get("lse") == 1.0 for c in mine)  # the row sums at every width
 
 
-def test_cudnn_forward_is_exact_its_backward_not_yet():
+def test_cudnn_is_exact_but_for_the_dq_orders_the_gpu_chose():
+    """Re-derived on the CPU under the exact backward (`fresh_verify --again --kernels sdpa_cudnn`): O, LSE, dK, dV
+    identical in every launch; dQ identical, or different from the policy's own order in a launch whose dQ
+    differed between its two identical launches (the GPU's order of atomic adds; no bits kept to admit it)."""
     mine = _of("sdpa_cudnn")
     assert len(mine) >= 80
-    assert all(c["check"]["identical"]["o"] == 1.0 and c["check"]["identical"]["lse"] == 1.0 for c in mine)
+    for c in mine:
+        same = {k for k, f in c["check"]["identical"].items() if f == 1.0}
+        assert {"o", "lse", "dk", "dv"} <= same, _label(c)
+        assert "dq" in same or (c["check"]["unjudged"] == ["dq"] and "dq" in c["varies"]), _label(c)
+    assert sum(c["check"]["up_to_atomic_order"] for c in mine) >= 60
     refused = [c for c in CASES if c["kernel"] == "sdpa_cudnn" and "error" in c]
     assert refused and all(c["n"] == 1 and "No available kernel" in c["error"] for c in refused)
-    exact = sum(c["check"]["up_to_atomic_order"] for c in mine)
-    assert exact < len(mine)  # fails once the backward is modelled: then assert every case
 
 
 SMALL = {

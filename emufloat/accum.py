@@ -10,6 +10,8 @@ A model is a small frozen value object; ``dot`` and ``matmul`` take one.
   cut to ``align_bits`` fraction bits below it by truncation, summed exactly,
   and rounded once (``final_rounding``) into ``acc_fmt``; K is a chain of such
   steps, each feeding its result in as the next step's C.
+* `TiledK` — a GEMM kernel's arrangement of K around a FusedBlock step: its
+  k-tile, where the residue tile goes, and split-K with an FP32 reduce.
 
 The models are generic, and ``matmul`` has no default model: no accumulation
 order is neutral (see `matmul()`).  A hardware room gives them the
@@ -149,7 +151,74 @@ class FusedBlock:
         )
 
 
-Model = Sequential | Pairwise | Exact | FusedBlock
+@dataclass(frozen=True)
+class TiledK:
+    """A GEMM kernel's arrangement of K around a per-step FusedBlock: k-tiles, the residue tile, split-K.
+
+    GEMM kernels walk K in tiles, and where the partial tile goes and whether K is split decide which
+    products share a fused step, so two kernels with one tensor-core instruction give different bits.
+    ``step``: the FusedBlock each step runs (a registered preset's name is resolved on construction).
+    ``tile``: the k-tile Tk, a multiple of ``step.width``; 0 takes K in natural order.  ``residue_first``:
+    with r = K mod Tk > 0 the first tile holds k in [0, r) padded with zeros to Tk, then come the whole
+    tiles from k = r (CUTLASS's predicated first tile); False pads the last tile instead, which is natural
+    order.  ``splits``: K is cut into S slices of g = round_up(ceil(K / S), ``split_align``) (the last
+    shorter, any beyond K empty: CUTLASS's ``gemm_k_size``); each slice is a chain from C = 0, tiled as
+    above over its own length, and the slices' FP32 results are added in slice order in FP32, rounding to
+    nearest (cuBLAS's ``splitKreduce_kernel``).  A step of padding zeros leaves C as it is.  ``matmul``
+    with this model returns that FP32 sum; the kernel's output is its rounding to the output format.
+    """
+
+    step: FusedBlock
+    tile: int = 0
+    residue_first: bool = True
+    splits: int = 1
+    split_align: int = 8
+    name: str = "tiled_k"
+
+    def __post_init__(self) -> None:
+        step = _resolve(self.step) if isinstance(self.step, str) else self.step
+        if not isinstance(step, FusedBlock):
+            raise ValueError(
+                f"step: expected a FusedBlock or a registered FusedBlock preset's name, got {type(step).__name__}"
+            )
+        if as_format(step.fmt) != FP32:
+            raise ValueError(f"step: its result format must be FP32 (the reduce adds FP32 values), got {step.fmt}")
+        object.__setattr__(self, "step", step)
+        for arg, low in (("tile", 0), ("splits", 1), ("split_align", 1)):
+            value = getattr(self, arg)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+                raise ValueError(f"{arg}: expected an integer >= {low}, got {value!r}")
+            object.__setattr__(self, arg, int(value))
+        if self.tile % step.width:
+            raise ValueError(f"tile: expected 0 or a multiple of step.width ({step.width}), got {self.tile}")
+        if not isinstance(self.residue_first, (bool, np.bool_)):
+            raise ValueError(f"residue_first: expected True or False, got {self.residue_first!r}")
+
+    @property
+    def fmt(self) -> Format:
+        """The result's format: the reduce's FP32."""
+        return FP32
+
+    def slices(self, k: int) -> list[tuple[int, int]]:
+        """The ``splits`` slices of ``range(k)`` as (start, stop) pairs, empty ones (start == stop) included."""
+        per = -(-k // self.splits)  # ceil(k / splits)
+        g = -(-per // self.split_align) * self.split_align
+        return [(min(k, s * g), min(k, (s + 1) * g)) for s in range(self.splits)]
+
+    def layout(self, k: int) -> list[np.ndarray]:
+        """Per slice, the positions in K its chain takes in order, -1 for a padding zero."""
+        out = []
+        for lo, hi in self.slices(k):
+            pos = np.arange(lo, hi)
+            r = (hi - lo) % self.tile if self.tile else 0
+            if r:
+                pad = np.full(self.tile - r, -1)
+                pos = np.concatenate((pos[:r], pad, pos[r:]) if self.residue_first else (pos, pad))
+            out.append(pos)
+        return out
+
+
+Model = Sequential | Pairwise | Exact | FusedBlock | TiledK
 
 _REGISTERED: dict[str, Model] = {}
 
@@ -187,9 +256,10 @@ def register(*models: Model) -> None:
 
 
 def _check_model(model: object) -> None:
-    if not isinstance(model, (Sequential, Pairwise, Exact, FusedBlock)):
+    if not isinstance(model, (Sequential, Pairwise, Exact, FusedBlock, TiledK)):
         raise TypeError(
-            f"model: expected Sequential, Pairwise, Exact, FusedBlock or a preset name, got {type(model).__name__}"
+            "model: expected Sequential, Pairwise, Exact, FusedBlock, TiledK or a preset name, "
+            f"got {type(model).__name__}"
         )
 
 
@@ -241,9 +311,12 @@ def matmul(
     FusedBlock calls compute on integer significands
     (`emufloat._accum_kernels.block_matmul()`), traced ones term by term
     (`emufloat._accum_kernels.matmul_kernel()`); the two agree bit for bit.
+    A `TiledK` model runs its step's chains from C = 0 and takes neither ``c`` nor a trace.
     """
     model = _resolve(model)
     check_trace(trace)
+    if isinstance(model, TiledK):
+        return _tiled(a, b, model, c, trace)
     if np.ndim(a) == 3 or np.ndim(b) == 3:
         return _batched(a, b, model, c, trace, label)
     av, afmt = _values(a, "a")
@@ -298,6 +371,29 @@ def matmul(
                 )
             )
     return out.astype(fmt.carrier)
+
+
+def _tiled(a, b, model: TiledK, c, trace) -> np.ndarray:
+    """`matmul()` under a `TiledK` model: each slice's chain over its arranged K, then the FP32 reduce."""
+    if c is not None:
+        raise ValueError("c: a TiledK model starts every chain from C = 0; expected None (add C to the result)")
+    if trace is not None:
+        raise ValueError("trace: a TiledK model records no trace; expected None (trace its step over one slice)")
+    av, bv = _arrays.as_float_array(a, "a"), _arrays.as_float_array(b, "b")
+    if not 2 <= av.ndim == bv.ndim <= 3 or av.shape[-1] != bv.shape[-2]:
+        raise ValueError(
+            f"a, b: expected shapes (M, K) and (K, N), or (B, M, K) and (B, K, N), got {av.shape} and {bv.shape}"
+        )
+    total = None
+    for pos in model.layout(av.shape[-1]):
+        keep = pos >= 0
+        ap = np.zeros(av.shape[:-1] + pos.shape, av.dtype)
+        bp = np.zeros(bv.shape[:-2] + pos.shape + bv.shape[-1:], bv.dtype)
+        ap[..., keep] = av[..., pos[keep]]
+        bp[..., keep, :] = bv[..., pos[keep], :]
+        part = matmul(ap, bp, model.step).astype(np.float32)
+        total = part if total is None else total + part  # an IEEE FP32 add, rounding to nearest even
+    return total
 
 
 def _batched(a, b, model, c, trace, label) -> np.ndarray:

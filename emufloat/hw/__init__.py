@@ -7,6 +7,7 @@ models.  A room here gives them one device's parameters and calibration data:
 
 * [`emufloat.hw.h100`][emufloat.hw.h100] — the NVIDIA H100 under Triton 3.6;
 * [`emufloat.hw.libdevice`][emufloat.hw.libdevice] — CUDA's libdevice functions (IEEE FP32 operations: any NVIDIA GPU).
+* `emufloat.hw.cublas` — the accumulation of cuBLAS's bf16 GEMM kernels on sm90 (imported on its own).
 
 ``import emufloat`` imports none of them.  A new device is a sibling package ``emufloat/hw/<device>`` with its
 own ``data`` folder (loaded through [`emufloat.hw.calibration`][emufloat.hw.calibration]), built on

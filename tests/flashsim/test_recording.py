@@ -134,16 +134,18 @@ def run_patch(run: RecordedRun, name: str) -> Patch | None:
 
 
 def test_a_patched_output_with_one_flipped_bit_is_refused(monkeypatch):
-    """cuDNN's backward, kept as the emulator's dQ with the GPU's elements where they differ: the GPU's dQ is rebuilt
-    and proven by its digest; with one more bit changed the rebuild fails, and so do the counts that need it."""
+    """A patched output (cuDNN's dQ, kept as an earlier model's dQ with the GPU's elements where they differed): the
+    GPU's dQ is rebuilt from any emulation by putting the patch's elements back and proven by its digest; an
+    emulation that differs from the GPU's bits outside the patch fails the rebuild, and so do the counts that
+    need it."""
     run = next(r for r in others.recorded_runs(DATA / "sdpa_cudnn") if r.backward and run_patch(r, "dq"))
     emu = run.emulate()
     gpu = run.outputs()["dq"]
-    assert not run.matches(emu)["dq"]  # the emulator's dQ is not the GPU's: the patch holds the difference
-    assert np.count_nonzero(emu["dq"] != gpu) == len(run_patch(run, "dq"))
+    patch = run_patch(run, "dq")
+    assert np.array_equal(patch.apply(emu["dq"]), gpu)  # the rebuild the digest proved
+    outside = int(np.setdiff1d(np.arange(gpu.size), patch.index.astype(np.int64))[0])
     fresh = next(r for r in others.recorded_runs(DATA / "sdpa_cudnn") if r.note == run.note)  # nothing proven yet
-    same = int(np.flatnonzero(emu["dq"].reshape(-1) == gpu.reshape(-1))[0])
-    monkeypatch.setattr(fresh, "emulate", lambda policy=None: dict(emu, dq=_flipped(emu["dq"], index=same)))
+    monkeypatch.setattr(fresh, "emulate", lambda policy=None: dict(emu, dq=_flipped(emu["dq"], index=outside)))
     with pytest.raises(RecordingMismatch, match="sdpa_cudnn/others.json"):
         fresh.outputs()
     with pytest.raises(RecordingMismatch):

@@ -54,16 +54,19 @@ def flex_policy(
     over 64-key blocks, dK and dV by programs per 128 keys over 64-query blocks, every product wgmma into its FP32
     accumulator, each walk taking the block mask's partial tiles first, then its full ones
     (`BwdTiling("masked_first")`); dQ and dK times sm_scale at the end.  Inductor's short-sequence configs (fewer
-    than 4 warps, or BLOCK_M below 64: below about 128 keys) run mma.sync rather than wgmma and are refused.
+    than 4 warps, or BLOCK_M below 64: below about 128 keys) run mma.sync rather than wgmma: its 16-row tiles
+    round as the wgmma model and sum rows as the same lanes do, with the warps side by side along the row
+    (checked on fresh launches); the others (64 or 128 rows on 2 warps) are refused.
     """
     tiles = DEFAULT_TILES.get(head_dim, DEFAULT_TILES[128])
     bm = tiles[0] if block_m is None else block_m
     bn = tiles[1] if block_n is None else block_n
     warps = tiles[2] if num_warps is None else num_warps
-    if warps < 4 or bm % 64:
+    if (warps < 4 or bm % 64) and bm != 16:
         raise ValueError(
             f"block_m, num_warps: {bm} rows with {warps} warps is one of Inductor's short-sequence configs, which "
-            "runs mma.sync without a wgmma warpgroup (BLOCK_M a multiple of 64 and 4 warps or more): not modelled"
+            "runs mma.sync without a wgmma warpgroup: modelled for 16-row tiles only (BLOCK_M a multiple of 64 "
+            "with 4 warps or more takes wgmma)"
         )
     if delta_num_warps is None:
         if delta_xblock not in DELTA_WARPS:

@@ -368,8 +368,10 @@ def test_errors():
         tree_sum(np.full((1, 4), 0.1), t)
     with pytest.raises(ValueError, match="without NaN"):
         tree_sum(np.array([[np.inf, -np.inf, 0, 0]], np.float32), t, fmt="e2m1")
-    with pytest.raises(ValueError, match=r"block_m: the wgmma accumulator layout needs a multiple of 64, got 32"):
+    with pytest.raises(ValueError, match=r"block_m: the wgmma accumulator layout needs a multiple of 64 \(or mma"):
         h100.tl_sum(32, 64, 4)
+    # 16 rows (mma.sync's accumulator): two warps side by side, each summing its half of the row
+    assert h100.tl_sum(16, 64, 2) == h100.tl_sum(64, 64, 8)
     with pytest.raises(ValueError, match=r"block_n, num_warps: 16 warps on 64 rows split 64 columns 4 ways"):
         h100.tl_sum(64, 64, 16)
     with pytest.raises(ValueError, match=r"num_warps: wgmma needs a warpgroup"):

@@ -93,20 +93,25 @@ def tl_sum_loaded_16bit(n: int) -> ReductionTree:
 def derived_tl_sum(block_m: int, block_n: int, num_warps: int, layout: str = "dot") -> ReductionTree:
     """The order of ``tl.sum(x, 1)`` derived from Triton's layout rules, for tiles no probe recorded.
 
-    ``"dot"`` (the wgmma accumulator): warps split the columns when ``num_warps * 16 > block_m`` (two halves at
-    most here); within a half, lane t of a quad holds columns 8j + 2t and 8j + 2t + 1 and adds them in that
-    order; the quad meets by shuffle-xor 2 then 1; the halves are added last.  ``"load"`` (Triton's blocked
-    layout for fp32): a lane holds 4 contiguous columns, up to 32 lanes span the row (so at most 128 columns),
-    lanes meet by a shuffle butterfly.  Every recorded tree (`tl_sum()`) is reproduced by these rules,
-    and the GPU agrees with them on tiles of 16 to 256 columns (128 for ``"load"``).
+    ``"dot"`` (the wgmma accumulator; at 16 rows, where Triton runs mma.sync, its accumulator, which holds the same
+    columns a lane): warps split the columns when ``num_warps * 16 > block_m`` (two halves at most here); within a
+    half, lane t of a quad holds columns 8j + 2t and 8j + 2t + 1 and adds them in that order; the quad meets by
+    shuffle-xor 2 then 1; the halves are added last.  ``"load"`` (Triton's blocked layout for fp32): a lane holds 4
+    contiguous columns, up to 32 lanes span the row (so at most 128 columns), lanes meet by a shuffle butterfly.
+    Every recorded tree (`tl_sum()`) is reproduced by these rules, and the GPU agrees with them on tiles of 16 to
+    256 columns (128 for ``"load"``).
     """
     for arg, val in (("block_m", block_m), ("block_n", block_n), ("num_warps", num_warps)):
         if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or val < 1 or val & (val - 1):
             raise ValueError(f"{arg}: expected a power of two, got {val!r}")
     if layout == "dot":
-        if block_m % 64:
-            raise ValueError(f"block_m: the wgmma accumulator layout needs a multiple of 64, got {block_m}")
-        if num_warps < 4:
+        if block_m == 16:  # mma.sync's accumulator (Triton's MMAv2): the same per-lane columns, warps along the row
+            pass
+        elif block_m % 64:
+            raise ValueError(
+                f"block_m: the wgmma accumulator layout needs a multiple of 64 (or mma.sync's 16 rows), got {block_m}"
+            )
+        elif num_warps < 4:
             raise ValueError(f"num_warps: wgmma needs a warpgroup (4 warps or more), got {num_warps}")
         splits = max(1, num_warps * 16 // block_m)
         width = block_n // splits

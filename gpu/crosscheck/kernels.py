@@ -151,6 +151,8 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     `gpu.policies.flex_policy` for the tiles that ran; `mask_matrix(n_q, n_k, device)` gives the mask as a
     KernelRun keeps it (None for no mask or causal)."""
 
+    seen: dict[tuple, dict] = {}  # each launch's tiles, read when it compiled (a cached launch generates no source)
+
     def mod_for(causal: bool):
         if mask_mod is not None:
             return mask_mod
@@ -183,7 +185,16 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
             args = {"block_mask": block_mask, "scale": sm_scale, "return_aux": AuxRequest(lse=True)}
             (o, aux), sources = run_and_get_code(compiled, q, k, v, **args)
             lse = aux.lse
-        return o, lse.float().contiguous(), flex_config(sources)
+        key = (tuple(q.shape), tuple(k.shape), tuple(v.shape), str(q.dtype), str(q.device), causal, float(sm_scale))
+        info = flex_config(sources) if sources else seen.get(key)
+        if info is None or info["BLOCK_M"] is None:
+            raise RuntimeError(
+                "flex_attention: torch.compile generated no FlexAttention kernel for this launch, so its tiles are "
+                "unknown: it was compiled earlier in this process (run torch._dynamo.reset() first), or torch ran "
+                "it eager past torch._dynamo.config.recompile_limit (raise the limit)"
+            )
+        seen[key] = info
+        return o, lse.float().contiguous(), info
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
         """dQ, dK, dV of O's gradient ``do``, through the compiled forward and the backward Inductor generates,
@@ -193,10 +204,13 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         qq, kk, vv = (t.detach().clone().requires_grad_() for t in (q, k, v))
         picked = launched_configs(lambda: compiled(qq, kk, vv, block_mask=block_mask, scale=sm_scale).backward(do))
         delta = [cfg for name, cfg in picked.items() if name.startswith("triton_per_fused_flex_attention_backward")]
-        info = {}
-        if len(delta) == 1 and "XBLOCK" in delta[0]:
-            info = {"delta_xblock": delta[0]["XBLOCK"], "delta_num_warps": delta[0]["num_warps"]}
-        return qq.grad, kk.grad, vv.grad, info
+        if len(delta) != 1 or "XBLOCK" not in delta[0]:
+            raise RuntimeError(
+                "flex_attention: the backward launched no delta kernel of Inductor's (found "
+                f"{sorted(picked) or 'no Inductor kernel'}), so its order is unknown: torch may have run it eager "
+                "past torch._dynamo.config.recompile_limit (raise the limit)"
+            )
+        return qq.grad, kk.grad, vv.grad, {"delta_xblock": delta[0]["XBLOCK"], "delta_num_warps": delta[0]["num_warps"]}
 
     def mask_matrix(n_q: int, n_k: int, device: str = "cpu") -> np.ndarray | None:
         if mask_mod is None:

@@ -270,3 +270,30 @@ def test_delta_follows_the_layout_of_the_pick_the_launch_reports():
     ref = flex_attention().policy_for(launch)
     assert ref.kwargs["delta_xblock"] == 8 and ref.kwargs["delta_num_warps"] == 2
     assert ref.resolve().delta.chunk == 8
+
+
+def test_a_launch_whose_tiles_no_source_says_is_refused_not_guessed(monkeypatch):
+    """The tiles come from the source Inductor generates when it compiles: a launch it compiled before in this
+    process keeps the tiles read then; one it never compiled here (compiled elsewhere, or run eager past the
+    recompile limit) is refused with what to do, not checked against default tiles."""
+    torch = pytest.importorskip("torch")
+    import torch._inductor.utils as inductor_utils
+
+    from gpu.crosscheck.kernels import flex_attention
+
+    template = "triton_tem_fused_flex_attention_0 'BLOCK_M': 64, 'BLOCK_N': 32, num_stages=2, num_warps=4, "
+    template += "triton_meta={'signature': {'arg_Q'"
+    sources = [[template]]
+
+    def fake_run(fn, q, k, v, **kwargs):
+        aux = type("Aux", (), {"lse": torch.zeros(q.shape[:-1])})()
+        return (torch.zeros_like(q), aux), sources.pop(0) if sources else []
+
+    monkeypatch.setattr(inductor_utils, "run_and_get_code", fake_run)
+    kernel = flex_attention()
+    q = torch.zeros(1, 2, 16, 64, dtype=torch.bfloat16)
+    first = kernel(q, q, q, False, 0.125)[2]
+    assert first == {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    assert kernel(q, q, q, False, 0.125)[2] == first  # cached: no new source, the tiles read when it compiled
+    with pytest.raises(RuntimeError, match="generated no FlexAttention kernel for this launch"):
+        kernel(q[:, :, :8], q[:, :, :8], q[:, :, :8], False, 0.125)

@@ -21,6 +21,7 @@ from flashsim.policy import PolicyRef
 
 from ..policies import tutorial_policy_for
 from .kernels import Kernel
+from .profiled import launched_kernels
 
 
 class _Ctx:
@@ -81,24 +82,33 @@ def tutorial_kernel(module: types.ModuleType, configs: list | None = None, name:
     return kernel
 
 
-def paper_attention(module: types.ModuleType, q, k, v, causal: bool, stable: bool, do=None, capture=None) -> dict:
+def paper_attention(
+    module: types.ModuleType, q, k, v, causal: bool, stable: bool, do=None, capture=None, gemms=None
+) -> dict:
     """Qiu & Yao's FlashAttentionFunction's forward (and, with `do`, its hand-written backward) on (B, H, N, d)
     tensors, called eagerly under CUDA bf16 autocast (as their training's compiled step traces the backward),
     512x512 tiles; ``stable``: their fix (the `STABLE` environment switch).  Returns O, the LSE as (B, H, N)
     float32 and dQ, dK, dV.  ``capture``: a list that receives every einsum's (equation, operands as autocast
-    hands them to cuBLAS, output)."""
+    hands them to cuBLAS, output).  ``gemms``: a list that receives, for every einsum in order, its equation,
+    operand shapes and the CUDA kernels cuBLAS launched for it with their grids (`profiled.launched_kernels`:
+    which kernel family and split of K ran)."""
     import torch
 
     einsum = module.einsum
 
     def recording(eq, a, b):
-        out = einsum(eq, a, b)
-        capture.append((eq, a.to(torch.bfloat16), b.to(torch.bfloat16), out))
+        if gemms is None:
+            out = einsum(eq, a, b)
+        else:
+            out, launched = launched_kernels(lambda: einsum(eq, a, b))
+            gemms.append({"eq": eq, "a": list(a.shape), "b": list(b.shape), "kernels": launched})
+        if capture is not None:
+            capture.append((eq, a.to(torch.bfloat16), b.to(torch.bfloat16), out))
         return out
 
     before = os.environ.get("STABLE")
     os.environ["STABLE"] = "1" if stable else "0"
-    module.einsum = recording if capture is not None else einsum
+    module.einsum = recording if capture is not None or gemms is not None else einsum
     try:
         ctx = _Ctx()
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -114,10 +124,13 @@ def paper_attention(module: types.ModuleType, q, k, v, causal: bool, stable: boo
     return {"o": o, "lse": lse} | dict(zip(("dq", "dk", "dv"), grads, strict=False))
 
 
-def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qiu_yao") -> Kernel:
+def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qiu_yao", gemms: bool = False) -> Kernel:
     """Qiu & Yao's attention (`paper_attention`) as a bf16 kernel; ``stable``: their fix on (run it with
     `softmax=get_softmax("stabilised", count_masked=True)`, which is what it computes).  Their scale is fixed at
-    d ** -0.5: a run must pass that `sm_scale`.  Its `policy_for` is the `qiu_yao` policy."""
+    d ** -0.5: a run must pass that `sm_scale`.  Its `policy_for` is the `qiu_yao` policy.  ``gemms``: profile
+    every einsum and report the kernels cuBLAS ran for it (kernel_info's ``gemms``, and ``gemms_backward`` for the
+    backward's call: its forward again, then the backward; where a tile is not a multiple of 8 cuBLAS runs
+    CUTLASS kernels, some splitting K; slow, for the launches that need it)."""
 
     def checked(q, sm_scale: float) -> None:
         if sm_scale != q.shape[-1] ** -0.5:
@@ -127,13 +140,15 @@ def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qi
 
     def kernel(q, k, v, causal: bool, sm_scale: float):
         checked(q, sm_scale)
-        out = paper_attention(module, q, k, v, causal, stable)
-        return out["o"], out["lse"], {"stable": stable}
+        seen = [] if gemms else None
+        out = paper_attention(module, q, k, v, causal, stable, gemms=seen)
+        return out["o"], out["lse"], {"stable": stable} | ({"gemms": seen} if gemms else {})
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
         checked(q, sm_scale)
-        out = paper_attention(module, q, k, v, causal, stable, do)
-        return out["dq"], out["dk"], out["dv"]
+        seen = [] if gemms else None
+        out = paper_attention(module, q, k, v, causal, stable, do, gemms=seen)
+        return out["dq"], out["dk"], out["dv"], ({"gemms_backward": seen} if gemms else {})
 
     kernel.__name__ = name
     kernel.backward = backward

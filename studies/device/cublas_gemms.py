@@ -5,8 +5,8 @@ them: operands from seeds, the output's bits, and the kernels cuBLAS launched (t
 
 Einsums (per head, batched over heads): ``pv`` P V ('ij,jd->id', K = keys), ``dq`` dS K (the same form),
 ``dv`` P^T dO ('ij,id->jd', K = queries), ``dk`` dS^T Q (the same form); P and dS of (n, n), the others (n, d).
-Writes `cublas_gemms.json` (per GEMM: form, batch, n, d, seed, the kernels launched) and `cublas_gemms.npz` (each
-output's bits).
+Writes `cublas_gemms.json` (per GEMM: form, batch, n, d, seed, the kernels launched and their grids) and
+`cublas_gemms.npz` (each output's bits).
 """
 
 from __future__ import annotations
@@ -50,9 +50,9 @@ def run(args) -> int:
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.cublas_gemms")
     import torch
-    from torch.profiler import ProfilerActivity, profile
 
     from gpu.crosscheck.live import bits_of
+    from gpu.crosscheck.profiled import launched_kernels
 
     t0 = time.monotonic()
     cases, bits = grid(), {}
@@ -62,11 +62,9 @@ def run(args) -> int:
             for x in operands(**{k: case[k] for k in ("form", "batch", "n", "d", "seed")})
         )
         torch.einsum(FORMS[case["form"]], a, b)  # warm: cuBLAS's heuristics and handles
-        torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            c = torch.einsum(FORMS[case["form"]], a, b)
-            torch.cuda.synchronize()
-        case["kernels"] = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+        c, launched = launched_kernels(lambda: torch.einsum(FORMS[case["form"]], a, b))  # noqa: B023
+        case["kernels"] = [k["name"] for k in launched]
+        case["grids"] = [k["grid"] for k in launched]  # a split K shows in the GEMM's grid
         bits[f"g{i}"] = bits_of(c)
     meta = {
         "device": torch.cuda.get_device_name(),

@@ -103,10 +103,9 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
       flushing subnormals, the K/V blocks last to first (the order in which a causal launch's blocks reach a Q
       block).
 
-    Identical in every output on the CI grid (33 of 33 launches), on the 28 kept bf16 cases of round 1, and, by
-    their digests, on every fresh launch (to 2100 keys) that is causal or has at most two key blocks (47 of 47);
-    fresh non-causal launches of three or more key blocks agree in dK and dV but take their dQ blocks in an order
-    the GPU chooses (no fixed order gives them), which this deterministic model does not enumerate.
+    dQ's key blocks meet in an order the GPU chooses in non-causal launches of three or more of them (`Grad.atomic`:
+    the cross-check admits any order of those adds).  What it reproduces, and on which recordings:
+    docs/model-your-kernel.md.
     """
     if head_dim not in FA2_BWD_TILES:
         raise ValueError(f"head_dim: the cuDNN model is calibrated for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")

@@ -1,17 +1,22 @@
-"""Forward and backward TFLOP/s of our Triton attention (fix off, fix on) beside every SDPA backend, one run.
+"""Forward and backward of our Triton attention, every softmax variant paired with the standard one, beside
+SDPA's backends and FlexAttention, in one run.
 
-    python -m benchmarks.bench_gpu [--n 1024,4096,16384] [--d 64,128] [--rounds 2] [--json FILE]
+    python -m benchmarks.bench_gpu [--n 1024,4096,16384] [--d 64,128] [--dtypes bf16,fp16,fp8] [--rounds 7]
+        [--json FILE] [--seconds S]
 
-B=4, H=32, bf16, causal and not; `triton.testing.do_bench` (25 ms warm-up, 100 ms of repeats, median),
-the best of `--rounds` (2) rounds over all implementations of a shape.
-Rows: ours standard / stabilised (Qiu & Yao) / robust / cast_sum (`flash.attention`: the forward kernel "auto"
-picks, gpu.configs.OVERLAP_FROM_KEYS); SDPA cuDNN, flash, efficient; the tl forward kernel alone (`tl_*`, same
-bits); our FP8 E4M3 forward (O in bf16): `fp8_standard` (the standard softmax, the FP8 tensor cores' own
-accumulation: the fast one) and `fp8_default` (cast_sum with P V promoted to FP32: the accurate one,
-docs/fix.md). Ratios in the same run: fix on against SDPA flash and cuDNN,
-and the cost of each fix against our kernel without it (from unpaired timings, so it moves by several points
-between passes: benchmarks/fix_cost.py measures it by paired launches). Needs a CUDA GPU (torch, Triton); on
-the lent H100:
+B=4, H=32, causal and not. Per shape, dtype and pass, a round launches every implementation once, back to back
+in an order rotated from round to round, each after an L2 flush outside its CUDA events (do_bench's regime,
+paired: `benchmarks.fix_cost.paired_rounds`), so that neighbouring launches see the same clocks. Reported per
+implementation: the median TFLOP/s over the rounds (backward: 2.5x the forward's FLOPs) with its 10-90%
+range; per softmax variant, its cost against the standard softmax as the median over the rounds of the paired
+1 - t_standard / t_variant, with its 10-90% range; and the recommended softmax (cast_sum) against cuDNN, SDPA
+flash and FlexAttention, from the medians.
+
+Implementations: `ours_<softmax>` (`gpu.flash.attention`: the forward kernel "auto" picks, the backward of the
+tl kernels) for bf16 and fp16; SDPA's cuDNN, flash and memory-efficient backends; `flex` (FlexAttention compiled
+by Inductor, causal by a block mask). FP8 (float8_e4m3fn q, k, v, O in bf16): our forward only, each variant with
+P V promoted to FP32 (the default), and `ours_standard_fast` (the standard softmax on the FP8 tensor cores' own
+accumulation: the fast, leaning one); FP8 costs are against `ours_standard`. Needs a CUDA GPU (torch, Triton):
 `python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds 480`.
 """
 
@@ -19,161 +24,191 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from functools import partial
 from pathlib import Path
 
-import torch
-
-from gpu import flash
-from studies.device.run_attention import bench_one, env, env_line, fwd_flops, rand, run_sdpa, sdpa_backends
+import numpy as np
 
 B, H = 4, 32
+DTYPES = ("bf16", "fp16", "fp8")
+SOFTMAXES = ("standard", "stabilised", "robust", "cast_sum")
+RECOMMENDED = "cast_sum"
+BASELINES = ("sdpa_cudnn", "sdpa_flash", "flex")
 
 
-def measure(d: int, n: int, causal: bool, fp8: bool = True, rounds: int = 2) -> dict:
-    """TFLOP/s (forward, backward) of every implementation on one shape, the best of `rounds` rounds over
-    all of them (a single pass at N=1024 put whichever implementation came first far too low: history/tried.md,
-    "How the GPU numbers are measured");
-    errors as strings."""
-    q, k, v = rand((B, H, n, d), torch.bfloat16)
+def implementations(d: int, n: int, causal: bool, dtype: str) -> tuple[dict, dict, float]:
+    """({name: forward call}, {name: backward call}, forward FLOPs) on fresh inputs; a name whose setup fails
+    maps to the error's text."""
+    import torch
+
+    from gpu import flash
+    from studies.device.run_attention import fwd_flops, rand, run_sdpa, sdpa_backends
+
+    tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dtype]
+    q, k, v = rand((B, H, n, d), tdt)
     do = torch.randn_like(q)
-    flops = fwd_flops(B, H, n, d, causal)
-    runs: dict = {}  # name -> (forward callable, backward callable or None)
-    for sm in flash.SOFTMAX_IDS:
-        runs[f"ours_{sm}"] = _with_backward(flash.attention, q, k, v, do, causal=causal, softmax=sm)
-    for name, be in sdpa_backends().items():
-        runs[f"sdpa_{name}"] = _with_backward(run_sdpa, q, k, v, do, backend=be, causal=causal)
-    for sm in flash.SOFTMAX_IDS:  # the tl forward kernel, for comparison where "auto" takes the overlap one
-        runs[f"tl_{sm}"] = (partial(flash.forward, q, k, v, causal=causal, softmax=sm, kernel="triton"), None)
-    if fp8:
+    fwd: dict = {}
+    bwd: dict = {}
+    if dtype == "fp8":
         q8, k8, v8 = (x.to(flash.FP8) for x in (q, k, v))
-        fast = partial(flash.forward, q8, k8, v8, causal=causal, softmax="standard", promote_pv=False)
-        runs["ours_fp8_standard"] = (fast, None)
-        runs["ours_fp8_default"] = (partial(flash.forward, q8, k8, v8, causal=causal), None)
-    out: dict = {"d": d, "n": n, "causal": causal}
-    for _ in range(rounds):
-        for name, (fwd, bwd) in runs.items():
-            if isinstance(out.get(name), str):
-                continue
-            try:
-                best = out.setdefault(name, {})
-                best["fwd"] = max(best.get("fwd", 0.0), flops / bench_one(fwd) / 1e9)
-                if bwd is not None:
-                    best["bwd"] = max(best.get("bwd", 0.0), 2.5 * flops / bench_one(bwd) / 1e9)
-            except Exception as exc:  # noqa: BLE001 - a backend may not support a shape
-                out[name] = repr(exc)[:200]
-    return out
+        for sm in SOFTMAXES:
+            fwd[f"ours_{sm}"] = partial(flash.forward, q8, k8, v8, causal=causal, softmax=sm)
+        fwd["ours_standard_fast"] = partial(
+            flash.forward, q8, k8, v8, causal=causal, softmax="standard", promote_pv=False
+        )
+        return fwd, bwd, fwd_flops(B, H, n, d, causal)
+    for sm in SOFTMAXES:
+        fwd[f"ours_{sm}"], bwd[f"ours_{sm}"] = _with_backward(flash.attention, q, k, v, do, causal=causal, softmax=sm)
+    for name, be in sdpa_backends().items():
+        fwd[f"sdpa_{name}"], bwd[f"sdpa_{name}"] = _with_backward(run_sdpa, q, k, v, do, backend=be, causal=causal)
+    try:
+        fwd["flex"], bwd["flex"] = _with_backward(_flex(n, causal), q, k, v, do)
+    except Exception as exc:  # noqa: BLE001 - FlexAttention may not compile here; the table says why
+        fwd["flex"] = bwd["flex"] = repr(exc)[:200]
+    return fwd, bwd, fwd_flops(B, H, n, d, causal)
+
+
+def _flex(n: int, causal: bool):
+    """FlexAttention compiled as users compile it, causal by a block mask."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, n, n) if causal else None
+    compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    return lambda q, k, v: compiled(q, k, v, block_mask=mask)
 
 
 def _with_backward(fn, q, k, v, do, **kw):
-    """(forward call, backward call) of an autograd attention function on q, k, v."""
+    """(forward call, backward call) of an autograd attention function on q, k, v (a failure: its text)."""
     qq, kk, vv = (x.clone().requires_grad_() for x in (q, k, v))
     try:
         o = fn(qq, kk, vv, **kw)
-    except Exception:  # noqa: BLE001 - the forward call reports it
-        return partial(fn, q, k, v, **kw), None
+    except Exception as exc:  # noqa: BLE001 - a backend may not support a shape
+        return repr(exc)[:200], repr(exc)[:200]
     return partial(fn, q, k, v, **kw), partial(o.backward, do, retain_graph=True)
 
 
-def _tf(row: dict, name: str, pass_: str) -> float | None:
-    x = row.get(name)
-    return x.get(pass_) if isinstance(x, dict) else None
+def measure(d: int, n: int, causal: bool, dtype: str, rounds: int) -> dict:
+    """Per pass: ms of every implementation in every round (`paired_rounds`); errors as strings."""
+    import torch
+
+    from benchmarks.fix_cost import paired_rounds
+
+    fwd, bwd, flops = implementations(d, n, causal, dtype)
+    row: dict = {"d": d, "n": n, "causal": causal, "dtype": dtype, "flops": flops, "ms": {}, "errors": {}}
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda").zero_
+    for pass_, calls in (("fwd", fwd), ("bwd", bwd)):
+        ok = {}
+        for name, call in calls.items():
+            if isinstance(call, str):
+                row["errors"][f"{pass_}/{name}"] = call
+                continue
+            try:
+                call()  # compile and warm up
+                ok[name] = call
+            except Exception as exc:  # noqa: BLE001 - a backend may not support a shape
+                row["errors"][f"{pass_}/{name}"] = repr(exc)[:200]
+        torch.cuda.synchronize()
+        if ok:
+            row["ms"][pass_] = paired_rounds(ok, rounds, before=flush)
+    return row
+
+
+def summarise(row: dict) -> dict:
+    """Per pass: each implementation's median TFLOP/s and 10-90% range, and each variant's paired cost against
+    the standard softmax (median and 10-90% range over the rounds, in %)."""
+    from benchmarks.fix_cost import paired_cost
+
+    out: dict = {}
+    for pass_, ms in row["ms"].items():
+        flops = row["flops"] * (2.5 if pass_ == "bwd" else 1.0)
+        tf = {}
+        for name, times in ms.items():
+            t = np.asarray(times, float)
+            lo, hi = np.quantile(flops / t / 1e9, [0.1, 0.9])
+            tf[name] = {"median": flops / statistics.median(times) / 1e9, "p10": float(lo), "p90": float(hi)}
+        costs = {
+            name: paired_cost(ms["ours_standard"], times)
+            for name, times in ms.items()
+            if name.startswith("ours_") and name != "ours_standard" and "ours_standard" in ms
+        }
+        out[pass_] = {"tflops": tf, "cost": costs}
+    return out
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: TFLOP/s per implementation, the ratios of the fixes against SDPA flash and cuDNN, and each fix's
-    cost against our kernel without it."""
-    names = [
-        "ours_standard",
-        "ours_stabilised",
-        "ours_robust",
-        "ours_cast_sum",
-        "sdpa_cudnn",
-        "sdpa_flash",
-        "sdpa_efficient",
-        "tl_standard",
-        "tl_stabilised",
-        "tl_robust",
-        "tl_cast_sum",
-        "ours_fp8_standard",
-        "ours_fp8_default",
-    ]
-    head = [
-        "pass",
-        "d",
-        "N",
-        "causal",
-        *[n.replace("ours_", "").replace("sdpa_", "sdpa ") for n in names],
-        "stab/flash",
-        "stab/cuDNN",
-        "robust/cuDNN",
-        "stab cost",
-        "robust cost",
-    ]
+    """Markdown: median TFLOP/s per implementation, the variants' paired costs (median [10%, 90%]) and the
+    recommended softmax against the baselines."""
+    names = sorted({n for r in rows for ms in r["ms"].values() for n in ms}, key=_order)
+    variants = [f"ours_{sm}" for sm in SOFTMAXES[1:]] + ["ours_standard_fast"]
+    head = ["pass", "dtype", "d", "N", "causal", *names, *(f"{v[5:]} cost" for v in variants)]
+    head += [f"{RECOMMENDED}/{b.removeprefix('sdpa_')}" for b in BASELINES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-
-    def f(x):
-        return "—" if x is None else f"{x:.0f}"
-
-    def r(a, b):
-        return "—" if a is None or b is None else f"{a / b:.2f}x"
-
-    def cost(a, b):
-        return "—" if a is None or b is None else f"{100 * (1 - a / b):+.1f}%"
-
     for pass_ in ("fwd", "bwd"):
         for row in rows:
-            t = {n: _tf(row, n, pass_) for n in names}
-            std, stab, rob = t["ours_standard"], t["ours_stabilised"], t["ours_robust"]
-            lines.append(
-                "| "
-                + " | ".join(
-                    [
-                        pass_,
-                        str(row["d"]),
-                        str(row["n"]),
-                        "yes" if row["causal"] else "no",
-                        *[f(t[n]) for n in names],
-                        r(stab, t["sdpa_flash"]),
-                        r(stab, t["sdpa_cudnn"]),
-                        r(rob, t["sdpa_cudnn"]),
-                        cost(stab, std),
-                        cost(rob, std),
-                    ]
-                )
-                + " |"
-            )
+            if pass_ not in row["ms"]:
+                continue
+            s = summarise(row)[pass_]
+            tf, cost = s["tflops"], s["cost"]
+            cells = [pass_, row["dtype"], str(row["d"]), str(row["n"]), "yes" if row["causal"] else "no"]
+            cells += [f"{tf[n]['median']:.0f}" if n in tf else "—" for n in names]
+            cells += [
+                f"{cost[v]['median']:+.1f}% [{cost[v]['p10']:+.1f}, {cost[v]['p90']:+.1f}]" if v in cost else "—"
+                for v in variants
+            ]
+            rec = tf.get(f"ours_{RECOMMENDED}")
+            cells += [f"{rec['median'] / tf[b]['median']:.2f}x" if rec and b in tf else "—" for b in BASELINES]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _order(name: str) -> tuple[int, str]:
+    """Ours first (the standard softmax leading), then the baselines."""
+    if name == "ours_standard":
+        return (0, "")
+    return (1 if name.startswith("ours_") else 2, name)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu", description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="1024,4096,16384")
     ap.add_argument("--d", default="64,128")
-    ap.add_argument("--json", metavar="FILE", help="also write the rows and the environment as JSON")
+    ap.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
+    ap.add_argument("--rounds", type=int, default=7, help="paired rounds per shape, dtype and pass (>= 5)")
+    ap.add_argument("--json", metavar="FILE", help="also write the rows (every round's time) and the environment")
     ap.add_argument("--seconds", type=float, default=1e9, help="stop starting new shapes after this long")
-    ap.add_argument("--rounds", type=int, default=2, help="rounds over all implementations per shape; best kept")
     args = ap.parse_args(argv)
+    dtypes = args.dtypes.split(",")
+    if not set(dtypes) <= set(DTYPES) or args.rounds < 5:
+        raise SystemExit(f"bench_gpu: --dtypes takes {', '.join(DTYPES)}; --rounds at least 5")
+    import torch
+
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu: needs a CUDA GPU")
-    t0 = time.time()
-    rows = []
-    for d in (int(x) for x in args.d.split(",")):
-        for n in (int(x) for x in args.n.split(",")):
-            for causal in (False, True):
-                if time.time() - t0 > args.seconds:
-                    break
-                rows.append(measure(d, n, causal, rounds=args.rounds))
-                print("measured", d, n, causal, flush=True)
+    from studies.device.run_attention import env, env_line
+
+    t0, rows = time.time(), []
+    for dtype in dtypes:
+        for d in (int(x) for x in args.d.split(",")):
+            for n in (int(x) for x in args.n.split(",")):
+                for causal in (False, True):
+                    if time.time() - t0 > args.seconds:
+                        break
+                    rows.append(measure(d, n, causal, dtype, args.rounds))
+                    print("measured", dtype, d, n, causal, flush=True)
     e = env()
     print(
-        f"\n# bench_gpu: B={B} H={H} bf16, {env_line(e)}; TFLOP/s (backward: 2.5x forward FLOPs); "
-        "cost = 1 - fix/standard (unpaired; benchmarks/fix_cost.py pairs them)\n"
+        f"\n# bench_gpu: B={B} H={H}, {env_line(e)}; median TFLOP/s over {args.rounds} paired rounds (backward: "
+        "2.5x the forward's FLOPs); cost = 1 - t_standard / t_variant per round, median [10%, 90%]\n"
     )
     print(table(rows))
+    for row in rows:
+        for key, why in row["errors"].items():
+            print(f"{row['dtype']} d={row['d']} N={row['n']} causal={row['causal']} {key}: {why}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"env": e, "bench": rows}, indent=1))
+        Path(args.json).write_text(json.dumps({"env": e, "rounds": args.rounds, "bench": rows}, indent=1))
     return 0
 
 

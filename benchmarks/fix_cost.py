@@ -111,13 +111,19 @@ def measure_layer(d: int, n: int, rounds: int) -> tuple[dict, float]:
     return {"mode": "eager", "reps": 1, "ms": paired_rounds(launch, rounds)}, flops
 
 
+def paired_cost(reference: list[float], times: list[float]) -> dict:
+    """What ``times`` cost over ``reference``, round by round (1 - t_reference / t, in %): the median and the
+    10-90% range over the rounds."""
+    costs = [100 * (1 - a / b) for a, b in zip(reference, times, strict=True)]
+    p10, p90 = np.quantile(costs, [0.1, 0.9])
+    return {"median": statistics.median(costs), "p10": float(p10), "p90": float(p90)}
+
+
 def summarise(ms: dict, flops: float) -> dict:
     """Median TFLOP/s per softmax; per fix the median and 10-90% range of the rounds' paired costs (%)."""
     out = {"tflops": {sm: flops / statistics.median(t) / 1e9 for sm, t in ms.items()}}
     for sm in (x for x in ms if x != "standard"):
-        costs = [100 * (1 - a / b) for a, b in zip(ms["standard"], ms[sm], strict=True)]
-        p10, p90 = np.quantile(costs, [0.1, 0.9])
-        out[f"{sm}_cost"] = {"median": statistics.median(costs), "p10": float(p10), "p90": float(p90)}
+        out[f"{sm}_cost"] = paired_cost(ms["standard"], ms[sm])
     return out
 
 

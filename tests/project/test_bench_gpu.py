@@ -1,0 +1,37 @@
+"""benchmarks/bench_gpu.py's CPU parts: the paired summary and the table (the timing needs a GPU)."""
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("triton")
+from benchmarks import bench_gpu  # noqa: E402  (after the skips: its summary uses fix_cost, which imports torch)
+
+
+def _row(ms_fwd: dict, dtype: str = "bf16") -> dict:
+    return {"d": 64, "n": 4096, "causal": False, "dtype": dtype, "flops": 4e12, "ms": {"fwd": ms_fwd}, "errors": {}}
+
+
+def test_a_variants_cost_is_paired_round_by_round():
+    """The clocks change between rounds (1, 2, 4 ms for the standard softmax); cast_sum takes 2% longer in each
+    round and cuDNN as long as the standard: the paired cost is 1 - 1/1.02 in every round, though the times
+    spread 4x, and the ratio to cuDNN is that of the medians."""
+    ms = {
+        "ours_standard": [1.0, 2.0, 4.0, 1.0, 2.0],
+        "ours_cast_sum": [1.02, 2.04, 4.08, 1.02, 2.04],
+        "sdpa_cudnn": [1.0, 2.0, 4.0, 1.0, 2.0],
+    }
+    s = bench_gpu.summarise(_row(ms))["fwd"]
+    for key in ("median", "p10", "p90"):
+        assert s["cost"]["ours_cast_sum"][key] == pytest.approx(100 * (1 - 1 / 1.02), rel=1e-12)
+    assert set(s["cost"]) == {"ours_cast_sum"}  # baselines are not variants
+    assert s["tflops"]["ours_standard"]["median"] == pytest.approx(4e12 / 2.0 / 1e9)
+    table = bench_gpu.table([_row(ms)])
+    assert table.splitlines()[0].startswith("| pass | dtype | d | N | causal | ours_standard | ours_cast_sum | sdpa_cudnn |")
+    assert "+2.0% [+2.0, +2.0]" in table and "0.98x" in table
+
+
+def test_options_are_checked_before_any_gpu_work():
+    with pytest.raises(SystemExit, match="--dtypes takes"):
+        bench_gpu.main(["--dtypes", "fp32"])
+    with pytest.raises(SystemExit, match="--rounds at least 5"):
+        bench_gpu.main(["--rounds", "3"])

@@ -342,12 +342,16 @@ class _Head:
         return reached[r0, c0]
 
 
+def _converted_after_kernel(pol: Policy) -> bool:
+    """Whether the LSE the policy returns is converted after the kernel (an `flashsim.orders.LseForm` with
+    ``out_base``), so that the kernel's own buffer holds another value."""
+    return LSE_FORMS.get(pol.lse.form).out_base is not None
+
+
 def kernel_lse_base(pol: Policy) -> str:
     """The base of the LSE the kernel stores: the lse step's, or, where the returned LSE is converted after the
-    kernel (an `flashsim.orders.LseForm` with ``out_base``), its log's."""
-    if LSE_FORMS.get(pol.lse.form).out_base is None:
-        return pol.lse.base
-    return get_function(pol.lse.function).base
+    kernel, its log's."""
+    return get_function(pol.lse.function).base if _converted_after_kernel(pol) else pol.lse.base
 
 
 def kernel_lse(q, k, v, policy: Policy | str, *, softmax=STANDARD, causal=False, sm_scale=None) -> np.ndarray:
@@ -355,10 +359,9 @@ def kernel_lse(q, k, v, policy: Policy | str, *, softmax=STANDARD, causal=False,
     which the natural LSE it returns keeps too little to recover it): the forward run again with the lse step's
     log joined to m as the kernel does."""
     pol = get_policy(policy)
-    if LSE_FORMS.get(pol.lse.form).out_base is None:
-        return flash_forward(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
-    raw = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form="mul_add"))
-    return flash_forward(q, k, v, raw, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
+    if _converted_after_kernel(pol):
+        pol = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form="mul_add"))
+    return flash_forward(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
 
 
 def _per_head(fn, arrays) -> BackwardResult:
@@ -418,7 +421,7 @@ def _stored_lse(q, k, v, lse, policy, softmax, causal, sm_scale, given):
     """``lse``, or where the policy converts it after the kernel, the LSE the kernel stored (``given``, else
     recomputed)."""
     pol = get_policy(policy)
-    if LSE_FORMS.get(pol.lse.form).out_base is None:
+    if not _converted_after_kernel(pol):
         return lse
     if given is None:
         return kernel_lse(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale)

@@ -226,7 +226,11 @@ class TritonBlocked(DeltaOrder):
 
     def rowsum(self, a, b, spec, trace, label, place=None):
         prods = arith.products(a, b, spec, trace, label)
-        return arith.tree_rowsum(prods, self.tree(prods.shape[-1], spec.chunk, spec.threads), spec, trace, label)
+        return arith.tree_rowsum(prods, self.row_tree(prods.shape[-1], spec), spec, trace, label)
+
+    def row_tree(self, n: int, spec) -> ef.ReductionTree:
+        """The order over a row of ``n`` values under ``spec`` (a `Delta`)."""
+        return self.tree(n, spec.chunk, spec.threads)
 
     @staticmethod
     def tree(n: int, chunk: int, threads: int) -> ef.ReductionTree:

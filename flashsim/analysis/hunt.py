@@ -276,8 +276,9 @@ def measure(
 def _engine_o(engine, point, policy, policy_ref, softmax, rows, seed, first_row) -> np.ndarray | None:
     """O of ``rows`` from ``engine``, confirmed on some rows against the emulator; None where the engine does not
     reproduce the policy (or no reference names it)."""
-    from ..sweep.engines import DEFAULT_CONFIRM, EMULATOR, ConfirmationError, compare_o, confirm_rows, take_rows
+    from ..sweep.engines import DEFAULT_CONFIRM
     from ..sweep.spec import Cell, FamilyEntry, Group, PolicyEntry, SoftmaxEntry
+    from ..sweep.work import confirm_cell
 
     if policy_ref is None:
         return None
@@ -292,16 +293,7 @@ def _engine_o(engine, point, policy, policy_ref, softmax, rows, seed, first_row)
     if engine.why_not(cell) is not None:
         return None
     o = np.asarray(engine.compute_o(rows, [cell])[cell.id])
-    idx = confirm_rows(cell.id, first_row, n, DEFAULT_CONFIRM)
-    found = compare_o(o[idx], EMULATOR.compute_o(take_rows(rows, idx), [cell])[cell.id])
-    if found is not None:
-        bad = tuple(int(first_row + idx[i]) for i in found[0])
-        raise ConfirmationError(
-            f"engine {engine.name}: O differs from the emulator's on rows {list(bad)} of family {point.describe()} "
-            f"({found[1]})",
-            cell=cell.id,
-            rows=bad,
-        )
+    confirm_cell(engine.name, cell, rows, o, first_row, DEFAULT_CONFIRM)
     return o
 
 

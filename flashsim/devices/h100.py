@@ -9,8 +9,9 @@ from emufloat import FP32
 from emufloat.hw import h100
 
 from .. import arith
+from ..forms import TritonBlocked
 from ..functions import FunctionModel, register_function
-from ..orders import DELTAS, DIVISIONS, ROW_SUMS, DeltaOrder, Division
+from ..orders import DELTAS, DIVISIONS, ROW_SUMS, Division
 
 
 class TlSum(arith.BlockSumOrder):
@@ -28,16 +29,17 @@ class TlSum(arith.BlockSumOrder):
         return arith.tree_rowsum(arith.padded(p, tree.n_leaves), tree, spec, trace, label)
 
 
-class TlSumDelta(DeltaOrder):
+class TlSumDelta(TritonBlocked):
+    """Our kernels' delta: `TritonBlocked` at 8 values a lane whatever the spec's chunk and threads."""
+
     name = "h100_tl_sum"
     doc = (
         "Triton tl.sum over a loaded bf16/fp16 (block_m, head dim) tile on the H100: 8 contiguous values a lane "
         "left to right, then a shuffle butterfly (emufloat.hw.h100.tl_sum_loaded_16bit)"
     )
 
-    def rowsum(self, a, b, spec, trace, label, place=None):
-        prods = arith.products(a, b, spec, trace, label)
-        return arith.tree_rowsum(prods, h100.tl_sum_loaded_16bit(prods.shape[-1]), spec, trace, label)
+    def row_tree(self, n, spec):
+        return h100.tl_sum_loaded_16bit(n)
 
 
 class DivFull(Division):

@@ -87,33 +87,35 @@ def describe_cell(cell: Cell) -> str:
 
 
 def confirm(task: Task, rows: BiasRows, o: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """For each engine cell, the task's confirmation rows ([`confirm_rows()`][flashsim.sweep.engines.confirm_rows])
-    computed
-    by the emulator and compared with the engine's O bit for bit; the rows confirmed, by cell id.  A
-    difference raises [`ConfirmationError`][flashsim.sweep.engines.ConfirmationError] naming the cell, the rows and the
-    first
+    """For each engine cell, the task's confirmation rows (`confirm_cell`); the rows confirmed, by cell id."""
+    return {
+        cell.id: confirm_cell(task.engine.name, cell, rows, o[cell.id], task.first_row, task.confirm)
+        for cell in task.cells
+        if cell.id in o
+    }
+
+
+def confirm_cell(engine: str, cell: Cell, rows: BiasRows, o: np.ndarray, first_row: int, k: int) -> np.ndarray:
+    """``k`` of the rows (`confirm_rows()`: the rows first_row.. of the cell's family) computed by the emulator and
+    compared with the engine's O bit for bit; their indices.  A difference raises
+    [`ConfirmationError`][flashsim.sweep.engines.ConfirmationError] naming the cell, the rows and the first
     differing bits."""
-    done = {}
-    for cell in task.cells:
-        if cell.id not in o:
-            continue
-        idx = confirm_rows(cell.id, task.first_row, task.n_rows, task.confirm)
-        if idx.size:
-            want = EMULATOR.compute_o(take_rows(rows, idx), [cell])[cell.id]
-            found = compare_o(np.asarray(o[cell.id])[idx], want)
-            if found is not None:
-                bad, first = found
-                global_rows = tuple(int(task.first_row + idx[i]) for i in bad)
-                raise ConfirmationError(
-                    f"--engine {task.engine.name}: O differs from the emulator's in cell {cell.id}: rows "
-                    f"{', '.join(map(str, global_rows[:5]))}{' ...' if len(global_rows) > 5 else ''} "
-                    f"({len(global_rows)} of {idx.size} confirmed) differ; row {global_rows[0]}, {first}; the cell: "
-                    f"{describe_cell(cell)}",
-                    cell=cell.id,
-                    rows=global_rows,
-                )
-        done[cell.id] = idx
-    return done
+    idx = confirm_rows(cell.id, first_row, rows.q.shape[0], k)
+    if idx.size:
+        want = EMULATOR.compute_o(take_rows(rows, idx), [cell])[cell.id]
+        found = compare_o(np.asarray(o)[idx], want)
+        if found is not None:
+            bad, first = found
+            global_rows = tuple(int(first_row + idx[i]) for i in bad)
+            raise ConfirmationError(
+                f"--engine {engine}: O differs from the emulator's in cell {cell.id}: rows "
+                f"{', '.join(map(str, global_rows[:5]))}{' ...' if len(global_rows) > 5 else ''} "
+                f"({len(global_rows)} of {idx.size} confirmed) differ; row {global_rows[0]}, {first}; the cell: "
+                f"{describe_cell(cell)}",
+                cell=cell.id,
+                rows=global_rows,
+            )
+    return idx
 
 
 def compute_task(task: Task, lease=None) -> dict[str, dict[str, np.ndarray]]:

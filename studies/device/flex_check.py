@@ -26,7 +26,7 @@ from flashsim.console import ArgumentParser, run_command, writable_dir
 from flashsim.recording import sha256_of
 from gpu.commands import require_gpu
 from studies.device.flex_capture import WINDOW, case_inputs, document_ids, mask_mod
-from studies.device.fresh_check import save_bits
+from studies.device.fresh_check import check_run, gather_checks, save_bits
 
 SEED0 = 2_026_600_000  # fresh: no other recording draws from here
 SHAPES = (  # (key count, heads): heads x keys^2 at most 2^26
@@ -68,24 +68,6 @@ def grid(count: int = 128) -> list[dict]:
     return cases
 
 
-def _check(path: str) -> dict:
-    """One run against its policy (a worker process)."""
-    import gpu.policies  # noqa: F401  (policy functions: a checkout run from PYTHONPATH=. declares no entry points)
-    from flashsim.crosscheck import crosscheck, load_run
-
-    try:
-        rep = crosscheck(load_run(path))
-    except Exception as exc:  # noqa: BLE001 - a launch the policy cannot model is a result
-        return {"error": f"{type(exc).__name__}: {exc}"[:1000]}
-    finally:
-        os.unlink(path)
-    return {
-        "identical": {c.name: c.fraction for c in rep.checks},
-        "attention": None if rep.attention is None else rep.attention.attention,
-        "launch_notes": rep.launch_notes,
-    }
-
-
 def run(args) -> int:
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.flex_check")
@@ -98,7 +80,7 @@ def run(args) -> int:
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     torch._dynamo.config.recompile_limit = 4096
-    t0, cases, futures, outputs = time.monotonic(), grid(args.cases), {}, {}
+    t0, cases, futures, outputs = time.monotonic(), grid(args.cases), [], {}
     for i, case in enumerate(cases):
         if i < args.start:
             continue
@@ -130,20 +112,13 @@ def run(args) -> int:
         case["digests"] = {k: sha256_of(v) for k, v in run_.outputs.items()}
         outputs[i] = run_.outputs
         path = save_run(tmp / f"case{i}.npz", run_)
-        futures[i] = pool.submit(_check, str(path))
+        futures.append((case, pool.submit(check_run, str(path))))
         print(
             f"case {i} ({case['mask']} n {n} h {case['heads']} d {case['d']} {case['dtype']}) recorded "
             f"{time.monotonic() - t0:.0f} s",
             flush=True,
         )
-    for i, fut in futures.items():
-        try:
-            cases[i]["check"] = fut.result(timeout=max(1.0, args.deadline - (time.monotonic() - t0)))
-        except Exception as exc:  # noqa: BLE001 - a check past the deadline (or crashed) is said, not lost
-            cases[i]["check"] = {"error": f"{type(exc).__name__}: {exc}"[:300] or "past the deadline"}
-    for proc in list(pool._processes.values()):  # checks past the deadline are abandoned, not waited for
-        proc.kill()
-    pool.shutdown(wait=False, cancel_futures=True)
+    gather_checks(pool, futures, t0 + args.deadline)
     done = [c for c in cases if "check" in c]
     whole = sum(all(f == 1.0 for f in c["check"].get("identical", {0: 0}).values()) for c in done)
     print(f"flex_check: {whole} of {len(done)} cases identical in every output", flush=True)

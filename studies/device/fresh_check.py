@@ -22,7 +22,7 @@ import multiprocessing
 import os
 import tempfile
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -186,8 +186,8 @@ def summary(rep) -> dict:
     }
 
 
-def _check(path: str) -> dict:
-    """One run against its policy (a worker process)."""
+def check_run(path: str) -> dict:
+    """One saved run against its policy, the file removed after (a worker process)."""
     from flashsim.crosscheck import crosscheck, load_run
 
     register_checkout_policies()
@@ -199,6 +199,20 @@ def _check(path: str) -> dict:
     finally:
         os.unlink(path)
     return summary(rep) | {"seconds": round(time.monotonic() - t0, 1)}
+
+
+def gather_checks(pool: ProcessPoolExecutor, futures: list[tuple[dict, Future]], deadline: float) -> None:
+    """Each case's check (a future of `check_run`) into its ``check``, waiting until ``deadline`` (a
+    `time.monotonic()` value) at most: a check past it (or crashed) is said, and its process killed, not waited
+    for."""
+    for case, fut in futures:
+        try:
+            case["check"] = fut.result(timeout=max(1.0, deadline - time.monotonic()))
+        except Exception as exc:  # noqa: BLE001 - said, not lost
+            case["check"] = {"error": f"{type(exc).__name__}: {exc}"[:300] or "past the deadline"}
+    for proc in list(pool._processes.values()):
+        proc.kill()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def atomic_outputs(run) -> list[str]:
@@ -306,21 +320,14 @@ def run(args) -> int:
         else:  # kept should no check finish here: what a digest cannot judge
             atomic.update({f"{case['kernel']}/{case['seed']}/{k}": run_.outputs[k] for k in atomic_outputs(run_)})
         if pool is not None and case["kernel"] in checked:
-            futures.append((case, pool.submit(_check, str(save_run(tmp / f"case{j}.npz", run_)))))
+            futures.append((case, pool.submit(check_run, str(save_run(tmp / f"case{j}.npz", run_)))))
         print(
             f"{case['kernel']} n {case['n']} h {case['heads']} d {case['d']} {case['dtype']} causal {case['causal']} "
             f"recorded {time.monotonic() - t0:.0f} s",
             flush=True,
         )
-    for case, fut in futures:
-        try:
-            case["check"] = fut.result(timeout=max(1.0, args.deadline - (time.monotonic() - t0)))
-        except Exception as exc:  # noqa: BLE001 - a check past the deadline (or crashed) is said, not lost
-            case["check"] = {"error": f"{type(exc).__name__}: {exc}"[:300] or "past the deadline"}
     if pool is not None:
-        for proc in list(pool._processes.values()):  # checks past the deadline are abandoned, not waited for
-            proc.kill()
-        pool.shutdown(wait=False, cancel_futures=True)
+        gather_checks(pool, futures, t0 + args.deadline)
     cases = [c for name in kernels for c in per_kernel[name] if "digests" in c or "error" in c]
     done = {f"{c['kernel']}/{c['seed']}" for c in cases if "identical" in c.get("check", {})}
     bits.update({key: v for key, v in atomic.items() if key.rsplit("/", 1)[0] not in done})

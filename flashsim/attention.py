@@ -270,6 +270,7 @@ def kv_steps(
     order: str,
     offset: Offset,
     head: tuple[int, int] = (0, 1),
+    stacked: int = 1,
 ) -> Generator[KVStep, None, RowsResult]:
     """The K/V loop of one Q block (the rows ``qrows``), yielding the state after each K/V block.
 
@@ -283,6 +284,11 @@ def kv_steps(
     Several heads at once: ``kt`` (H, d, N) and ``vc`` (H, N, d_v) hold each head's keys, ``q_rows`` their Q
     blocks' rows stacked head after head (H * rows, d), ``head`` (0, H); every step is the one each head's own
     loop takes, row by row, so the rows are the bits of H separate loops.
+
+    Several Q blocks at once: ``stacked`` whole Q blocks of each head whose K/V loops are the same (no mask:
+    `stacked_q_blocks()`), their rows one after another in ``q_rows`` (a head's blocks, then the next head's),
+    ``qrows`` the first block's rows, ``local`` None; each row's place in the launch is its place in its own
+    block, so the rows are the bits of the blocks' separate loops.
     """
     pol, trace = pipe.pol, pipe.trace
     bm, bn = tile
@@ -295,7 +301,13 @@ def kv_steps(
     r = q_rows.shape[0]
     acc_fmt = pol.pv.fmt if pol.pv.into_acc else pol.o_accum.fmt
     m = arith.cast(np.full(r, -np.inf), pol.max.fmt)
-    lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), local), trace)
+    place_rows = local
+    if stacked > 1:  # each row at its offset in its own Q block, in its head's rows of the launch (head-major)
+        blocks_in = max(heads, 1) * stacked
+        place_rows = np.tile(np.arange(len(qrows)), blocks_in) + len(qrows) * np.repeat(
+            np.arange(blocks_in) // stacked, len(qrows)
+        )
+    lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), place_rows), trace)
     acc = arith.cast(np.zeros((r, vc.shape[-1])), acc_fmt)
     for cols, masked in blocks:
         j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
@@ -439,7 +451,7 @@ def flash_forward(
                 drain(
                     kv_steps(
                         pipe,
-                        qc[i0 : i0 + bm],
+                        qc[i0 : i0 + count * bm],
                         kt[:, keys.start : keys.stop],
                         vc[keys.start : keys.stop],
                         range(i0, min(i0 + bm, q2.shape[0])),
@@ -448,9 +460,10 @@ def flash_forward(
                         order,
                         off,
                         head,
+                        count,
                     )
                 )
-                for i0 in range(0, q2.shape[0], bm)
+                for i0, count in q_block_groups(run_pol, q2.shape[0], len(keys), (bm, bn), off, trace is None)
             ]
             results.append(tuple(np.concatenate([getattr(p, f) for p in parts]) for f in ("o", "lse", "l")))
         if splits == 1:
@@ -459,6 +472,33 @@ def flash_forward(
         return ForwardResult(arith.output_cast(acc, pol.output, trace, "output"), lse)
 
     return _per_head(one, q, k, v)
+
+
+def q_block_groups(
+    pol: Policy, m: int, n: int, tile: tuple[int, int], offset: Offset, stack: bool
+) -> list[tuple[int, int]]:
+    """(first row, Q blocks) of each `kv_steps()` call of a head's ``m`` queries and ``n`` keys: with ``stack``,
+    the whole Q blocks at once where nothing is masked and the schedule visits the same K/V blocks for each
+    (`stacked_q_blocks()`), the last, partial block on its own; else a call a Q block."""
+    bm = tile[0]
+    whole = m // bm if stack else 0
+    if whole > 1 and stacked_q_blocks(pol, range(0, whole * bm), n, tile, offset):
+        return [(0, whole)] + ([(whole * bm, 1)] if m % bm else [])
+    return [(i0, 1) for i0 in range(0, m, bm)]
+
+
+def stacked_q_blocks(pol: Policy, rows: range, n: int, tile: tuple[int, int], offset: Offset) -> bool:
+    """Whether the whole Q blocks of ``rows`` may run as one `kv_steps()` call: no mask (``offset`` None), and the
+    schedule visits the same K/V blocks, masked alike, for each."""
+    if offset is not None:
+        return False
+    bm, bn = tile
+    schedule = KV_SCHEDULES.get(pol.tiling.schedule)
+    first = schedule.blocks(range(rows.start, rows.start + bm), n, bn, bm, offset, pol.tiling.skip_masked)
+    return all(
+        schedule.blocks(range(i0, i0 + bm), n, bn, bm, offset, pol.tiling.skip_masked) == first
+        for i0 in range(rows.start + bm, rows.stop, bm)
+    )
 
 
 def _one_q_block_heads(q, k, v, pol: Policy, variant, scale: float, causal, tile: tuple[int, int], order: str):

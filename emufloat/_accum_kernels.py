@@ -1,8 +1,8 @@
 """The Numba kernels of [`emufloat.accum`][emufloat.accum]: a model's dot products, term by term or on integers.
 
 `matmul_kernel()` runs every model element by element (and traces FusedBlock steps);
-`block_matmul()` is the untraced FusedBlock fast path on integer significands, tiles of output columns
-at a time.  The two agree bit for bit (tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams`
+`block_matmul()` is the untraced FusedBlock fast path on float64 terms, tiles of output columns at a
+time.  The two agree bit for bit (tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams`
 record, which [`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``)
 builds.
 """
@@ -227,10 +227,10 @@ def _block_chain(arow, brow, ea, eb, c0, have_c, mp, params, acc_params, mode, s
     return acc
 
 
-# ---- FusedBlock fast path (untraced): integer significands, tiles of output columns -----------
-SIG_BITS = 23  # an FP32-representable x is sig * 2**(lead_exp(x) - SIG_BITS) with |sig| < 2**24
+# ---- FusedBlock fast path (untraced): float64 terms, tiles of output columns ---------------------
 _ZERO_EXP = -(1 << 28)  # exponent of a zero operand when zeros do not count in the maximum
 _MIN_EXP_FLOOR = -(1 << 27)  # below every real e_a + e_b, above every sum involving _ZERO_EXP
+_ALL_EXP = -(1 << 12)  # a min_exp at or below this drops no product: every real e_a + e_b lies above it
 _TILE_I = 16  # output rows per tile
 _TILE_J = 64  # output columns per tile: the inner loops run along them
 _M52 = (1 << 52) - 1
@@ -238,53 +238,44 @@ _M52 = (1 << 52) - 1
 
 @nb.njit(inline="always", cache=True)
 def _split_one(xv, emin, zeros_in_max):
-    """(sig, xe, e, bad) of one value for `_split()`: its integer significand and exponents, and whether it
-    needs the general path (an infinity, a NaN, or a value that does not fit)."""
+    """(value, xe, e, bad) of one operand for `_split()`: the value the fast path multiplies (0 where ``bad``),
+    its exponent in the maximum, its unnormalised exponent, and whether it needs the general path (an
+    infinity or a NaN)."""
     b = _core.f64_bits(xv)
     ef = (b >> 52) & 0x7FF
-    if 0 < ef < 0x7FF:  # normal: the leading bit is the implicit one
+    if 0 < ef < 0x7FF:  # normal: the binade, or emin below it
         ek = max(ef - 1023, np.int64(emin))
-        sh = ek - SIG_BITS - (ef - 1075)
-        s53 = (b & _M52) | (np.int64(1) << 52)
-        if 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
-            v = s53 >> sh
-            return (-v if b < 0 else v), ek, ek, False
-        return np.int64(0), np.int64(_ZERO_EXP), ek, True
+        return xv, ek, ek, False
     ek = _lead_exp(xv, emin)
-    cls, sign, s53, ex = _core.f64_parts(xv)
-    sh = ek - SIG_BITS - ex
-    if cls == _core.CLS_FINITE and 29 <= sh < 63 and (s53 & ((np.int64(1) << sh) - 1)) == 0:
-        v = s53 >> sh
-        return (-v if sign else v), ek, ek, False
-    return np.int64(0), (ek if cls == _core.CLS_ZERO and zeros_in_max else _ZERO_EXP), ek, cls != _core.CLS_ZERO
+    if ef == 0x7FF:
+        return 0.0, np.int64(_ZERO_EXP), ek, True
+    return xv, (ek if xv != 0.0 or zeros_in_max else np.int64(_ZERO_EXP)), ek, False
 
 
 @nb.njit(parallel=True, cache=True)
-def _split(x, emin, zeros_in_max, sig, xe, e, bad):
-    """Each row's values as integers ``sig`` (x = sig * 2**(e - SIG_BITS)) and exponents ``xe``.
-
-    ``e`` receives the unnormalised exponents (`_lead_exp()` with ``emin``); ``xe`` is that, or _ZERO_EXP for a
-    zero that does not count in the maximum.  ``bad[r]``: row r holds an
-    infinity or NaN (or a value that does not fit), for the general path.
+def _split(x, emin, zeros_in_max, val, xe, e, bad):
+    """Each row's values as the fast path reads them: ``val`` (x, or 0 for an infinity or NaN), exponents
+    ``xe`` for the step's maximum (`_lead_exp()` with ``emin``, or _ZERO_EXP for a zero that does not count in
+    it) and the unnormalised exponents ``e``.  ``bad[r]``: row r holds an infinity or NaN, for the general path.
     """
     rows, kk = x.shape
     for r in nb.prange(rows):
         b = False
         for k in range(kk):
-            sig[r, k], xe[r, k], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+            val[r, k], xe[r, k], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
             b |= bk
         bad[r] = b
 
 
 @nb.njit(parallel=True, cache=True)
-def _split_tiles(x, emin, zeros_in_max, n, sig, xe, e, bad):
+def _split_tiles(x, emin, zeros_in_max, n, val, xe, e, bad):
     """`_split()` of b's columns (the rows of ``x``, ``n`` a batch) written tile-major as `_block_kernel()` reads
-    them: column j of batch g at ``sig[g * tiles + j // tj, :, j % tj]`` (``tiles`` a batch, ``tj`` columns a
+    them: column j of batch g at ``val[g * tiles + j // tj, :, j % tj]`` (``tiles`` a batch, ``tj`` columns a
     tile), ``bad`` at ``g * tiles * tj + j``; the padding columns are left as they are.  A tile's columns at a
     time, so that both its reads and its writes stay in cache."""
     rows, kk = x.shape
-    tiles_b, tj = sig.shape[0] // (rows // n), sig.shape[2]  # column tiles a batch, columns a tile
-    for t in nb.prange(sig.shape[0]):
+    tiles_b, tj = val.shape[0] // (rows // n), val.shape[2]  # column tiles a batch, columns a tile
+    for t in nb.prange(val.shape[0]):
         g, j0 = t // tiles_b, (t % tiles_b) * tj
         cols = min(tj, n - j0)
         for col in range(cols):
@@ -292,7 +283,7 @@ def _split_tiles(x, emin, zeros_in_max, n, sig, xe, e, bad):
         for k in range(kk):
             for col in range(cols):
                 r = g * n + j0 + col
-                sig[t, k, col], xe[t, k, col], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+                val[t, k, col], xe[t, k, col], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
                 if bk:
                     bad[t * tj + col] = True
 
@@ -310,9 +301,9 @@ def _step_finish(c, total, cut, c_in, early_c, acc_params, final_mode, inf_on_ov
 
 @nb.njit(parallel=True, cache=True)
 def _block_kernel(
-    sa,
+    va,
     xa,
-    sb,
+    vb,
     xb,
     c,
     have_c,
@@ -328,38 +319,38 @@ def _block_kernel(
     ea,
     eb,
     work_f,
+    work_e,
     work_i,
     no_steps,
     tiles,
 ):
     """A FusedBlock chain for every output element, untraced, computing as `_block_step()`.
 
-    ``sa``/``xa`` (m, K): a split by `_split()`; ``sb``/``xb`` (column
-    tiles, K, columns per tile): b's columns likewise, zero-padded to whole
-    tiles.  A product is ``sa * sb * 2**(xa + xb - 2 SIG_BITS)`` with
-    ``|sa * sb| < 2**48``, so cutting it to a multiple of 2**cut is a right
-    shift of its magnitude in an int64.  Each tile of ``ti`` rows and ``tj``
-    columns runs its chains step by step, every inner loop along the columns
-    (vectorized); a step's rounding takes the branch-free ``fast_round`` of
-    the exact float64 ``total * 2**cut`` and falls back to
-    `_step_finish()` where that declines (subnormal or overflowing
-    results, late C, special C, stochastic rounding).  Elements whose row of a
-    or column of b holds an infinity or NaN are recomputed by
+    ``va``/``xa`` (m, K): a split by `_split()`; ``vb``/``xb`` (column tiles, K, columns per tile): b's columns
+    likewise, zero-padded to whole tiles.  A step's largest exponent is a maximum of ``xa + xb`` (int32);
+    with ``s = 2**-cut``, a product cut to a multiple of 2**cut is ``trunc(a * b * s)``, exact in float64 (the
+    product has at most 48 bits, ``s`` a power of two, the result below 2**(align_bits + 2)), and so is the
+    sum of a step's terms (below 2**53).  Each tile of ``ti`` rows and ``tj`` columns runs its chains step by
+    step, every inner loop along the columns (vectorized); a step's rounding takes the branch-free
+    ``fast_round`` of the exact float64 ``total * 2**cut`` and falls back to `_step_finish()` where that
+    declines (subnormal or overflowing results, a step without terms, late C, special C, stochastic
+    rounding).  Elements whose row of a or column of b holds an infinity or NaN are recomputed by
     `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``.
 
-    ``tiles`` (T, 4): each tile's rows ``[i0, i1)``, its column tile of ``sb`` and its batch.  A batched
+    ``tiles`` (T, 4): each tile's rows ``[i0, i1)``, its column tile of ``vb`` and its batch.  A batched
     product stacks the batches' rows of a and of ``bt`` (``n`` columns a batch, ``out.shape[1]``) and each
     batch's column tiles of b (whole tiles a batch): a tile of batch ``g`` pairs its rows with its own columns
     only, and writes them as columns 0.. of ``out``.
     """
-    kk = sa.shape[1]
+    kk = va.shape[1]
     n = out.shape[1]
-    _nj, _kk, tj = sb.shape
+    _nj, _kk, tj = vb.shape
     npad = -(-n // tj) * tj  # a batch's columns, padded to whole tiles
     early_c = mp.early_c != 0
     width = mp.width
     align = mp.align_bits
-    min_exp = max(mp.min_exp, _MIN_EXP_FLOOR)
+    min_exp = np.int32(max(mp.min_exp, _MIN_EXP_FLOOR))
+    drops = mp.min_exp > _ALL_EXP  # some real product may lie below min_exp
     chunk = mp.chunk
     inf_ovf = mp.inf_on_overflow != 0
     nsteps = (kk + width - 1) // width
@@ -368,15 +359,19 @@ def _block_kernel(
     mode_ok = np.int64(mode != SR)
     _eb, _mb, acc_bias, _sp, _sn, _ov = acc_params
     c_emin = np.int64(1) - acc_bias
+    neg32 = np.int32(_NEG)
     for t in nb.prange(tiles.shape[0]):
         i0, i1, jb, g = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
         j0 = jb * tj - g * npad  # the tile's first column within its batch
         acc = work_f[t, 0]
         promoted = work_f[t, 1]
         fres = work_f[t, 2]
-        cut46 = work_i[t, 0]  # the step's cut + 2 SIG_BITS
-        tot = work_i[t, 1]
-        okv = work_i[t, 2]
+        tot = work_f[t, 3]  # the step's sum of cut products, in units of 2**cut
+        cterm = work_f[t, 4]  # C's term (early C), likewise
+        scale = work_f[t, 5]  # 2**-cut
+        emax = work_e[t]  # the step's largest exponent
+        cuts = work_i[t, 0]
+        okv = work_i[t, 1]
         for i in range(i0, i1):
             for jj in range(tj):  # with promotion C starts in the FP32 accumulator, as in _block_chain
                 cij = c[i, j0 + jj] if have_c and j0 + jj < n else 0.0
@@ -387,57 +382,62 @@ def _block_kernel(
                 k0 = s * width
                 k1 = min(k0 + width, kk)
                 for jj in range(tj):
-                    cut46[jj] = _NEG
+                    emax[jj] = neg32
                 for k in range(k0, k1):
-                    y = np.int64(xa[i, k])
+                    y = xa[i, k]
                     xbk = xb[jb, k]
-                    for jj in range(tj):
-                        e = y + xbk[jj]
-                        cut46[jj] = max(cut46[jj], e if e >= min_exp else _NEG)
+                    if drops:
+                        for jj in range(tj):
+                            e = np.int32(y + xbk[jj])
+                            emax[jj] = max(emax[jj], e if e >= min_exp else neg32)
+                    else:
+                        for jj in range(tj):
+                            emax[jj] = max(emax[jj], np.int32(y + xbk[jj]))
                 early_in = c_in and early_c
                 for jj in range(tj):
                     cj = acc[jj]
                     cf = (_core.f64_bits(cj) >> 52) & 0x7FF
-                    e_ref = cut46[jj]
+                    e_ref = np.int64(emax[jj])
                     if early_in and cj != 0.0:
                         e_ref = max(e_ref, cf - 1023 if 0 < cf < 0x7FF else _core.ilogb(cj), c_emin)
-                    cut46[jj] = e_ref - align + 2 * SIG_BITS
-                    tot[jj] = 0
+                    cut = e_ref - align
+                    cuts[jj] = cut
+                    scale[jj] = _core.pow2(min(max(-cut, -1022), 1022))
+                    # C's term: cj truncated to a multiple of 2**cut (a subnormal C takes the general path)
+                    cterm[jj] = np.trunc(cj * scale[jj]) if early_in and cf != 0 else 0.0
+                    tot[jj] = 0.0
                 for k in range(k0, k1):
-                    y = np.int64(xa[i, k])
-                    sk = np.int64(sa[i, k])
-                    xbk = xb[jb, k]
-                    sbk = sb[jb, k]
-                    for jj in range(tj):
-                        e = y + xbk[jj]
-                        p = sk * sbk[jj]
-                        neg = p >> 63
-                        sh = min(max(cut46[jj] - e, 0), 63)
-                        q = ((((p ^ neg) - neg) >> sh) ^ neg) - neg  # truncation of the magnitude
-                        tot[jj] += q if e >= min_exp else 0
+                    av = va[i, k]
+                    vbk = vb[jb, k]
+                    if drops:
+                        y = xa[i, k]
+                        xbk = xb[jb, k]
+                        for jj in range(tj):
+                            q = np.trunc(av * vbk[jj] * scale[jj])
+                            tot[jj] += q if y + xbk[jj] >= min_exp else 0.0
+                    else:
+                        for jj in range(tj):
+                            tot[jj] += np.trunc(av * vbk[jj] * scale[jj])
                 late_in = c_in and not early_c
                 for jj in range(tj):  # branch-free for normal results: fast_round on the exact float64
                     cj = acc[jj]
-                    cb = _core.f64_bits(cj)
-                    cf = (cb >> 52) & 0x7FF
-                    cut = cut46[jj] - 2 * SIG_BITS
-                    cneg = cb >> 63
-                    cq = ((cb & _M52) | (np.int64(1) << 52)) >> min(max(cut + 1075 - cf, 0), 63)  # _cut(cj, cut)
-                    total = tot[jj] + (((cq ^ cneg) - cneg) if early_in and cf != 0 else 0)
-                    x = np.float64(total) * _core.pow2(min(max(cut, -1022), 960))  # exact where ok
+                    cf = (_core.f64_bits(cj) >> 52) & 0x7FF
+                    cut = cuts[jj]
+                    total = tot[jj] + cterm[jj]
+                    x = total * _core.pow2(min(max(cut, -1022), 960))  # exact where ok
                     ok, enc = _fastpath.fast_round(_core.f64_bits(x), rplan, 0)
                     ok2, r = _fastpath.fast_decode(enc, dplan)
                     fres[jj] = r
-                    ok &= ok2 & np.int64(cut >= -1022) & np.int64(cut <= 960) & np.int64(abs(total) < (1 << 53))
+                    ok &= ok2 & np.int64(cut >= -1022) & np.int64(cut <= 960) & np.int64(abs(total) < 2.0**53)
                     ok &= np.int64(cf != 0x7FF)  # C finite (the step returns C itself otherwise)
                     ok &= np.int64(cf != 0 or cj == 0.0) & np.int64(not (late_in and cj != 0.0))
                     okv[jj] = ok & mode_ok
                 for jj in range(tj):
                     if okv[jj]:
                         acc[jj] = fres[jj]
-                    else:
+                    else:  # the products' sum alone (C's term is _step_finish's); 0 for a step without terms
                         acc[jj] = _step_finish(
-                            acc[jj], tot[jj], cut46[jj] - 2 * SIG_BITS, c_in, early_c, acc_params, mode, inf_ovf
+                            acc[jj], np.int64(tot[jj]), cuts[jj], c_in, early_c, acc_params, mode, inf_ovf
                         )
                 c_in = True
                 if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
@@ -470,7 +470,7 @@ def _block_kernel(
 
 
 def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
-    """Untraced FusedBlock matmul: split the operands into integers, then run `_block_kernel()`.  ``emins``: the
+    """Untraced FusedBlock matmul: split the operands, then run `_block_kernel()`.  ``emins``: the
     operands' formats' emin (their subnormals' exponent); ``batch``: ``av`` and ``bt`` stack that many products'
     rows (of a and of b transposed), ``cv`` and ``out`` their rows of the result."""
     m, kk = av.shape[0] // batch, av.shape[1]
@@ -483,26 +483,26 @@ def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, z
     npad = nj * tj
     # rows per tile: at most _TILE_I, but enough tiles to keep every thread busy
     ti = max(1, min(_TILE_I, batch * m * nj // (4 * nb.get_num_threads())))
-    sa, xa = np.empty((batch * m, kk), np.int32), np.empty((batch * m, kk), np.int32)
+    va, xa = np.empty((batch * m, kk)), np.empty((batch * m, kk), np.int32)
     bad_a = np.empty(batch * m, np.bool_)
-    _split(av, emins[0], zeros_in_max, sa, xa, ea, bad_a)
+    _split(av, emins[0], zeros_in_max, va, xa, ea, bad_a)
     # b tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
     if npad == n:  # whole tiles: every column written
-        sb, xb = np.empty((batch * nj, kk, tj), np.int32), np.empty((batch * nj, kk, tj), np.int32)
+        vb, xb = np.empty((batch * nj, kk, tj)), np.empty((batch * nj, kk, tj), np.int32)
         bad_b = np.empty(batch * npad, np.bool_)
     else:
-        sb, xb = np.zeros((batch * nj, kk, tj), np.int32), np.full((batch * nj, kk, tj), _ZERO_EXP, np.int32)
+        vb, xb = np.zeros((batch * nj, kk, tj)), np.full((batch * nj, kk, tj), _ZERO_EXP, np.int32)
         bad_b = np.zeros(batch * npad, np.bool_)
-    _split_tiles(bt, emins[1], zeros_in_max, n, sb, xb, eb, bad_b)
+    _split_tiles(bt, emins[1], zeros_in_max, n, vb, xb, eb, bad_b)
     starts = np.arange(0, m, ti)
     g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
     i0 = g * m + r
     tiles = np.stack([i0, np.minimum(i0 + ti, (g + 1) * m), g * nj + jl, g], axis=-1).reshape(-1, 4)
     ntiles = tiles.shape[0]
     _block_kernel(
-        sa,
+        va,
         xa,
-        sb,
+        vb,
         xb,
         cv,
         have_c,
@@ -517,8 +517,9 @@ def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, z
         bt,
         ea,
         eb,
-        np.empty((ntiles, 3, tj)),
-        np.empty((ntiles, 3, tj), np.int64),
+        np.empty((ntiles, 6, tj)),
+        np.empty((ntiles, tj), np.int32),
+        np.empty((ntiles, 2, tj), np.int64),
         np.zeros((0, 0, 4)),
         np.ascontiguousarray(tiles, np.int64),
     )

@@ -308,7 +308,7 @@ def matmul(
     record two events per output element and step: ``align`` (exact
     step sum -> the sum of the cut terms: the bits lost in alignment) and
     ``dot_step`` (that aligned sum -> the step's rounded result).  Untraced
-    FusedBlock calls compute on integer significands
+    FusedBlock calls compute on exact float64 terms
     (`emufloat._accum_kernels.block_matmul()`), traced ones term by term
     (`emufloat._accum_kernels.matmul_kernel()`); the two agree bit for bit.
     A `TiledK` model runs its step's chains from C = 0 and takes neither ``c`` nor a trace.

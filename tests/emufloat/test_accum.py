@@ -167,7 +167,7 @@ def _stress_operand(rng, shape, dtype, spread, p_special):
 
 @pytest.mark.parametrize("name", sorted(_STRESS_DTYPES))
 def test_fused_block_fast_path_matches_the_traced_general_path(name):
-    """Untraced FusedBlock calls take the integer fast path, traced ones the general one: same bits."""
+    """Untraced FusedBlock calls take the float64 fast path, traced ones the general one: same bits."""
     fp8 = name in ("e4m3fn", "e5m2")
     acc = ef.Format(8, 13) if fp8 else ef.FP32
     models = [

@@ -10,13 +10,29 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 
+_WRAPPED = re.compile(r"cutlass::Kernel\d*<(\w+)>")
+
+
+def short_name(name: str) -> str:
+    """A kernel's name without what only repeats it: CUTLASS's ``void cutlass::Kernel2<NAME>(NAME::Params)`` is
+    NAME; any other keeps what precedes its template arguments or parameter list
+    (``cublasLt::splitKreduce_kernel``, ``nvjet_sm90_tst_64x48_64x15_2x4_h_bz_TNT``)."""
+    s = name.removeprefix("void ")
+    wrapped = _WRAPPED.match(s)
+    if wrapped:
+        return wrapped.group(1)
+    return re.split(r"[<(]", s, maxsplit=1)[0]
+
+
 def kernels_of_trace(trace: dict) -> list[dict]:
-    """The CUDA kernels of a Chrome trace the profiler exported, in launch order: name, grid and block."""
+    """The CUDA kernels of a Chrome trace the profiler exported, in launch order: name (`short_name`), grid and
+    block."""
     events = trace.get("traceEvents") if isinstance(trace, dict) else None
     if not isinstance(events, list):
         raise ValueError("trace: expected a Chrome trace (an object with a 'traceEvents' list)")
@@ -25,7 +41,7 @@ def kernels_of_trace(trace: dict) -> list[dict]:
     out = []
     for e in kernels:
         args = e.get("args") or {}
-        out.append({"name": str(e.get("name", "")), "grid": args.get("grid"), "block": args.get("block")})
+        out.append({"name": short_name(str(e.get("name", ""))), "grid": args.get("grid"), "block": args.get("block")})
     return out
 
 
@@ -47,4 +63,4 @@ def launched_kernels(fn: Callable[[], object]) -> tuple[object, list[dict]]:
         os.unlink(path)
 
 
-__all__ = ["kernels_of_trace", "launched_kernels"]
+__all__ = ["kernels_of_trace", "launched_kernels", "short_name"]

@@ -89,19 +89,25 @@ def paper_attention(
     tensors, called eagerly under CUDA bf16 autocast (as their training's compiled step traces the backward),
     512x512 tiles; ``stable``: their fix (the `STABLE` environment switch).  Returns O, the LSE as (B, H, N)
     float32 and dQ, dK, dV.  ``capture``: a list that receives every einsum's (equation, operands as autocast
-    hands them to cuBLAS, output).  ``gemms``: a list that receives, for every einsum in order, its equation,
-    operand shapes and the CUDA kernels cuBLAS launched for it with their grids (`profiled.launched_kernels`:
-    which kernel family and split of K ran)."""
+    hands them to cuBLAS, output).  ``gemms``: a list that receives, for every distinct einsum (equation and
+    operand shapes, in the order first met), the CUDA kernels cuBLAS launched for it with their grids
+    (`profiled.launched_kernels`: which kernel family and split of K ran) and how many calls it had; cuBLAS picks
+    its kernels by shape, so the first call of a shape is profiled and the others counted."""
     import torch
 
     einsum = module.einsum
 
     def recording(eq, a, b):
-        if gemms is None:
+        seen = gemms is not None and next(
+            (g for g in gemms if g["eq"] == eq and g["a"] == list(a.shape) and g["b"] == list(b.shape)), None
+        )
+        if gemms is None or seen:
             out = einsum(eq, a, b)
+            if seen:
+                seen["calls"] += 1
         else:
             out, launched = launched_kernels(lambda: einsum(eq, a, b))
-            gemms.append({"eq": eq, "a": list(a.shape), "b": list(b.shape), "kernels": launched})
+            gemms.append({"eq": eq, "a": list(a.shape), "b": list(b.shape), "kernels": launched, "calls": 1})
         if capture is not None:
             capture.append((eq, a.to(torch.bfloat16), b.to(torch.bfloat16), out))
         return out

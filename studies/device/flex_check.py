@@ -120,8 +120,9 @@ def run(args) -> int:
         )
     gather_checks(pool, futures, t0 + args.deadline)
     done = [c for c in cases if "check" in c]
+    refused = [c for c in cases if "error" in c]
     whole = sum(all(f == 1.0 for f in c["check"].get("identical", {0: 0}).values()) for c in done)
-    print(f"flex_check: {whole} of {len(done)} cases identical in every output", flush=True)
+    print(f"flex_check: {whole} of {len(done)} cases identical in every output; {len(refused)} refused", flush=True)
     missed = {
         f"case{i}/{k}": v
         for i, got in outputs.items()
@@ -137,6 +138,7 @@ def run(args) -> int:
         "bits_left_out": left,
         "window": WINDOW,
         "cases": done,
+        "refused": refused,
         "seconds": round(time.monotonic() - t0, 1),
     }
     (out / "flex_check.json").write_text(json.dumps(meta, indent=1))

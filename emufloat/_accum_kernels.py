@@ -1,10 +1,11 @@
-"""The Numba kernels of [`emufloat.accum`][emufloat.accum]: a model's dot products, term by term or on integers.
+"""The Numba kernels of [`emufloat.accum`][emufloat.accum]: a model's dot products, term by term or on float64
+terms.
 
-`matmul_kernel()` runs every model element by element (and traces FusedBlock steps);
-`block_matmul()` is the untraced FusedBlock fast path on float64 terms, tiles of output columns at a
-time.  The two agree bit for bit (tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams`
-record, which [`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``)
-builds.
+`matmul_kernel()` runs the Sequential, Pairwise and Exact models element by element, `block_kernel()` the
+FusedBlock chains term by term (and traces their steps); `block_matmul()` is the untraced FusedBlock fast path
+on exact float64 terms, tiles of output columns at a time.  The last two agree bit for bit
+(tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams` record, which
+[`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``) builds.
 """
 
 from __future__ import annotations
@@ -538,8 +539,38 @@ def lead_exps(x, emin):
 
 
 @nb.njit(cache=True)
-def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, hi):
-    """Output elements ``lo:hi`` (flat, row-major) of `matmul_kernel()`, serially."""
+def block_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, hi):
+    """Output elements ``lo:hi`` (flat, row-major) of a FusedBlock product, term by term (`_block_chain()`),
+    serially; with ``tracing`` each step's sums go to ``steps``."""
+    n = bt.shape[0]
+    for ij in range(lo, hi):
+        i = ij // n
+        j = ij % n
+        c0 = c[i, j] if have_c else 0.0
+        out[i, j] = _block_chain(
+            a[i], bt[j], ea[i], eb[j], c0, have_c, mp, params, acc_params, mode, steps, ij, tracing
+        )
+
+
+MATMUL_CHUNK = 4  # output elements per parallel work item (each a whole dot product)
+
+
+@nb.njit(parallel=True, cache=True)
+def block_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
+    """`block_range()` over every output element, in parallel.  ``bt`` is b transposed (rows are b's columns);
+    ``ea``/``eb`` the unnormalised exponents of a and bt."""
+    mn = a.shape[0] * bt.shape[0]
+    for w in nb.prange((mn + MATMUL_CHUNK - 1) // MATMUL_CHUNK):
+        lo = np.int64(w) * MATMUL_CHUNK
+        block_range(
+            a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, min(lo + MATMUL_CHUNK, mn)
+        )
+
+
+@nb.njit(cache=True)
+def matmul_range(a, bt, c, have_c, out, mp, params, mode, lo, hi):
+    """Output elements ``lo:hi`` (flat, row-major) of a Sequential, Pairwise or Exact product, serially (a
+    FusedBlock product has its own kernels, so that a program using one kind compiles only its own)."""
     kk = a.shape[1]
     n = bt.shape[0]
     kind = mp.kind
@@ -549,11 +580,7 @@ def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, st
         i = ij // n
         j = ij % n
         c0 = c[i, j] if have_c else 0.0
-        if kind == KIND_BLOCK:
-            out[i, j] = _block_chain(
-                a[i], bt[j], ea[i], eb[j], c0, have_c, mp, params, acc_params, mode, steps, ij, tracing
-            )
-        elif kind == KIND_SEQUENTIAL:
+        if kind == KIND_SEQUENTIAL:
             acc = c0
             for k in range(kk):
                 p = a[i, k] * bt[j, k]
@@ -601,19 +628,10 @@ def matmul_range(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, st
                     out[i, j] = _core.decode(enc, params)
 
 
-MATMUL_CHUNK = 4  # output elements per parallel work item (each a whole dot product)
-
-
 @nb.njit(parallel=True, cache=True)
-def matmul_kernel(a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing):
-    """Every output element's dot product under the model whose `ModelParams` are ``mp``.
-
-    ``bt`` is b transposed (rows are b's columns); ``ea``/``eb`` the unnormalised
-    exponents of a and bt.
-    """
+def matmul_kernel(a, bt, c, have_c, out, mp, params, mode):
+    """`matmul_range()` over every output element, in parallel (``bt`` is b transposed)."""
     mn = a.shape[0] * bt.shape[0]
     for w in nb.prange((mn + MATMUL_CHUNK - 1) // MATMUL_CHUNK):
         lo = np.int64(w) * MATMUL_CHUNK
-        matmul_range(
-            a, bt, c, have_c, out, mp, ea, eb, params, mode, acc_params, steps, tracing, lo, min(lo + MATMUL_CHUNK, mn)
-        )
+        matmul_range(a, bt, c, have_c, out, mp, params, mode, lo, min(lo + MATMUL_CHUNK, mn))

@@ -36,7 +36,9 @@ from ._accum_kernels import (
     KIND_PAIRWISE,
     KIND_SEQUENTIAL,
     ModelParams,
+    block_kernel,
     block_matmul,
+    block_range,
     lead_exps,
     matmul_kernel,
     matmul_range,
@@ -310,7 +312,7 @@ def matmul(
     ``dot_step`` (that aligned sum -> the step's rounded result).  Untraced
     FusedBlock calls compute on exact float64 terms
     (`emufloat._accum_kernels.block_matmul()`), traced ones term by term
-    (`emufloat._accum_kernels.matmul_kernel()`); the two agree bit for bit.
+    (`emufloat._accum_kernels.block_kernel()`); the two agree bit for bit.
     A `TiledK` model runs its step's chains from C = 0 and takes neither ``c`` nor a trace.
     """
     model = _resolve(model)
@@ -344,9 +346,12 @@ def matmul(
         emins = (afmt.emin, bfmt.emin)
         with _arrays.threads_for(m * n * av.shape[1]):
             block_matmul(av, bt, emins, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
-    else:
-        ea, eb = (lead_exps(av, afmt.emin), lead_exps(bt, bfmt.emin)) if block else (np.zeros((0, 0), np.int64),) * 2
+    elif block:
+        ea, eb = lead_exps(av, afmt.emin), lead_exps(bt, bfmt.emin)
         args = (av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
+        _arrays.run_blocks(block_kernel, block_range, m * n, *args, work=m * n * av.shape[1])
+    else:
+        args = (av, bt, cv, have_c, out, mp, fmt.params, mode.code)
         _arrays.run_blocks(matmul_kernel, matmul_range, m * n, *args, work=m * n * av.shape[1])
     if tracing:
         st = steps.reshape(-1, 4)

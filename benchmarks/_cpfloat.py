@@ -59,6 +59,9 @@ int shim_add(void *o, float *x, const float *a, const float *b, size_t n) {
 int shim_mul(void *o, float *x, const float *a, const float *b, size_t n) {
   return cpf_mulf(x, a, b, n, (optstruct *)o);
 }
+int shim_fma(void *o, float *x, const float *a, const float *b, const float *c, size_t n) {
+  return cpf_fmaf(x, a, b, c, n, (optstruct *)o);
+}
 void shim_set_threads(int n) { omp_set_num_threads(n); }
 int shim_max_threads(void) { return omp_get_max_threads(); }
 """
@@ -84,6 +87,9 @@ class Target:
 # bfloat16 with subnormals, as ml_dtypes and emufloat have them (CPFloat's own "bf16" preset rounds
 # subnormals away).
 BF16 = Target("bf16", 8, -126, 127, subnormals=True, infinity=True)
+FP16 = Target("fp16", 11, -14, 15, subnormals=True, infinity=True)
+E5M2 = Target("e5m2", 3, -14, 15, subnormals=True, infinity=True)
+FP32 = Target("fp32", 24, -126, 127, subnormals=True, infinity=True)  # fmaf's result as it is
 # CPFloat's own E4M3 preset ("e4m3", "q43"): the exponent range of OCP's e4m3fn but no reserved NaN
 # pattern, so 480 is its largest value (e4m3fn: 448) and values at or above 496 become NaN.
 E4M3 = Target("e4m3", 4, -6, 8, subnormals=True, infinity=False)
@@ -206,6 +212,7 @@ class CPFloat:
         lib.shim_validate.argtypes = [p]
         lib.shim_round.argtypes = [p, p, p, ctypes.c_size_t]
         lib.shim_add.argtypes = lib.shim_mul.argtypes = [p, p, p, p, ctypes.c_size_t]
+        lib.shim_fma.argtypes = [p, p, p, p, p, ctypes.c_size_t]
         lib.shim_set_threads.argtypes = [f]
         self._lib = lib
         self._opts: dict[Target, int] = {}
@@ -261,6 +268,18 @@ class CPFloat:
     def mul(self, a: np.ndarray, b: np.ndarray, target: Target, out: np.ndarray | None = None) -> np.ndarray:
         """fl32(a * b) rounded to `target`."""
         return self._binary(self._lib.shim_mul, a, b, target, out)
+
+    def fma(
+        self, a: np.ndarray, b: np.ndarray, c: np.ndarray, target: Target, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """fmaf(a, b, c) rounded to `target`."""
+        for name, arr in (("a", a), ("b", b), ("c", c)):
+            _check(name, arr)
+        if not a.size == b.size == c.size:
+            raise ValueError(f"a, b and c must have the same size, got {a.size}, {b.size} and {c.size}")
+        res = self._out(a.size, out)
+        self._lib.shim_fma(self._options(target), res.ctypes.data, a.ctypes.data, b.ctypes.data, c.ctypes.data, a.size)
+        return res
 
 
 def load(spec: str | None, compiler: str = "gcc") -> CPFloat:

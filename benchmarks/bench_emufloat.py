@@ -1,33 +1,30 @@
-"""Throughput of emufloat's casts and arithmetic against native baselines.
+"""Throughput of emufloat's casts and arithmetic beside ml_dtypes, torch, CPFloat and the memory limit.
 
-Every row times an emufloat call and a named baseline on the same inputs in
-the same process, and prints ns/element, millions of elements per second and
-the ratio baseline_time / emufloat_time (above 1: emufloat is faster).  Rows
-with a goal say whether the ratio meets it; nothing is asserted.  Where the
-baseline should compute the same correctly rounded result, "same bits" says
-whether the two agree bit for bit; "other load" is the CPU other processes
-used meanwhile (see OtherLoad).
+One run prints three tables.  The first has one row per operation: emufloat's ns/element, the memory limit
+(a numpy copy moving the same bytes: reading and writing half the bytes the operation reads and writes, so the
+same traffic) and the share of it emufloat reaches, and each peer's ns/element with its ratio (peer time /
+emufloat time; above 1: emufloat is faster) and whether its bits agree with emufloat's.  Rows with goals say
+which they meet; nothing is asserted.  The second times emufloat's variants (traced, other rounding modes)
+against its own plain call; the third, the per-call cost at n = 1, 2**12 and 2**16.
 
-    python -m benchmarks.bench_emufloat            # n = 2**24, 5 repeats
-    python -m benchmarks.bench_emufloat --quick    # n = 2**18, a smoke run
-    python -m benchmarks.bench_emufloat --small    # per-call cost at n = 1, 2**12, 2**16
+    python -m benchmarks.bench_emufloat --cpfloat-src PATH   # n = 2**24, best of 5, every table
+    python -m benchmarks.bench_emufloat --quick              # n = 2**18, a smoke run
+    python -m benchmarks.bench_emufloat --small              # only the per-call table
 
-Baselines: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays), numpy, torch's CPU kernels
-when torch is installed (its default threads), and CPFloat (C, OpenMP, as many threads as Numba's), built
-from source at start-up by benchmarks/_cpfloat.py (`--cpfloat-src PATH` or `CPFLOAT_SRC`: a checkout or
-a git directory; otherwise a shallow clone), its rows skipped with one line saying why when that fails.
-Rows marked "out=" write into a preallocated array on both sides (`ef.quantize(x, fmt, out=buf)` against
-`np.copyto(buf, x, casting="unsafe")`); the others allocate their output on every call, as most users' calls do.
+Peers: ml_dtypes (numpy's casts and ufuncs on bfloat16/float8 arrays; numpy's own float16), torch's CPU kernels
+when torch is installed (its default threads), and CPFloat (C, OpenMP, as many threads as Numba's), built from
+source at start-up by benchmarks/_cpfloat.py (`--cpfloat-src PATH` or `CPFLOAT_SRC`: a checkout or a git
+directory; otherwise a shallow clone), its columns left empty with one line saying why when that fails.  CPFloat
+reads and writes float32 (narrow operands widened once, untimed), so its calls move more bytes.  Rows marked
+"out=" write into a preallocated array on every side (and the memory limit copies into one); the others
+allocate their output on every call, as most users' calls do.
 
-Every callable runs once untimed first (Numba compilation or cache loading),
-then a parallel kernel runs for `--spin-up` seconds, then each row's
-callables run `--repeat` times, interleaved with the baseline's
-repetitions; the table reports the best and the median.  Outputs are
-allocated by every call, as users' calls do, on both sides.  Inputs are
-float32 draws of a standard normal (bf16 operands are those rounded to
-bfloat16): the range real activations occupy, so most elements take the
-kernels' fast paths and a few (tiny values, E4M3/E5M2 subnormals) the
-general one.
+Every callable runs once untimed first (Numba compilation or cache loading), then a parallel kernel runs for
+`--spin-up` seconds, then each row's callables run `--repeat` times, interleaved (emufloat, the copy, each peer,
+emufloat, ...), so a burst of other load skews no side alone; the table reports the best.  "other load" is the
+CPU other processes used meanwhile (see OtherLoad).  Inputs are float32 draws of a standard normal (bf16 and
+fp16 operands are those rounded): the range real activations occupy, so most elements take the kernels' fast
+paths and a few (tiny values, E4M3/E5M2 subnormals) the general one.
 """
 
 from __future__ import annotations
@@ -40,7 +37,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ml_dtypes
@@ -127,170 +124,190 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def make_rows(n: int, seed: int, cpf: _cpfloat.CPFloat | None = None) -> list[Row]:
+@dataclass
+class Peer:
+    """One peer's call of a row's operation, and how to tell whether its bits equal emufloat's."""
+
+    label: str
+    fn: Callable[[], object]
+    check: Callable[[object, object], str] | None = None  # (emufloat's result, the peer's) -> "yes" / "no: ..."
+
+
+@dataclass
+class Op:
+    """A row of the main table: emufloat's call, the bytes it reads and writes an element, its peers."""
+
+    name: str
+    fn: Callable[[], object]
+    nbytes: float  # bytes read and written per element
+    out: bool = False  # writes into a preallocated array
+    peers: dict[str, Peer] = field(default_factory=dict)  # column -> peer
+    goals: tuple[str, ...] = ()  # "limit" (>= 80% of the memory limit), or a peer column (>= 1x)
+
+
+PEERS = ("ml_dtypes", "torch", "CPFloat")
+LIMIT_GOAL = 0.8
+
+
+def _bits_of(x: object) -> np.ndarray:
+    """Encodings as unsigned integers, whatever the array's (or torch tensor's) dtype."""
+    if not isinstance(x, np.ndarray):  # a torch tensor: its bits through a signed integer view
+        import torch
+
+        x = x.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[x.element_size()]).numpy()
+    return x.view(np.dtype(f"u{x.dtype.itemsize}"))
+
+
+def same_bits_any(x: object, y: object) -> str:
+    """Whether two results of one format hold the same encodings (ml_dtypes / numpy / torch carriers)."""
+    a, b = _bits_of(x), _bits_of(y)
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return f"no ({a.dtype} vs {b.dtype})"
+    k = int(np.count_nonzero(a != b))
+    return "yes" if k == 0 else f"no: {k} differ"
+
+
+def make_ops(n: int, seed: int, cpf: _cpfloat.CPFloat | None, torch_mod: object | None) -> list[Op]:
+    """The main table's rows on standard normal inputs of n elements."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal(n, dtype=np.float32)
-    bf = ml_dtypes.bfloat16
-    a = x.astype(bf)
-    b = rng.standard_normal(n, dtype=np.float32).astype(bf)
+    y = rng.standard_normal(n, dtype=np.float32)
     c32 = rng.standard_normal(n, dtype=np.float32)
-    y32 = rng.standard_normal(n, dtype=np.float32)
-    a_pos = np.abs(a)
+    bf, f16 = ml_dtypes.bfloat16, np.float16
+    narrow = {"bf16": (x.astype(bf), y.astype(bf)), "fp16": (x.astype(f16), y.astype(f16))}
+    dtypes = {"bf16": bf, "fp16": f16, "e4m3fn": ml_dtypes.float8_e4m3fn, "e5m2": ml_dtypes.float8_e5m2}
+    bufs = {k: np.empty(n, dt) for k, dt in dtypes.items()}
+    f32_buf = np.empty(n, np.float32)
+    cpf_targets = {"bf16": _cpfloat.BF16, "fp16": _cpfloat.FP16, "e4m3fn": _cpfloat.E4M3, "e5m2": _cpfloat.E5M2}
+    torch = torch_mod
+    tdt = {}
+    if torch is not None:
+        tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "e4m3fn": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+        xt = torch.from_numpy(x)
+        tbufs = {k: torch.empty(n, dtype=t) for k, t in tdt.items()}
+
+    def cpf_check(emu, peer):
+        return _cpfloat.same_values(emu, peer)
+
+    ops: list[Op] = []
+    for name, dt in dtypes.items():
+        width = np.dtype(dt).itemsize
+        base = "numpy" if name == "fp16" else "ml_dtypes"
+        for out in (False, True):
+            buf = bufs[name]
+            peers: dict[str, Peer] = {}
+            if out:
+                emu = lambda name=name, buf=buf: ef.quantize(x, name, out=buf)  # noqa: E731
+                peers["ml_dtypes"] = Peer(f"{base} np.copyto", lambda buf=buf: np.copyto(buf, x, casting="unsafe"))
+            else:
+                emu = lambda name=name: ef.quantize(x, name)  # noqa: E731
+                peers["ml_dtypes"] = Peer(f"{base} astype", lambda dt=dt: x.astype(dt), same_bits_any)
+            if torch is not None:
+                td, tb = tdt[name], tbufs[name]
+                if out:
+                    peers["torch"] = Peer("copy_", lambda tb=tb: tb.copy_(xt))
+                else:
+                    peers["torch"] = Peer(".to", lambda td=td: xt.to(td), same_bits_any)
+            if cpf is not None:
+                t = cpf_targets[name]
+                if out:
+                    peers["CPFloat"] = Peer("cpfloatf", lambda t=t: cpf.round(x, t, out=f32_buf))
+                else:
+                    peers["CPFloat"] = Peer("cpfloatf", lambda t=t: cpf.round(x, t), cpf_check)
+            label = f"cast f32->{name}" + (", out=" if out else "")
+            ops.append(Op(label, emu, 4 + width, out, peers, ("limit", "torch", "CPFloat")))
+    for fmt_name, (a, b) in narrow.items():
+        a32, b32 = a.astype(np.float32), b.astype(np.float32)
+        base = "numpy" if fmt_name == "fp16" else "ml_dtypes"
+        if torch is not None:
+            at, bt = (torch.from_numpy(v.view(np.int16)).view(tdt[fmt_name]) for v in (a, b))
+            tb = tbufs[fmt_name]
+        for opname, sym, efn, ufunc in (("add", "+", ef.add, np.add), ("mul", "*", ef.mul, np.multiply)):
+            for out in (False, True):
+                buf = bufs[fmt_name]
+                peers = {}
+                if out:
+                    emu = lambda efn=efn, a=a, b=b, buf=buf: efn(a, b, out=buf)  # noqa: E731
+                    peers["ml_dtypes"] = Peer(f"{base} out=", lambda u=ufunc, a=a, b=b, buf=buf: u(a, b, out=buf))
+                else:
+                    emu = lambda efn=efn, a=a, b=b: efn(a, b)  # noqa: E731
+                    peers["ml_dtypes"] = Peer(f"{base} a {sym} b", lambda u=ufunc, a=a, b=b: u(a, b), same_bits_any)
+                if torch is not None:
+                    tfn = getattr(torch, opname)
+                    if out:
+                        peers["torch"] = Peer("out=", lambda f=tfn, at=at, bt=bt, tb=tb: f(at, bt, out=tb))
+                    else:
+                        peers["torch"] = Peer(f"a {sym} b", lambda f=tfn, at=at, bt=bt: f(at, bt), same_bits_any)
+                if cpf is not None:
+                    cfn, t, what = getattr(cpf, opname), cpf_targets[fmt_name], f"cpf_{opname}f"
+                    if out:
+                        peers["CPFloat"] = Peer(what, lambda f=cfn, p=a32, q=b32, t=t: f(p, q, t, out=f32_buf))
+                    else:
+                        peers["CPFloat"] = Peer(what, lambda f=cfn, p=a32, q=b32, t=t: f(p, q, t), cpf_check)
+                label = f"{opname} {fmt_name}" + (", out=" if out else "")
+                ops.append(Op(label, emu, 6, out, peers, ("limit", "torch", "CPFloat")))
+    a, b = narrow["bf16"]
+    a32, b32 = a.astype(np.float32), b.astype(np.float32)
+    peers = {
+        # bf16 * bf16 is exact in float32 (for these inputs), so this rounds once, as ef.fma
+        "ml_dtypes": Peer("numpy f32 a*b + c", lambda: a.astype(np.float32) * b.astype(np.float32) + c32, same_bits_any)
+    }
+    if torch is not None:
+        at, bt = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (a, b))
+        ct = torch.from_numpy(c32)
+        peers["torch"] = Peer("addcmul", lambda: torch.addcmul(ct, at.float(), bt.float()), same_bits_any)
+    if cpf is not None:
+        peers["CPFloat"] = Peer("cpf_fmaf fp32", lambda: cpf.fma(a32, b32, c32, _cpfloat.FP32), same_bits_any)
+    ops.append(Op("fma bf16*bf16+f32 -> f32", lambda: ef.fma(a, b, c32, fmt="fp32"), 12, False, peers, ("CPFloat",)))
     b_nz = np.where(b == 0, bf(1), b)  # division by zero is its own (slow) path in any implementation
+    a_pos = np.abs(a)
+    div_peers = {"ml_dtypes": Peer("ml_dtypes a / b", lambda: a / b_nz, same_bits_any)}
+    sqrt_peers = {"ml_dtypes": Peer("ml_dtypes np.sqrt", lambda: np.sqrt(a_pos), same_bits_any)}
+    if torch is not None:
+        at, bt, pt = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (a, b_nz, a_pos))
+        div_peers["torch"] = Peer("a / b", lambda: torch.div(at, bt), same_bits_any)
+        sqrt_peers["torch"] = Peer("sqrt", lambda: torch.sqrt(pt), same_bits_any)
+    ops.append(Op("div bf16", lambda: ef.div(a, b_nz), 6, False, div_peers))
+    ops.append(Op("sqrt bf16", lambda: ef.sqrt(a_pos), 4, False, sqrt_peers))
+    return ops
 
-    def cast(fmt, mode="rne"):
-        return lambda: ef.quantize(x, fmt, mode)
 
-    def traced_add():
-        return ef.add(a, b, trace=ef.Trace())
-
-    def f32_fma():  # bf16 * bf16 is exact in float32 (for these inputs), so this rounds once, as ef.fma
-        return a.astype(np.float32) * b.astype(np.float32) + c32
-
+def make_variants(n: int, seed: int) -> list[Row]:
+    """emufloat's variants of one call against its plain call: the cost of a trace or a rounding mode."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(n, dtype=np.float32)
+    a = x.astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal(n, dtype=np.float32).astype(ml_dtypes.bfloat16)
     sr = ef.stochastic(bits=8, seed=1)
-    buf = np.empty(n, bf)
-    rows = [
-        Row(
-            "cast f32->bf16 rne, out=",
-            lambda: ef.quantize(x, "bf16", out=buf),
-            "ml_dtypes np.copyto(bf16 buffer)",
-            lambda: np.copyto(buf, x, casting="unsafe"),
-            1.0,
-        ),
-        Row(
-            "add bf16, out=",
-            lambda: ef.add(a, b, out=buf),
-            "ml_dtypes np.add(out=)",
-            lambda: np.add(a, b, out=buf),
-            1.0,
-        ),
-    ]
-    rows += [] if cpf is None else cpfloat_rows(x, a, b, cpf)
-    rows += [
-        Row("cast f32->bf16 rne", cast("bf16"), "ml_dtypes astype(bfloat16)", lambda: x.astype(bf), 1.0, compare=True),
-        Row(
-            "cast f32->e4m3fn rne",
-            cast("e4m3fn"),
-            "ml_dtypes astype(float8_e4m3fn)",
-            lambda: x.astype(ml_dtypes.float8_e4m3fn),
-            5.0,
-            compare=True,
-        ),
-        Row(
-            "cast f32->e5m2 rne",
-            cast("e5m2"),
-            "ml_dtypes astype(float8_e5m2)",
-            lambda: x.astype(ml_dtypes.float8_e5m2),
-            compare=True,
-        ),
-        Row("cast f32->fp16 rne", cast("fp16"), "numpy astype(float16)", lambda: x.astype(np.float16), compare=True),
-        Row("cast f32->bf16 rtz", cast("bf16", "rtz"), "emufloat bf16 rne cast", cast("bf16")),
-        Row("cast f32->bf16 rup", cast("bf16", "rup"), "emufloat bf16 rne cast", cast("bf16")),
-        Row("cast f32->bf16 stochastic(8 bits)", cast("bf16", sr), "emufloat bf16 rne cast", cast("bf16")),
-        Row("add bf16", lambda: ef.add(a, b), "ml_dtypes a + b", lambda: a + b, 1.0, compare=True),
+
+    def cast(mode):
+        return lambda: ef.quantize(x, "bf16", mode)
+
+    def traced_then_read():
+        tr = ef.Trace()
+        ef.add(a, b, trace=tr)
+        return tr.chunks[0].flags
+
+    return [
         Row(
             "add bf16, traced",
-            traced_add,
+            lambda: ef.add(a, b, trace=ef.Trace()),
             "emufloat add bf16 untraced",
             lambda: ef.add(a, b),
-            0.25,
+            0.5,
             "fresh Trace per repetition",
         ),
-        Row("mul bf16", lambda: ef.mul(a, b), "ml_dtypes a * b", lambda: a * b, compare=True),
         Row(
-            "fma bf16*bf16+f32 -> fp32",
-            lambda: ef.fma(a, b, c32, fmt="fp32"),
-            "numpy f32 a*b + c (with casts)",
-            f32_fma,
-            compare=True,
-        ),
-        Row("div bf16", lambda: ef.div(a, b_nz), "ml_dtypes a / b", lambda: a / b_nz, compare=True),
-        Row("sqrt bf16", lambda: ef.sqrt(a_pos), "ml_dtypes np.sqrt(a)", lambda: np.sqrt(a_pos), compare=True),
-        Row("numpy f32 add", lambda: x + y32, "numpy f32 copy", lambda: x.copy(), None, "memory-bound reference"),
-        Row("numpy f32 copy", lambda: x.copy(), "", None, None, "memory-bound reference"),
-    ]
-    # torch last: after its kernels have run, every row measured later was up to 40% slower here
-    return rows + torch_rows(x, a, b)
-
-
-def torch_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray) -> list[Row]:
-    """emufloat against torch's CPU kernels on the same values (none without torch)."""
-    try:
-        import torch
-    except ImportError:
-        print("# torch is not installed: no torch baselines", file=sys.stderr)
-        return []
-    xt = torch.from_numpy(x)
-    at, bt = (torch.from_numpy(t.view(np.int16)).view(torch.bfloat16) for t in (a, b))
-    threads = f"torch {torch.get_num_threads()} threads"
-    return [
-        Row(
-            "cast f32->bf16 rne",
-            lambda: ef.quantize(x, "bf16"),
-            f"{threads}: .to(bfloat16)",
-            lambda: xt.to(torch.bfloat16),
-        ),
-        Row("add bf16", lambda: ef.add(a, b), f"{threads}: a + b", lambda: at + bt),
-        Row("mul bf16", lambda: ef.mul(a, b), f"{threads}: a * b", lambda: at * bt),
-    ]
-
-
-def cpfloat_rows(x: np.ndarray, a: np.ndarray, b: np.ndarray, cpf: _cpfloat.CPFloat) -> list[Row]:
-    """emufloat against CPFloat on the same values, allocating and into preallocated arrays.
-
-    CPFloat reads and writes float32 (the bf16 operands widened once, untimed), so "same bits" compares
-    emufloat's output widened to float32 with CPFloat's.  Its E4M3 is not e4m3fn (largest value 480, no
-    reserved NaN pattern): the two differ for 464 < |x| < 496 and for NaN inputs (benchmarks/cpfloat_bits.py).
-    """
-    n = x.size
-    a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    bf_buf, f8_buf = np.empty(n, ml_dtypes.bfloat16), np.empty(n, ml_dtypes.float8_e4m3fn)
-    f32_buf = np.empty(n, np.float32)
-    name = f"CPFloat {cpf.threads} threads"
-    bf16, e4m3 = _cpfloat.BF16, _cpfloat.E4M3
-
-    def row(label, emu, emu_out, base, base_out, what):
-        def check(emu=emu, base=base):
-            return _cpfloat.same_values(emu(), base())
-
-        return [
-            Row(label, emu, f"{name}: {what}", base, check=check),
-            Row(f"{label}, out=", emu_out, f"{name}: {what}, out=", base_out),
-        ]
-
-    return [
-        *row(
-            "cast f32->bf16 rne",
-            lambda: ef.quantize(x, "bf16"),
-            lambda: ef.quantize(x, "bf16", out=bf_buf),
-            lambda: cpf.round(x, bf16),
-            lambda: cpf.round(x, bf16, out=f32_buf),
-            "cpfloatf bf16",
-        ),
-        *row(
-            "cast f32->e4m3fn rne",
-            lambda: ef.quantize(x, "e4m3fn"),
-            lambda: ef.quantize(x, "e4m3fn", out=f8_buf),
-            lambda: cpf.round(x, e4m3),
-            lambda: cpf.round(x, e4m3, out=f32_buf),
-            "cpfloatf E4M3",
-        ),
-        *row(
-            "add bf16",
+            "add bf16, traced, then its flags read",
+            traced_then_read,
+            "emufloat add bf16 untraced",
             lambda: ef.add(a, b),
-            lambda: ef.add(a, b, out=bf_buf),
-            lambda: cpf.add(a32, b32, bf16),
-            lambda: cpf.add(a32, b32, bf16, out=f32_buf),
-            "cpf_addf bf16",
+            None,
+            "the trace's columns derived",
         ),
-        *row(
-            "mul bf16",
-            lambda: ef.mul(a, b),
-            lambda: ef.mul(a, b, out=bf_buf),
-            lambda: cpf.mul(a32, b32, bf16),
-            lambda: cpf.mul(a32, b32, bf16, out=f32_buf),
-            "cpf_mulf bf16",
-        ),
+        Row("cast f32->bf16 rtz", cast("rtz"), "emufloat bf16 rne cast", cast("rne")),
+        Row("cast f32->bf16 rup", cast("rup"), "emufloat bf16 rne cast", cast("rne")),
+        Row("cast f32->bf16 stochastic(8 bits)", cast(sr), "emufloat bf16 rne cast", cast("rne")),
     ]
 
 
@@ -395,6 +412,91 @@ def print_header(title: str) -> None:
     )
 
 
+def measure_limit(nbytes: float, n: int, out: bool, cache: dict) -> Callable[[], object]:
+    """A numpy copy moving ``nbytes`` an element over n elements (reading and writing half each): allocating
+    its output, or (``out``) into a preallocated array."""
+    size = int(nbytes * n) // 2
+    if (size, out) not in cache:
+        src = np.ones(size, np.uint8)
+        dst = np.empty(size, np.uint8)
+        dst.fill(0)
+        cache[size, out] = (lambda: np.copyto(dst, src)) if out else src.copy
+    return cache[size, out]
+
+
+def op_table(ops: list[Op], n: int, repeat: int) -> None:
+    """The main table: each op beside the memory limit and its peers, timed interleaved."""
+    cols = [c for c in PEERS if any(c in op.peers for op in ops)]
+    head = "| op | emufloat ns/elt | memory limit ns/elt | % of limit |"
+    head += "".join(f" {c} | {c} ratio |" for c in cols) + " same bits | goals | other load |"
+    print(head)
+    print("|---|---:|---:|---:|" + "---|---:|" * len(cols) + "---|---|---:|")
+    copies: dict = {}
+    for op in ops:
+        limit = measure_limit(op.nbytes, n, op.out, copies)
+        peers = [op.peers[c] for c in cols if c in op.peers]
+        with OtherLoad() as other:
+            timings = measure([op.fn, limit, *(p.fn for p in peers)], repeat)
+        t, tl = timings[0].best, timings[1].best
+        share = tl / t
+        cells, ratios = [], {"limit": share}
+        peer_t = dict(zip((c for c in cols if c in op.peers), timings[2:], strict=True))
+        for c in cols:
+            if c in peer_t:
+                r = peer_t[c].best / t
+                ratios[c] = r
+                cells.append(f" {op.peers[c].label}: {fmt_ns(peer_t[c].best, n)} | {r:.2f}x |")
+            else:
+                cells.append(" | |")
+        agree = []
+        if any(p.check is not None for p in peers):
+            mine = op.fn()
+            for c in cols:
+                p = op.peers.get(c)
+                if p is not None and p.check is not None:
+                    agree.append(f"{c} {p.check(mine, p.fn())}")
+        goals = []
+        for g in op.goals:
+            want = LIMIT_GOAL if g == "limit" else 1.0
+            if g in ratios:
+                goals.append(("met" if ratios[g] >= want else "NOT met") + f" {g} >= {want:g}")
+        load_s = "" if other.cores is None else f"{other.cores:.2f}"
+        print(
+            f"| {op.name} | {fmt_ns(t, n)} | {fmt_ns(tl, n)} | {share:.0%} |{''.join(cells)} {'; '.join(agree)} | "
+            f"{'; '.join(goals)} | {load_s} |",
+            flush=True,
+        )
+
+
+def variant_table(rows: list[Row], n: int, repeat: int) -> None:
+    """emufloat's variants against its plain call."""
+    print("| variant | ns/elt | plain call | plain ns/elt | ratio | goal | other load |")
+    print("|---|---:|---|---:|---:|---|---:|")
+    for row in rows:
+        with OtherLoad() as other:
+            t, tb = measure([row.fn, row.baseline], repeat)
+        ratio = tb.best / t.best
+        goal = "" if row.goal is None else f">= {row.goal:g}x: {'met' if ratio >= row.goal else 'NOT met'}"
+        name = row.name + (f" ({row.note})" if row.note else "")
+        load_s = "" if other.cores is None else f"{other.cores:.2f}"
+        print(
+            f"| {name} | {fmt_ns(t.best, n)} | {row.baseline_name} | {fmt_ns(tb.best, n)} | {ratio:.3f}x | {goal} "
+            f"| {load_s} |",
+            flush=True,
+        )
+
+
+def load_torch() -> object | None:
+    """torch, or None (with a header line) when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        print("# torch is not installed: no torch columns")
+        return None
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads (its default)")
+    return torch
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_emufloat", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
@@ -423,54 +525,43 @@ def main(argv: list[str] | None = None) -> int:
         small_table(args.repeat, args.seed)
         print_footer()
         return 0
+    torch = load_torch()
     cpf = load_cpfloat(args.cpfloat_src, numba.get_num_threads())
-    print(
-        f"# n = {n} elements, best and median of {args.repeat} after one warm-up call each and "
-        f"{args.spin_up:g} s of spin-up; "
-        "ratio = baseline time / emufloat time (best), above 1 = emufloat faster; "
-        "other load = cores busy with other processes during the row"
-    )
-    print()
-    print(
-        "| row | ns/elt best | ns/elt median | M elt/s | baseline | baseline ns/elt | ratio | goal | same bits "
-        "| other load |"
-    )
-    print("|---|---:|---:|---:|---|---:|---:|---|---|---:|")
-    rows = [r for r in make_rows(n, args.seed, cpf) if args.only in r.name or args.only in r.baseline_name]
-    if not rows:
+    ops = [o for o in make_ops(n, args.seed, cpf, torch) if args.only in o.name]
+    variants = [r for r in make_variants(n, args.seed) if args.only in r.name]
+    if not ops and not variants:
         p.error(f"--only {args.only!r} matches no row")
-    for row in rows:  # compile or load every kernel first
-        row.fn()
+    for fn in [o.fn for o in ops] + [r.fn for r in variants]:  # compile or load every kernel first
+        fn()
+    copy = measure_limit(8, n, False, {})
+    with OtherLoad() as other:
+        (tc,) = measure([copy], args.repeat)
+    print(
+        f"# memory limit: a numpy copy of n float32 (8 bytes an element moved) takes {fmt_ns(tc.best, n)} ns an "
+        f"element, {8 * n / tc.best / 1e9:.1f} GB/s (other load {other.cores or 0:.2f})"
+    )
     # On a small VM the first second or so of parallel work runs slower (idle vCPUs waking, page
     # mappings settling); without this, whichever row comes first reads several times slow
     # (benchmarks/README.md, --spin-up).
+    first = (ops or variants)[0].fn
     t_end = time.perf_counter() + args.spin_up
     while time.perf_counter() < t_end:
-        rows[0].fn()
-    for row in rows:
-        with OtherLoad() as other:
-            timings = measure([row.fn] if row.baseline is None else [row.fn, row.baseline], args.repeat)
-        t = timings[0]
-        if row.baseline is not None:
-            tb = timings[1]
-            ratio = tb.best / t.best
-            base_ns, ratio_s = fmt_ns(tb.best, n), f"{ratio:.3f}x"
-        else:
-            ratio, base_ns, ratio_s = None, "", ""
-        rate = n / t.best / 1e6
-        if row.goal is None or ratio is None:
-            goal = ""
-        else:
-            goal = f">= {row.goal:g}x: {'met' if ratio >= row.goal else 'not met'}"
-        name = row.name + (f" ({row.note})" if row.note else "")
-        load_s = "" if other.cores is None else f"{other.cores:.2f}"
-        agree = same_bits(row.fn(), row.baseline()) if row.compare and row.baseline is not None else ""
-        agree = row.check() if row.check is not None else agree
-        print(
-            f"| {name} | {fmt_ns(t.best, n)} | {fmt_ns(t.median, n)} | {rate:.0f} | {row.baseline_name} | "
-            f"{base_ns} | {ratio_s} | {goal} | {agree} | {load_s} |",
-            flush=True,
-        )
+        first()
+    print(
+        f"# n = {n} elements, best of {args.repeat} interleaved after one warm-up call each and {args.spin_up:g} s "
+        "of spin-up; ratio = peer time / emufloat time, above 1 = emufloat faster; % of limit = memory limit time / "
+        "emufloat time; other load = cores busy with other processes during the row"
+    )
+    print()
+    if ops:
+        op_table(ops, n, args.repeat)
+        print()
+    if variants:
+        variant_table(variants, n, args.repeat)
+        print()
+    if not args.only:
+        print(f"# per-call cost, best of {args.repeat} batches")
+        small_table(args.repeat, args.seed)
     print_footer()
     return 0
 

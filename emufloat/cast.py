@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numba as nb
 import numpy as np
 
-from . import _arrays, _core, _fastpath
+from . import _arrays, _core, _fastpath, _narrow_rne
 from .formats import Format, as_format
 from .rounding import SR, Rounding, as_rounding, random_bits
 from .trace import Chunk, Trace, check_trace
@@ -122,7 +122,48 @@ def _small_cast(call: _SmallCast, src: np.ndarray) -> np.ndarray:
     return (out if call.result_dtype is None else out.view(call.result_dtype)).reshape(src.shape)
 
 
+_LANE_PLANS: dict = {}  # fmt as given -> (Format, `_narrow_rne.CastPlan` or None)
+
+
+def _lane_cast(x, fmt, rounding, as_bits, out) -> np.ndarray | None:
+    """A float32 array rounded to nearest even into a format `_narrow_rne.cast_plan()` takes, through that lane
+    without the general path's checks; None for any other call."""
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not (rounding == "rne" or _is_rne(rounding)):
+        return None
+    try:
+        f, plan = _LANE_PLANS[fmt]
+    except (KeyError, TypeError):
+        try:
+            f = as_format(fmt)
+        except (ValueError, TypeError):
+            return None  # the general path says what is wrong
+        plan = _narrow_rne.cast_plan(f.params) if f.dtype is not None else None
+        if isinstance(fmt, (str, Format)):
+            _LANE_PLANS[fmt] = f, plan
+    if plan is None or not x.flags.c_contiguous:
+        return None
+    if out is None:
+        bits = np.empty(x.size, f.uint)
+    else:
+        into = _arrays.check_out(out, f, x.shape)
+        if np.may_share_memory(into, x):
+            return None
+        bits = into.reshape(-1).view(f.uint)
+    _narrow_rne.run_cast(x.reshape(-1).view(np.uint32), bits, plan)
+    if out is not None:
+        return out
+    return bits.reshape(x.shape) if as_bits else bits.view(f.dtype).reshape(x.shape)
+
+
+def _is_rne(rounding) -> bool:
+    return isinstance(rounding, Rounding) and rounding.mode == "rne"
+
+
 def _cast(x, fmt, rounding, trace, label, as_bits, out=None):
+    if trace is None:
+        done = _lane_cast(x, fmt, rounding, as_bits, out)
+        if done is not None:
+            return done
     key = None
     if trace is None and out is None:
         key, call = _arrays.small_lane(_SMALL_CASTS, (x,), (fmt, rounding, as_bits))

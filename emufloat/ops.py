@@ -13,6 +13,7 @@ write into and return, as numpy's ufuncs do (it may be one of the operands).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -137,14 +138,12 @@ def _arith_block(
     ex_lo,
     flags,
     tracing,
-    keep,
     lo,
     hi,
 ):
     """Elements ``lo:hi`` of `_arith_kernel()` (one work item), serial; the count of NaN results the
     format cannot hold.  Kept out of the parallel kernel so that Numba's parallel lowering, which triples
-    compile time, sees only the loop over blocks.  ``keep``: (operands + 1, n) or empty; when not empty the
-    block copies its operands' and result's encodings there for the trace (`_keep_block()`)."""
+    compile time, sees only the loop over blocks."""
     bad = 0
     fast_op = op == ADD or op == SUB or op == MUL or op == FMA
     plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, srbits)
@@ -198,7 +197,6 @@ def _arith_block(
             declined[np.uint64(k)] = 1 - ok
             n_declined += 1 - ok
     if n_declined == 0:
-        _keep_block(keep, a, b, c, out, lo, hi)
         return bad
     for i in range(lo, hi):
         if declined[i - lo] == 0:
@@ -286,37 +284,12 @@ def _arith_block(
             ex_hi[i] = s
             ex_lo[i] = t
             flags[i] = fl
-    _keep_block(keep, a, b, c, out, lo, hi)
     return bad
-
-
-@nb.njit(inline="always", cache=True)
-def _keep_block(keep, a, b, c, out, lo, hi) -> None:
-    """The trace's copies of elements ``lo:hi``: the rows of ``keep`` are the operands, then the result (2 to
-    4 rows).  Copied block by block in the parallel kernel while the block is in cache, instead of in
-    separate serial passes over whole arrays after it."""
-    rows = keep.shape[0]
-    if rows == 0:
-        return
-    base = np.uint64(lo)
-    n = np.uint64(hi - lo)
-    _copy_run(keep[rows - 1], out, base, n)
-    _copy_run(keep[0], a, base, n)
-    if rows > 2:
-        _copy_run(keep[1], b, base, n)
-    if rows > 3:
-        _copy_run(keep[2], c, base, n)
-
-
-@nb.njit(inline="always", cache=True)
-def _copy_run(dst, src, base, n) -> None:
-    for k in range(n):
-        dst[base + k] = src[base + k]
 
 
 @nb.njit(parallel=True, cache=True)
 def _arith_kernel(
-    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing, keep
+    op, a, alut, ap, b, blut, bp, c, clut, cp, out, params, mode, seed, srbits, ex_hi, ex_lo, flags, tracing
 ):
     """Per element: the exact result as (sign, sig, exp, sticky), then one rounding.
 
@@ -350,7 +323,6 @@ def _arith_kernel(
             ex_lo,
             flags,
             tracing,
-            keep,
             lo,
             hi,
         )
@@ -424,11 +396,7 @@ def _lo_is_float32(code: int, f: Format) -> bool:
 def _plain_rne(rounding, trace, out, *xs) -> bool:
     """Whether a call may take a float32 lane (`emufloat._narrow_rne`) as it is: rounding to nearest even, no
     trace or ``out``, operands numpy arrays of one shape, C-contiguous."""
-    if (
-        trace is not None
-        or out is not None
-        or not (rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne"))
-    ):
+    if trace is not None or out is not None or not (rounding == "rne" or _is_rne(rounding)):
         return False
     shape = xs[0].shape if type(xs[0]) is np.ndarray else None
     for x in xs:  # a loop, not all(generator): this check runs on every small call
@@ -440,27 +408,39 @@ def _plain_rne(rounding, trace, out, *xs) -> bool:
 def _narrow_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
     """The common bf16 or fp16 call (arrays of that one dtype and shape, C-contiguous, the result in their format
     rounded to nearest even, no ``out`` or trace) through `emufloat._narrow_rne` without `_apply()`'s checks; None
-    for any other call."""
-    if not (
-        _plain_rne(rounding, trace, out, a, b)
-        and a.dtype in _NARROW
-        and b.dtype == a.dtype
-        and (fmt is None or fmt is _NARROW[a.dtype] or fmt == _NARROW[a.dtype].name)
-    ):
+    for any other call.  Every check here is one attribute or identity test: a one-element call costs about a
+    microsecond, most of it numpy's views and allocation."""
+    if trace is not None or out is not None or type(a) is not np.ndarray or type(b) is not np.ndarray:
         return None
-    ua, ub = a.view(np.uint16), b.view(np.uint16)
+    f = _NARROW.get(a.dtype)
+    if f is None or b.dtype is not a.dtype or b.shape != a.shape or not (rounding == "rne" or _is_rne(rounding)):
+        return None
+    if not ((fmt is None or fmt is f or fmt == f.name) and a.flags.c_contiguous and b.flags.c_contiguous):
+        return None
+    ua, ub = a.view(_U16), b.view(_U16)
     if a.ndim != 1:
         ua, ub = ua.reshape(-1), ub.reshape(-1)
-    bits = np.empty(ua.size, np.uint16)
-    _narrow_rne_fill(op_name, code, _NARROW[a.dtype], (ua, ub), bits)
+    bits = np.empty(ua.size, _U16)
+    _narrow_rne_fill(op_name, code, f, (ua, ub), bits)
     res = bits.view(a.dtype)
     return res if a.ndim == 1 else res.reshape(a.shape)
 
 
-def _narrow_rne_fill(op_name: str, code: int, f: Format, flat: tuple, bits: np.ndarray, label: str = "") -> None:
+def _is_rne(rounding) -> bool:
+    """Whether ``rounding`` is a `Rounding` to nearest even (the string "rne" is tested by the caller)."""
+    return isinstance(rounding, Rounding) and rounding.mode == "rne"
+
+
+_U16 = np.dtype(np.uint16)
+
+
+def _narrow_rne_fill(
+    op_name: str, code: int, f: Format, flat: tuple, bits: np.ndarray, label: str = "", keep: tuple | None = None
+) -> None:
     """``bits`` = flat[0] op flat[-1] (flat encodings of ``f``, bf16 or fp16) through `emufloat._narrow_rne`, the
-    elements it declines computed by the general path and put in their places."""
-    idx = _narrow_rne.run(code, flat[0], flat[-1], bits, f is FP16)
+    elements it declines computed by the general path and put in their places; with ``keep``, copies of the two
+    operands there."""
+    idx = _narrow_rne.run(code, flat[0], flat[-1], bits, f is FP16, keep)
     if idx is not None:
         names = ("a",) if code == SQRT else ("a", "b")
         operands = {k: flat[i][idx].view(f.dtype) for i, k in enumerate(names)}
@@ -471,7 +451,10 @@ _BF16_DTYPE = BF16.dtype
 _NARROW = {BF16.dtype: BF16, FP16.dtype: FP16}  # the formats emufloat._narrow_rne computes, by dtype
 
 
-def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None, fast=True):
+def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=None, out=None, fast=True, eager=False):
+    """The general path of every operation: checks, then the fastest kernel for the call.  A traced call records
+    copies of its operands and computes its result untraced; its trace's columns are derived from the copies
+    when first read (`emufloat.trace.Chunk`), by this function with ``eager`` (the tracing kernel)."""
     key = None
     if trace is None and out is None:  # float64 operands' values need a per-call check: not through the lane
         parts = (op_code, extra_code, fmt, rounding)
@@ -492,30 +475,52 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     # operands and result of one 8- or 16-bit format: their encodings as they are, no widening or narrowing
     narrow = f.width <= 16 and f.dtype is not None and all(a.dtype == f.dtype for a in arrays.values())
     code = op_code if extra_code is None else extra_code
-    tracing = trace is not None
-    if (
+    # bf16 or fp16 rounded to nearest: float32 arithmetic (what `add()` and the others take directly when they can)
+    lane = (
         fast
         and narrow
-        and not tracing
         and code in _narrow_rne.CODES
         and (f == BF16 or f == FP16)
         and rnd.mode == "rne"
-        and math.prod(shape) >= _arrays.SERIAL_BELOW  # smaller calls: the small-call lane, no parallel start
         and all(a.shape == shape for a in arrays.values())
-    ):  # bf16 or fp16 rounded to nearest: float32 arithmetic (what `add()` and the others take directly when they can)
+    )
+    n = math.prod(shape)
+    if trace is not None and not eager:
+        if lane and code != SQRT:  # the lane copies the operands in its own pass
+            flat = tuple(a.reshape(-1).view(np.uint16) for a in arrays.values())
+            copies = tuple(np.empty(n, f.dtype) for _ in flat)
+            bits = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow=True)
+            keep = tuple(c.view(np.uint16) for c in copies)
+            _narrow_rne_fill(op_name, code, BF16 if f == BF16 else FP16, flat, bits, label, keep)
+            result = _arrays.finish_output(bits, f, shape, into)
+        else:
+            copies = tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values())  # before ``out``
+            result = _apply(op_name, op_code, arrays, f, rnd, None, label, extra_code, out=into, fast=fast)
+        flat_ops = dict(zip(arrays, copies, strict=True))
+        trace.record(
+            Chunk(
+                op=op_name,
+                fmt=f,
+                rounding=rnd,
+                operands=copies,
+                shape=shape,
+                label=label,
+                derive=functools.partial(_derive, op_name, op_code, flat_ops, f, rnd, label, extra_code),
+            )
+        )
+        return result
+    tracing = trace is not None
+    if lane and not tracing and n >= _arrays.SERIAL_BELOW:  # smaller calls: the small-call lane, no parallel start
         flat = tuple(a.reshape(-1).view(np.uint16) for a in arrays.values())
-        bits = _arrays.new_output(f, flat[0].size, into, tuple(arrays.values()), narrow=True)
+        bits = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow=True)
         _narrow_rne_fill(op_name, code, BF16 if f == BF16 else FP16, flat, bits, label)
         return _arrays.finish_output(bits, f, shape, into)
     narrow &= not tracing or _lo_is_float32(code, f)  # a narrow call's trace keeps its low halves as float32
     flat = [_arrays.operand(arr, shape, k, narrow) for k, arr in arrays.items()]
     while len(flat) < 3:
         flat.append(flat[0])
-    n = math.prod(shape)
     out = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow)
     ex_hi, ex_lo, flags = _arrays.empty_trace_columns(n, tracing, _lo_dtype(narrow))
-    # narrow operands are the result's dtype: the kernel copies them and the result for the trace
-    keep = np.empty((len(arrays) + 1, n) if tracing and narrow else (0, 0), out.dtype)
     bad = _arrays.run_blocks(
         _arith_kernel,
         _arith_block,
@@ -533,18 +538,15 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
         ex_lo,
         flags,
         tracing,
-        keep,
     )
     _arrays.check_no_nan_format(bad, f, op_name)
     result = _arrays.finish_output(out, f, shape, into)
     if key is not None and f.dtype is not None and f.width <= 32:
         _SMALL_CALLS[key] = _resolve_small(op_name, f, flat, out.dtype, narrow, arrays, code, rnd)
     if tracing:
-        if keep.size:
-            operands, rounded = tuple(keep[:-1].view(f.dtype)), keep[-1].view(f.dtype)
-        else:
-            operands = tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values())
-            rounded = result.reshape(-1).copy()
+        # (eager: `_derive()`'s call, on flat copies of the operands, whose result no one else holds)
+        operands = tuple(np.broadcast_to(a, shape).reshape(-1) for a in arrays.values())
+        rounded = result.reshape(-1)
         trace.record(
             Chunk(
                 op=op_name,
@@ -562,11 +564,19 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     return result
 
 
+def _derive(op_name, op_code, operands, f, rnd, label, extra_code) -> tuple:
+    """(rounded, exact_hi, exact_lo, flags) of a traced call, from copies of its flat operands: the call again,
+    with the tracing kernel."""
+    trace = Trace()
+    _apply(op_name, op_code, operands, f, rnd, trace, label, extra_code, eager=True)
+    (chunk,) = trace.chunks
+    return chunk.rounded, chunk.exact_hi, chunk.exact_lo, chunk.flags
+
+
 def _resolve_small(op_name, f, flat, out_dtype, narrow, arrays, code, rnd) -> _SmallCall:
     """The `_SmallCall` of a call the general path has just run (so the block function is compiled)."""
-    no_keep = np.empty((0, 0), out_dtype)
     no_trace = _arrays.empty_trace_columns(0, False, _lo_dtype(narrow))
-    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *no_trace, False, no_keep)
+    tail = (f.params, rnd.code, np.uint64(rnd.seed), rnd.bits, *no_trace, False)
     args = (code, *flat[0], *flat[1], *flat[2], np.empty(0, out_dtype), *tail, 0, 0)
     return _SmallCall(
         kernel=_arrays.entry_point(_arith_block, args),

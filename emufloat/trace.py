@@ -1,18 +1,18 @@
 """Per-operation rounding traces: one event per rounded element, stored by column.
 
-A kernel called with ``trace=`` writes three columns per element (the exact
-result as a double-double ``exact_hi + exact_lo`` and the flags); operands and
-results are kept as compact copies of the arrays involved, and everything else
-(rounded value, signed error) is derived on demand.  Tracing therefore costs
-14 bytes per element beyond those copies (a float32 low half where it holds
-every value exactly: narrow formats' sums and products), 18 otherwise, and
-nothing at all when off.
+A traced arithmetic call records copies of its operands and computes its result as an untraced call does; the
+three columns per element (the exact result as a double-double ``exact_hi + exact_lo`` and the flags) and the
+result's copy are derived from those operands by the tracing kernel the first time any column is read
+(`Chunk`).  Everything else (signed error) is derived on demand.  Recording therefore costs the operands'
+copies and nothing at all when off; the derived columns take 14 bytes per element (a float32 low half where it
+holds every value exactly: narrow formats' sums and products), 18 otherwise.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numba as nb
@@ -50,20 +50,66 @@ OPS = (
 OP_CODE = {name: i for i, name in enumerate(OPS)}
 
 
-@dataclass
 class Chunk:
-    """One recorded call: its events as columns, what a kernel hands `Trace.record()`."""
+    """One recorded call: its events as columns, what a kernel hands `Trace.record()`.
 
-    op: str
-    fmt: Format
-    rounding: Rounding
-    operands: tuple[np.ndarray, ...]  # flat copies, in the dtype they were given
-    rounded: np.ndarray  # flat copy of the result, in its carrier dtype
-    exact_hi: np.ndarray
-    exact_lo: np.ndarray  # float64, or float32 where every low half is a float32 value
-    flags: np.ndarray  # uint16
-    shape: tuple[int, ...]
-    label: str = ""
+    ``rounded``, ``exact_hi``, ``exact_lo`` and ``flags`` are given, or derived on first access by ``derive``
+    (a function returning the four): a traced call then records only copies of its operands while it runs, at
+    the speed of the untraced call plus those copies, and its events come from the tracing kernel when read.
+    Every call is deterministic in its operands, format and rounding (stochastic rounding's bits included), so
+    the derived columns are the ones the call would have written.
+    """
+
+    def __init__(
+        self,
+        op: str,
+        fmt: Format,
+        rounding: Rounding,
+        operands: tuple[np.ndarray, ...],  # flat copies, in the dtype they were given
+        rounded: np.ndarray | None = None,  # flat copy of the result, in its carrier dtype
+        exact_hi: np.ndarray | None = None,
+        exact_lo: np.ndarray | None = None,  # float64, or float32 where every low half is a float32 value
+        flags: np.ndarray | None = None,  # uint16
+        shape: tuple[int, ...] = (),
+        label: str = "",
+        derive: Callable[[], tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] | None = None,
+    ) -> None:
+        if derive is None and any(v is None for v in (rounded, exact_hi, exact_lo, flags)):
+            raise ValueError("Chunk: give rounded, exact_hi, exact_lo and flags, or derive")
+        self.op, self.fmt, self.rounding, self.operands = op, fmt, rounding, operands
+        self.shape, self.label = shape, label
+        self._cols = None if derive is not None else (rounded, exact_hi, exact_lo, flags)
+        self._derive = derive
+
+    def _get(self, k: int) -> np.ndarray:
+        if self._cols is None:
+            self._cols = tuple(self._derive())
+            self._derive = None
+        return self._cols[k]
+
+    @property
+    def rounded(self) -> np.ndarray:
+        return self._get(0)
+
+    @property
+    def exact_hi(self) -> np.ndarray:
+        return self._get(1)
+
+    @property
+    def exact_lo(self) -> np.ndarray:
+        return self._get(2)
+
+    @property
+    def flags(self) -> np.ndarray:
+        return self._get(3)
+
+    @property
+    def size(self) -> int:
+        """Number of events (without deriving the columns)."""
+        return self._cols[3].size if self._cols is not None else self.operands[0].size
+
+    def __repr__(self) -> str:
+        return f"Chunk({self.op}, {self.fmt.name}, {self.rounding}, shape {self.shape}, label {self.label!r})"
 
 
 class Trace:
@@ -116,7 +162,7 @@ class Trace:
         return out
 
     def __len__(self) -> int:
-        return sum(c.flags.size for c in self._chunks)
+        return sum(c.size for c in self._chunks)
 
     def clear(self) -> None:
         self._chunks.clear()
@@ -129,7 +175,7 @@ class Trace:
                 k: [] for k in ("op", "call", "index", "a", "b", "c", "exact_hi", "exact_lo", "rounded", "flags")
             }
             for k, ch in enumerate(self._chunks):
-                n = ch.flags.size
+                n = ch.size
                 cols["op"].append(np.full(n, OP_CODE[ch.op], np.uint8))
                 cols["call"].append(np.full(n, k, np.int32))
                 cols["index"].append(np.arange(n, dtype=np.int64))

@@ -716,9 +716,10 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     bad = nonfinite_lines(analyses)
     banner = ("NON-FINITE (excluded from every curve): " + "; ".join(bad)) if bad else ""
 
-    def save(fig, name: str) -> None:
-        """Lay out, add the non-finite banner, write ``out/name`` and close."""
-        fig.tight_layout(rect=(0, 0.03, 1, 1))
+    def save(fig, name: str, bottom: float = 0.12, **space: float) -> None:
+        """Lay out (fixed margins: measuring every label, as ``tight_layout`` does, takes longer than the
+        drawing), add the non-finite banner, write ``out/name`` and close."""
+        fig.subplots_adjust(left=0.12, right=0.98, top=0.92, bottom=bottom + (0.03 if banner else 0.0), **space)
         if banner:
             fig.text(0.01, 0.005, textwrap.shorten(banner, 160), color="red", fontsize=7, va="bottom")
         paths.append(out / name)
@@ -781,7 +782,7 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
         title=f"Error of O after each K/V block ({where})",
     )
     ax.legend(fontsize=8)
-    save(fig, PLOT_FILES[1])
+    save(fig, PLOT_FILES[1], bottom=0.2)
 
     seen = {s.label for a in analyses for s in a.steps}
     labels = [lab for lab in TRACE_LABELS if lab in seen] + sorted(seen - set(TRACE_LABELS))
@@ -841,7 +842,7 @@ def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Pa
     ax2.set(ylabel="share of inexact results rounded away from 0", ylim=(0, 1))
     ax2.set_xticks(pos + width * (len(analyses) - 1) / 2, labels, rotation=30, fontsize=8)
     ax1.legend(fontsize=8)
-    save(fig, PLOT_FILES[2])
+    save(fig, PLOT_FILES[2], bottom=0.13, hspace=0.12)
     return paths
 
 

@@ -454,3 +454,44 @@ def test_fp32_fp64_round_trip():
     nan64 = np.isnan(v64)
     np.testing.assert_array_equal(ef.encode(v64, "fp64")[~nan64], b64[~nan64])
     assert_same(ef.decode(b64, "fp64"), v64, nan_sign=True, ctx="fp64 decode")
+
+
+@pytest.mark.parametrize("name", ["bf16", "fp16", "e4m3fn", "e5m2"])
+def test_float32_lane_every_exponent_and_boundary(name):
+    """The float32 cast lane (RNE into bf16, fp16, e4m3fn, e5m2: `emufloat._narrow_rne.run_cast`) against ml_dtypes
+    (numpy for FP16): every sign, exponent and top 7 fraction bits (all 2**16 high halves) with low halves at
+    every rounding boundary of these formats (ties, one below and above them, with even and odd kept bits), in
+    arrays big enough for the parallel kernel and small enough for the serial one, allocated and ``out=``."""
+    low = np.array(
+        [0, 1, 0x0FFF, 0x1000, 0x1001, 0x2FFF, 0x3000, 0x3001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32
+    )
+    bits = ((np.arange(1 << 16, dtype=np.uint32)[:, None] << 16) | low).reshape(-1)
+    x = bits.view(np.float32)
+    dt = ML_DTYPE[name]
+    uint = np.uint8 if np.dtype(dt).itemsize == 1 else np.uint16
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = x.astype(dt).view(uint)
+    nan = np.isnan(x)
+    n = x.size
+    for lo, hi in ((0, n), (0, 1000), (n - 1000, n)):  # the parallel kernel, then the serial one at both ends
+        part, ref, isnan = x[lo:hi], want[lo:hi], nan[lo:hi]
+        got = ef.encode(part, name)
+        buf = np.empty(part.shape, dt)
+        assert ef.quantize(part, name, out=buf) is buf
+        np.testing.assert_array_equal(buf.view(uint), got)
+        if name == "fp16":  # numpy keeps NaN payloads; emufloat gives the canonical quiet NaN of the sign
+            assert (got[isnan] & 0x7FFF == 0x7E00).all()
+            np.testing.assert_array_equal(got[isnan] >> 15, part.view(np.uint32)[isnan] >> 31)
+            np.testing.assert_array_equal(got[~isnan], ref[~isnan])
+        else:
+            np.testing.assert_array_equal(got, ref)
+
+
+def test_float32_lane_out_sharing_the_input():
+    """``out=`` viewing the input's own bytes: the result is the cast of the input as it was before the call."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(50_000).astype(np.float32)
+    want = x.astype(ml_dtypes.bfloat16)
+    out = x.view(ml_dtypes.bfloat16)[: x.size]  # the first half of x's bytes
+    ef.quantize(x, "bf16", out=out)
+    np.testing.assert_array_equal(out.view(np.uint16), want.view(np.uint16))

@@ -155,3 +155,56 @@ def test_fma_of_bf16_products_into_float32():
             got = ef.fma(x, y, z, "fp32")
             want = ops._apply("fma", ops.FMA, {"a": x, "b": y, "c": z}, "fp32", "rne", None, "", fast=False)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_traced_lane_keeps_copies_and_exact_events(name, fmt):
+    """A traced bf16 or fp16 call of arrays of one shape takes the lane, copying its operands in the same pass:
+    the result is the untraced call's, the trace holds the operands and result as they were (later writes do not
+    reach it), and its exact results and flags, derived when read, are the exact sums, differences, products and
+    quotients (Fractions; quotients to within the double-double's 106 bits) and their inexactness."""
+    dtype = FORMATS[fmt][0]
+    op, _code = OPS[name]
+    rng = np.random.default_rng(21)
+    n = 20_000  # above the parallel threshold: the fused kernel
+    a, b = (rng.standard_normal(n).astype(np.float32).astype(dtype) for _ in range(2))
+    a[:5] = [0.0, -0.0, np.inf, np.nan, 1e-7]  # specials and a subnormal-range operand: the general kernel
+    with np.errstate(all="ignore"):
+        want = op(a, b)
+        tr = ef.Trace()
+        got = op(a, b, trace=tr)
+    assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+    saved = [x.copy() for x in (a, b, got)]
+    for x in (a, b, got):
+        x[...] = 1.0
+    (chunk,) = tr.chunks
+    assert len(tr) == n
+    for kept, orig in zip((*chunk.operands, chunk.rounded), saved, strict=True):
+        assert kept.dtype == dtype and np.array_equal(kept.view(np.uint16), orig.view(np.uint16))
+    fn = {"add": lambda x, y: x + y, "sub": lambda x, y: x - y, "mul": lambda x, y: x * y, "div": lambda x, y: x / y}
+    for i in range(5, n, 53):
+        x, y = Fraction(float(saved[0][i])), Fraction(float(saved[1][i]))
+        exact = fn[name](x, y)
+        got_exact = Fraction(float(chunk.exact_hi[i])) + Fraction(float(chunk.exact_lo[i]))
+        if name == "div":
+            assert abs(got_exact - exact) <= abs(exact) * Fraction(2) ** -100
+        else:
+            assert got_exact == exact, (i, name)
+        inexact = bool(chunk.flags[i] & ef.Flag.INEXACT)
+        assert inexact == (Fraction(float(saved[2][i])) != exact), (i, name)
+
+
+def test_serial_kernels_are_functions_of_their_own():
+    """Numba's cache tells kernels apart by their Python function, not by their options: a serial kernel compiled
+    from its parallel twin's function would load the parallel machine code from the cache (a thread launch on
+    every small call)."""
+    from emufloat import _narrow_rne
+
+    n = _narrow_rne
+    pairs = [(lane[0], lane[1]) for lane in n.LANES.values()]
+    pairs += [(n._fma_parallel, n._fma_serial), (n._cast_parallel, n._cast_serial)]
+    for parallel, serial in pairs:
+        assert parallel.targetoptions.get("parallel") and not serial.targetoptions.get("parallel")
+        assert parallel.py_func is not serial.py_func
+        assert parallel.py_func.__qualname__ != serial.py_func.__qualname__

@@ -9,6 +9,7 @@ arithmetic and leave no trace events (they are the golden reference).
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 
@@ -50,6 +51,21 @@ def cast(
     if is_native(fmt):
         return f64(x)
     return ef.quantize(x, fmt, rounding, trace=trace, label=label)
+
+
+CAST_VALUES = 4096  # values a `cast_rows()` call casts at a time
+
+
+def cast_rows(x: np.ndarray, fmt: Format, trace: Trace | None = None, label: str = "") -> np.ndarray:
+    """x rounded (to nearest even) into ``fmt`` as `cast()` does, a few rows (about `CAST_VALUES` values) a
+    call: casts that small run emufloat's serial kernel, which every run compiles, so a first run that casts
+    only inputs this way never compiles the parallel one (seconds of a cold start).  A trace records a
+    chunk a call."""
+    x = np.asarray(x)
+    if x.ndim < 2 or x.size <= CAST_VALUES:
+        return cast(x, fmt, RNE, trace, label)
+    step = max(1, CAST_VALUES // math.prod(x.shape[1:]))
+    return np.concatenate([cast(x[i : i + step], fmt, RNE, trace, label) for i in range(0, x.shape[0], step)])
 
 
 def output_cast(x: np.ndarray, spec: Op, trace: Trace | None = None, label: str = "") -> np.ndarray:

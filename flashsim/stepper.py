@@ -205,8 +205,8 @@ class RowStepper:
         first = _n_calls(tr)
         qc = arith.cast(q[computed], pol.scores.inputs, trace=tr, label="inputs")
         after_q = _n_calls(tr)
-        kt = arith.cast(k, pol.scores.inputs, trace=tr, label="inputs").T
-        vc = arith.cast(v, pol.pv.inputs, trace=tr, label="inputs")
+        kt = arith.cast_rows(k, pol.scores.inputs, tr, "inputs").T
+        vc = arith.cast_rows(v, pol.pv.inputs, tr, "inputs")
         #: the rounding of the inputs (q rows, k, v) into the policy's input formats
         self.prologue: Trace | None = None if tr is None else tr.view(first, _n_calls(tr), "inputs")
         #: the calls (indices into ``trace``) that cast the q rows, and those that cast K and V (shared by all rows)

@@ -3,18 +3,22 @@ reference measured in the same run.
 
     python -m benchmarks.bench_flashsim            # N = 1024, d = 64, best/median of 3
     python -m benchmarks.bench_flashsim --n 256 --repeat 2 --bias-rows 500
+    python -m benchmarks.bench_flashsim --profile   # where triton_h100's forward spends its time, and exit
 
 Rows: every policy untraced; the H100 policies (triton_h100: our Triton kernel bit for bit; fa2: FA2's
 order on H100 arithmetic) also traced (every rounding recorded); the backward. Ratio = numpy reference
 time / flashsim time (below 1: flashsim slower), against float64 and float32 numpy attention of the same size.
 Then the bias rows that hunts, sweeps and `flashsim bias-rows` run (one query a head, 128 keys, d = 64):
 their heads at once, as `flash_forward` runs them, against one call a head, in cell-rows a second.
-Results and how to read them: benchmarks/README.md.
+`--profile` prints instead a cProfile of the `triton_h100` forward on one Numba thread (the functions with the
+most time of their own, per call of flash_forward).  Results and how to read them: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import numpy as np
@@ -38,9 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bias-rows", type=int, default=2000, help="rows of the bias-row section (0: skip it)")
+    ap.add_argument("--profile", action="store_true", help="profile the triton_h100 forward instead")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(args.seed)
     q, k, v = (ef.quantize(rng.standard_normal((args.n, args.d)), "bf16").astype(np.float32) for _ in range(3))
+    if args.profile:
+        profile_forward(q, k, v, args.repeat)
+        return 0
     do = ef.quantize(rng.standard_normal((args.n, args.d)), "bf16").astype(np.float32)
     scale = 1 / np.sqrt(args.d)
     q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
@@ -78,6 +86,32 @@ def main(argv: list[str] | None = None) -> int:
     if args.bias_rows:
         bias_rows(args.bias_rows, args.repeat)
     return 0
+
+
+def profile_forward(q: np.ndarray, k: np.ndarray, v: np.ndarray, calls: int, top: int = 8) -> None:
+    """The functions with the most time of their own in ``calls`` triton_h100 forwards on one Numba thread (so
+    that kernel time is CPU time), per forward, beside the unprofiled wall time of one."""
+    import numba
+
+    numba.set_num_threads(1)
+    fs.flash_forward(q, k, v, "triton_h100")
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fs.flash_forward(q, k, v, "triton_h100")
+    wall = (time.perf_counter() - t0) / calls
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fs.flash_forward(q, k, v, "triton_h100")
+    prof.disable()
+    stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own time, cumulative, ...)
+    rows = sorted(((own, n, f"{f.rsplit('/', 2)[-1]}:{name}") for (f, _l, name), (n, _p, own, *_r) in stats.items()))
+    print(f"# triton_h100 forward, one head N={q.shape[0]}, d={q.shape[1]}, one Numba thread, {calls} calls")
+    print(f"# cpu: {cpu_model()}; unprofiled {wall * 1e3:.0f} ms a call\n")
+    print("| function (own time) | calls a forward | ms a forward |")
+    print("|---|---:|---:|")
+    for own, n, name in reversed(rows[-top:]):
+        print(f"| {name} | {n / calls:.0f} | {own / calls * 1e3:.1f} |")
 
 
 def bias_rows(n_rows: int, repeat: int) -> None:

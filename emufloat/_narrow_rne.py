@@ -8,14 +8,15 @@ the format with integer arithmetic, and an element is declined, for the general 
 argument does not cover it or the CPU could bend it: a non-finite result or an overflow (NaN encodings and
 infinities are the general kernel's), an operand or result below the format's normal range (subnormal grids,
 and a flush-to-zero mode some library may have set), a zero result that may be an underflow.  The loop is
-branch-free, so LLVM vectorises it.  The general kernel applies the same argument element by element to add, sub
-and mul of every narrow format (`emufloat._fastpath.single_rounding_ok`); this is the lane of bf16 and fp16 over
-whole arrays, division and square root included.
+branch-free, so LLVM vectorises it: fp16 converts with the CPU's own instructions (LLVM's half type), integer
+steps are 32 bits wide (`_u32`: Numba widens integer arithmetic to 64 bits, which halves the lanes of every
+vector).  The general kernel applies the same argument element by element to add, sub and mul of every narrow
+format (`emufloat._fastpath.single_rounding_ok`); this is the lane of bf16 and fp16 over whole arrays, division
+and square root included.
 
 Casts from float32 into the narrow formats rounded to nearest even (`run_cast`) take a lane of their own: integer
 rounding on the 32-bit encodings, normal and subnormal results alike, every float32 input included (NaN,
-infinities, subnormals), so no element is declined.  Its operations are 32 bits wide (`_u32`): Numba widens
-integer arithmetic to 64 bits, which halves the lanes of every vector.
+infinities, subnormals), so no element is declined; its operations are 32 bits wide too.
 
 Each kernel is compiled twice, parallel and serial (small calls: no thread launch), from two functions of their
 own: Numba's cache tells kernels apart by their function (its name, code and closure), not by their options, so
@@ -28,6 +29,7 @@ from typing import NamedTuple
 
 import numba as nb
 import numpy as np
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -52,6 +54,29 @@ def _as_f32(typingctx, u):
 
 
 @intrinsic
+def _half_value(typingctx, u):
+    """The float32 value of the fp16 encoding in the low 16 bits of the uint32 ``u`` (LLVM's fpext: exact)."""
+
+    def codegen(context, builder, signature, args):
+        h = builder.bitcast(builder.trunc(args[0], ir.IntType(16)), ir.HalfType())
+        return builder.fpext(h, ir.FloatType())
+
+    return types.float32(types.uint32), codegen
+
+
+@intrinsic
+def _half_bits(typingctx, f):
+    """The fp16 encoding (as a uint32) of the float32 ``f`` rounded to nearest even (LLVM's fptrunc, in the
+    default rounding mode the whole lane relies on)."""
+
+    def codegen(context, builder, signature, args):
+        h = builder.bitcast(builder.fptrunc(args[0], ir.HalfType()), ir.IntType(16))
+        return builder.zext(h, ir.IntType(32))
+
+    return types.uint32(types.float32), codegen
+
+
+@intrinsic
 def _bits(typingctx, f):
     """The bits of the float32 ``f``."""
 
@@ -59,6 +84,23 @@ def _bits(typingctx, f):
         return builder.bitcast(args[0], context.get_value_type(types.uint32))
 
     return types.uint32(types.float32), codegen
+
+
+def _u32(name: str):
+    """The 32-bit LLVM instruction ``name`` on two uint32 values, typed uint32 (Numba's operators give uint64)."""
+
+    @intrinsic
+    def op(typingctx, x, y):
+        def codegen(context, builder, signature, args):
+            return getattr(builder, name)(args[0], args[1])
+
+        return types.uint32(types.uint32, types.uint32), codegen
+
+    return op
+
+
+_add32, _sub32, _and32, _or32, _shr32, _shl32 = (_u32(k) for k in ("add", "sub", "and_", "or_", "lshr", "shl"))
+_U = np.uint32
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
@@ -69,28 +111,19 @@ def _finish(a, b, r, zero_ok, half):
     tiny = (a != 0) & (abs(a) < lo) | (b != 0) & (abs(b) < lo) | (r != 0) & (abs(r) < lo)
     bad = ~np.isfinite(r) | tiny | ((r == 0) & ~zero_ok)
     u = _bits(r)
-    if half:  # rebias the exponent (127 -> 15), round off 13 bits; a carry may reach the infinity code
-        v = (u & np.uint32(0x7FFFFFFF)) - np.uint32(112 << 23)
-        h = (v + np.uint32(0xFFF) + ((v >> np.uint32(13)) & np.uint32(1))) >> np.uint32(13)
-        bad |= (r != 0) & (h >= np.uint32(0x7C00))
-        h = np.uint32(0) if r == 0 else h
-        return np.uint16(((u >> np.uint32(16)) & np.uint32(0x8000)) | h), bad
+    if half:  # the CPU's conversion (F16C: vector instructions); an overflow gives the infinity code
+        h = _half_bits(r)
+        bad |= _and32(h, _U(0x7FFF)) >= _U(0x7C00)
+        return np.uint16(h), bad
     return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)), bad
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _f32(x, half):
-    """The float32 value of a bf16 or (``half``) fp16 encoding; an fp16 subnormal decodes to a nonzero value below
-    fp16's normal range (a wrong one: such operands are declined)."""
+    """The float32 value of a bf16 or (``half``) fp16 encoding (exact, subnormals included)."""
     u = np.uint32(x)
     if half:
-        e = (u >> np.uint32(10)) & np.uint32(0x1F)
-        e32 = np.uint32(255) if e == 31 else (np.uint32(0) if e == 0 else e + np.uint32(112))
-        return _as_f32(
-            ((u & np.uint32(0x8000)) << np.uint32(16))
-            | (e32 << np.uint32(23))
-            | ((u & np.uint32(0x3FF)) << np.uint32(13))
-        )
+        return _half_value(u)
     return _as_f32(u << np.uint32(16))
 
 
@@ -236,21 +269,6 @@ def _fma_serial(a, b, c, out):
 
 
 # ---- casts from float32 ------------------------------------------------------------------------------------------
-def _u32(name: str):
-    """The 32-bit LLVM instruction ``name`` on two uint32 values, typed uint32 (Numba's operators give uint64)."""
-
-    @intrinsic
-    def op(typingctx, x, y):
-        def codegen(context, builder, signature, args):
-            return getattr(builder, name)(args[0], args[1])
-
-        return types.uint32(types.uint32, types.uint32), codegen
-
-    return op
-
-
-_add32, _sub32, _and32, _or32, _shr32, _shl32 = (_u32(k) for k in ("add", "sub", "and_", "or_", "lshr", "shl"))
-_U = np.uint32
 
 
 class CastPlan(NamedTuple):

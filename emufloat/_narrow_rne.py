@@ -7,7 +7,8 @@ for fp16), where both roundings see their normal grids.  So every element is com
 the format with integer arithmetic, and an element is declined, for the general kernel to compute, wherever that
 argument does not cover it or the CPU could bend it: a non-finite result or an overflow (NaN encodings and
 infinities are the general kernel's), an operand or result below the format's normal range (subnormal grids,
-and a flush-to-zero mode some library may have set), a zero result that may be an underflow.  The loop is
+and a flush-to-zero mode some library may have set; not for fp16 add, sub and mul, whose float32 results there are
+exact: `_finish`), a zero result that may be an underflow.  The loop is
 branch-free, so LLVM vectorises it: fp16 converts with the CPU's own instructions (LLVM's half type), integer
 steps are 32 bits wide (`_u32`: Numba widens integer arithmetic to 64 bits, which halves the lanes of every
 vector).  The general kernel applies the same argument element by element to add, sub and mul of every narrow
@@ -104,11 +105,17 @@ _U = np.uint32
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
-def _finish(a, b, r, zero_ok, half):
+def _finish(a, b, r, zero_ok, half, exact_tiny=False):
     """(the encoding of the float32 ``r`` rounded to nearest even, bf16 or (``half``) fp16; whether the element is
-    declined)."""
+    declined).  ``exact_tiny`` (fp16 add, sub and mul): operands and results below fp16's normal range need no
+    decline, since there ``r`` is the exact result (a sum or difference of multiples of 2**-24 under 2**-14; a
+    product of two 11-bit significands, at least 2**-48) and a normal float32, which no flush mode touches, and
+    its one rounding is the conversion onto fp16's subnormal grid."""
     lo = _MIN_NORMAL_HALF if half else _MIN_NORMAL
-    tiny = (a != 0) & (abs(a) < lo) | (b != 0) & (abs(b) < lo) | (r != 0) & (abs(r) < lo)
+    if half and exact_tiny:
+        tiny = False
+    else:
+        tiny = (a != 0) & (abs(a) < lo) | (b != 0) & (abs(b) < lo) | (r != 0) & (abs(r) < lo)
     bad = ~np.isfinite(r) | tiny | ((r == 0) & ~zero_ok)
     u = _bits(r)
     if half:  # the CPU's conversion (F16C: vector instructions); an overflow gives the infinity code
@@ -130,19 +137,19 @@ def _f32(x, half):
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _add(x, y, half):
     a, b = _f32(x, half), _f32(y, half)
-    return _finish(a, b, a + b, a == -b, half)
+    return _finish(a, b, a + b, a == -b, half, True)
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _sub(x, y, half):
     a, b = _f32(x, half), _f32(y, half)
-    return _finish(a, b, a - b, a == b, half)
+    return _finish(a, b, a - b, a == b, half, True)
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _mul(x, y, half):
     a, b = _f32(x, half), _f32(y, half)
-    return _finish(a, b, a * b, (a == 0) | (b == 0), half)
+    return _finish(a, b, a * b, (a == 0) | (b == 0), half, True)
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
@@ -157,19 +164,31 @@ def _sqrt(x, y, half):
     return _finish(a, a, np.sqrt(a), a == 0, half)
 
 
+CHUNK = 1 << 13  # elements per parallel work item of `_fill`
+
+
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _fill(fn, a, b, out, ka, kb, half, keep):
     """out = fn(a, b) element by element, and with ``keep`` copies of the operands into ``ka`` and ``kb`` (a traced
-    call's, in the same pass); how many elements ``fn`` declines (``fn`` and ``keep`` compile-time constants, so
-    that each operation's loop is its own, branch-free)."""
+    call's, in the same pass); returns how many chunks of `CHUNK` elements hold an element ``fn`` declines (``fn``
+    and ``keep`` compile-time constants, so that each operation's loop is its own, branch-free).  Within a chunk
+    the declines are or-ed, not counted: a count (the only reduction ``prange`` takes) widens every lane to 64
+    bits and costs more than the arithmetic."""
+    n = a.size
     declined = 0
-    for i in nb.prange(a.size):
-        x, y = a[i], b[i]
-        if keep:
-            ka[i] = x
-            kb[i] = y
-        out[i], bad = fn(x, y, half)
-        declined += bad
+    for c in nb.prange((n + CHUNK - 1) // CHUNK):
+        lo = c * CHUNK
+        base = np.uint64(lo)  # unsigned indices: no negative-index wraparound, so no gathers or scatters
+        any_bad = False
+        for k in range(min(CHUNK, n - lo)):
+            i = base + np.uint64(k)
+            x, y = a[i], b[i]
+            if keep:
+                ka[i] = x
+                kb[i] = y
+            out[i], bad = fn(x, y, half)
+            any_bad |= bad
+        declined += any_bad
     return declined
 
 
@@ -182,8 +201,8 @@ def _mark(fn, a, b, bad, half):
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
 def _kernel(code, a, b, out, ka, kb, half, keep):
-    """out = a op b (encodings), operands copied with ``keep``; how many elements are declined (their ``out`` is
-    meaningless)."""
+    """out = a op b (encodings), operands copied with ``keep``; non-zero when some element is declined (its ``out``
+    is meaningless)."""
     if code == ADD:
         return _fill(_add, a, b, out, ka, kb, half, keep)
     if code == SUB:

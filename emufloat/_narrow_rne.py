@@ -262,18 +262,26 @@ LANES = {False: _lane(False), True: _lane(True)}  # bf16, fp16
 def _fma_fill(a, b, c, out):
     """out = a * b + c rounded once to float32, for bf16 ``a``, ``b`` (encodings) and float32 ``c``: the product
     of two 8-bit significands is exact in float32, so the float32 sum is the one rounding; returns how many
-    elements are declined (a product or result below the normal range, where a flush could bend it, or a
-    product that may have underflowed, or a non-finite result)."""
+    chunks hold a declined element (a product or result below the normal range, where a flush could bend it, or a
+    product that may have underflowed, or a non-finite result), or-ed within a chunk as in `_fill`."""
+    n = a.size
     declined = 0
-    for i in nb.prange(a.size):
-        x, y, z = _f32(a[i], False), _f32(b[i], False), c[i]
-        p = x * y
-        r = p + z
-        tiny = (p != 0) & (abs(p) < _MIN_NORMAL) | (z != 0) & (abs(z) < _MIN_NORMAL) | (r != 0) & (abs(r) < _MIN_NORMAL)
-        small = (x != 0) & (abs(x) < _MIN_NORMAL) | (y != 0) & (abs(y) < _MIN_NORMAL)
-        underflow = (p == 0) & (x != 0) & (y != 0)
-        out[i] = r
-        declined += ~np.isfinite(r) | ~np.isfinite(p) | tiny | small | underflow
+    for ch in nb.prange((n + CHUNK - 1) // CHUNK):
+        lo = ch * CHUNK
+        base = np.uint64(lo)
+        any_bad = False
+        for k in range(min(CHUNK, n - lo)):
+            i = base + np.uint64(k)
+            x, y, z = _f32(a[i], False), _f32(b[i], False), c[i]
+            p = x * y
+            r = p + z
+            tiny = (p != 0) & (abs(p) < _MIN_NORMAL) | (z != 0) & (abs(z) < _MIN_NORMAL)
+            tiny |= (r != 0) & (abs(r) < _MIN_NORMAL)
+            small = (x != 0) & (abs(x) < _MIN_NORMAL) | (y != 0) & (abs(y) < _MIN_NORMAL)
+            underflow = (p == 0) & (x != 0) & (y != 0)
+            out[i] = r
+            any_bad |= ~np.isfinite(r) | ~np.isfinite(p) | tiny | small | underflow
+        declined += any_bad
     return declined
 
 

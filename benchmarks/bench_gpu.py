@@ -2,9 +2,10 @@
 SDPA's backends and FlexAttention, in one run.
 
     python -m benchmarks.bench_gpu [--n 1024,4096,16384] [--d 64,128] [--dtypes bf16,fp16,fp8] [--rounds 7]
-        [--json FILE] [--seconds S]
+        [--json FILE] [--seconds S] [--no-flex]
 
-B=4, H=32, causal and not. Per shape, dtype and pass, a round launches every implementation once, back to back
+H=32 heads and B = 16384 / N sequences (16,384 tokens a batch: B=16 at N=1024, 4 at 4096, 1 at 16384), causal and
+not. Per shape, dtype and pass, a round launches every implementation once, back to back
 in an order rotated from round to round, each after an L2 flush outside its CUDA events (do_bench's regime,
 paired: `benchmarks.fix_cost.paired_rounds`), so that neighbouring launches see the same clocks. Reported per
 implementation: the median TFLOP/s over the rounds (backward: 2.5x the forward's FLOPs) with its 10-90%
@@ -12,17 +13,21 @@ range; per softmax variant, its cost against the standard softmax as the median 
 1 - t_standard / t_variant, with its 10-90% range; and the recommended softmax (cast_sum) against cuDNN, SDPA
 flash and FlexAttention, from the medians.
 
-Implementations: `ours_<softmax>` (`gpu.flash.attention`: the forward kernel "auto" picks, the backward of the
-tl kernels) for bf16 and fp16; SDPA's cuDNN, flash and memory-efficient backends; `flex` (FlexAttention compiled
-by Inductor, causal by a block mask). FP8 (float8_e4m3fn q, k, v, O in bf16): our forward only, each variant with
-P V promoted to FP32 (the default), and `ours_standard_fast` (the standard softmax on the FP8 tensor cores' own
-accumulation: the fast, leaning one); FP8 costs are against `ours_standard`. Needs a CUDA GPU (torch, Triton):
-`python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds 480`.
+Implementations: `ours_<softmax>` (`gpu.flash.attention`: the forward kernel "auto" picks, the backward of the tl
+kernels) for bf16 and fp16; SDPA's cuDNN, flash and memory-efficient backends; `flex` (FlexAttention compiled by
+Inductor as users compile it, `torch.compile(flex_attention, fullgraph=True)` once for the run, so that after the
+first shape Dynamo recompiles it for dynamic shapes; causal by a block mask; the recompile limit raised and buffer
+donation off for the run: `_compiled_flex`). FP8 (float8_e4m3fn q, k, v, O in
+bf16): our forward only, each variant with P V promoted to FP32 (the default), and `ours_standard_fast` (the
+standard softmax on the FP8 tensor cores' own accumulation: the fast, leaning one); FP8 costs are against
+`ours_standard`. Needs a CUDA GPU (torch, Triton): `python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds
+480`. With ``--json`` the file is written again after every shape, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import time
@@ -31,14 +36,19 @@ from pathlib import Path
 
 import numpy as np
 
-B, H = 4, 32
+TOKENS, H = 16384, 32
 DTYPES = ("bf16", "fp16", "fp8")
 SOFTMAXES = ("standard", "stabilised", "robust", "cast_sum")
 RECOMMENDED = "cast_sum"
 BASELINES = ("sdpa_cudnn", "sdpa_flash", "flex")
 
 
-def implementations(d: int, n: int, causal: bool, dtype: str) -> tuple[dict, dict, float]:
+def batch(n: int) -> int:
+    """Sequences a batch at key count n: `TOKENS` tokens in all (at least one sequence)."""
+    return max(1, TOKENS // n)
+
+
+def implementations(d: int, n: int, causal: bool, dtype: str, flex: bool = True) -> tuple[dict, dict, float]:
     """({name: forward call}, {name: backward call}, forward FLOPs) on fresh inputs; a name whose setup fails
     maps to the error's text."""
     import torch
@@ -47,6 +57,7 @@ def implementations(d: int, n: int, causal: bool, dtype: str) -> tuple[dict, dic
     from studies.device.run_attention import fwd_flops, rand, run_sdpa, sdpa_backends
 
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dtype]
+    B = batch(n)
     q, k, v = rand((B, H, n, d), tdt)
     do = torch.randn_like(q)
     fwd: dict = {}
@@ -63,6 +74,8 @@ def implementations(d: int, n: int, causal: bool, dtype: str) -> tuple[dict, dic
         fwd[f"ours_{sm}"], bwd[f"ours_{sm}"] = _with_backward(flash.attention, q, k, v, do, causal=causal, softmax=sm)
     for name, be in sdpa_backends().items():
         fwd[f"sdpa_{name}"], bwd[f"sdpa_{name}"] = _with_backward(run_sdpa, q, k, v, do, backend=be, causal=causal)
+    if not flex:
+        return fwd, bwd, fwd_flops(B, H, n, d, causal)
     try:
         fwd["flex"], bwd["flex"] = _with_backward(_flex(n, causal), q, k, v, do)
     except Exception as exc:  # noqa: BLE001 - FlexAttention may not compile here; the table says why
@@ -70,13 +83,25 @@ def implementations(d: int, n: int, causal: bool, dtype: str) -> tuple[dict, dic
     return fwd, bwd, fwd_flops(B, H, n, d, causal)
 
 
-def _flex(n: int, causal: bool):
-    """FlexAttention compiled as users compile it, causal by a block mask."""
+@functools.cache
+def _compiled_flex():
+    """flex_attention compiled once for the run, as a user compiles it.  Every shape and mask is a recompile, so
+    Dynamo's recompile limit is raised for the run; and the backward keeps its buffers (no donation), so that one
+    graph's backward can be timed again (``retain_graph``)."""
     import torch
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
+    torch._dynamo.config.recompile_limit = 256
+    torch._functorch.config.donated_buffer = False
+    return torch.compile(flex_attention, fullgraph=True)
+
+
+def _flex(n: int, causal: bool):
+    """FlexAttention, causal by a block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask
 
     mask = create_block_mask(lambda b, h, q, kv: q >= kv, None, None, n, n) if causal else None
-    compiled = torch.compile(flex_attention, fullgraph=True, dynamic=False)
+    compiled = _compiled_flex()
     return lambda q, k, v: compiled(q, k, v, block_mask=mask)
 
 
@@ -90,14 +115,15 @@ def _with_backward(fn, q, k, v, do, **kw):
     return partial(fn, q, k, v, **kw), partial(o.backward, do, retain_graph=True)
 
 
-def measure(d: int, n: int, causal: bool, dtype: str, rounds: int) -> dict:
+def measure(d: int, n: int, causal: bool, dtype: str, rounds: int, flex: bool = True) -> dict:
     """Per pass: ms of every implementation in every round (`paired_rounds`); errors as strings."""
     import torch
 
     from benchmarks.fix_cost import paired_rounds
 
-    fwd, bwd, flops = implementations(d, n, causal, dtype)
-    row: dict = {"d": d, "n": n, "causal": causal, "dtype": dtype, "flops": flops, "ms": {}, "errors": {}}
+    fwd, bwd, flops = implementations(d, n, causal, dtype, flex)
+    row: dict = {"d": d, "n": n, "batch": batch(n), "causal": causal, "dtype": dtype, "flops": flops}
+    row |= {"ms": {}, "errors": {}}
     flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda").zero_
     for pass_, calls in (("fwd", fwd), ("bwd", bwd)):
         ok = {}
@@ -143,7 +169,7 @@ def table(rows: list[dict]) -> str:
     recommended softmax against the baselines."""
     names = sorted({n for r in rows for ms in r["ms"].values() for n in ms}, key=_order)
     variants = [f"ours_{sm}" for sm in SOFTMAXES[1:]] + ["ours_standard_fast"]
-    head = ["pass", "dtype", "d", "N", "causal", *names, *(f"{v[5:]} cost" for v in variants)]
+    head = ["pass", "dtype", "d", "N", "B", "causal", *names, *(f"{v[5:]} cost" for v in variants)]
     head += [f"{RECOMMENDED}/{b.removeprefix('sdpa_')}" for b in BASELINES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for pass_ in ("fwd", "bwd"):
@@ -152,7 +178,14 @@ def table(rows: list[dict]) -> str:
                 continue
             s = summarise(row)[pass_]
             tf, cost = s["tflops"], s["cost"]
-            cells = [pass_, row["dtype"], str(row["d"]), str(row["n"]), "yes" if row["causal"] else "no"]
+            cells = [
+                pass_,
+                row["dtype"],
+                str(row["d"]),
+                str(row["n"]),
+                str(row.get("batch", "")),
+                "yes" if row["causal"] else "no",
+            ]
             cells += [f"{tf[n]['median']:.0f}" if n in tf else "—" for n in names]
             cells += [
                 f"{cost[v]['median']:+.1f}% [{cost[v]['p10']:+.1f}, {cost[v]['p90']:+.1f}]" if v in cost else "—"
@@ -178,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma list of {', '.join(DTYPES)}")
     ap.add_argument("--rounds", type=int, default=7, help="paired rounds per shape, dtype and pass (>= 5)")
     ap.add_argument("--json", metavar="FILE", help="also write the rows (every round's time) and the environment")
+    ap.add_argument("--no-flex", action="store_true", help="leave FlexAttention out (it compiles for every shape)")
     ap.add_argument("--seconds", type=float, default=1e9, help="stop starting new shapes after this long")
     args = ap.parse_args(argv)
     dtypes = args.dtypes.split(",")
@@ -189,26 +223,26 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench_gpu: needs a CUDA GPU")
     from studies.device.run_attention import env, env_line
 
-    t0, rows = time.time(), []
+    t0, rows, e = time.time(), [], env()
     for dtype in dtypes:
         for d in (int(x) for x in args.d.split(",")):
             for n in (int(x) for x in args.n.split(",")):
                 for causal in (False, True):
                     if time.time() - t0 > args.seconds:
                         break
-                    rows.append(measure(d, n, causal, dtype, args.rounds))
-                    print("measured", dtype, d, n, causal, flush=True)
-    e = env()
+                    rows.append(measure(d, n, causal, dtype, args.rounds, not args.no_flex))
+                    print(f"measured {dtype} d={d} N={n} causal={causal} at {time.time() - t0:.0f} s", flush=True)
+                    if args.json:  # every shape: a run cut short keeps what it measured
+                        Path(args.json).write_text(json.dumps({"env": e, "rounds": args.rounds, "bench": rows}))
     print(
-        f"\n# bench_gpu: B={B} H={H}, {env_line(e)}; median TFLOP/s over {args.rounds} paired rounds (backward: "
+        f"\n# bench_gpu: {TOKENS} tokens a batch, H={H}, {env_line(e)}; median TFLOP/s over {args.rounds} paired "
+        "rounds (backward: "
         "2.5x the forward's FLOPs); cost = 1 - t_standard / t_variant per round, median [10%, 90%]\n"
     )
     print(table(rows))
     for row in rows:
         for key, why in row["errors"].items():
             print(f"{row['dtype']} d={row['d']} N={row['n']} causal={row['causal']} {key}: {why}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"env": e, "rounds": args.rounds, "bench": rows}, indent=1))
     return 0
 
 

@@ -15,7 +15,6 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-
 _WRAPPED = re.compile(r"cutlass::Kernel\d*<(\w+)>")
 
 

@@ -294,6 +294,39 @@ def e4m3_values(p):
 
 
 @triton.jit
+def cast_and_widened(p, P_DTYPE: tl.constexpr):
+    """(P cast to P_DTYPE, RNE; those values back in float32, exactly) for bf16 and fp16 P: each two values rounded
+    by one packed conversion (`cvt.rn.bf16x2.f32`, `cvt.rn.f16x2.f32`), and the widened values read from the
+    packed register (bf16: a shift and a mask; fp16: `cvt.f32.f16`).  Written as Triton ops, the cast P that l
+    also reads took one unpacked conversion a value, and Triton 3.6 widened bf16 by a slow conversion: `cast_sum`
+    cost a fifth to a third of the bf16 forward (docs/performance.md).  Under Triton's CPU interpreter, which runs
+    no PTX, the plain casts."""
+    if not PTX:
+        cast = p.to(P_DTYPE)
+        wide = cast.to(tl.float32)
+    elif P_DTYPE == tl.bfloat16:
+        cast, wide = tl.inline_asm_elementwise(
+            "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, 0xFFFF0000;",
+            "=r,=r,=r,r,r",
+            [p],
+            dtype=(tl.bfloat16, tl.float32),
+            is_pure=True,
+            pack=2,
+        )
+    else:
+        cast, wide = tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; cvt.rn.f16x2.f32 $0, $4, $3; mov.b32 {lo, hi}, $0; cvt.f32.f16 $1, lo; "
+            "cvt.f32.f16 $2, hi; }",
+            "=r,=r,=r,r,r",
+            [p],
+            dtype=(tl.float16, tl.float32),
+            is_pure=True,
+            pack=2,
+        )
+    return cast, wide
+
+
+@triton.jit
 def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
     alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
@@ -302,13 +335,15 @@ def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
     O = acc / l is then their weighted mean, and a rounding of P (an E4M3 P underflows on sharp rows) cannot
     lean O through l (docs/fix.md)."""
     p = tl.math.exp2(x)
-    p_cast = p.to(P_DTYPE)
     alpha = tl.math.exp2(m_i - m_new)
     if SOFTMAX == 3 and P_DTYPE == tl.float8e4nv:
+        p_cast = p.to(P_DTYPE)
         l_ij = tl.sum(e4m3_values(p), 1)
     elif SOFTMAX == 3:
-        l_ij = tl.sum(p_cast.to(tl.float32), 1)
+        p_cast, wide = cast_and_widened(p, P_DTYPE)
+        l_ij = tl.sum(wide, 1)
     else:
+        p_cast = p.to(P_DTYPE)
         l_ij = tl.sum(p, 1)
     return p, p_cast, alpha, tl.fma(l_i, alpha, l_ij)
 

@@ -332,11 +332,13 @@ def test_overlap_64_row_programs_fit_two_an_sm(softmax):
 #: PTX conversions from float32 that round P to its dtype, and how many values each converts
 _P_CASTS = {
     "bf16": {"cvt.rn.bf16x2.f32": 2, "cvt.rn.bf16.f32": 1},
+    "fp16": {"cvt.rn.f16x2.f32": 2, "cvt.rn.f16.f32": 1},
     "fp8": {"cvt.rn.satfinite.e4m3x2.f32": 2},
 }
-#: and the conversions that widen the cast P back to float32 for cast_sum's row sum (E4M3: none, its bits are
-#: decoded with integer and exact float32 operations, steps.widen)
-_P_WIDENS = {"bf16": ("cvt.f32.bf16",), "fp8": ()}
+#: and what widens the cast P back to float32 for cast_sum's row sum, read from the packed register of the
+#: conversion (steps.cast_and_widened: bf16 by a shift and the mask 0xFFFF0000, fp16 by cvt.f32.f16; E4M3: nothing,
+#: its bits are decoded with integer and exact float32 operations, steps.e4m3_values)
+_P_WIDENS = {"bf16": ("0xFFFF0000",), "fp16": ("cvt.f32.f16",), "fp8": ()}
 
 
 def _rounded_to(ptx: str, dtype: str) -> int:
@@ -344,18 +346,21 @@ def _rounded_to(ptx: str, dtype: str) -> int:
     return sum(n * len(re.findall(re.escape(op) + r"\b", ptx)) for op, n in _P_CASTS[dtype].items())
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp8"])
 @pytest.mark.parametrize("kernel", ["triton", "overlap"])
 def test_cast_sum_sums_the_cast_p(dtype, kernel):
     """cast_sum (SOFTMAX 3) widens values of P's dtype back to float32 (the row sum of the cast P) and the
     standard softmax does not.  In the tl kernel it also rounds exactly as many float32 values to the dtype as
-    the standard softmax (P's cast and O's): P is cast once, for P V and l alike.  (In the overlap kernel the
+    the standard softmax (P's cast and O's), and bf16 and fp16 only by packed conversions, two values each: P is
+    cast once, for P V and l alike.  (In the overlap kernel the
     compiler duplicates the softmax into both branches of the masked/unmasked test, so static counts differ
     there while each path still casts once.)"""
     d, causal = 64, True
     if kernel == "triton":
         ptx = {sm: _compile_forward((d, causal), sm, dtype=dtype, v_t=dtype == "fp8").asm["ptx"] for sm in (0, 3)}
         assert _rounded_to(ptx[3], dtype) == _rounded_to(ptx[0], dtype) > 0
+        unpacked = {"bf16": "cvt.rn.bf16.f32", "fp16": "cvt.rn.f16.f32", "fp8": "cvt.rn.satfinite.e4m3.f32"}[dtype]
+        assert not re.search(re.escape(unpacked) + r"\b", ptx[3])
     else:
         ptx = {sm: _compile_overlap(d, causal, sm, dtype).asm["ptx"] for sm in (0, 3)}
     for op in _P_WIDENS[dtype]:

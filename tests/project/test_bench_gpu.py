@@ -26,7 +26,7 @@ def test_a_variants_cost_is_paired_round_by_round():
     assert set(s["cost"]) == {"ours_cast_sum"}  # baselines are not variants
     assert s["tflops"]["ours_standard"]["median"] == pytest.approx(4e12 / 2.0 / 1e9)
     table = bench_gpu.table([_row(ms)])
-    head = "| pass | dtype | d | N | causal | ours_standard | ours_cast_sum | sdpa_cudnn |"
+    head = "| pass | dtype | d | N | B | causal | ours_standard | ours_cast_sum | sdpa_cudnn |"
     assert table.splitlines()[0].startswith(head)
     assert "+2.0% [+2.0, +2.0]" in table and "0.98x" in table
 

@@ -5,7 +5,8 @@ the autotuner's tiles), every output checked by `flashsim.crosscheck` in worker 
     PYTHONPATH=. python -m studies.device.fresh_check --out $OUT --tutorial PATH/06-fused-attention.py \\
         --paper PATH/attention.py [--kernels sdpa_flash,...] [--cases 100] [--start 0] [--budget 300] [--workers 15]
 
-Kernels: SDPA's flash, memory-efficient and cuDNN backends (their default, nondeterministic paths), Triton's tutorial
+Kernels: ours (`gpu.flash` by `gpu.crosscheck.live.live_run`: bf16, fp16 and FP8 E4M3, cast_sum and the standard
+softmax), SDPA's flash, memory-efficient and cuDNN backends (their default, nondeterministic paths), Triton's tutorial
 (autotuned, fp16: its TMA forward does not compile for bf16; key counts whole 128-key tiles, as it requires; its
 backward only for causal runs, the only ones it computes) and Qiu & Yao's attention.py (bf16, fix off and on). Cases
 cycle through batch x heads 1 to 64 and key counts 1 to 8192 (FA2's split launches among them), head dims 64 and 128,
@@ -33,7 +34,7 @@ from gpu.commands import require_gpu, sections
 
 SEED0 = 2_026_700_000  # fresh: no other recording draws from here
 SEED_CI = 2_026_900_000  # the CI grid's: small launches the CPU re-derives (tests/data/fresh_check)
-KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper")
+KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper", "ours")
 #: (key count, batch x heads), cycled: heads x keys^2 at most 2^26, most far less (the emulator's time)
 SHAPES = (
     (8192, 1),
@@ -83,6 +84,8 @@ def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
             heads = max(1, min(heads, (1 << 26) // (n * n)))
         if kernel in ("paper", "tutorial"):  # their own: Qiu & Yao's runs under bf16 autocast, the tutorial's
             dtype = "bf16" if kernel == "paper" else "fp16"  # TMA forward does not compile for bf16
+        if kernel == "ours":  # every dtype our kernels take (FP8: the forward, P V promoted by default)
+            dtype = ("bf16", "fp16", "e4m3")[i % 3]
         cases.append(
             {
                 "kernel": kernel,
@@ -91,12 +94,22 @@ def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
                 "d": (64, 128)[(i // len(shapes) + i) % 2],
                 "dtype": dtype,
                 "causal": bool((i // 3) % 2),
-                "softmax": "stabilised" if kernel == "paper" and (i // 5) % 2 else "standard",
+                "softmax": _softmax(kernel, i),
                 "seed": (SEED_CI if ci else SEED0) + 1_000_000 * k + 100 * i,
                 "first_kind": i,
             }
         )
     return cases
+
+
+def _softmax(kernel: str, i: int) -> str:
+    """Case i's softmax: Qiu & Yao's fix off and on; ours the default (cast_sum), every fourth the standard one; the
+    others the standard softmax, the only one they compute."""
+    if kernel == "paper":
+        return "stabilised" if (i // 5) % 2 else "standard"
+    if kernel == "ours":
+        return "standard" if i % 4 == 3 else "cast_sum"
+    return "standard"
 
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
@@ -116,7 +129,10 @@ def case_softmax(case: dict):
 
 
 def with_backward(case: dict) -> bool:
-    """Whether the case records dQ, dK, dV: the tutorial's backward computes causal attention's only."""
+    """Whether the case records dQ, dK, dV: the tutorial's backward computes causal attention's only, and our FP8
+    kernels have a forward only."""
+    if case["kernel"] == "ours":
+        return case["dtype"] != "e4m3"
     return case["kernel"] != "tutorial" or case["causal"]
 
 
@@ -257,8 +273,21 @@ def _kernel(name: str, case: dict, tutorial, paper, paper_gemms: bool = False):
 def _launch(case: dict, kernels: dict, tutorial, paper, paper_gemms: bool = False):
     """One kernel_run of the case (its backward too where the kernel has one for it)."""
     from gpu.crosscheck.kernels import kernel_run
+    from gpu.crosscheck.live import live_run
 
     x = case_inputs(case)
+    if case["kernel"] == "ours":  # gpu.flash as users call it (the forward kernel "auto" picks), its own policy
+        return live_run(
+            x["q"],
+            x["k"],
+            x["v"],
+            x["do"] if with_backward(case) else None,
+            dtype=case["dtype"],
+            causal=case["causal"],
+            softmax=case["softmax"],
+            debug=False,
+            note=f"fresh_check ours seed {case['seed']}",
+        )
     return kernel_run(
         _kernel(case["kernel"], case, tutorial, paper, paper_gemms),
         x["q"],

@@ -1,0 +1,27 @@
+"""studies.device.fresh_check's grid: our kernels take every dtype they run, and adding a kernel moved no other
+kernel's seeds (the recordings in tests/data/fresh_check are regenerated from them)."""
+
+import json
+from pathlib import Path
+
+from studies.device.fresh_check import KERNELS, grid, with_backward
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "fresh_check"
+
+
+def test_our_kernels_cases_take_every_dtype_and_both_softmaxes():
+    cases = grid("ours", 24)
+    assert {c["dtype"] for c in cases} == {"bf16", "fp16", "e4m3"}
+    assert {c["softmax"] for c in cases} == {"cast_sum", "standard"}
+    assert {c["d"] for c in cases} == {64, 128} and {c["causal"] for c in cases} == {False, True}
+    assert [with_backward(c) for c in cases] == [c["dtype"] != "e4m3" for c in cases]
+
+
+def test_the_recorded_cases_are_still_the_grids():
+    """Every recorded fresh case is, seed and shape, the grid's case of its kernel at its index."""
+    for path in sorted(DATA.glob("fresh_*.json")):
+        for case in json.loads(path.read_text())["cases"]:
+            i = (case["seed"] - grid(case["kernel"], 1)[0]["seed"]) // 100
+            want = grid(case["kernel"], i + 1)[i]
+            assert {k: case[k] for k in want} == want, (path.name, case["kernel"], case["seed"])
+    assert KERNELS[-1] == "ours"  # added last: the others keep their index, hence their seeds

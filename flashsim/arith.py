@@ -19,7 +19,7 @@ from emufloat.formats import format_of_dtype
 
 from .functions import get_function
 from .orders import DELTAS, DIVISIONS, ROW_SUMS, DeltaOrder, Division, RowSumOrder
-from .specs import NUMPY, Delta, Dot, Func, Norm, Op, RowSum, Scale, is_native
+from .specs import NUMPY, ByShape, Delta, Dot, Func, Norm, Op, RowSum, Scale, is_native
 
 RNE = Rounding("rne")
 _NP_OPS = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
@@ -165,16 +165,30 @@ def function(x: np.ndarray, spec: Func, trace: Trace | None = None, label: str =
 
 # ---- products --------------------------------------------------------------------------------------
 def dot(
-    a: np.ndarray, b: np.ndarray, spec: Dot, c: np.ndarray | None = None, trace: Trace | None = None, label: str = ""
+    a: np.ndarray,
+    b: np.ndarray,
+    spec: Dot,
+    c: np.ndarray | None = None,
+    trace: Trace | None = None,
+    label: str = "",
+    shape: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
-    """a @ b (+ c) by the spec's accumulation model, stored in its format.  Operands are already rounded."""
-    if spec.model == NUMPY:
+    """a @ b (+ c) by the spec's accumulation model, stored in its format.  Operands are already rounded.
+
+    ``shape``: the product's (M, N, K) as the kernel formed it (its tile's rows, columns and contracted extent,
+    which a subset of emulated rows does not change); a `ByShape` model picks its model by it and needs it."""
+    model = spec.model
+    if isinstance(model, ByShape):
+        if shape is None:
+            raise ValueError(f"{label or 'dot'}: a {model.name} model picks by the product's shape; none was given")
+        model = model.model_for(shape)
+    if model == NUMPY:
         r = f64(a) @ f64(b)
         return r if c is None else r + f64(c)
-    if spec.fmt == ef.as_format(spec.model.fmt):
-        return ef.matmul(a, b, spec.model, c, trace=trace, label=label)
+    if spec.fmt == ef.as_format(model.fmt):
+        return ef.matmul(a, b, model, c, trace=trace, label=label)
     # stored in another format: the label names the store; the accumulator's own roundings are LABEL_acc
-    r = ef.matmul(a, b, spec.model, c, trace=trace, label=f"{label}_acc")
+    r = ef.matmul(a, b, model, c, trace=trace, label=f"{label}_acc")
     return ef.quantize(r, spec.fmt, spec.rounding, trace=trace, label=label)
 
 

@@ -315,7 +315,8 @@ def kv_steps(
         if past:
             lead = [(0, 0)] * (kb.ndim - 2)
             kb, vb = np.pad(kb, [*lead, (0, 0), (0, past)]), np.pad(vb, [*lead, (0, past), (0, 0)])
-        s = _stacked_dot(q_rows, kb, pol.scores, heads, trace=trace, label="scores")
+        tile_m, tile_n, d = len(qrows), kb.shape[-1], kb.shape[-2]  # the launch's tile, not the rows emulated
+        s = _stacked_dot(q_rows, kb, pol.scores, heads, trace=trace, label="scores", shape=(tile_m, tile_n, d))
         visible = causal_visible(qrows, cols, offset) if masked else None
         if visible is not None and local is not None:
             visible = visible[local]
@@ -333,9 +334,11 @@ def kv_steps(
             pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
         acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
-            acc = _stacked_dot(pl, vb, pol.pv, heads, c=acc, trace=trace, label="pv")
+            acc = _stacked_dot(
+                pl, vb, pol.pv, heads, c=acc, trace=trace, label="pv", shape=(tile_m, vb.shape[-1], tile_n)
+            )
         else:
-            pv = _stacked_dot(pl, vb, pol.pv, heads, trace=trace, label="pv")
+            pv = _stacked_dot(pl, vb, pol.pv, heads, trace=trace, label="pv", shape=(tile_m, vb.shape[-1], tile_n))
             acc = arith.binary("add", acc, pv, pol.o_accum, trace, "o_accum")
         s_max, units = pipe.max_input
         yield KVStep(j0 // bn, cols, s, s_max, units, visible, m, alpha, p, pl, lsum.l, acc)
@@ -390,7 +393,7 @@ def reference_attention(
         kc = arith.cast(k2, pol.scores.inputs, trace=trace, label="inputs")
         vc = arith.cast(v2, pol.pv.inputs, trace=trace, label="inputs")
         m_rows, n = q2.shape[0], k2.shape[0]
-        s = arith.dot(qc, kc.T, pol.scores, trace=trace, label="scores")
+        s = arith.dot(qc, kc.T, pol.scores, trace=trace, label="scores", shape=(m_rows, n, qc.shape[-1]))
         m0 = arith.cast(np.full(m_rows, -np.inf), pol.max.fmt)
         offset = causal_offset(causal, m_rows, n)
         p, m, alpha = pipe.softmax_block(s, causal_visible(range(m_rows), range(n), offset), m0)
@@ -399,7 +402,14 @@ def reference_attention(
         l = lsum.total()
         pn = arith.normalize(p, l, pol.normalize, trace)
         pl = arith.cast(pn, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
-        o = arith.dot(pl, vc, dataclasses.replace(pol.pv, into_acc=False), trace=trace, label="pv")
+        o = arith.dot(
+            pl,
+            vc,
+            dataclasses.replace(pol.pv, into_acc=False),
+            trace=trace,
+            label="pv",
+            shape=(m_rows, vc.shape[-1], n),
+        )
         o = arith.output_cast(o, pol.output, trace, "output")
         return ForwardResult(o, pipe.lse(m, l))
 

@@ -188,7 +188,12 @@ class _Head:
         """P of one block; ``masks``: whether the kernel applies its mask there (None: where it hides a key)."""
         pol, tr = self.pol, trace
         s = arith.dot(
-            self.q[rows.start : rows.stop], self.k[cols.start : cols.stop].T, pol.scores, trace=tr, label="scores"
+            self.q[rows.start : rows.stop],
+            self.k[cols.start : cols.stop].T,
+            pol.scores,
+            trace=tr,
+            label="scores",
+            shape=(len(rows), len(cols), self.q.shape[1]),
         )
         visible = causal_visible(rows, cols, self.offset)
         self.masks = visible is not None if masks is None else masks
@@ -197,7 +202,12 @@ class _Head:
 
     def dp_block(self, rows: range, cols: range, trace: Trace | None) -> np.ndarray:
         return arith.dot(
-            self.do[rows.start : rows.stop], self.v_dp[cols.start : cols.stop].T, self.pol.dp, trace=trace, label="dp"
+            self.do[rows.start : rows.stop],
+            self.v_dp[cols.start : cols.stop].T,
+            self.pol.dp,
+            trace=trace,
+            label="dp",
+            shape=(len(rows), len(cols), self.do.shape[1]),
         )
 
     def delta(self, bm: int) -> np.ndarray:
@@ -220,12 +230,14 @@ class _Head:
         self, grad: Grad, a: np.ndarray, b: np.ndarray, acc: np.ndarray, label: str, key: int = 0
     ) -> np.ndarray:
         """acc plus the block product a b as ``grad`` says; an atomic one's product (with ``dot.into_acc``, its
-        operands) is kept in `terms` under (label, key) when they are collected (`flashsim.atomics`)."""
+        operands) is kept in `terms` under (label, key) when they are collected (`flashsim.atomics`).  a and b
+        are whole blocks, so their shapes are the product's as the kernel formed it."""
+        shape = (a.shape[0], b.shape[1], a.shape[1])
         if grad.dot.into_acc:
             if grad.atomic and self.terms is not None:
                 self.terms.setdefault((label, key), []).append((a, b))
-            return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label)
-        prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label)
+            return arith.dot(a, b, grad.dot, c=acc, trace=self.trace, label=label, shape=shape)
+        prod = arith.dot(a, b, grad.dot, trace=self.trace, label=label, shape=shape)
         if grad.atomic:
             if self.terms is not None:
                 self.terms.setdefault((label, key), []).append(prod)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from emufloat import FP32, Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
+from emufloat.accum import TiledK
 
 from .arith import cast as _cast
 from .causal import visible_matrix
@@ -29,7 +30,7 @@ from .softmax import (
     get_softmax,
     sums_cast_p,
 )
-from .specs import NUMPY, is_native
+from .specs import NUMPY, ByShape, is_native
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,12 @@ def _sum_theta(model: object, n: int, blocks: int = 1) -> float:
     as a per-term error like a rounding does."""
     if isinstance(model, str) and model == NUMPY:
         return _compound(n + blocks, 2.0**-53)
+    if isinstance(model, ByShape):  # whichever product shape: the worst of its models
+        return max((_sum_theta(m, n, blocks) for _, m in model.table), default=0.0)
+    if isinstance(model, TiledK):  # the step's chains, a padded step and an FP32 reduce add per slice
+        step = model.step
+        err = (step.width + 1) * 2.0**-step.align_bits + _unit(step.acc_fmt, step.final_rounding) + _unit(step.fmt)
+        return _compound(math.ceil(n / step.width) + 2 * model.splits + blocks, err)
     if isinstance(model, FusedBlock):
         step = (model.width + 1) * 2.0**-model.align_bits + _unit(model.acc_fmt, model.final_rounding)
         return _compound(math.ceil(n / model.width) + blocks, step + _unit(model.fmt))

@@ -8,9 +8,9 @@ kernels, which share that instruction model but arrange K differently (`emufloat
   (Tk from the name's second shape: ``64x2`` -> 64, ``128x1`` -> 128) and
   ``cutlass_80_tensorop_bf16_s16816gemm_*_64x64_{64,32}x6_*`` (Tk 64, 32): 16-product steps, the residue
   tile first;
-* ``cutlass_75_tensorop_s1688gemm_*`` with ``cublasLt::splitKreduce_kernel``: 8-product steps
+* ``cutlass_75_tensorop_[bf16_]s1688gemm_*`` with ``cublasLt::splitKreduce_kernel``: 8-product steps
   (``mma.sync.m16n8k8``, `emufloat.hw.h100.MMA_K8_BF16`), K split in slices, each residue-first with
-  Tk = 32, the slices added in FP32;
+  Tk = 32, the slices added in FP32; without it, one such slice over the whole K;
 * ``cutlass_80_tensorop_s16816gemm_*_32x6_*`` with ``splitKreduce_kernel``: the same with 16-product steps.
 
 The split count is cuBLAS's choice, not a function of the shape found so far: a launch must report it.
@@ -79,8 +79,8 @@ def kernel_model(kernels: Sequence[str], splits: int | None = None) -> FusedBloc
         if found.group(2) != "tensorop":
             raise ValueError(f"kernels: no split-K model for {name!r}; accepted: {_ACCEPTED}")
         return TiledK(step, tile=tile, splits=splits, name=f"cublas_cutlass_k{tile}_split{splits}_{step.name}")
-    if step is not WGMMA_BF16:
-        raise ValueError(f"kernels: {name!r} without splitKreduce_kernel was never recorded; accepted: {_ACCEPTED}")
+    if step is not WGMMA_BF16:  # s1688 unsplit: one slice of the split kernels' arrangement
+        return TiledK(step, tile=tile, name=f"cublas_cutlass_k{tile}_{step.name}")
     return next((m for m in PRESETS.values() if m.tile == tile), None) or TiledK(
         step, tile=tile, name=f"cublas_cutlass_k{tile}_bf16"
     )

@@ -16,6 +16,7 @@ from .base import NUMPY, Model, is_native
 from .forward import (
     MODEL_PRESETS,
     SCALE_PLACES,
+    ByShape,
     Combine,
     Dot,
     Func,
@@ -28,6 +29,7 @@ from .forward import (
 )
 
 __all__ = [
+    "ByShape",
     "Combine",
     "DELTA_SOURCES",
     "MODEL_PRESETS",

@@ -10,8 +10,9 @@ import numpy as np
 
 import emufloat as ef
 from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
+from emufloat.accum import TiledK
 
-Model = Sequential | Pairwise | Exact | FusedBlock
+Model = Sequential | Pairwise | Exact | FusedBlock | TiledK
 NUMPY = "numpy"  # an FP64 step evaluated by numpy (BLAS for products, np.sum for sums)
 
 

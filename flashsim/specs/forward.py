@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import emufloat as ef
 from emufloat import Exact, Format, FusedBlock, Pairwise, Rounding, Sequential
 from emufloat.accum import PRESETS as MODEL_PRESETS
+from emufloat.accum import TiledK
 
 from ..functions import get_function
 from ..orders import COMBINES, DIVISIONS, KV_SCHEDULES, LSE_FORMS, ROW_SUMS
@@ -125,6 +126,58 @@ class Mask:
         return f"{self.how} {self.value:g}"
 
 
+Shape = tuple[int, int, int]  # a product's (M, N, K): rows and columns of the result, the contracted extent
+
+
+@dataclass(frozen=True)
+class ByShape:
+    """An accumulation model chosen by the shape of each product: a library picks its GEMM kernel by shape (cuBLAS
+    runs other kernels where an extent is not a multiple of 8), so one step's products can round differently.
+
+    ``table``: ((M, N, K), model) pairs, or a dict; M, N, K are the product's shape as the kernel formed it (the
+    tile's rows, columns and contracted extent, whatever subset of rows is emulated).  Every model has one result
+    format.  `model_for()` of a shape not in the table raises: there is no neutral default.
+    """
+
+    table: tuple[tuple[Shape, Model], ...]
+    name: str = "by_shape"
+
+    def __post_init__(self) -> None:
+        items = self.table.items() if isinstance(self.table, dict) else self.table
+        try:
+            pairs = tuple(sorted(((tuple(int(x) for x in s), m) for s, m in items), key=lambda sm: sm[0]))
+        except (TypeError, ValueError):
+            raise ValueError(f"ByShape.table: expected ((M, N, K), model) pairs, got {self.table!r}") from None
+        for shape, model in pairs:
+            if len(shape) != 3 or min(shape) < 1:
+                raise ValueError(f"ByShape.table: expected shapes (M, N, K) of positive extents, got {shape}")
+            if not isinstance(model, (Sequential, Pairwise, Exact, FusedBlock, TiledK)):
+                raise ValueError(
+                    f"ByShape.table: the model of {shape} is a {type(model).__name__}, not an emufloat model"
+                )
+        if len({s for s, _ in pairs}) != len(pairs):
+            raise ValueError("ByShape.table: a shape given twice")
+        if len({ef.as_format(m.fmt) for _, m in pairs}) > 1:
+            raise ValueError("ByShape.table: the models' result formats differ")
+        object.__setattr__(self, "table", pairs)
+
+    @property
+    def fmt(self) -> Format:
+        """The models' result format (FP32 for an empty table)."""
+        return ef.as_format(self.table[0][1].fmt) if self.table else ef.FP32
+
+    def model_for(self, shape: Shape) -> Model:
+        """The model of a product of shape (M, N, K); a ValueError for a shape the table lacks."""
+        found = next((m for s, m in self.table if s == tuple(shape)), None)
+        if found is None:
+            known = ", ".join("x".join(map(str, s)) for s, _ in self.table) or "none"
+            raise ValueError(
+                f"{self.name}: no model for a product of shape {'x'.join(map(str, shape))} (M x N x K); "
+                f"the table has {known}"
+            )
+        return found
+
+
 @dataclass(frozen=True)
 class Dot(Spec):
     """A matrix product (QK^T or PV): operands rounded into ``inputs``, summed by ``model``, stored in ``fmt``.
@@ -135,7 +188,7 @@ class Dot(Spec):
     """
 
     inputs: Format
-    model: Model | str
+    model: Model | ByShape | str
     fmt: Format | None = None
     rounding: Rounding = field(default_factory=Rounding)
     into_acc: bool = False
@@ -151,9 +204,9 @@ class Dot(Spec):
                     f"Dot.model: expected an emufloat model, {NUMPY!r} or one of "
                     f"{sorted(MODEL_PRESETS)}, got {self.model!r}"
                 )
-        elif not isinstance(self.model, (Sequential, Pairwise, Exact, FusedBlock)):
+        elif not isinstance(self.model, (Sequential, Pairwise, Exact, FusedBlock, TiledK, ByShape)):
             raise ValueError(
-                f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock or {NUMPY!r}, "
+                f"Dot.model: expected Sequential, Pairwise, Exact, FusedBlock, TiledK, ByShape or {NUMPY!r}, "
                 f"got {type(self.model).__name__}"
             )
         if self.fmt is None:
@@ -177,6 +230,10 @@ class Dot(Spec):
             how = "numpy float64"
         elif isinstance(m, FusedBlock):
             how = f"{m.name} (width {m.width}, {m.align_bits} bits, {m.final_rounding})"
+        elif isinstance(m, ByShape):
+            how = f"{m.name} (by product shape: {', '.join(sorted({mm.name for _, mm in m.table})) or 'none'})"
+        elif isinstance(m, TiledK):
+            how = f"{m.name} ({m.step.name} steps, k-tile {m.tile}, {m.splits} split(s))"
         else:
             how = f"{m.name} {format_name(m.fmt)} {m.rounding}" + (
                 ", unfused" if getattr(m, "fused", True) is False else ""
@@ -370,6 +427,7 @@ class Combine:
 
 
 __all__ = [
+    "ByShape",
     "Combine",
     "MODEL_PRESETS",
     "SCALE_PLACES",

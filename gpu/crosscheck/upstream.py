@@ -17,9 +17,9 @@ import types
 from pathlib import Path
 
 from flashsim import trust
-from flashsim.policy import PolicyRef
 
 from ..policies import tutorial_policy_for
+from ..policies.qiu_yao import qiu_yao_policy_for
 from .kernels import Kernel
 from .profiled import launched_kernels
 
@@ -133,7 +133,8 @@ def paper_attention(
 def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qiu_yao", gemms: bool = False) -> Kernel:
     """Qiu & Yao's attention (`paper_attention`) as a bf16 kernel; ``stable``: their fix on (run it with
     `softmax=get_softmax("stabilised", count_masked=True)`, which is what it computes).  Their scale is fixed at
-    d ** -0.5: a run must pass that `sm_scale`.  Its `policy_for` is the `qiu_yao` policy.  ``gemms``: profile
+    d ** -0.5: a run must pass that `sm_scale`.  Its `policy_for` is `qiu_yao_policy_for`: the `qiu_yao` policy, with
+    the launch's GEMM table where it reports one.  ``gemms``: profile
     every einsum and report the kernels cuBLAS ran for it (kernel_info's ``gemms``, and ``gemms_backward`` for the
     backward's call: its forward again, then the backward; where a tile is not a multiple of 8 cuBLAS runs
     CUTLASS kernels, some splitting K; slow, for the launches that need it)."""
@@ -158,7 +159,7 @@ def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qi
 
     kernel.__name__ = name
     kernel.backward = backward
-    kernel.policy_for = lambda launch: PolicyRef("qiu_yao")
+    kernel.policy_for = qiu_yao_policy_for
     return kernel
 
 

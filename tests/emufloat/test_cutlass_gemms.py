@@ -115,6 +115,9 @@ def test_presets_and_kernel_names():
     split = cublas.kernel_model(CASES[10]["kernels"], 4)
     assert (split.step, split.tile, split.splits, split.residue_first) == (h100.MMA_K8_BF16, 32, 4, True)
     assert cublas.kernel_model(CASES[74]["kernels"], 7).step is h100.WGMMA_BF16
+    # unsplit s1688 (Qiu & Yao's launches, tests/data/fresh_check/fresh_5.json): one slice of the split arrangement
+    alone = cublas.kernel_model(["cutlass_75_tensorop_bf16_s1688gemm_bf16_64x64_tn_align1"])
+    assert (alone.step, alone.tile, alone.splits) == (h100.MMA_K8_BF16, 32, 1)
 
 
 @pytest.mark.parametrize(

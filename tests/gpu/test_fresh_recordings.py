@@ -5,8 +5,9 @@ sample of its small launches re-derived here from their seeds (`studies.device.f
 Kept as recorded: the device's check of SDPA's three backends and the tutorial, the CPU's check
 (`studies.device.fresh_verify`) of Qiu & Yao's pipeline and of the memory-efficient cases first checked under an
 older policy, and of cuDNN's launches under its exact backward.  Misses are asserted where they are known and
-said: Qiu & Yao's at key counts that are not a multiple of 8 (cuBLAS's CUTLASS GEMMs, not modelled), and cuDNN's
-dQ where the GPU chose the order of its atomic adds and no bits were kept to admit it."""
+said: Qiu & Yao's at key counts that are not a multiple of 8 where the launch's GEMM table was not used (cuBLAS's
+CUTLASS GEMMs; fresh_5's launches report the table, and re-derived under the policy made from it they are identical),
+and cuDNN's dQ where the GPU chose the order of its atomic adds and no bits were kept to admit it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu.policies.qiu_yao import qiu_yao_policy_for
 from studies.device.fresh_verify import verify
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fresh_check"
@@ -79,6 +81,38 @@ def test_qiu_yao_misses_only_where_cublas_leaves_its_sm90_gemms():
     missed = [c for c in mine if not c["check"]["up_to_atomic_order"]]
     assert missed and all(c["n"] % 8 for c in missed)
     assert all(c["check"]["identical"].get("lse") == 1.0 for c in mine)  # the row sums at every width
+    # checked under the policy without the launch's GEMM table (fresh_1..4 recorded none)
+    assert all(c["policy"] == {"target": "qiu_yao", "kwargs": {}} for c in missed)
+
+
+#: fresh_5's launches of Qiu & Yao's pipeline that report their GEMM table (every one at a width not a multiple of 8)
+WITH_GEMMS = [
+    c for c in RECORDINGS["fresh_5.json"]["cases"] if c["kernel"] == "paper" and "gemms" in c["launch"]["kernel_info"]
+]
+
+
+def _under_launch_policy(case: dict) -> dict:
+    return case | {"policy": qiu_yao_policy_for(case["launch"]).to_json()}
+
+
+def test_fresh_5_reports_gemm_tables_where_cublas_may_leave_its_sm90_kernels():
+    assert len(WITH_GEMMS) == 25
+    assert {c["n"] for c in WITH_GEMMS} == {1, 7, 77, 100, 129, 333, 513, 999, 1100, 2100}
+    missed = [c for c in WITH_GEMMS if not c["check"]["up_to_atomic_order"]]
+    assert len(missed) == 11 and all(c["policy"]["target"] == "qiu_yao" for c in missed)  # the plain policy's
+
+
+@pytest.mark.parametrize(
+    "case",
+    [c if c["heads"] * c["n"] ** 2 <= 2**20 else pytest.param(c, marks=pytest.mark.slow) for c in WITH_GEMMS],
+    ids=_label,
+)
+def test_fresh_5_launches_are_rederived_under_the_policy_made_from_their_gemm_tables(case):
+    """Every output bit for bit from the seed, the 11 launches the plain policy missed included: each einsum's
+    product by the model of the kernel cuBLAS ran for its shape (CUTLASS's, split over K where it was)."""
+    got = verify(_under_launch_policy(case), {})
+    assert got["up_to_atomic_order"] and set(got["identical"].values()) == {1.0}, got
+    assert got["attention"] is True
 
 
 def test_cudnn_is_exact_but_for_the_dq_orders_the_gpu_chose():

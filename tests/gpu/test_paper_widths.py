@@ -17,6 +17,7 @@ import flashsim as fs
 from flashsim.bits import to_bits
 from flashsim.recording import sha256_of
 from gpu.policies import QIU_YAO, cublas_alignment
+from gpu.policies.qiu_yao import qiu_yao_policy_for
 from studies.device.paper_widths import case_inputs, case_softmax
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "paper_widths" / "paper_widths.json"
@@ -80,3 +81,56 @@ def test_every_case_that_differs_is_said_to_by_the_cross_check():
         if min(c["identical"].values()) < 1.0:
             assert cublas_alignment(QIU_YAO, launch) is not None
     assert cublas_alignment(QIU_YAO, {"n_q": 640, "n_k": 640, "head_dim": 64}) is None
+
+
+FRESH_5 = json.loads((DATA.parents[1] / "fresh_check" / "fresh_5.json").read_text())
+#: a launch of 129 keys (tiles of 129: CUTLASS kernels, some split over K) with its GEMM table, one head
+LAUNCH_129 = next(
+    c
+    for c in FRESH_5["cases"]
+    if c["kernel"] == "paper" and c["n"] == 129 and c["causal"] and c["softmax"] == "standard"
+)
+
+
+def _launch_policy(case: dict) -> fs.Policy:
+    return qiu_yao_policy_for(case["launch"]).resolve()
+
+
+def test_the_launchs_gemm_table_picks_each_products_model_by_its_shape():
+    from emufloat.hw import cublas, h100
+    from gpu.crosscheck.upstream import paper_kernel
+
+    launch = LAUNCH_129["launch"]
+    ref = paper_kernel(None).policy_for(launch)
+    assert ref.target == "gpu.policies:qiu_yao_policy" and ref.kwargs["gemms"]
+    pol = ref.resolve()
+    assert pol.name == "qiu_yao_launch" and pol.scores.model is pol.dp.model and pol.dv.dot.model is pol.dk.dot.model
+    scores = pol.scores.model.model_for((129, 129, 128))  # grid z 2 with splitKreduce_kernel: two slices of K
+    assert (scores.step, scores.tile, scores.splits) == (h100.MMA_K8_BF16, 32, 2)
+    assert pol.pv.model.model_for((129, 128, 129)).splits == 2 and pol.dq.dot.model is pol.pv.model
+    with pytest.raises(ValueError, match=r"no model for a product of shape 512x129x128 \(M x N x K\)"):
+        pol.scores.model.model_for((512, 129, 128))
+    # without a table: the plain policy, and the launch check says what it leaves out
+    bare = {**launch, "kernel_info": {"stable": False}}
+    assert paper_kernel(None).policy_for(bare) == fs.PolicyRef("qiu_yao")
+    assert cublas_alignment(QIU_YAO, bare) is not None and cublas_alignment(pol, launch) is None
+    assert cublas.kernel_model(["nvjet_sm90_tst_64x64_64x13_2x1_v_bz_TNT"]) is h100.WGMMA_BF16
+
+
+def test_a_product_shape_the_launch_did_not_report_is_refused():
+    pol = _launch_policy(LAUNCH_129)
+    x = np.random.default_rng(0).standard_normal((3, 130, 128)).astype(np.float32)
+    with pytest.raises(ValueError, match=r"no model for a product of shape 130x130x128"):
+        fs.flash_forward(x[0], x[1], x[2], pol)
+
+
+def test_rows_emulated_alone_take_the_model_of_the_launchs_tile():
+    """A subset of a Q block's rows is a product of fewer rows: the model is still the one cuBLAS ran for the
+    whole tile (another shape would be refused, or take another kernel's model)."""
+    from studies.device.fresh_check import case_inputs
+
+    pol = _launch_policy(LAUNCH_129)
+    x = case_inputs(LAUNCH_129)
+    whole = fs.flash_forward(x["q"][0], x["k"][0], x["v"][0], pol, causal=True)
+    some = fs.step_rows(x["q"][0], x["k"][0], x["v"][0], pol, rows=[5, 100], causal=True, trace=False).result
+    assert np.array_equal(to_bits(some.o, ef.BF16), to_bits(whole.o[[5, 100]], ef.BF16))

@@ -30,6 +30,7 @@ from flashsim.policy import Policy, PolicyRef, get_policy
 from flashsim.softmax import SoftmaxVariant, get_softmax
 
 from ..policies import H100_SM_COUNT
+from ..policies.flex_decoding import split_kv as decoding_split_kv
 from ..versions import CalibrationWarning, calibration_mismatch, installed_versions
 from .live import bits_of, on_device
 
@@ -107,15 +108,19 @@ _FLEX_CONFIG = {
     "num_warps": re.compile(r"num_warps=(\d+),\s*triton_meta=\{'signature': \{'arg_Q'"),
     "num_stages": re.compile(r"num_stages=(\d+),\s*num_warps=\d+,\s*triton_meta=\{'signature': \{'arg_Q'"),
 }
+#: what the decoding template's source says besides (absent from the regular template's)
+_FLEX_DECODING_CONFIG = {"SPLIT_KV": re.compile(r"'SPLIT_KV': (\d+)")}
 
 
 def flex_config(sources: list[str]) -> dict:
     """The forward template kernel's tiles, warps and stages, read from Inductor's generated source (None where
-    the source does not say)."""
+    the source does not say), and the decoding template's SPLIT_KV where it ran."""
     fwd = [src for src in sources if "triton_tem_fused_flex_attention_0" in src] or sources
     text = "\n".join(fwd)
     found = {key: pattern.search(text) for key, pattern in _FLEX_CONFIG.items()}
-    return {key: int(m.group(1)) if m else None for key, m in found.items()}
+    config = {key: int(m.group(1)) if m else None for key, m in found.items()}
+    decoding = {key: pattern.search(text) for key, pattern in _FLEX_DECODING_CONFIG.items()}
+    return config | {key: int(m.group(1)) for key, m in decoding.items() if m}
 
 
 def launched_configs(fn: Callable[[], object]) -> dict[str, dict]:
@@ -148,7 +153,9 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     FlexAttention mask_mod (b, h, q_idx, kv_idx) -> bool, made into a block mask; None: no mask, or causal where
     the run is.  Returns O and the natural-log LSE flex_attention returns; its `backward` the gradients through
     the compiled forward and the backward Inductor generates for it.  Its `policy_for(launch)` is
-    `gpu.policies.flex_policy` for the tiles that ran; `mask_matrix(n_q, n_k, device)` gives the mask as a
+    `gpu.policies.flex_policy` for the tiles that ran (below 128 queries, Inductor's decoding template: with the
+    launch's SPLIT_KV, read from the generated source or else from its batch x heads and the card's SM count, its
+    key count and whether a block mask ran); `mask_matrix(n_q, n_k, device)` gives the mask as a
     KernelRun keeps it (None for no mask or causal)."""
 
     seen: dict[tuple, dict] = {}  # each launch's tiles, read when it compiled (a cached launch generates no source)
@@ -225,6 +232,10 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         info = launch.get("kernel_info") or {}
         tiles = {"block_m": info.get("BLOCK_M"), "block_n": info.get("BLOCK_N"), "num_warps": info.get("num_warps")}
         tiles |= {key: info.get(key) for key in ("delta_xblock", "delta_num_warps")}
+        if launch.get("n_q", 128) < 128:  # Inductor's decoding template: K/V split over SPLIT_KV programs
+            sms = launch.get("sm_count", H100_SM_COUNT)
+            tiles |= {"split_kv": info.get("SPLIT_KV") or decoding_split_kv(launch["batch_heads"], sms)}
+            tiles |= {"n_k": launch["n_k"], "block_mask": mask_mod is not None or bool(launch.get("causal"))}
         args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
         return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
 

@@ -10,8 +10,9 @@ import dataclasses
 from emufloat import FP32
 from flashsim.forms import triton_blocked_delta
 from flashsim.policy import Policy
-from flashsim.specs import BwdTiling, Func, Mask, Op, Recompute, Scale
+from flashsim.specs import BwdTiling, Combine, Func, Mask, Norm, Op, Recompute, Scale
 
+from . import flex_decoding  # noqa: F401 - registers the decoding template's orders and combine
 from .our_kernels import triton_policy
 
 #: the tiles and warps Inductor's default forward config takes on the H100/H200 (no max-autotune), by head dim
@@ -30,6 +31,9 @@ def flex_policy(
     num_warps: int | None = None,
     delta_xblock: int = 32,
     delta_num_warps: int | None = None,
+    split_kv: int | None = None,
+    n_k: int | None = None,
+    block_mask: bool = False,
 ) -> Policy:
     """FlexAttention's forward and backward as Inductor compiles them for the H100 (bf16 or fp16; the forward's
     tiles and warps as the compiled kernel reports them, default Inductor's default config for the head dim).
@@ -53,20 +57,42 @@ def flex_policy(
     ``Recompute(form="split_log2e")``), P = ex2.approx.ftz(x), dS = P (dP - delta); dQ by programs per 128 queries
     over 64-key blocks, dK and dV by programs per 128 keys over 64-query blocks, every product wgmma into its FP32
     accumulator, each walk taking the block mask's partial tiles first, then its full ones
-    (`BwdTiling("masked_first")`); dQ and dK times sm_scale at the end.  Inductor's short-sequence configs (fewer
-    than 4 warps, or BLOCK_M below 64: below about 128 keys) run mma.sync rather than wgmma: its 16-row tiles
-    round as the wgmma model and sum rows as the same lanes do, with the warps side by side along the row
-    (checked on fresh launches); the others (64 or 128 rows on 2 warps) are refused.
+    (`BwdTiling("masked_first")`); dQ and dK times sm_scale at the end.
+
+    Fewer than 128 queries run Inductor's decoding template (its short-sequence configs: 2 warps, mma.sync, BLOCK_M
+    the query count's next power of two, at least 16): ``split_kv`` programs (`flex_decoding.split_kv`) each run the
+    online softmax over their keys and store m, l and the undivided accumulator, and Inductor's reductions combine
+    them (`gpu.policies.flex_decoding`); rows sum as the mma.sync warps hold them (on rows where the tile has at
+    least as many rows as head-dim columns, else alternate 8-column groups), and the subtract is never fused (the
+    bounds check's select in every block).  Without a block mask, and with one 64-key tile, one split holds every
+    key, and such launches are reproduced bit for bit (``n_k``, ``block_mask``: the launch's keys and whether a block
+    mask ran); a block mask over more keys deals its tiles to several splits, whose combine is not reproduced (the
+    document-mask launches at 100 keys), and is refused.  Without ``split_kv``, 16-row tiles run as one split, with
+    the regular template's row sums (the same bits up to 8 keys); 64 and 128 rows on 2 warps need it.
     """
     tiles = DEFAULT_TILES.get(head_dim, DEFAULT_TILES[128])
     bm = tiles[0] if block_m is None else block_m
     bn = tiles[1] if block_n is None else block_n
     warps = tiles[2] if num_warps is None else num_warps
-    if (warps < 4 or bm % 64) and bm != 16:
+    short = warps < 4 or bm % 64
+    if short and (bm not in (16, 64, 128) or warps != 2):
         raise ValueError(
-            f"block_m, num_warps: {bm} rows with {warps} warps is one of Inductor's short-sequence configs, which "
-            "runs mma.sync without a wgmma warpgroup: modelled for 16-row tiles only (BLOCK_M a multiple of 64 "
-            "with 4 warps or more takes wgmma)"
+            f"block_m, num_warps: {bm} rows with {warps} warps is not one of Inductor's short-sequence configs "
+            "modelled: its decoding template on 2 warps with 16, 64 or 128 rows (BLOCK_M a multiple of 64 with 4 "
+            "warps or more takes wgmma)"
+        )
+    if short and bm != 16 and split_kv is None:
+        raise ValueError(
+            f"split_kv: {bm} rows on {warps} warps is one of Inductor's short-sequence configs (its decoding "
+            "template, K/V split over SPLIT_KV programs): give the launch's split_kv (max(SMs // (batch x KV heads) "
+            "* 2, 1)), its key count n_k and whether it has a block mask"
+        )
+    if split_kv is not None and split_kv > 1 and block_mask and (n_k is None or n_k > bn):
+        raise ValueError(
+            f"n_k, block_mask: a block mask over {n_k} keys deals its {bn}-key tiles to {split_kv} splits, one of "
+            "Inductor's short-sequence configs whose combine of several splits is not reproduced (the document-mask "
+            "launches at 100 keys): modelled are launches where one split holds every key (no block mask, a block "
+            f"mask over at most {bn} keys, or split_kv 1)"
         )
     if delta_num_warps is None:
         if delta_xblock not in DELTA_WARPS:
@@ -77,7 +103,7 @@ def flex_policy(
         delta_num_warps = DELTA_WARPS[delta_xblock]
     chunk, threads = triton_blocked_delta(delta_xblock, delta_num_warps, head_dim)
     base = triton_policy(dtype, block_m=bm, block_n=bn, num_warps=warps)
-    return dataclasses.replace(
+    pol = dataclasses.replace(
         base,
         name=f"flex_attention_{dtype}_{bm}x{bn}w{warps}"
         + ("" if delta_xblock == 32 else f"_delta{delta_xblock}w{delta_num_warps}"),
@@ -91,6 +117,35 @@ def flex_policy(
         delta=dataclasses.replace(base.delta, order="triton_blocked", chunk=chunk, threads=threads),
         recompute=Recompute("h100_ex2", FP32, fused=True, form="split_log2e", unfused_in=("masked", "ragged")),
         bwd_tiling=BwdTiling(64, 128, "masked_first", "masked_first"),
+    )
+
+    if not short or split_kv is None:  # the regular template; or a 16-row tile as one split
+        return pol
+    return _decoding(pol, head_dim, split_kv)
+
+
+def _decoding(pol: Policy, head_dim: int, splits: int) -> Policy:
+    """``pol`` as Inductor's decoding template runs it (2 warps, mma.sync): row sums by the warps' layout (on rows
+    where the tile has at least as many rows as head-dim columns, else on columns), the subtract never fused (the
+    template's bounds-check select in every block: its query count is never whole tiles), and with several splits
+    each split's accumulator and row max left to Inductor's combine (`gpu.policies.flex_decoding`)."""
+    bm = pol.tiling.block_m
+    order = "mma_sync_rows" if bm >= head_dim else "mma_sync_cols"
+    pol = dataclasses.replace(
+        pol,
+        name=f"{pol.name}_split{splits}",
+        note=f"{pol.note}; Inductor's decoding template, K/V over {splits} splits and its combine",
+        row_sum=dataclasses.replace(pol.row_sum, order=order),
+        subtract=Op(FP32),
+    )
+    if splits == 1:
+        return pol
+    return dataclasses.replace(
+        pol,
+        normalize=Norm("divide", "flex_decoding_acc", FP32),
+        lse=dataclasses.replace(pol.lse, form="flex_decoding_max"),
+        tiling=dataclasses.replace(pol.tiling, kv_splits=splits),
+        combine=Combine(method="flex_decoding"),
     )
 
 

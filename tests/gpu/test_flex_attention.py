@@ -22,6 +22,7 @@ from flashsim.orders import KV_SCHEDULES
 from flashsim.recording import sha256_of
 from flashsim.specs import Op
 from gpu.policies import flex_policy
+from gpu.policies.flex_decoding import split_kv
 from studies.device.flex_capture import case_inputs, mask_matrix
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "flex"
@@ -119,17 +120,25 @@ def test_without_the_split_fusion_or_the_block_order_flex_is_lost():
         assert (_emulated(case, in_key_order) != want) == order_shows
 
 
-def _policy_of(case: dict):
+def _policy_of(case: dict, decoding: bool = True):
+    """The case's policy from the tiles it reports; below 128 queries (Inductor's decoding template, unless not
+    ``decoding``) with its SPLIT_KV, key count and whether a block mask ran."""
     info = case["kernel_info"]
-    return flex_policy(case["dtype"], case["d"], info["BLOCK_M"], info["BLOCK_N"], info["num_warps"])
+    tiles = (info["BLOCK_M"], info["BLOCK_N"], info["num_warps"])
+    kw = {}
+    if decoding and case["n"] < 128:
+        sms = FRESH["launch_common"]["sm_count"]
+        kw = {"split_kv": split_kv(case["heads"], sms), "n_k": case["n"], "block_mask": case["mask"] != "none"}
+    return flex_policy(case["dtype"], case["d"], *tiles, **kw)
 
 
 def test_fresh_launches_through_kernel_run_are_identical_or_refused():
     """106 fresh launches (`python -m studies.device.flex_check`: kernel_run, the policy from the tiles Inductor
     chose, masks as matrices, crosscheck on the device): every one the policy modelled then is bit-identical in O
-    and LSE and is attention; the others are exactly the short-sequence configs (2 warps) the policy refused then.
-    Of those, the 16-row tiles (mma.sync, warps along the row) are modelled now and re-derived from their seeds
-    (`test_short_sequence_launches_of_16_rows_are_rederived`); 64 and 128 rows on 2 warps are still refused."""
+    and LSE and is attention; the others are exactly the short-sequence configs (2 warps: Inductor's decoding
+    template) the policy refused then.  Of those, every launch where one split holds every key is modelled now and
+    re-derived from its seed (`test_short_sequence_launches_are_rederived`); the document masks at 100 keys (two
+    64-key tiles in two splits) are still refused."""
     assert FRESH["launch_common"]["device"] == "NVIDIA H200" and FRESH["launch_common"]["triton"] == "3.6.0"
     modelled = [c for c in FRESH["cases"] if "identical" in c["check"]]
     assert len(modelled) >= 75 and len(FRESH["cases"]) >= 100
@@ -139,19 +148,80 @@ def test_fresh_launches_through_kernel_run_are_identical_or_refused():
         assert all(f == 1.0 for f in c["check"]["identical"].values()) and c["check"]["attention"]
         _policy_of(c)
     refused = [c for c in FRESH["cases"] if "error" in c["check"]]
-    assert {c["kernel_info"]["num_warps"] for c in refused} == {2}
-    for c in refused:
+    assert {c["kernel_info"]["num_warps"] for c in refused} == {2} and max(c["n"] for c in refused) < 128
+    assert len(SHORT) == 25 and len(STILL_REFUSED) == 3 and len(SHORT) + len(STILL_REFUSED) == len(refused)
+    for c in STILL_REFUSED:
+        assert (c["mask"], c["n"], c["kernel_info"]["BLOCK_M"]) == ("document", 100, 128)
+        with pytest.raises(ValueError, match="short-sequence configs whose combine of several splits"):
+            _policy_of(c)
+    for c in refused:  # 64 or 128 rows on 2 warps: the decoding template needs the launch's split
         if c["kernel_info"]["BLOCK_M"] != 16:
-            with pytest.raises(ValueError, match="short-sequence configs"):
-                _policy_of(c)
+            with pytest.raises(ValueError, match="split_kv: .* short-sequence configs"):
+                _policy_of(c, decoding=False)
 
 
-SHORT_16 = [c for c in FRESH["cases"] if "error" in c["check"] and c["kernel_info"]["BLOCK_M"] == 16]
+def _one_split(case: dict) -> bool:
+    """Whether one split of Inductor's decoding template holds every key: no block mask, or one 64-key tile."""
+    return case["mask"] == "none" or case["n"] <= case["kernel_info"]["BLOCK_N"]
 
 
-@pytest.mark.parametrize("case", SHORT_16, ids=lambda c: f"{c['mask']}_n{c['n']}_h{c['heads']}_d{c['d']}_s{c['seed']}")
-def test_short_sequence_launches_of_16_rows_are_rederived(case):
-    assert _emulated(case, _policy_of(case)) == {name: case["digests"][name] for name in ("o", "lse")}
+SHORT = [c for c in FRESH["cases"] if "error" in c["check"] and _one_split(c)]
+STILL_REFUSED = [c for c in FRESH["cases"] if "error" in c["check"] and not _one_split(c)]
+
+
+def _short_id(c: dict) -> str:
+    return f"{c['mask']}_n{c['n']}_h{c['heads']}_bm{c['kernel_info']['BLOCK_M']}_d{c['d']}_s{c['seed']}"
+
+
+@pytest.mark.parametrize("case", SHORT, ids=_short_id)
+def test_short_sequence_launches_are_rederived(case):
+    """The decoding template's launches (16, 64 and 128 rows on 2 warps, K/V over SPLIT_KV splits and Inductor's
+    combine), O and LSE bit for bit; the 16-row ones also as one split with the regular template's row sums."""
+    want = {name: case["digests"][name] for name in ("o", "lse")}
+    pol = _policy_of(case)
+    assert pol.tiling.kv_splits == split_kv(case["heads"], 132) > 1 and pol.combine.method == "flex_decoding"
+    assert _emulated(case, pol) == want
+    if case["kernel_info"]["BLOCK_M"] == 16:
+        assert _emulated(case, _policy_of(case, decoding=False)) == want
+
+
+def _short_pick(block_m: int, d: int) -> dict:
+    return next(c for c in SHORT if c["kernel_info"]["BLOCK_M"] == block_m and c["d"] == d and c["mask"] == "none")
+
+
+@pytest.mark.parametrize(
+    ("block_m", "d", "change"),
+    [
+        (64, 128, "mma_sync_rows"),  # warps on columns (alternate 8-column groups) summed as on rows
+        (128, 64, "mma_sync_cols"),  # warps on rows summed as on columns
+        (64, 64, "fused"),  # 64 rows over 64 keys (whole tiles to flashsim): the template's select stands between
+    ],
+)
+def test_without_the_decoding_layout_or_the_unfused_subtract_short_launches_are_lost(block_m, d, change):
+    case = _short_pick(block_m, d)
+    pol = _policy_of(case)
+    if change == "fused":
+        pol = dataclasses.replace(pol, subtract=Op(ef.FP32, fused=True))
+    else:
+        assert pol.row_sum.order != change
+        pol = dataclasses.replace(pol, row_sum=dataclasses.replace(pol.row_sum, order=change))
+    assert _emulated(case, pol) != {name: case["digests"][name] for name in ("o", "lse")}
+
+
+def test_the_decoding_launch_reaches_the_policy_through_kernel_run():
+    """policy_for: below 128 queries the launch's SPLIT_KV (from the generated source, else its heads and SMs), its
+    keys and whether a block mask ran reach the policy; a block mask over two 64-key tiles is refused."""
+    from gpu.crosscheck.kernels import flex_attention
+
+    info = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 2, "num_stages": 1}
+    launch = {"dtype": "fp16", "head_dim": 64, "batch_heads": 32, "n_q": 100, "n_k": 100, "sm_count": 132}
+    ref = flex_attention().policy_for(launch | {"kernel_info": info})
+    assert ref.kwargs["split_kv"] == 8 and ref.kwargs["block_mask"] is False
+    assert ref.resolve().tiling.kv_splits == 8
+    assert flex_attention().policy_for(launch | {"kernel_info": info | {"SPLIT_KV": 3}}).kwargs["split_kv"] == 3
+    masked = flex_attention(lambda b, h, q, kv: q >= kv).policy_for(launch | {"kernel_info": info})
+    with pytest.raises(ValueError, match="combine of several splits is not reproduced"):
+        masked.resolve()
 
 
 SMALL_FRESH = [c for c in FRESH["cases"] if "identical" in c["check"] and c["heads"] * c["n"] ** 2 <= 2**20]
@@ -248,8 +318,10 @@ def test_without_flexs_block_order_fusion_or_delta_tree_the_backward_is_lost(ind
 
 def test_delta_follows_the_layout_of_the_pick_the_launch_reports():
     """Triton's blocked layout for delta's [XBLOCK, d] tile: at XBLOCK 32 (8 warps) 8 values a lane, the tree of
-    our kernels' delta; at XBLOCK 1 (2 warps) a row over 64 lanes; at XBLOCK 8 (4 warps) 4 values a lane at d 64
-    (derived, not yet seen on the GPU).  The launch's own report of the pick reaches the policy."""
+    our kernels' delta; at XBLOCK 1 (2 warps) a row over 64 lanes; at XBLOCK 8 on 2 warps, as 25 fresh launches
+    reported it (tests/data/flex/flex_check_bwd.json, d 64 and 128, bf16 and fp16, every one identical in O, LSE,
+    dQ, dK and dV on the device), 8 values a lane: at d 64 the tree of XBLOCK 32; at XBLOCK 8 on 4 warps 4 values a
+    lane at d 64 (derived by the same rule, no launch has taken it).  The launch's own report reaches the policy."""
     from emufloat.hw import h100
     from flashsim.forms import TritonBlocked, triton_blocked_delta
     from gpu.crosscheck.kernels import flex_attention
@@ -257,6 +329,12 @@ def test_delta_follows_the_layout_of_the_pick_the_launch_reports():
     assert triton_blocked_delta(32, 8, 64) == (8, 8) and triton_blocked_delta(32, 8, 128) == (8, 16)
     assert triton_blocked_delta(1, 2, 64) == (1, 64) and triton_blocked_delta(1, 2, 128) == (2, 64)
     assert triton_blocked_delta(8, 4, 64) == (4, 16) and triton_blocked_delta(8, 4, 128) == (8, 16)
+    assert triton_blocked_delta(8, 2, 64) == (8, 8) and triton_blocked_delta(8, 2, 128) == (8, 16)
+    bwd = json.loads((DATA / "flex_check_bwd.json").read_text())["cases"]
+    xblock8 = [c for c in bwd if c.get("launch", {}).get("kernel_info", {}).get("delta_xblock") == 8]
+    assert len(xblock8) == 25 and {c["launch"]["kernel_info"]["delta_num_warps"] for c in xblock8} == {2}
+    assert {c["d"] for c in xblock8} == {64, 128}
+    assert all(set(c["check"]["identical"].values()) == {1.0} for c in xblock8)
     for d in (64, 128):
         chunk, threads = triton_blocked_delta(32, 8, d)
         assert TritonBlocked.tree(d, chunk, threads) == h100.tl_sum_loaded_16bit(d)

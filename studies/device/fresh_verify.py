@@ -3,10 +3,13 @@ output the policy gives is compared with the GPU's by its SHA-256; outputs summe
 recording kept (fresh_bits_<i>.npz), are checked against every order of their adds, as on the device.
 
     python -m studies.device.fresh_verify fresh_check.json [--bits fresh_bits_0.npz ...] [--jobs 2] [--out F]
+        [--again] [--launch-policy] [--kernels K,...]
 
 Writes the recording again (to --out, by default over itself) with each case checked here given a `check` like
 the device's (`where: "cpu"`); an output whose digest differs and whose bits were not kept is said as such
-(`unjudged`), never counted identical.  Progress is written after every case: a run cut short loses nothing.
+(`unjudged`), never counted identical.  Progress is written after every case: a run cut short loses nothing.  With
+``--launch-policy`` each case's policy is derived from its recorded launch again (a kernel whose policy learnt to
+read more of the launch: Qiu & Yao's pipeline from the GEMMs cuBLAS ran) and the cases it changes are checked.
 """
 
 from __future__ import annotations
@@ -48,6 +51,22 @@ def verify(case: dict, kept: dict[str, np.ndarray]) -> dict:
         return {"identical": identical, "unjudged": unjudged, "up_to_atomic_order": False, "where": "cpu"}
     rep = crosscheck(case_run(case, outputs), emulated=emu)
     return summary(rep) | {"seconds": round(time.monotonic() - t0, 1), "where": "cpu"}
+
+
+def launch_policy(case: dict) -> dict | None:
+    """The policy the case's kernel derives from its launch now (its ``policy_for``), as the recording keeps a
+    policy; None where this module has no derivation for the kernel (the recorded one stands)."""
+    from gpu.crosscheck.kernels import sdpa
+    from gpu.policies.qiu_yao import qiu_yao_policy_for
+
+    if "launch" not in case:
+        return None
+    if case["kernel"] == "paper":
+        return qiu_yao_policy_for(case["launch"]).to_json()
+    if case["kernel"].startswith("sdpa_"):
+        ref = sdpa(case["kernel"].removeprefix("sdpa_")).policy_for(case["launch"])
+        return None if ref is None else ref.to_json()
+    return None
 
 
 def _verdict(check: dict) -> str:
@@ -92,6 +111,14 @@ def run(args) -> int:
     bits = _load_bits([Path(p) for p in args.bits])
     out = Path(args.out) if args.out else path
     todo = _todo(cases, kernels, args.again)
+    if args.launch_policy:  # the cases whose launch now gives another policy than the one they were checked under
+        rederived = set()
+        for i, c in enumerate(cases):
+            new = launch_policy(c) if "digests" in c and (kernels is None or c["kernel"] in kernels) else None
+            if new is not None and new != c.get("policy"):
+                c["policy"] = new
+                rederived.add(i)
+        todo = sorted(rederived | (set(todo) if args.again else set()))
     todo.sort(key=lambda i: cases[i]["heads"] * cases[i]["n"] ** 2 * cases[i]["d"])  # the quick ones first
     print(f"fresh_verify: {len(todo)} cases to check, {len(bits)} outputs' bits kept", flush=True)
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
@@ -127,6 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", default="", help="comma list: check only these kernels' cases")
     ap.add_argument("--jobs", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--again", action="store_true", help="check cases the device checked too")
+    ap.add_argument(
+        "--launch-policy",
+        action="store_true",
+        help="derive each case's policy from its launch again (the kernel's policy_for now) and check the cases "
+        "whose policy that changes",
+    )
     ap.add_argument("--out", help="where the checked recording goes (default: over the recording)")
     args = ap.parse_args(argv)
     return run_command("fresh_verify", lambda: run(args))

@@ -96,10 +96,14 @@ def _under_launch_policy(case: dict) -> dict:
 
 
 def test_fresh_5_reports_gemm_tables_where_cublas_may_leave_its_sm90_kernels():
+    """The device checked these under the plain policy (11 missed); `fresh_verify --launch-policy` checked them
+    again on the CPU under the policy their launch now gives: every one identical."""
     assert len(WITH_GEMMS) == 25
     assert {c["n"] for c in WITH_GEMMS} == {1, 7, 77, 100, 129, 333, 513, 999, 1100, 2100}
-    missed = [c for c in WITH_GEMMS if not c["check"]["up_to_atomic_order"]]
-    assert len(missed) == 11 and all(c["policy"]["target"] == "qiu_yao" for c in missed)  # the plain policy's
+    for c in WITH_GEMMS:
+        assert c["policy"] == qiu_yao_policy_for(c["launch"]).to_json() and c["policy"]["target"] != "qiu_yao"
+        assert c["check"]["where"] == "cpu" and c["check"]["up_to_atomic_order"], _label(c)
+    assert all(c["check"]["up_to_atomic_order"] for c in RECORDINGS["fresh_5.json"]["cases"] if c["kernel"] == "paper")
 
 
 @pytest.mark.parametrize(

@@ -372,7 +372,8 @@ def kernel_lse(q, k, v, policy: Policy | str, *, softmax=STANDARD, causal=False,
     log joined to m as the kernel does."""
     pol = get_policy(policy)
     if _converted_after_kernel(pol):
-        pol = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form="mul_add"))
+        kernel_form = LSE_FORMS.get(pol.lse.form).kernel_form
+        pol = dataclasses.replace(pol, lse=dataclasses.replace(pol.lse, form=kernel_form))
     return flash_forward(q, k, v, pol, softmax=softmax, causal=causal, sm_scale=sm_scale).lse
 
 

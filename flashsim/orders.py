@@ -223,12 +223,15 @@ class LseForm:
     """How the forward's LSE joins the row max m and log l (`flashsim.specs.Func.form`, the lse step).
 
     ``fusable``: the join may be one FMA (``Func.fused``).  ``out_base``: the base of the LSE the form returns
-    when it is not the log's (an LSE converted after the kernel); the run's LSE is compared in it."""
+    when it is not the log's (an LSE converted after the kernel); the run's LSE is compared in it.
+    ``kernel_form``: for such a form, the form that gives the LSE the kernel itself stores (what a backward
+    reads)."""
 
     name: str = ""
     doc: str = ""
     fusable: bool = False
     out_base: str | None = None
+    kernel_form: str = "mul_add"
 
     def join(self, m: np.ndarray, log_l: np.ndarray, k: float | None, spec: Func, trace: Trace | None) -> np.ndarray:
         """LSE from m and log l in the spec's format; ``k``: the factor that brings m (in the exp's units) into the

@@ -73,14 +73,25 @@ class KeepAcc(Division):
 
 
 class RowMax(LseForm):
-    """A split's row max m (base 2), which the template stores for the combine in place of an LSE."""
+    """A split's row max m (base 2), which the template stores for the combine in place of an LSE; the combine
+    returns the natural LSE, and under `KernelRowMax` the base-2 one it computes first (the backward's)."""
 
     name = "flex_decoding_max"
     doc = "the row max m, for Inductor's combine (which returns the natural LSE)"
     out_base = "e"
+    kernel_form = "flex_decoding_max_base2"
 
     def join(self, m, log_l, k, spec, trace):
         return np.asarray(m, np.float32)
+
+
+class KernelRowMax(RowMax):
+    """`RowMax` for the LSE the kernels keep: the combine's log2 L + max, before its conversion to the natural
+    log, which FlexAttention's backward reads."""
+
+    name = "flex_decoding_max_base2"
+    doc = "the row max m, for Inductor's combine (returning its base-2 LSE, which the backward reads)"
+    out_base = None
 
 
 class FlexDecodingCombine(CombineMethod):
@@ -112,7 +123,10 @@ class FlexDecodingCombine(CombineMethod):
         log_l = arith.function(l_sum, Func(policy.lse.function, FP32), trace, "combine")
         with np.errstate(invalid="ignore"):
             lse2 = arith.binary("add", log_l, top, f32, trace, "combine")
-        lse = arith.binary("mul", lse2, arith.constant(LN2, f32), f32, trace, "combine")
+        if LSE_FORMS.get(policy.lse.form).out_base is None:  # the kernels' own LSE (`KernelRowMax`)
+            lse = lse2
+        else:
+            lse = arith.binary("mul", lse2, arith.constant(LN2, f32), f32, trace, "combine")
         o = self._weighted_sum(acc, [a[:, None] for a in alpha], trace)
         return DIVISIONS.get("div_full").divide(o, l_sum[:, None], policy.normalize, trace, "combine"), lse
 
@@ -131,6 +145,7 @@ ROW_SUMS.register(MmaSyncRows())
 ROW_SUMS.register(MmaSyncColumns())
 DIVISIONS.register(KeepAcc())
 LSE_FORMS.register(RowMax())
+LSE_FORMS.register(KernelRowMax())
 COMBINES.register(FlexDecodingCombine())
 
 __all__ = ["FlexDecodingCombine", "mma_sync_tree", "split_kv"]

@@ -6,7 +6,8 @@ so the same wgmma arithmetic that forms P V also forms the row sum of the cast P
 
 Times, in paired rounds (`benchmarks.fix_cost.paired_rounds`, an L2 flush before each launch), at 16,384 tokens
 a batch and 32 heads, bf16 and fp16, d 64 and 128, N 1024/4096/16384, causal and not: the package's tl kernel
-with the standard softmax and with `cast_sum`, and this loop with l from the tensor cores.  Writes
+with the standard softmax and with `cast_sum`, and this loop with the standard softmax, with l from the tensor
+cores, and with `cast_sum` by `steps.cast_and_widened` (its bits compared with the package's).  Writes
 `l_from_mma.json` (every round's times, the paired costs against the standard softmax, the largest differences
 of O and the LSE from `cast_sum`'s) and, for a CPU check of the emulator's model of this l, the bits of O and LSE of
 small launches (`l_from_mma_bits.npz`, inputs by seed: `flashsim.inputs.make_heads`).
@@ -23,38 +24,21 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from gpu.kernels.steps import log2_fma, masked_block, plain_block, program_blocks, rescale, weights
+from gpu.kernels.steps import (
+    cast_and_widened,
+    log2_fma,
+    masked_block,
+    plain_block,
+    program_blocks,
+    rescale,
+    weights,
+)
 
 ONES_COLS = 16  # the narrowest wgmma N Triton emits for a bf16/fp16 product
-#: the loop's row sum: the package's `weights` (its SOFTMAX's), l from the tensor cores, or cast_sum from one
-#: packed conversion of two P values and two shifts (bf16) or half-to-float conversions (fp16)
+#: the loop's row sum: the package's `weights` (its SOFTMAX's), l from the tensor cores, or cast_sum by
+#: `steps.cast_and_widened` (one packed conversion of two P values, widened from the packed register: what the
+#: package's kernels took from this study)
 SUMS = {"package": 0, "l_mma": 1, "packed": 2}
-
-
-@triton.jit
-def packed_cast(p, P_DTYPE: tl.constexpr):
-    """(P cast to P_DTYPE, its values in float32): each two P values rounded by one packed conversion, the
-    widened values taken from the packed register (bf16: shifts; fp16: half-to-float conversions)."""
-    if P_DTYPE == tl.bfloat16:
-        cast, wide = tl.inline_asm_elementwise(
-            "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, 0xFFFF0000;",
-            "=r,=r,=r,r,r",
-            [p],
-            dtype=(tl.bfloat16, tl.float32),
-            is_pure=True,
-            pack=2,
-        )
-    else:
-        cast, wide = tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; cvt.rn.f16x2.f32 $0, $4, $3; mov.b32 {lo, hi}, $0; cvt.f32.f16 $1, lo; "
-            "cvt.f32.f16 $2, hi; }",
-            "=r,=r,=r,r,r",
-            [p],
-            dtype=(tl.float16, tl.float32),
-            is_pure=True,
-            pack=2,
-        )
-    return cast, wide
 
 
 @triton.jit
@@ -102,7 +86,7 @@ def _loop(
             m_new, x = plain_block(qk, m_i, consts, SOFTMAX, FOLD)
             v = tl.load(V + ptrs)
         if L_SUM == 2:
-            p_cast, wide = packed_cast(tl.math.exp2(x), V.dtype.element_ty)
+            p_cast, wide = cast_and_widened(tl.math.exp2(x), V.dtype.element_ty)
             alpha = tl.math.exp2(m_i - m_new)
             l_i = tl.fma(l_i, alpha, tl.sum(wide, 1))
         else:

@@ -21,7 +21,8 @@ allocate their output on every call, as most users' calls do.
 
 Every callable runs once untimed first (Numba compilation or cache loading), then a parallel kernel runs for
 `--spin-up` seconds, then each row's callables run `--repeat` times, interleaved (emufloat, the copy, each peer,
-emufloat, ...), so a burst of other load skews no side alone; the table reports the best.  "other load" is the
+then again starting one further along), so a burst of other load skews no side alone and no callable always
+follows the same other one; the table reports the best.  "other load" is the
 CPU other processes used meanwhile (see OtherLoad).  Inputs are float32 draws of a standard normal (bf16 and
 fp16 operands are those rounded): the range real activations occupy, so most elements take the kernels' fast
 paths and a few (tiny values, E4M3/E5M2 subnormals) the general one.
@@ -54,20 +55,26 @@ class Timing:
     median: float
 
 
-def measure(fns: list[Callable[[], object]], repeat: int) -> list[Timing]:
+def measure(fns: list[Callable[[], object]], repeat: int, rotate: bool = False) -> list[Timing]:
     """Best and median wall time of each callable, repetitions interleaved.
 
     Interleaving (a, b, a, b, ...) exposes both sides of a ratio to the same
-    machine state, so a burst of other load skews neither alone.
+    machine state, so a burst of other load skews neither alone.  ``rotate``:
+    repetition r starts at callable r (modulo their number), so no callable always
+    runs right after the same other one: a call right after another runtime's
+    parallel region (torch's or CPFloat's OpenMP threads, still spinning) runs
+    slower (history/tried.md).
     """
     for fn in fns:
         fn()  # warm-up: compile / load the Numba cache, fault in allocator pages
     times: list[list[float]] = [[] for _ in fns]
-    for _ in range(repeat):
-        for fn, ts in zip(fns, times, strict=True):
+    k = len(fns)
+    for r in range(repeat):
+        for j in range(k):
+            i = (j + r) % k if rotate else j
             t0 = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - t0)
+            fns[i]()
+            times[i].append(time.perf_counter() - t0)
     return [Timing(min(ts), statistics.median(ts)) for ts in times]
 
 
@@ -264,9 +271,9 @@ def make_ops(n: int, seed: int, cpf: _cpfloat.CPFloat | None, torch_mod: object 
     div_peers = {"ml_dtypes": Peer("ml_dtypes a / b", lambda: a / b_nz, same_bits_any)}
     sqrt_peers = {"ml_dtypes": Peer("ml_dtypes np.sqrt", lambda: np.sqrt(a_pos), same_bits_any)}
     if torch is not None:
-        at, bt, pt = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (a, b_nz, a_pos))
-        div_peers["torch"] = Peer("a / b", lambda: torch.div(at, bt), same_bits_any)
-        sqrt_peers["torch"] = Peer("sqrt", lambda: torch.sqrt(pt), same_bits_any)
+        nt, dt, st = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (a, b_nz, a_pos))
+        div_peers["torch"] = Peer("a / b", lambda: torch.div(nt, dt), same_bits_any)
+        sqrt_peers["torch"] = Peer("sqrt", lambda: torch.sqrt(st), same_bits_any)
     ops.append(Op("div bf16", lambda: ef.div(a, b_nz), 6, False, div_peers))
     ops.append(Op("sqrt bf16", lambda: ef.sqrt(a_pos), 4, False, sqrt_peers))
     return ops
@@ -436,7 +443,7 @@ def op_table(ops: list[Op], n: int, repeat: int) -> None:
         limit = measure_limit(op.nbytes, n, op.out, copies)
         peers = [op.peers[c] for c in cols if c in op.peers]
         with OtherLoad() as other:
-            timings = measure([op.fn, limit, *(p.fn for p in peers)], repeat)
+            timings = measure([op.fn, limit, *(p.fn for p in peers)], repeat, rotate=True)
         t, tl = timings[0].best, timings[1].best
         share = tl / t
         cells, ratios = [], {"limit": share}
@@ -474,7 +481,7 @@ def variant_table(rows: list[Row], n: int, repeat: int) -> None:
     print("|---|---:|---|---:|---:|---|---:|")
     for row in rows:
         with OtherLoad() as other:
-            t, tb = measure([row.fn, row.baseline], repeat)
+            t, tb = measure([row.fn, row.baseline], repeat, rotate=True)
         ratio = tb.best / t.best
         goal = "" if row.goal is None else f">= {row.goal:g}x: {'met' if ratio >= row.goal else 'NOT met'}"
         name = row.name + (f" ({row.note})" if row.note else "")

@@ -7,7 +7,7 @@ emufloat time; above 1: emufloat is faster) and whether its bits agree with emuf
 which they meet; nothing is asserted.  The second times emufloat's variants (traced, other rounding modes)
 against its own plain call; the third, the per-call cost at n = 1, 2**12 and 2**16.
 
-    python -m benchmarks.bench_emufloat --cpfloat-src PATH   # n = 2**24, best of 5, every table
+    python -m benchmarks.bench_emufloat --cpfloat-src PATH   # n = 2**24, best of 9, every table
     python -m benchmarks.bench_emufloat --quick              # n = 2**18, a smoke run
     python -m benchmarks.bench_emufloat --small              # only the per-call table
 
@@ -377,9 +377,9 @@ def fmt_ns(seconds: float, n: int) -> str:
     return f"{seconds / n * 1e9:.2f}"
 
 
-def add_common_args(p: argparse.ArgumentParser, quick_help: str) -> None:
-    """The options every emufloat benchmark script takes."""
-    p.add_argument("--repeat", type=int, default=5, help="timed repetitions per callable (default 5)")
+def add_common_args(p: argparse.ArgumentParser, quick_help: str, repeat: int = 5) -> None:
+    """The options every emufloat benchmark script takes (``repeat``: the default of ``--repeat``)."""
+    p.add_argument("--repeat", type=int, default=repeat, help=f"timed repetitions per callable (default {repeat})")
     p.add_argument("--quick", action="store_true", help=quick_help)
     p.add_argument("--threads", type=int, default=None, help="Numba threads (default: Numba's default)")
     p.add_argument("--only", default="", help="run only rows whose name contains this text")
@@ -507,7 +507,7 @@ def load_torch() -> object | None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_emufloat", description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1 << 24, help="elements per array (default 2**24)")
-    add_common_args(p, "small run: n = 2**18, 3 repeats")
+    add_common_args(p, "small run: n = 2**18, 3 repeats", repeat=9)
     p.add_argument("--small", action="store_true", help="only the per-call table: n = 1, 2**12, 2**16")
     p.add_argument(
         "--cpfloat-src",

@@ -10,7 +10,7 @@ import numpy as np
 
 from . import _arrays, _core, _fastpath, _narrow_rne
 from .formats import Format, as_format
-from .rounding import SR, Rounding, as_rounding, random_bits
+from .rounding import SR, Rounding, as_rounding, is_rne, random_bits
 from .trace import Chunk, Trace, check_trace
 
 
@@ -128,7 +128,7 @@ _LANE_PLANS: dict = {}  # fmt as given -> (Format, `_narrow_rne.CastPlan` or Non
 def _lane_cast(x, fmt, rounding, as_bits, out) -> np.ndarray | None:
     """A float32 array rounded to nearest even into a format `_narrow_rne.cast_plan()` takes, through that lane
     without the general path's checks; None for any other call."""
-    if type(x) is not np.ndarray or x.dtype != np.float32 or not (rounding == "rne" or _is_rne(rounding)):
+    if type(x) is not np.ndarray or x.dtype != np.float32 or not is_rne(rounding):
         return None
     try:
         f, plan = _LANE_PLANS[fmt]
@@ -153,10 +153,6 @@ def _lane_cast(x, fmt, rounding, as_bits, out) -> np.ndarray | None:
     if out is not None:
         return out
     return bits.reshape(x.shape) if as_bits else bits.view(f.dtype).reshape(x.shape)
-
-
-def _is_rne(rounding) -> bool:
-    return isinstance(rounding, Rounding) and rounding.mode == "rne"
 
 
 def _cast(x, fmt, rounding, trace, label, as_bits, out=None):

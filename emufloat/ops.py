@@ -24,7 +24,7 @@ import numpy as np
 from . import _arrays, _core, _fastpath, _narrow_rne
 from ._core import CLS_FINITE, CLS_NAN
 from .formats import BF16, FP16, FP32, Format
-from .rounding import SR, Rounding, as_rounding, random_bits
+from .rounding import SR, Rounding, as_rounding, is_rne, random_bits
 from .trace import OP_CODE, Chunk, Trace, check_trace
 
 ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
@@ -396,7 +396,7 @@ def _lo_is_float32(code: int, f: Format) -> bool:
 def _plain_rne(rounding, trace, out, *xs) -> bool:
     """Whether a call may take a float32 lane (`emufloat._narrow_rne`) as it is: rounding to nearest even, no
     trace or ``out``, operands numpy arrays of one shape, C-contiguous."""
-    if trace is not None or out is not None or not (rounding == "rne" or _is_rne(rounding)):
+    if trace is not None or out is not None or not is_rne(rounding):
         return False
     shape = xs[0].shape if type(xs[0]) is np.ndarray else None
     for x in xs:  # a loop, not all(generator): this check runs on every small call
@@ -408,12 +408,12 @@ def _plain_rne(rounding, trace, out, *xs) -> bool:
 def _narrow_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> np.ndarray | None:
     """The common bf16 or fp16 call (arrays of that one dtype and shape, C-contiguous, the result in their format
     rounded to nearest even, no ``out`` or trace) through `emufloat._narrow_rne` without `_apply()`'s checks; None
-    for any other call.  Every check here is one attribute or identity test: a one-element call costs about a
-    microsecond, most of it numpy's views and allocation."""
+    for any other call.  Every check here is one attribute or identity test: what a small call costs beyond the
+    kernel is numpy's views and allocation."""
     if trace is not None or out is not None or type(a) is not np.ndarray or type(b) is not np.ndarray:
         return None
     f = _NARROW.get(a.dtype)
-    if f is None or b.dtype is not a.dtype or b.shape != a.shape or not (rounding == "rne" or _is_rne(rounding)):
+    if f is None or b.dtype is not a.dtype or b.shape != a.shape or not is_rne(rounding):
         return None
     if not ((fmt is None or fmt is f or fmt == f.name) and a.flags.c_contiguous and b.flags.c_contiguous):
         return None
@@ -424,11 +424,6 @@ def _narrow_quick(op_name: str, code: int, a, b, fmt, rounding, trace, out) -> n
     _narrow_rne_fill(op_name, code, f, (ua, ub), bits)
     res = bits.view(a.dtype)
     return res if a.ndim == 1 else res.reshape(a.shape)
-
-
-def _is_rne(rounding) -> bool:
-    """Whether ``rounding`` is a `Rounding` to nearest even (the string "rne" is tested by the caller)."""
-    return isinstance(rounding, Rounding) and rounding.mode == "rne"
 
 
 _U16 = np.dtype(np.uint16)

@@ -92,6 +92,12 @@ def stochastic(bits: int = 8, seed: int = 0) -> Rounding:
 _BY_NAME: dict[str, Rounding] = {}  # mode names as callers spell them -> their (immutable) Rounding
 
 
+def is_rne(rounding: object) -> bool:
+    """Whether ``rounding`` is round to nearest even, as the string "rne" or a `Rounding`: the fast lanes' test,
+    without `as_rounding()`'s checks (an attribute test or two a call)."""
+    return rounding == "rne" or (isinstance(rounding, Rounding) and rounding.mode == "rne")
+
+
 def as_rounding(rounding: Rounding | str, argname: str = "rounding") -> Rounding:
     """Resolve a Rounding or a mode name (``"rne"``, ``"rtz"``, ...)."""
     if isinstance(rounding, Rounding):

@@ -134,10 +134,10 @@ def paper_kernel(module: types.ModuleType, stable: bool = False, name: str = "qi
     """Qiu & Yao's attention (`paper_attention`) as a bf16 kernel; ``stable``: their fix on (run it with
     `softmax=get_softmax("stabilised", count_masked=True)`, which is what it computes).  Their scale is fixed at
     d ** -0.5: a run must pass that `sm_scale`.  Its `policy_for` is `qiu_yao_policy_for`: the `qiu_yao` policy, with
-    the launch's GEMM table where it reports one.  ``gemms``: profile
-    every einsum and report the kernels cuBLAS ran for it (kernel_info's ``gemms``, and ``gemms_backward`` for the
-    backward's call: its forward again, then the backward; where a tile is not a multiple of 8 cuBLAS runs
-    CUTLASS kernels, some splitting K; slow, for the launches that need it)."""
+    the launch's GEMM table where it reports one.  ``gemms``: profile every einsum and report the kernels cuBLAS
+    ran for it (kernel_info's ``gemms``, and ``gemms_backward`` for the backward's call: its forward again, then the
+    backward; where a tile is not a multiple of 8 cuBLAS runs CUTLASS kernels, some splitting K; slow, for the
+    launches that need it)."""
 
     def checked(q, sm_scale: float) -> None:
         if sm_scale != q.shape[-1] ** -0.5:

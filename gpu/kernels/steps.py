@@ -298,9 +298,9 @@ def cast_and_widened(p, P_DTYPE: tl.constexpr):
     """(P cast to P_DTYPE, RNE; those values back in float32, exactly) for bf16 and fp16 P: each two values rounded
     by one packed conversion (`cvt.rn.bf16x2.f32`, `cvt.rn.f16x2.f32`), and the widened values read from the
     packed register (bf16: a shift and a mask; fp16: `cvt.f32.f16`).  Written as Triton ops, the cast P that l
-    also reads took one unpacked conversion a value, and Triton 3.6 widened bf16 by a slow conversion: `cast_sum`
-    cost a fifth to a third of the bf16 forward (docs/performance.md).  Under Triton's CPU interpreter, which runs
-    no PTX, the plain casts."""
+    also reads took one unpacked conversion a value, and Triton 3.6 widened bf16 by a slow conversion, which made
+    `cast_sum` far dearer than the standard softmax in bf16 (docs/performance.md).  Under Triton's CPU interpreter,
+    which runs no PTX, the plain casts."""
     if not PTX:
         cast = p.to(P_DTYPE)
         wide = cast.to(tl.float32)

@@ -305,25 +305,23 @@ def cast_and_widened(p, P_DTYPE: tl.constexpr):
         cast = p.to(P_DTYPE)
         wide = cast.to(tl.float32)
     elif P_DTYPE == tl.bfloat16:
-        cast, wide = tl.inline_asm_elementwise(
-            "cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, 0xFFFF0000;",
-            "=r,=r,=r,r,r",
-            [p],
-            dtype=(tl.bfloat16, tl.float32),
-            is_pure=True,
-            pack=2,
-        )
+        cast, wide = _packed(p, _BF16_PACKED, P_DTYPE)
     else:
-        cast, wide = tl.inline_asm_elementwise(
-            "{ .reg .b16 lo, hi; cvt.rn.f16x2.f32 $0, $4, $3; mov.b32 {lo, hi}, $0; cvt.f32.f16 $1, lo; "
-            "cvt.f32.f16 $2, hi; }",
-            "=r,=r,=r,r,r",
-            [p],
-            dtype=(tl.float16, tl.float32),
-            is_pure=True,
-            pack=2,
-        )
+        cast, wide = _packed(p, _FP16_PACKED, P_DTYPE)
     return cast, wide
+
+
+#: two float32 values ($3, $4) rounded by one packed conversion ($0), and the rounded values widened from it
+_BF16_PACKED = tl.constexpr("cvt.rn.bf16x2.f32 $0, $4, $3; shl.b32 $1, $0, 16; and.b32 $2, $0, 0xFFFF0000;")
+_FP16_PACKED = tl.constexpr(
+    "{ .reg .b16 lo, hi; cvt.rn.f16x2.f32 $0, $4, $3; mov.b32 {lo, hi}, $0; cvt.f32.f16 $1, lo; cvt.f32.f16 $2, hi; }"
+)
+
+
+@triton.jit
+def _packed(p, ASM: tl.constexpr, P_DTYPE: tl.constexpr):
+    """`cast_and_widened` on the GPU: ``ASM`` on each two values of p, returning (cast, widened)."""
+    return tl.inline_asm_elementwise(ASM, "=r,=r,=r,r,r", [p], dtype=(P_DTYPE.value, tl.float32), is_pure=True, pack=2)
 
 
 @triton.jit

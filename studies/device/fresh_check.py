@@ -276,30 +276,16 @@ def _launch(case: dict, kernels: dict, tutorial, paper, paper_gemms: bool = Fals
     from gpu.crosscheck.live import live_run
 
     x = case_inputs(case)
+    inputs = (x["q"], x["k"], x["v"], x["do"] if with_backward(case) else None)
+    common = {
+        "dtype": case["dtype"],
+        "causal": case["causal"],
+        "note": f"fresh_check {case['kernel']} seed {case['seed']}",
+    }
     if case["kernel"] == "ours":  # gpu.flash as users call it (the forward kernel "auto" picks), its own policy
-        return live_run(
-            x["q"],
-            x["k"],
-            x["v"],
-            x["do"] if with_backward(case) else None,
-            dtype=case["dtype"],
-            causal=case["causal"],
-            softmax=case["softmax"],
-            debug=False,
-            note=f"fresh_check ours seed {case['seed']}",
-        )
-    return kernel_run(
-        _kernel(case["kernel"], case, tutorial, paper, paper_gemms),
-        x["q"],
-        x["k"],
-        x["v"],
-        x["do"] if with_backward(case) else None,
-        dtype=case["dtype"],
-        causal=case["causal"],
-        sm_scale=case["d"] ** -0.5,
-        softmax=case_softmax(case),
-        note=f"fresh_check {case['kernel']} seed {case['seed']}",
-    )
+        return live_run(*inputs, softmax=case["softmax"], debug=False, **common)
+    kernel = _kernel(case["kernel"], case, tutorial, paper, paper_gemms)
+    return kernel_run(kernel, *inputs, sm_scale=case["d"] ** -0.5, softmax=case_softmax(case), **common)
 
 
 def run(args) -> int:

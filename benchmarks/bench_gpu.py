@@ -183,7 +183,7 @@ def table(rows: list[dict]) -> str:
                 row["dtype"],
                 str(row["d"]),
                 str(row["n"]),
-                str(row.get("batch", "")),
+                str(row["batch"]),
                 "yes" if row["causal"] else "no",
             ]
             cells += [f"{tf[n]['median']:.0f}" if n in tf else "—" for n in names]

@@ -8,7 +8,16 @@ from benchmarks import bench_gpu  # noqa: E402  (after the skips: its summary us
 
 
 def _row(ms_fwd: dict, dtype: str = "bf16") -> dict:
-    return {"d": 64, "n": 4096, "causal": False, "dtype": dtype, "flops": 4e12, "ms": {"fwd": ms_fwd}, "errors": {}}
+    return {
+        "d": 64,
+        "n": 4096,
+        "batch": 4,
+        "causal": False,
+        "dtype": dtype,
+        "flops": 4e12,
+        "ms": {"fwd": ms_fwd},
+        "errors": {},
+    }
 
 
 def test_a_variants_cost_is_paired_round_by_round():

@@ -59,9 +59,10 @@ def test_casts_compile_once_per_source_and_output_width():
         for fmt in ("e4m3fn", "fp16", "fp64"):
             ef.quantize(src, fmt, "rtz")
     kinds = {(str(sig[0].dtype), str(sig[2].dtype)) for sig in cast._cast_block.signatures}
-    # sources uint32 or uint64; targets uint32/uint64, and uint16 for 9- to 16-bit formats (fp16 here)
+    # sources uint32 or uint64; targets uint32/uint64 (uint16 for 9- to 16-bit formats only in calls large enough
+    # for the parallel kernel, which other tests in this process may have made)
     assert kinds <= {(a, b) for a in ("uint32", "uint64") for b in ("uint16", "uint32", "uint64")}, kinds
-    assert {b for _a, b in kinds} >= {"uint16", "uint32", "uint64"}, kinds
+    assert {b for _a, b in kinds} >= {"uint32", "uint64"}, kinds
     assert len(cast._cast_block.signatures) == len(kinds)  # read-only sources compile nothing new
 
 

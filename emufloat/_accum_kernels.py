@@ -235,45 +235,43 @@ _ALL_EXP = -(1 << 12)  # a min_exp at or below this drops no product: every real
 _TILE_I = 16  # output rows per tile
 _TILE_J = 64  # output columns per tile: the inner loops run along them
 _M52 = (1 << 52) - 1
+_CHUNK = 16  # terms a step's inner loops take at a time (each step's terms padded to whole chunks)
 
 
 @nb.njit(inline="always", cache=True)
 def _split_one(xv, emin, zeros_in_max):
-    """(value, xe, e, bad) of one operand for `_split()`: the value the fast path multiplies (0 where ``bad``),
-    its exponent in the maximum, its unnormalised exponent, and whether it needs the general path (an
-    infinity or a NaN)."""
-    b = _core.f64_bits(xv)
-    ef = (b >> 52) & 0x7FF
-    if 0 < ef < 0x7FF:  # normal: the binade, or emin below it
-        ek = max(ef - 1023, np.int64(emin))
-        return xv, ek, ek, False
-    ek = _lead_exp(xv, emin)
-    if ef == 0x7FF:
-        return 0.0, np.int64(_ZERO_EXP), ek, True
-    return xv, (ek if xv != 0.0 or zeros_in_max else np.int64(_ZERO_EXP)), ek, False
+    """(value, xe, bad) of one operand (an FP32 value in float64) for `_split()`, branch-free: the value the fast
+    path multiplies (0 where ``bad``), its exponent in the maximum (`_lead_exp()`, or _ZERO_EXP for a zero that
+    does not count in it), and whether it needs the general path (an infinity or a NaN)."""
+    ef = (_core.f64_bits(xv) >> 52) & 0x7FF  # 0 only for zeros: FP32 values are normal float64 numbers
+    special = ef == 0x7FF
+    zero_exp = np.int64(emin) if zeros_in_max else np.int64(_ZERO_EXP)
+    xe = max(ef - 1023, np.int64(emin)) if ef != 0 else zero_exp
+    return (0.0 if special else xv), (np.int64(_ZERO_EXP) if special else xe), special
 
 
 @nb.njit(parallel=True, cache=True)
-def _split(x, emin, zeros_in_max, val, xe, e, bad):
-    """Each row's values as the fast path reads them: ``val`` (x, or 0 for an infinity or NaN), exponents
-    ``xe`` for the step's maximum (`_lead_exp()` with ``emin``, or _ZERO_EXP for a zero that does not count in
-    it) and the unnormalised exponents ``e``.  ``bad[r]``: row r holds an infinity or NaN, for the general path.
-    """
+def _split(x, emin, zeros_in_max, width, wpad, val, xe, bad):
+    """Each row's values as the fast path reads them: ``val`` (x, or 0 for an infinity or NaN) and exponents
+    ``xe`` for the step's maximum (`_split_one()`), term k of step s at ``s * wpad + k % width`` (each step's
+    ``width`` terms padded to ``wpad``; the padding is left as it is).  ``bad[r]``: row r holds an infinity or
+    NaN, for the general path."""
     rows, kk = x.shape
     for r in nb.prange(rows):
         b = False
         for k in range(kk):
-            val[r, k], xe[r, k], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+            kp = k // width * wpad + k % width
+            val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max)
             b |= bk
         bad[r] = b
 
 
 @nb.njit(parallel=True, cache=True)
-def _split_tiles(x, emin, zeros_in_max, n, val, xe, e, bad):
+def _split_tiles(x, emin, zeros_in_max, n, width, wpad, val, xe, bad):
     """`_split()` of b's columns (the rows of ``x``, ``n`` a batch) written tile-major as `_block_kernel()` reads
     them: column j of batch g at ``val[g * tiles + j // tj, :, j % tj]`` (``tiles`` a batch, ``tj`` columns a
-    tile), ``bad`` at ``g * tiles * tj + j``; the padding columns are left as they are.  A tile's columns at a
-    time, so that both its reads and its writes stay in cache."""
+    tile), ``bad`` at ``g * tiles * tj + j``; the padding columns and terms are left as they are.  A tile's
+    columns at a time, so that both its reads and its writes stay in cache."""
     rows, kk = x.shape
     tiles_b, tj = val.shape[0] // (rows // n), val.shape[2]  # column tiles a batch, columns a tile
     for t in nb.prange(val.shape[0]):
@@ -282,9 +280,9 @@ def _split_tiles(x, emin, zeros_in_max, n, val, xe, e, bad):
         for col in range(cols):
             bad[t * tj + col] = False
         for k in range(kk):
+            kp = k // width * wpad + k % width
             for col in range(cols):
-                r = g * n + j0 + col
-                val[t, k, col], xe[t, k, col], e[r, k], bk = _split_one(x[r, k], emin, zeros_in_max)
+                val[t, kp, col], xe[t, kp, col], bk = _split_one(x[g * n + j0 + col, k], emin, zeros_in_max)
                 if bk:
                     bad[t * tj + col] = True
 
@@ -327,23 +325,25 @@ def _block_kernel(
 ):
     """A FusedBlock chain for every output element, untraced, computing as `_block_step()`.
 
-    ``va``/``xa`` (m, K): a split by `_split()`; ``vb``/``xb`` (column tiles, K, columns per tile): b's columns
-    likewise, zero-padded to whole tiles.  A step's largest exponent is a maximum of ``xa + xb`` (int32);
-    with ``s = 2**-cut``, a product cut to a multiple of 2**cut is ``trunc(a * b * s)``, exact in float64 (the
-    product has at most 48 bits, ``s`` a power of two, the result below 2**(align_bits + 2)), and so is the
-    sum of a step's terms (below 2**53).  Each tile of ``ti`` rows and ``tj`` columns runs its chains step by
-    step, every inner loop along the columns (vectorized); a step's rounding takes the branch-free
-    ``fast_round`` of the exact float64 ``total * 2**cut`` and falls back to `_step_finish()` where that
-    declines (subnormal or overflowing results, a step without terms, late C, special C, stochastic
-    rounding).  Elements whose row of a or column of b holds an infinity or NaN are recomputed by
-    `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``.
+    ``va``/``xa`` (m, K'): a split by `_split()`; ``vb``/``xb`` (column tiles, K', columns per tile): b's columns
+    likewise, zero-padded to whole tiles; K' pads each step's terms to whole chunks of `_CHUNK` (zero values,
+    _ZERO_EXP exponents), so that the inner loops over a chunk's terms have a fixed length and unroll.  A
+    step's largest exponent is a maximum of ``xa + xb`` (int32); with ``s = 2**-cut``, a product cut to a
+    multiple of 2**cut is ``trunc(a * b * s)``, exact in float64 (the product has at most 48 bits, ``s`` a power
+    of two, the result below 2**(align_bits + 2)), and so is the sum of a step's terms (below 2**53).  Each
+    tile of ``ti`` rows and ``tj`` columns runs its chains step by step, every inner loop along the columns
+    (vectorized); a step's rounding takes the branch-free ``fast_round`` of the exact float64
+    ``total * 2**cut`` and falls back to `_step_finish()` where that declines (subnormal or overflowing
+    results, a step without terms, late C, special C, stochastic rounding).  Elements whose row of a or
+    column of b holds an infinity or NaN are recomputed by `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``
+    (the unnormalised exponents: empty when no element is).
 
     ``tiles`` (T, 4): each tile's rows ``[i0, i1)``, its column tile of ``vb`` and its batch.  A batched
     product stacks the batches' rows of a and of ``bt`` (``n`` columns a batch, ``out.shape[1]``) and each
     batch's column tiles of b (whole tiles a batch): a tile of batch ``g`` pairs its rows with its own columns
     only, and writes them as columns 0.. of ``out``.
     """
-    kk = va.shape[1]
+    kk = a.shape[1]
     n = out.shape[1]
     _nj, _kk, tj = vb.shape
     npad = -(-n // tj) * tj  # a batch's columns, padded to whole tiles
@@ -355,6 +355,7 @@ def _block_kernel(
     chunk = mp.chunk
     inf_ovf = mp.inf_on_overflow != 0
     nsteps = (kk + width - 1) // width
+    wpad = va.shape[1] // max(nsteps, 1)  # a step's terms, padded to whole chunks
     rplan = _fastpath.fast_plan(_core.FP64_PARAMS, acc_params, mode, 0)
     dplan = _fastpath.decode_plan(acc_params)
     mode_ok = np.int64(mode != SR)
@@ -380,20 +381,18 @@ def _block_kernel(
                 promoted[jj] = cij if chunk else 0.0
             c_in = have_c and not chunk
             for s in range(nsteps):
-                k0 = s * width
-                k1 = min(k0 + width, kk)
+                k1 = min((s + 1) * width, kk)
                 for jj in range(tj):
                     emax[jj] = neg32
-                for k in range(k0, k1):
-                    y = xa[i, k]
-                    xbk = xb[jb, k]
-                    if drops:
-                        for jj in range(tj):
-                            e = np.int32(y + xbk[jj])
-                            emax[jj] = max(emax[jj], e if e >= min_exp else neg32)
-                    else:
-                        for jj in range(tj):
-                            emax[jj] = max(emax[jj], np.int32(y + xbk[jj]))
+                for kc in range(s * wpad, (s + 1) * wpad, _CHUNK):  # a chunk at a time: the k loops unroll
+                    ya = xa[i, kc : kc + _CHUNK]
+                    xbc = xb[jb, kc : kc + _CHUNK]
+                    for jj in range(tj):
+                        em = emax[jj]
+                        for kq in range(_CHUNK):
+                            e = np.int32(ya[kq] + xbc[kq, jj])
+                            em = max(em, e if not drops or e >= min_exp else neg32)
+                        emax[jj] = em
                 early_in = c_in and early_c
                 for jj in range(tj):
                     cj = acc[jj]
@@ -407,18 +406,18 @@ def _block_kernel(
                     # C's term: cj truncated to a multiple of 2**cut (a subnormal C takes the general path)
                     cterm[jj] = np.trunc(cj * scale[jj]) if early_in and cf != 0 else 0.0
                     tot[jj] = 0.0
-                for k in range(k0, k1):
-                    av = va[i, k]
-                    vbk = vb[jb, k]
-                    if drops:
-                        y = xa[i, k]
-                        xbk = xb[jb, k]
-                        for jj in range(tj):
-                            q = np.trunc(av * vbk[jj] * scale[jj])
-                            tot[jj] += q if y + xbk[jj] >= min_exp else 0.0
-                    else:
-                        for jj in range(tj):
-                            tot[jj] += np.trunc(av * vbk[jj] * scale[jj])
+                for kc in range(s * wpad, (s + 1) * wpad, _CHUNK):
+                    vac = va[i, kc : kc + _CHUNK]
+                    vbc = vb[jb, kc : kc + _CHUNK]
+                    ya = xa[i, kc : kc + _CHUNK]
+                    xbc = xb[jb, kc : kc + _CHUNK]
+                    for jj in range(tj):
+                        tt = tot[jj]
+                        sc = scale[jj]
+                        for kq in range(_CHUNK):
+                            q = np.trunc(vac[kq] * vbc[kq, jj] * sc)
+                            tt += q if not drops or ya[kq] + xbc[kq, jj] >= min_exp else 0.0
+                        tot[jj] = tt
                 late_in = c_in and not early_c
                 for jj in range(tj):  # branch-free for normal results: fast_round on the exact float64
                     cj = acc[jj]
@@ -478,23 +477,31 @@ def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, z
     n = bt.shape[0] // batch
     if m == 0 or n == 0:
         return
-    ea, eb = np.empty(av.shape, np.int64), np.empty(bt.shape, np.int64)
     tj = min(_TILE_J, -(-n // 8) * 8)
     nj = -(-n // tj)
     npad = nj * tj
     # rows per tile: at most _TILE_I, but enough tiles to keep every thread busy
     ti = max(1, min(_TILE_I, batch * m * nj // (4 * nb.get_num_threads())))
-    va, xa = np.empty((batch * m, kk)), np.empty((batch * m, kk), np.int32)
+    wpad = -(-mp.width // _CHUNK) * _CHUNK
+    kp = -(-kk // mp.width) * wpad  # each step's terms padded to whole chunks
+    if kp == kk:  # whole chunks: every entry written
+        va, xa = np.empty((batch * m, kp)), np.empty((batch * m, kp), np.int32)
+    else:
+        va, xa = np.zeros((batch * m, kp)), np.full((batch * m, kp), _ZERO_EXP, np.int32)
     bad_a = np.empty(batch * m, np.bool_)
-    _split(av, emins[0], zeros_in_max, va, xa, ea, bad_a)
+    _split(av, emins[0], zeros_in_max, mp.width, wpad, va, xa, bad_a)
     # b tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
-    if npad == n:  # whole tiles: every column written
-        vb, xb = np.empty((batch * nj, kk, tj)), np.empty((batch * nj, kk, tj), np.int32)
+    if npad == n and kp == kk:  # whole tiles and chunks: every entry written
+        vb, xb = np.empty((batch * nj, kp, tj)), np.empty((batch * nj, kp, tj), np.int32)
         bad_b = np.empty(batch * npad, np.bool_)
     else:
-        vb, xb = np.zeros((batch * nj, kk, tj)), np.full((batch * nj, kk, tj), _ZERO_EXP, np.int32)
+        vb, xb = np.zeros((batch * nj, kp, tj)), np.full((batch * nj, kp, tj), _ZERO_EXP, np.int32)
         bad_b = np.zeros(batch * npad, np.bool_)
-    _split_tiles(bt, emins[1], zeros_in_max, n, vb, xb, eb, bad_b)
+    _split_tiles(bt, emins[1], zeros_in_max, n, mp.width, wpad, vb, xb, bad_b)
+    if bad_a.any() or bad_b.any():  # the general path's exponents, for the elements it recomputes
+        ea, eb = lead_exps(av, emins[0]), lead_exps(bt, emins[1])
+    else:
+        ea, eb = np.empty((0, 0), np.int64), np.empty((0, 0), np.int64)
     starts = np.arange(0, m, ti)
     g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
     i0 = g * m + r

@@ -25,7 +25,7 @@ from . import _arrays, _core, _fastpath, _narrow_rne
 from ._core import CLS_FINITE, CLS_NAN
 from .formats import BF16, FP16, FP32, Format
 from .rounding import SR, Rounding, as_rounding, is_rne, random_bits
-from .trace import OP_CODE, Chunk, Trace, check_trace
+from .trace import OP_CODE, Chunk, Trace, check_trace, empty_operand, operand_copy
 
 ADD, SUB, MUL, DIV, FMA, SQRT, NEG, ABS, MIN, MAX = (
     OP_CODE[k] for k in ("add", "sub", "mul", "div", "fma", "sqrt", "neg", "abs", "min", "max")
@@ -483,13 +483,13 @@ def _apply(op_name, op_code, operands, fmt, rounding, trace, label, extra_code=N
     if trace is not None and not eager:
         if lane and code != SQRT:  # the lane copies the operands in its own pass
             flat = tuple(a.reshape(-1).view(np.uint16) for a in arrays.values())
-            copies = tuple(np.empty(n, f.dtype) for _ in flat)
+            copies = tuple(empty_operand(n, f.dtype) for _ in flat)
             bits = _arrays.new_output(f, n, into, tuple(arrays.values()), narrow=True)
             keep = tuple(c.view(np.uint16) for c in copies)
             _narrow_rne_fill(op_name, code, BF16 if f == BF16 else FP16, flat, bits, label, keep)
             result = _arrays.finish_output(bits, f, shape, into)
         else:
-            copies = tuple(np.broadcast_to(a, shape).reshape(-1).copy() for a in arrays.values())  # before ``out``
+            copies = tuple(operand_copy(np.broadcast_to(a, shape)) for a in arrays.values())  # before ``out``
             result = _apply(op_name, op_code, arrays, f, rnd, None, label, extra_code, out=into, fast=fast)
         flat_ops = dict(zip(arrays, copies, strict=True))
         trace.record(

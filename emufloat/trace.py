@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -242,6 +244,43 @@ def check_trace(trace: object) -> None:
     """Refuse a ``trace=`` argument that is neither None nor a Trace."""
     if trace is not None and not isinstance(trace, Trace):
         raise TypeError(f"trace: expected an emufloat.Trace or None, got {type(trace).__name__}")
+
+
+# ---- operand copies -------------------------------------------------------------------------------
+# A traced call's operand copies are written once at memory speed, but fresh memory costs as much again: the
+# kernel zeroes every page on its first touch.  Large copies therefore come from buffers kept here, reused once
+# no array refers to them any more (the trace that held them is gone): a program that traces call after call
+# and drops each trace writes its copies into warm memory.  The pool holds at most `POOL_BYTES`.
+POOL_MIN_BYTES = 1 << 20  # smaller copies: fresh arrays (malloc reuses their memory anyway)
+POOL_BYTES = 1 << 28  # the most the pool holds
+_pool: list[np.ndarray] = []
+_pool_lock = threading.Lock()
+
+
+def empty_operand(n: int, dtype: np.dtype | type) -> np.ndarray:
+    """An uninitialised flat array for a traced call's copy of an operand (pooled when large)."""
+    dtype = np.dtype(dtype)
+    nbytes = n * dtype.itemsize
+    if nbytes < POOL_MIN_BYTES or nbytes > POOL_BYTES:
+        return np.empty(n, dtype)
+    with _pool_lock:
+        for buf in _pool:
+            # free: no view refers to it (references: the list, this loop's name, getrefcount's argument)
+            if buf.nbytes == nbytes and sys.getrefcount(buf) <= 3:
+                return buf.view(dtype)
+        buf = np.empty(nbytes, np.uint8)
+        _pool.append(buf)
+        while sum(b.nbytes for b in _pool) > POOL_BYTES:
+            free = [b for b in _pool if sys.getrefcount(b) <= 3]
+            _pool.remove(free[0] if free else _pool[0])  # a buffer in use lives on in its arrays
+        return buf.view(dtype)
+
+
+def operand_copy(x: np.ndarray) -> np.ndarray:
+    """A flat copy of ``x`` (any shape and strides) for a trace, into `empty_operand()`."""
+    out = empty_operand(x.size, x.dtype)
+    np.copyto(out.reshape(x.shape), x)
+    return out
 
 
 def _error_columns(rounded: np.ndarray, hi: np.ndarray, lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -2,6 +2,7 @@
 
 from fractions import Fraction
 
+import ml_dtypes
 import numpy as np
 import pytest
 from scipy import stats
@@ -344,3 +345,26 @@ def test_flags_against_exact_arithmetic(fmt, mode):
             want = _flag_oracle(exact, Fraction(float(rounded[i])), ref, f.precision, emin)
             got = Flag(int(tr.flags[i])) & CHECKED
             assert got == want, (name, i, float(exact), float(rounded[i]), got, want)
+
+
+def test_pooled_operand_copies_are_reused_only_when_nothing_refers_to_them():
+    """Large operand copies come from a pool (warm memory); a buffer returns to use once its trace is gone, and
+    never while any array (a trace's chunk, a view the caller kept) still refers to it."""
+    from emufloat import trace as tr_mod
+
+    n = tr_mod.POOL_MIN_BYTES // 2
+    rng = np.random.default_rng(5)
+    a, b = (rng.standard_normal(n, dtype=np.float32).astype(ml_dtypes.bfloat16) for _ in range(2))
+    first = ef.Trace()
+    ef.add(a, b, trace=first)
+    kept = first.chunks[0].operands[0][:10]  # a view of the first copy
+    pooled = len(tr_mod._pool)
+    del first
+    second = ef.Trace()
+    ef.add(b, a, trace=second)
+    ops = second.chunks[0].operands
+    np.testing.assert_array_equal(kept.view(np.uint16), a[:10].view(np.uint16))  # not overwritten
+    assert kept.ctypes.data not in {x.ctypes.data for x in ops}
+    assert len(tr_mod._pool) <= pooled + 1  # the second copy's buffer was reused
+    np.testing.assert_array_equal(ops[0].view(np.uint16), b.view(np.uint16))
+    np.testing.assert_array_equal(ops[1].view(np.uint16), a.view(np.uint16))

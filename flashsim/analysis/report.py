@@ -8,13 +8,12 @@ optional extra ``plot``; `have_matplotlib()` says whether it is there).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import math
 import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from ..attention import LOG2E
 from ..policy import TRACE_LABELS
@@ -22,6 +21,7 @@ from ..specs import is_native
 from .bias import Bias, POneRounding
 from .common import jsonable
 from .errors import StepError, steps_before_any_key
+from .plots import PLOT_FILES, draw
 from .row import RowAnalysis
 
 SIGNIFICANCE = 0.01  # the level at which a lean is called significant in the verdict
@@ -31,7 +31,6 @@ SIGNIFICANCE = 0.01  # the level at which a lean is called significant in the ve
 CARRY_SHARE = 0.25  # of O's mean error
 NOTEWORTHY = 0.1  # of O's mean |error|
 WIDTH = 110  # text wrapped at this width
-PLOT_FILES = ("cumulative_error.png", "block_error.png", "step_error.png")
 PRODUCT_STEPS = ("pv_acc", "pv", "rescale", "o_accum", "normalize", "output")  # the products part's trace labels
 PARTS = {  # the parts of the error budget (flashsim.analysis.bias.ErrorBudget), as the report names them
     "weights": "the weights (scores .. P cast)",
@@ -694,156 +693,48 @@ def report_dict(analyses: Sequence[RowAnalysis], meta: dict | None = None) -> di
 
 # ---- plots -------------------------------------------------------------------------------------------
 def have_matplotlib() -> bool:
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    """Whether matplotlib is installed (found, not imported: the import is the drawing's to pay)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def plot_data(analyses: Sequence[RowAnalysis]) -> dict:
+    """What the plots show, as plain values (`flashsim.analysis.plots.draw()` takes it; a `Drawer` process
+    receives it pickled)."""
+    a0 = analyses[0]
+    bad = nonfinite_lines(analyses)
+    seen = {s.label for a in analyses for s in a.steps}
+    return {
+        "where": f"{a0.policy}, row {a0.row}",
+        "banner": ("NON-FINITE (excluded from every curve): " + "; ".join(bad)) if bad else "",
+        "blocks": [(b.index, b.block, b.keys[0], b.keys[1], b.p_one) for b in a0.blocks],
+        "labels": [lab for lab in TRACE_LABELS if lab in seen] + sorted(seen - set(TRACE_LABELS)),
+        "variants": [
+            {
+                "softmax": a.softmax,
+                "total": a.budget.errors["total"],
+                "products": a.budget.errors["products"],
+                "block_errors": [(b.index, b.out_error) for b in a.blocks],
+                "steps": {
+                    s.label: {
+                        "mean_ulps": s.mean_ulps,
+                        "frac_away": s.frac_away,
+                        "inexact": s.inexact,
+                        "events": s.events,
+                        "unexpected_nonfinite": s.unexpected_nonfinite,
+                        "expected_nonfinite": s.expected_nonfinite,
+                    }
+                    for s in a.steps
+                },
+            }
+            for a in analyses
+        ],
+    }
 
 
 def write_plots(analyses: Sequence[RowAnalysis], out_dir: Path | str) -> list[Path]:
-    """cumulative_error.png (O - O_fp64 summed along the row's elements), block_error.png (O so far after each
-    K/V block) and step_error.png (mean signed rounding error and share rounded away per step).  Needs
-    matplotlib; raises ImportError without it."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state, a faster import
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    a0 = analyses[0]
-    where = f"{a0.policy}, row {a0.row}"
-    paths = []
-
-    bad = nonfinite_lines(analyses)
-    banner = ("NON-FINITE (excluded from every curve): " + "; ".join(bad)) if bad else ""
-
-    def save(fig, name: str, bottom: float = 0.12, **space: float) -> None:
-        """Lay out (fixed margins: measuring every label, as ``tight_layout`` does, takes longer than the
-        drawing), add the non-finite banner, write ``out/name`` and close."""
-        fig.subplots_adjust(left=0.12, right=0.98, top=0.92, bottom=bottom + (0.03 if banner else 0.0), **space)
-        if banner:
-            fig.text(0.01, 0.005, textwrap.shorten(banner, 160), color="red", fontsize=7, va="bottom")
-        paths.append(out / name)
-        fig.savefig(paths[-1], dpi=110)
-
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.subplots()
-    for a in analyses:
-        total = a.budget.errors["total"]
-        (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a.softmax}: O - O_fp64")
-        products = a.budget.errors["products"]
-        ax.plot(
-            np.cumsum(np.where(np.isfinite(products), products, 0.0)),
-            ls="--",
-            color=line.get_color(),
-            label=f"{a.softmax}: products part",
-        )
-        gone = np.flatnonzero(~np.isfinite(total))
-        if gone.size:
-            ax.plot(
-                gone,
-                np.zeros(gone.size),
-                "x",
-                color=line.get_color(),
-                ms=6,
-                label=f"{a.softmax}: {gone.size} non-finite element(s), excluded",
-            )
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set(
-        xlabel="element of the output row",
-        ylabel="cumulative signed error (finite errors)",
-        title=f"Cumulative error of O along the row ({where})",
-    )
-    ax.legend(fontsize=8)
-    save(fig, PLOT_FILES[0])
-
-    fig = Figure(figsize=(8, 4.5))
-    ax = fig.subplots()
-    x = np.arange(len(a0.blocks))
-    for a in analyses:
-        (line,) = ax.plot(x, [b.out_error for b in a.blocks], marker="o", label=a.softmax)
-        gone = [b.index for b in a.blocks if math.isnan(b.out_error)]
-        if gone:
-            ax.plot(
-                gone,
-                np.zeros(len(gone)),
-                "x",
-                color=line.get_color(),
-                ms=8,
-                label=f"{a.softmax}: no finite error at these blocks",
-            )
-    for b in a0.blocks:
-        if b.p_one >= 2:
-            ax.axvspan(b.index - 0.4, b.index + 0.4, color="orange", alpha=0.15)
-    ax.axhline(0, color="k", lw=0.5)
-    ax.set_xticks(x, [f"{b.block}\n[{b.keys[0]},{b.keys[1]})" for b in a0.blocks], fontsize=8)
-    ax.set(
-        xlabel="K/V block, in processing order (shaded: P = 1 at >= 2 keys, standard)",
-        ylabel="mean error of acc/l so far vs FP64",
-        title=f"Error of O after each K/V block ({where})",
-    )
-    ax.legend(fontsize=8)
-    save(fig, PLOT_FILES[1], bottom=0.2)
-
-    seen = {s.label for a in analyses for s in a.steps}
-    labels = [lab for lab in TRACE_LABELS if lab in seen] + sorted(seen - set(TRACE_LABELS))
-    fig = Figure(figsize=(9, 6.5))
-    ax1, ax2 = fig.subplots(2, 1, sharex=True)
-    width = 0.8 / max(len(analyses), 1)
-    pos = np.arange(len(labels))
-    for j, a in enumerate(analyses):
-        by = {s.label: s for s in a.steps}
-        xs = pos + j * width
-        mean = [by[lab].mean_ulps if lab in by and not math.isnan(by[lab].mean_ulps) else 0.0 for lab in labels]
-        bars = ax1.bar(xs, mean, width, label=a.softmax)
-        ax2.bar(
-            xs,
-            [by[lab].frac_away if lab in by and by[lab].inexact else 0.0 for lab in labels],
-            width,
-            color=bars.patches[0].get_facecolor() if bars.patches else None,
-            label=a.softmax,
-        )
-        for x_, lab in zip(xs, labels, strict=True):  # the event count says whether a 0 bar is "no events"
-            st = by.get(lab)
-            text = (
-                "no events"
-                if st is None or not st.events
-                else (
-                    f"n={st.events}"
-                    + (f"\n{st.unexpected_nonfinite} non-finite" if st.unexpected_nonfinite else "")
-                    + (f"\n{st.expected_nonfinite} -inf, expected" if st.expected_nonfinite else "")
-                )
-            )
-            ax1.annotate(
-                text,
-                (x_, 0),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                rotation=90,
-                fontsize=6,
-                color="grey" if st is None or not st.events else "black",
-            )
-            if st is not None and st.events and not st.inexact:
-                ax2.annotate(
-                    "exact",
-                    (x_, 0),
-                    xytext=(0, 2),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    rotation=90,
-                    fontsize=6,
-                    color="grey",
-                )
-    ax1.axhline(0, color="k", lw=0.5)
-    ax1.set(ylabel="mean signed error (ulps)", title=f"Rounding error per step, this row's events ({where})")
-    ax2.axhline(0.5, color="k", lw=0.5, ls="--")
-    ax2.set(ylabel="share of inexact results rounded away from 0", ylim=(0, 1))
-    ax2.set_xticks(pos + width * (len(analyses) - 1) / 2, labels, rotation=30, fontsize=8)
-    ax1.legend(fontsize=8)
-    save(fig, PLOT_FILES[2], bottom=0.13, hspace=0.12)
-    return paths
+    """The PNG plots of `flashsim.analysis.plots.draw()` for these analyses.  Needs matplotlib; raises
+    ImportError without it."""
+    return draw(plot_data(analyses), out_dir)
 
 
 __all__ = [
@@ -857,6 +748,7 @@ __all__ = [
     "have_matplotlib",
     "lean",
     "nonfinite_lines",
+    "plot_data",
     "report_dict",
     "tied_blocks_carry",
     "verdict",

@@ -7,6 +7,7 @@ negative V)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import sys
@@ -17,7 +18,8 @@ import numpy as np
 
 from .. import arith
 from ..analysis import analyse_run, count_nonfinite, round_to_one_band
-from ..analysis.report import PLOT_FILES, format_report, have_matplotlib, report_dict, write_plots
+from ..analysis.plots import PLOT_FILES, Drawer
+from ..analysis.report import format_report, have_matplotlib, plot_data, report_dict
 from ..causal import CAUSAL_ALIGNMENTS, causal_offset
 from ..console import (
     UsageError,
@@ -124,10 +126,15 @@ def cmd_trace_row(args: argparse.Namespace) -> int:
     out = writable_dir(args.out, "--out")  # before any work, so that nothing computed is lost
     json_path = writable_file(args.json, "--json") if args.json else out / "report.json"
     with folder_lock(out, "--out", "flashsim trace-row"):  # another run writing the same folder is refused
-        return _trace_row(args, policy, variants, out, json_path, t0)
+        # the plots are drawn by a process started now, which imports matplotlib while the row is traced
+        drawer = Drawer() if not args.no_plots and have_matplotlib() else None
+        with drawer or contextlib.nullcontext():
+            return _trace_row(args, policy, variants, out, json_path, t0, drawer)
 
 
-def _trace_row(args: argparse.Namespace, policy, variants: list, out: Path, json_path: Path, t0: float) -> int:
+def _trace_row(
+    args: argparse.Namespace, policy, variants: list, out: Path, json_path: Path, t0: float, drawer: Drawer | None
+) -> int:
     notes: list[str] = []
     user = args.data is not None or any(x is not None for x in (args.q, args.k, args.v))
     sm_scale, block_n = args.sm_scale, args.block_n
@@ -215,12 +222,11 @@ def _trace_row(args: argparse.Namespace, policy, variants: list, out: Path, json
     t_run = time.perf_counter() - t0
 
     plots: list[Path] | str | None = None
-    if not args.no_plots:
-        plots = (
-            [out / name for name in PLOT_FILES]
-            if have_matplotlib()
-            else "matplotlib is not installed: no plots (pip install 'lowprec-attention[plot]')"
-        )
+    if drawer is not None:
+        drawer.send(plot_data(analyses), out)
+        plots = [out / name for name in PLOT_FILES]
+    elif not args.no_plots:
+        plots = "matplotlib is not installed: no plots (pip install 'lowprec-attention[plot]')"
     text = format_report(analyses, title=title, notes=notes, plots=plots)
     if not args.quiet:
         print(text, flush=True)
@@ -238,8 +244,8 @@ def _trace_row(args: argparse.Namespace, policy, variants: list, out: Path, json
             lambda: json_path.write_text(json.dumps(report_dict(analyses, meta), indent=1) + "\n"),
         ),
     ]
-    if isinstance(plots, list):
-        writes.append(("--out", lambda: write_plots(analyses, out)))
+    if drawer is not None:
+        writes.append(("--out", drawer.wait))
     for flag, write in writes:
         try:
             write()

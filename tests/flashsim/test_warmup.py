@@ -12,8 +12,6 @@ from flashsim import warmup
 KERNELS = " ".join(
     [
         "emufloat.ops._arith_block",
-        "emufloat.hw.h100.ex2._ex2_range",
-        "emufloat.functions._exp2_range",
         "emufloat.trees._tree_sum_rows",
     ]
 )

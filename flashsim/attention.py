@@ -28,7 +28,7 @@ from emufloat import FP32, Trace
 from emufloat.formats import format_of_dtype
 from emufloat.interop import to_numpy
 
-from . import arith
+from . import arith, fused
 from .causal import Offset, causal_alignment, causal_offset, causal_visible, keys_from
 from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS, BlockPlace
 from .policy import Policy, get_policy
@@ -309,6 +309,7 @@ def kv_steps(
         )
     lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), place_rows), trace)
     acc = arith.cast(np.zeros((r, vc.shape[-1])), acc_fmt)
+    fast = fused.applies(pipe, False, (bm, bn))
     for cols, masked in blocks:
         j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
         kb, vb = kt[..., j0 : cols.stop], vc[..., j0 : cols.stop, :]
@@ -323,16 +324,20 @@ def kv_steps(
         if visible is not None and heads:
             visible = np.tile(visible, (heads, 1))
         kernel_masks = masked if schedule.marks_mask else visible is not None
-        p, m, alpha = pipe.softmax_block(s, visible, m, kernel_masks)
-        if sums_cast_p(
-            pipe.softmax, pol.row_sum.fmt
-        ):  # l from P as cast for P V: the weights O is made with sum to l exactly
-            pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
-            lsum.update(arith.cast(pl, _fmt_of(p)), alpha)
+        one_kernel = fast and visible is None and fused.softmax_step(pipe, s, m, lsum, acc)
+        if one_kernel:  # the steps below as one kernel, the same bits
+            p, pl, m, alpha, acc = one_kernel
         else:
-            lsum.update(p, alpha)
-            pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
-        acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
+            p, m, alpha = pipe.softmax_block(s, visible, m, kernel_masks)
+            if sums_cast_p(
+                pipe.softmax, pol.row_sum.fmt
+            ):  # l from P as cast for P V: the weights O is made with sum to l exactly
+                pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+                lsum.update(arith.cast(pl, _fmt_of(p)), alpha)
+            else:
+                lsum.update(p, alpha)
+                pl = arith.cast(p, pol.p_cast.fmt, pol.p_cast.rounding, trace, "p_cast")
+            acc = arith.binary("mul", acc, alpha[:, None], pol.rescale, trace, "rescale")
         if pol.pv.into_acc:
             acc = _stacked_dot(
                 pl, vb, pol.pv, heads, c=acc, trace=trace, label="pv", shape=(tile_m, vb.shape[-1], tile_n)

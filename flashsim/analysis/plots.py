@@ -10,10 +10,12 @@ draws on another core while the run computes.
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import subprocess
 import sys
 import textwrap
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -22,10 +24,10 @@ PLOT_FILES = ("cumulative_error.png", "block_error.png", "step_error.png")
 EXIT_OSERROR = 3  # a Drawer process's status when writing a file failed (its stderr holds the reason)
 
 
-def draw(data: dict, out_dir: Path | str) -> list[Path]:
+def draw(data: dict, out_dir: Path | str, names: tuple[str, ...] = PLOT_FILES) -> list[Path]:
     """cumulative_error.png (O - O_fp64 summed along the row's elements), block_error.png (O so far after each
-    K/V block) and step_error.png (mean signed rounding error and share rounded away per step).  Needs
-    matplotlib; raises ImportError without it."""
+    K/V block) and step_error.png (mean signed rounding error and share rounded away per step), those of them
+    in ``names``.  Needs matplotlib; raises ImportError without it."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state, a faster import
 
     out = Path(out_dir)
@@ -42,7 +44,17 @@ def draw(data: dict, out_dir: Path | str) -> list[Path]:
         paths.append(out / name)
         fig.savefig(paths[-1], dpi=110)
 
-    fig = Figure(figsize=(8, 4.5))
+    if PLOT_FILES[0] in names:
+        _cumulative(Figure(figsize=(8, 4.5)), variants, where, save)
+    if PLOT_FILES[1] in names:
+        _blocks(Figure(figsize=(8, 4.5)), variants, data["blocks"], where, save)
+    if PLOT_FILES[2] in names:
+        _steps(Figure(figsize=(9, 6.5)), variants, data["labels"], where, save)
+    return paths
+
+
+def _cumulative(fig, variants: list[dict], where: str, save) -> None:
+    """O - O_fp64 summed along the row's elements, with its products part."""
     ax = fig.subplots()
     for a in variants:
         total = a["total"]
@@ -73,8 +85,10 @@ def draw(data: dict, out_dir: Path | str) -> list[Path]:
     ax.legend(fontsize=8)
     save(fig, PLOT_FILES[0])
 
-    blocks = data["blocks"]  # the first variant's: (index, block, first key, end key, P = 1 count)
-    fig = Figure(figsize=(8, 4.5))
+
+def _blocks(fig, variants: list[dict], blocks: list[tuple], where: str, save) -> None:
+    """O so far after each K/V block; ``blocks``: the first variant's, as (index, block, first key, end key,
+    P = 1 count)."""
     ax = fig.subplots()
     x = np.arange(len(blocks))
     for a in variants:
@@ -102,8 +116,9 @@ def draw(data: dict, out_dir: Path | str) -> list[Path]:
     ax.legend(fontsize=8)
     save(fig, PLOT_FILES[1], bottom=0.2)
 
-    labels = data["labels"]
-    fig = Figure(figsize=(9, 6.5))
+
+def _steps(fig, variants: list[dict], labels: list[str], where: str, save) -> None:
+    """Mean signed error (ulps) and share rounded away per step, bars per variant."""
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
     width = 0.8 / max(len(variants), 1)
     pos = np.arange(len(labels))
@@ -160,7 +175,6 @@ def draw(data: dict, out_dir: Path | str) -> list[Path]:
     ax2.set_xticks(pos + width * (len(variants) - 1) / 2, labels, rotation=30, fontsize=8)
     ax1.legend(fontsize=8)
     save(fig, PLOT_FILES[2], bottom=0.13, hspace=0.12)
-    return paths
 
 
 # the Drawer process: this file run alone (runpy), so that nothing but numpy and matplotlib is imported
@@ -214,18 +228,42 @@ class Drawer:
                 f.close()
 
 
-def _serve() -> int:
-    """A Drawer process: import matplotlib, then draw the data read from stdin."""
-    import matplotlib.figure  # noqa: F401  (while the caller computes)
-
-    data, out = pickle.load(sys.stdin.buffer)
+def _draw_status(data: dict, out: str, names: tuple[str, ...]) -> int:
+    """`draw()` as an exit status (`EXIT_OSERROR` when writing failed, the reason on stderr)."""
     try:
-        draw(data, out)
+        draw(data, out, names)
     except OSError as exc:
         print(exc.strerror or exc, file=sys.stderr)
         return EXIT_OSERROR
     return 0
 
 
+def _serve() -> int:
+    """A Drawer process: import matplotlib, then draw the data read from stdin; where the system forks, the
+    step plot (about half the drawing) in a forked copy of this process, on another core."""
+    import matplotlib.figure  # noqa: F401  (while the caller computes)
+
+    data, out = pickle.load(sys.stdin.buffer)
+    first, last = PLOT_FILES[:2], PLOT_FILES[2:]
+    if not hasattr(os, "fork"):
+        return _draw_status(data, out, first + last)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            status = _draw_status(data, out, last)
+        except BaseException:  # noqa: BLE001 - the forked copy must end here whatever happens
+            traceback.print_exc()
+            status = 1
+        sys.stderr.flush()
+        os._exit(status)
+    status = _draw_status(data, out, first)
+    forked = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    return status or forked
+
+
 if __name__ == "__main__":
-    raise SystemExit(_serve())
+    import gc
+
+    exit_status = _serve()
+    gc.freeze()  # the process ends here: no final collection of matplotlib's objects
+    raise SystemExit(exit_status)

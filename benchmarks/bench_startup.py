@@ -4,7 +4,9 @@
 
 Each measurement is a fresh Python process.  Cold: Numba's cache and emufloat's table cache in empty folders
 (`NUMBA_CACHE_DIR`, `EMUFLOAT_CACHE_DIR`), so every kernel the command uses is compiled and every table
-rebuilt; warm: the same command again on the caches the cold run filled.
+rebuilt; warm: the same command again on the caches the cold run filled.  Python's bytecode cache is as
+Python keeps it by default (written on first import even where `PYTHONDONTWRITEBYTECODE` is set: an
+installed package has it), so that no run compiles the project's modules from source.
 The baseline is `python -c "import numba"` in the same way (what any Numba program pays before its first
 kernel).  Prints one table: wall seconds (best of `--repeat`) and the ratio to the baseline;
 `--compile-detail` adds the cold main job's compile seconds per Numba kernel.
@@ -60,8 +62,9 @@ for name, sec in spent.most_common():
 
 def compile_detail() -> None:
     with tempfile.TemporaryDirectory() as cache, tempfile.TemporaryDirectory() as out:
-        env = dict(os.environ, NUMBA_CACHE_DIR=cache, EMUFLOAT_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([sys.executable, "-c", COMPILE_DETAIL, out], env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", COMPILE_DETAIL, out], env=environment(cache), capture_output=True, text=True
+        )
     if proc.returncode:
         raise SystemExit(f"the main job failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     print()
@@ -70,8 +73,15 @@ def compile_detail() -> None:
     print(proc.stdout, end="")
 
 
-def timed(cmd: list[str], cache: str, out: str) -> float:
+def environment(cache: str) -> dict[str, str]:
+    """The measured processes' environment: the caches in ``cache``, Python's bytecode cache written."""
     env = dict(os.environ, NUMBA_CACHE_DIR=cache, EMUFLOAT_CACHE_DIR=cache, PYTHONPATH=str(ROOT))
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def timed(cmd: list[str], cache: str, out: str) -> float:
+    env = environment(cache)
     full = [*cmd, "--out", out] if "trace-row" in cmd else cmd
     t0 = time.perf_counter()
     proc = subprocess.run(full, env=env, cwd=out, capture_output=True, text=True)

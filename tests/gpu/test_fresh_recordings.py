@@ -138,9 +138,38 @@ def test_cudnn_is_exact_but_for_the_dq_orders_the_gpu_chose():
     assert refused and all(c["n"] == 1 and "No available kernel" in c["error"] for c in refused)
 
 
+def test_fresh_6_checks_every_qiu_yao_launch_under_the_policy_its_gemm_table_gives():
+    """Recorded with --paper-gemms and checked on the device as recorded: each launch whose width is not a multiple
+    of 8 reports the kernels cuBLAS ran, and its policy is made from them; one check ran out of time and says so."""
+    mine = [c for c in RECORDINGS["fresh_6.json"]["cases"] if c["kernel"] == "paper"]
+    checked = [c for c in mine if "identical" in c["check"]]
+    assert len(checked) >= 130 and all(c["check"]["up_to_atomic_order"] for c in checked)
+    assert {c["softmax"] for c in checked} == {"standard", "stabilised"}
+    tabled = [c for c in checked if "gemms" in c["launch"]["kernel_info"]]
+    assert len(tabled) >= 40 and all(c["n"] % 8 for c in tabled)
+    assert all(c["policy"] == qiu_yao_policy_for(c["launch"]).to_json() for c in tabled)
+    unchecked = [c for c in mine if "identical" not in c["check"]]
+    assert all(c["check"]["error"].startswith("TimeoutError") for c in unchecked)
+
+
+def test_our_kernels_are_identical_to_their_policy_on_every_fresh_launch():
+    """gpu.flash as users call it (through live_run), 50 launches or more a dtype: every output, forward and (bf16,
+    fp16) backward, bit for bit under the policy the launch gives, with the default cast_sum and the standard
+    softmax."""
+    mine = _of("ours")
+    for dtype in ("bf16", "fp16", "e4m3"):
+        assert len([c for c in mine if c["dtype"] == dtype]) >= 50, dtype
+    assert {c["softmax"] for c in mine} == {"cast_sum", "standard"} and {c["d"] for c in mine} == {64, 128}
+    assert max(c["n"] for c in mine) == 8192 and {c["causal"] for c in mine} == {False, True}
+    bad = [_label(c) for c in mine if set(c["check"]["identical"].values()) != {1.0}]
+    assert not bad
+    assert all({"o", "lse", "dq", "dk", "dv"} <= set(c["digests"]) for c in mine if c["dtype"] != "e4m3")
+    assert not [c for c in CASES if c["kernel"] == "ours" and "error" in c]
+
+
 SMALL = {
     kernel: [c for c in _of(kernel) if c["check"]["up_to_atomic_order"] and c["heads"] * c["n"] ** 2 <= 2**19][:3]
-    for kernel in ("sdpa_flash", "sdpa_efficient", "paper", "tutorial")
+    for kernel in ("sdpa_flash", "sdpa_efficient", "paper", "tutorial", "ours")
 }
 
 

@@ -115,20 +115,20 @@ def _estimate(n_keys: int, d: int, dv: int, n_variants: int) -> tuple[float, flo
 
 def cmd_trace_row(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
-    policy = policy_arg(args.policy, args.policy_args, allow_import(args))
-    variants = softmax_variants(args.softmax, args.beta, args.eps)
-    for flag, val in (("--block-n", args.block_n), ("--block-m", args.block_m)):
-        positive(val, flag)
-    if args.sm_scale is not None and not (math.isfinite(args.sm_scale) and args.sm_scale > 0):
-        raise UsageError(f"--sm-scale: expected a finite positive number, got {args.sm_scale}")
-    if not (math.isfinite(args.tol_ulps) and args.tol_ulps >= 0):
-        raise UsageError(f"--tol-ulps: expected a finite number >= 0, got {args.tol_ulps}")
-    out = writable_dir(args.out, "--out")  # before any work, so that nothing computed is lost
-    json_path = writable_file(args.json, "--json") if args.json else out / "report.json"
-    with folder_lock(out, "--out", "flashsim trace-row"):  # another run writing the same folder is refused
-        # the plots are drawn by a process started now, which imports matplotlib while the row is traced
-        drawer = Drawer() if not args.no_plots and have_matplotlib() else None
-        with drawer or contextlib.nullcontext():
+    # the plots are drawn by a process started first, which imports matplotlib while the row is traced
+    drawer = Drawer() if not args.no_plots and have_matplotlib() else None
+    with drawer or contextlib.nullcontext():
+        policy = policy_arg(args.policy, args.policy_args, allow_import(args))
+        variants = softmax_variants(args.softmax, args.beta, args.eps)
+        for flag, val in (("--block-n", args.block_n), ("--block-m", args.block_m)):
+            positive(val, flag)
+        if args.sm_scale is not None and not (math.isfinite(args.sm_scale) and args.sm_scale > 0):
+            raise UsageError(f"--sm-scale: expected a finite positive number, got {args.sm_scale}")
+        if not (math.isfinite(args.tol_ulps) and args.tol_ulps >= 0):
+            raise UsageError(f"--tol-ulps: expected a finite number >= 0, got {args.tol_ulps}")
+        out = writable_dir(args.out, "--out")  # before any work, so that nothing computed is lost
+        json_path = writable_file(args.json, "--json") if args.json else out / "report.json"
+        with folder_lock(out, "--out", "flashsim trace-row"):  # another run writing the same folder is refused
             return _trace_row(args, policy, variants, out, json_path, t0, drawer)
 
 

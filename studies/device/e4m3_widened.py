@@ -1,0 +1,107 @@
+"""A candidate for the FP8 kernel's cast_sum row sum, checked on its own: P rounded to E4M3 and widened back to
+float32 by packed conversions (`cvt.rn.satfinite.e4m3x2.f32`, `cvt.rn.f16x2.e4m3x2`, then `cvt.f32.f16`: four
+instructions for two values, where `gpu.kernels.steps.e4m3_values` takes about ten float32 and integer operations a
+value), against two casts it shares no code with: every float32 in [0, 1] (the range of P) equal to torch's CUDA
+cast (`x.to(torch.float8_e4m3fn)`, c10's conversion) and, on every 64th value, to ml_dtypes' on the CPU.
+
+Inside the tl forward kernel (`steps.weights`' l for FP8 cast_sum) the same asm gave NaN row sums on rows 0-7,
+16-23, 32-39, ... of every 64-row tile (the first row of each thread's pair in the MMA layout): see
+docs/performance.md, "The kernels as they are now".  So the kernels keep `e4m3_values`.
+
+    PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT
+
+Writes `e4m3_widened.json`: the device, the versions, how many values were compared and how many differ (with the
+first few that do).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from flashsim.console import ArgumentParser, run_command, writable_dir
+from gpu.commands import require_gpu
+
+CHUNK = 1 << 26
+LAST = 0x3F800000  # the bits of 1.0: every float32 from +0 to 1 is one of 0 .. LAST
+
+
+def run(args) -> int:
+    out = writable_dir(args.out, "--out")
+    require_gpu("python -m studies.device.e4m3_widened")
+    import ml_dtypes
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def e4m3_widened(p):
+        """Each two float32 values ($2, $3) rounded to E4M3 by one packed conversion, widened back through fp16
+        ($0, $1)."""
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 e, lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 e, $3, $2; cvt.rn.f16x2.e4m3x2 w, e;"
+            " mov.b32 {lo, hi}, w; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
+            "=r,=r,r,r",
+            [p],
+            dtype=tl.float32,
+            is_pure=True,
+            pack=2,
+        )
+
+    @triton.jit
+    def widen(X, Y, BLOCK: tl.constexpr):
+        offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tl.store(Y + offs, e4m3_widened(tl.load(X + offs)))
+
+    t0 = time.monotonic()
+    compared = sampled = 0
+    differ: list[dict] = []
+    for start in range(0, LAST + 1, CHUNK):
+        bits = torch.arange(start, min(start + CHUNK, LAST + 1), device="cuda", dtype=torch.int64).to(torch.int32)
+        n = bits.numel()
+        pad = -n % 1024
+        x = torch.cat([bits, bits.new_zeros(pad)]).view(torch.float32)
+        y = torch.empty_like(x)
+        widen[(x.numel() // 1024,)](x, y, BLOCK=1024)
+        want = x.to(torch.float8_e4m3fn).to(torch.float32)
+        bad = torch.nonzero(y[:n].view(torch.int32) != want[:n].view(torch.int32)).flatten()
+        compared += n
+        for i in bad[:5].tolist():
+            differ.append({"x": float(x[i]), "got": float(y[i]), "torch": float(want[i])})
+        differ_n = int(bad.numel())
+        if differ_n > 5:
+            differ.append({"more": differ_n - 5})
+        xs = x[:n:64].cpu().numpy()
+        ys = y[:n:64].cpu().numpy()
+        ref = xs.astype(ml_dtypes.float8_e4m3fn).astype(np.float32)
+        off = np.flatnonzero(ys.view(np.uint32) != ref.view(np.uint32))
+        sampled += xs.size
+        for i in off[:5]:
+            differ.append({"x": float(xs[i]), "got": float(ys[i]), "ml_dtypes": float(ref[i])})
+    res = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "ml_dtypes": ml_dtypes.__version__,
+        "command": "PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT",
+        "compared_with_torch": compared,
+        "compared_with_ml_dtypes": sampled,
+        "differ": differ,
+        "seconds": round(time.monotonic() - t0, 1),
+    }
+    (out / "e4m3_widened.json").write_text(json.dumps(res, indent=1) + "\n")
+    print(f"e4m3_widened: {compared} values against torch, {sampled} against ml_dtypes, {len(differ)} differ")
+    return 1 if differ else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(prog="python -m studies.device.e4m3_widened", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True, help="output folder")
+    args = ap.parse_args(argv)
+    return run_command("e4m3_widened", lambda: run(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -9,9 +9,9 @@ draws on another core while the run computes.
 
 from __future__ import annotations
 
+import json
 import math
 import os
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -57,9 +57,9 @@ def _cumulative(fig, variants: list[dict], where: str, save) -> None:
     """O - O_fp64 summed along the row's elements, with its products part."""
     ax = fig.subplots()
     for a in variants:
-        total = a["total"]
+        total = np.asarray(a["total"], np.float64)
         (line,) = ax.plot(np.cumsum(np.where(np.isfinite(total), total, 0.0)), label=f"{a['softmax']}: O - O_fp64")
-        products = a["products"]
+        products = np.asarray(a["products"], np.float64)
         ax.plot(
             np.cumsum(np.where(np.isfinite(products), products, 0.0)),
             ls="--",
@@ -177,6 +177,13 @@ def _steps(fig, variants: list[dict], labels: list[str], where: str, save) -> No
     save(fig, PLOT_FILES[2], bottom=0.13, hspace=0.12)
 
 
+def _jsonable(x: object) -> object:
+    """numpy arrays and scalars in the data as JSON takes them (a float's repr reads back exactly)."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        return x.tolist()
+    raise TypeError(f"plot data: {type(x).__name__} is not JSON")
+
+
 # the Drawer process: this file run alone (runpy), so that nothing but numpy and matplotlib is imported
 _RUN_THIS_FILE = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__main__')"
 
@@ -201,7 +208,7 @@ class Drawer:
         out = Path(out_dir)
         self._paths = [out / name for name in PLOT_FILES]
         try:
-            pickle.dump((data, str(out)), self._proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self._proc.stdin.write(json.dumps([data, str(out)], default=_jsonable).encode())
             self._proc.stdin.close()
         except BrokenPipeError:  # the process ended early: wait() says why
             pass
@@ -243,7 +250,7 @@ def _serve() -> int:
     step plot (about half the drawing) in a forked copy of this process, on another core."""
     import matplotlib.figure  # noqa: F401  (while the caller computes)
 
-    data, out = pickle.load(sys.stdin.buffer)
+    data, out = json.load(sys.stdin.buffer)  # JSON: NaN and infinities included, floats exact
     first, last = PLOT_FILES[:2], PLOT_FILES[2:]
     if not hasattr(os, "fork"):
         return _draw_status(data, out, first + last)

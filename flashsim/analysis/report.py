@@ -699,7 +699,7 @@ def have_matplotlib() -> bool:
 
 def plot_data(analyses: Sequence[RowAnalysis]) -> dict:
     """What the plots show, as plain values (`flashsim.analysis.plots.draw()` takes it; a `Drawer` process
-    receives it pickled)."""
+    receives it as JSON)."""
     a0 = analyses[0]
     bad = nonfinite_lines(analyses)
     seen = {s.label for a in analyses for s in a.steps}

@@ -61,10 +61,17 @@ def live_run(
     """Run our kernels on the GPU on one head's q, k, v (N, d) or heads (H, N, d) and package the result.
 
     The inputs are rounded to `dtype` (RNE) first; `do` adds the backward; `debug` records the
-    per-block intermediates for the first-divergence report.
+    per-block intermediates for the first-divergence report.  The run keeps its launch (`launch_record`: the card,
+    its SM count, the versions, the shapes) with the tiles the kernels ran (`kernel_info`), which its policy's
+    tiles are.
     """
+    import dataclasses
+
+    import torch
 
     from .. import flash
+    from ..configs import BWD_CONFIGS, fwd_config
+    from .kernels import launch_record
 
     dt = {n: t for n, t in flash.TORCH_DTYPES.items() if n != "e4m3" or do is None}
     if dtype not in dt:
@@ -72,6 +79,11 @@ def live_run(
     x, rounded = on_device({"q": q, "k": k, "v": v} | ({"do": do} if do is not None else {}), dt[dtype], "cuda")
     d = rounded["q"].shape[-1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    tiles = {"fwd": fwd or fwd_config(dtype, d, causal)} | ({"bwd": bwd or BWD_CONFIGS[d]} if do is not None else {})
+    launch = launch_record(torch, "cuda", x, dtype, causal, flash.forward) | {
+        "kernel": "gpu.flash",
+        "kernel_info": {k: dataclasses.asdict(c) for k, c in tiles.items()},
+    }
     o, lse, dbg = flash.forward(
         x["q"], x["k"], x["v"], causal=causal, sm_scale=scale, softmax=softmax, config=fwd, debug=debug
     )
@@ -94,6 +106,7 @@ def live_run(
         outputs=outputs,
         debug={n: bits_of(t) for n, t in (dbg or {}).items()},
         note=note,
+        launch=launch,
     )
 
 

@@ -628,6 +628,29 @@ def test_live_kernel_equals_emulator():
 
 @pytest.mark.gpu
 @cuda
+def test_live_run_records_the_launch_and_the_tiles_its_policy_has():
+    """live_run keeps what ran: the card and its SM count, the versions, the shapes and the kernels' tiles, the
+    same tiles its policy reference names."""
+    import numpy as np
+    import torch
+
+    from gpu.crosscheck import live_run
+
+    rng = np.random.default_rng(7)
+    q, k, v, do = (rng.standard_normal((2, 77, 64)).astype(np.float32) for _ in range(4))
+    run = live_run(q, k, v, do, dtype="fp16", causal=True, softmax="cast_sum", debug=False)
+    launch = run.launch
+    assert launch["kernel"] == "gpu.flash" and launch["device"] == torch.cuda.get_device_name()
+    assert launch["sm_count"] == torch.cuda.get_device_properties(0).multi_processor_count
+    assert (launch["batch_heads"], launch["n_q"], launch["n_k"], launch["head_dim"]) == (2, 77, 77, 64)
+    fwd, bwd = launch["kernel_info"]["fwd"], launch["kernel_info"]["bwd"]
+    kw = run.policy.kwargs
+    assert (fwd["block_m"], fwd["block_n"], fwd["num_warps"]) == (kw["block_m"], kw["block_n"], kw["num_warps"])
+    assert (bwd["block_m"], bwd["block_n"]) == (kw["bwd_block_m"], kw["bwd_block_n"])
+
+
+@pytest.mark.gpu
+@cuda
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
 def test_live_overlap_kernel_equals_triton_kernel(d, causal):

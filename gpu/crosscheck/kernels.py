@@ -110,17 +110,25 @@ _FLEX_CONFIG = {
 }
 #: what the decoding template's source says besides (absent from the regular template's)
 _FLEX_DECODING_CONFIG = {"SPLIT_KV": re.compile(r"'SPLIT_KV': (\d+)")}
+#: the forward template kernel's parameters (those past its own: the tensors its mask_mod loads from)
+_FLEX_TEMPLATE_DEF = re.compile(r"def (triton_tem_\w+)\(([^)]*)\)")
 
 
 def flex_config(sources: list[str]) -> dict:
     """The forward template kernel's tiles, warps and stages, read from Inductor's generated source (None where
-    the source does not say), and the decoding template's SPLIT_KV where it ran."""
+    the source does not say), the decoding template's SPLIT_KV where it ran, and whether its mask_mod loads from
+    a tensor (``mask_loads``: the template takes an ``in_ptr`` argument, as a document-id lookup makes it; Triton
+    then lays out the decoding template's masked scores otherwise, `gpu.policies.flex_policy`)."""
     fwd = [src for src in sources if "triton_tem_fused_flex_attention_0" in src] or sources
     text = "\n".join(fwd)
     found = {key: pattern.search(text) for key, pattern in _FLEX_CONFIG.items()}
     config = {key: int(m.group(1)) if m else None for key, m in found.items()}
     decoding = {key: pattern.search(text) for key, pattern in _FLEX_DECODING_CONFIG.items()}
-    return config | {key: int(m.group(1)) for key, m in decoding.items() if m}
+    config |= {key: int(m.group(1)) for key, m in decoding.items() if m}
+    forward = [params for name, params in _FLEX_TEMPLATE_DEF.findall(text) if "backward" not in name]
+    if forward:
+        config["mask_loads"] = bool(re.search(r"\bin_ptr\d+\b", forward[0]))
+    return config
 
 
 def launched_configs(fn: Callable[[], object]) -> dict[str, dict]:
@@ -155,7 +163,8 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     the compiled forward and the backward Inductor generates for it.  Its `policy_for(launch)` is
     `gpu.policies.flex_policy` for the tiles that ran (below 128 queries, Inductor's decoding template: with the
     launch's SPLIT_KV, read from the generated source or else from its batch x heads and the card's SM count, its
-    key count and whether a block mask ran); `mask_matrix(n_q, n_k, device)` gives the mask as a
+    key count, whether a block mask ran and whether its mask_mod loads from a tensor: False where the launch does
+    not say, as launches recorded before flex_config read it); `mask_matrix(n_q, n_k, device)` gives the mask as a
     KernelRun keeps it (None for no mask or causal)."""
 
     seen: dict[tuple, dict] = {}  # each launch's tiles, read when it compiled (a cached launch generates no source)
@@ -232,11 +241,12 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
         info = launch.get("kernel_info") or {}
         tiles = {"block_m": info.get("BLOCK_M"), "block_n": info.get("BLOCK_N"), "num_warps": info.get("num_warps")}
         tiles |= {key: info.get(key) for key in ("delta_xblock", "delta_num_warps")}
+        args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
         if launch.get("n_q", 128) < 128:  # Inductor's decoding template: K/V split over SPLIT_KV programs
             sms = launch.get("sm_count", H100_SM_COUNT)
             tiles |= {"split_kv": info.get("SPLIT_KV") or decoding_split_kv(launch["batch_heads"], sms)}
             tiles |= {"n_k": launch["n_k"], "block_mask": mask_mod is not None or bool(launch.get("causal"))}
-        args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"]}
+            args["mask_loads"] = mask_mod is not None and bool(info.get("mask_loads"))
         return PolicyRef("gpu.policies:flex_policy", args | {k: v for k, v in tiles.items() if v is not None})
 
     kernel.__name__ = name

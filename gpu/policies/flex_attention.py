@@ -12,7 +12,7 @@ from flashsim.forms import triton_blocked_delta
 from flashsim.policy import Policy
 from flashsim.specs import BwdTiling, Combine, Func, Mask, Norm, Op, Recompute, Scale
 
-from . import flex_decoding  # noqa: F401 - registers the decoding template's orders and combine
+from .flex_decoding import SPARSE_BLOCK  # importing registers the decoding template's orders and combine
 from .our_kernels import triton_policy
 
 #: the tiles and warps Inductor's default forward config takes on the H100/H200 (no max-autotune), by head dim
@@ -34,6 +34,7 @@ def flex_policy(
     split_kv: int | None = None,
     n_k: int | None = None,
     block_mask: bool = False,
+    mask_loads: bool = False,
 ) -> Policy:
     """FlexAttention's forward and backward as Inductor compiles them for the H100 (bf16 or fp16; the forward's
     tiles and warps as the compiled kernel reports them, default Inductor's default config for the head dim).
@@ -64,11 +65,14 @@ def flex_policy(
     online softmax over their keys and store m, l and the undivided accumulator, and Inductor's reductions combine
     them (`gpu.policies.flex_decoding`); rows sum as the mma.sync warps hold them (on rows where the tile has at
     least as many rows as head-dim columns, else alternate 8-column groups), and the subtract is never fused (the
-    bounds check's select in every block).  Without a block mask, and with one 64-key tile, one split holds every
-    key, and such launches are reproduced bit for bit (``n_k``, ``block_mask``: the launch's keys and whether a block
-    mask ran); a block mask over more keys deals its tiles to several splits, whose combine is not reproduced (the
-    document-mask launches at 100 keys), and is refused.  Without ``split_kv``, 16-row tiles run as one split, with
-    the regular template's row sums (the same bits up to 8 keys); 64 and 128 rows on 2 warps need it.
+    bounds check's select in every block).  Without a block mask the first split holds every key; with one
+    (``block_mask``, ``n_k`` the launch's keys) the template deals its 64-key tiles to the splits in order, one a
+    split where SPLIT_KV is 8 and the keys at most 128 (modelled for one sparse block of the mask: at most 128 keys).
+    ``mask_loads``: the mask_mod loads from a tensor (a document-id lookup, `gpu.crosscheck.kernels.flex_config`
+    reads it from the template's arguments); Triton then holds a block mask's scores in a blocked layout, one column
+    a lane, and sums the rows there ('blocked_cols'), in the 128-row tiles recorded.  Without ``split_kv``, 16-row
+    tiles run as one split, with the regular template's row sums (the same bits up to 8 keys); 64 and 128 rows on 2
+    warps need it.
     """
     tiles = DEFAULT_TILES.get(head_dim, DEFAULT_TILES[128])
     bm = tiles[0] if block_m is None else block_m
@@ -87,12 +91,16 @@ def flex_policy(
             "template, K/V split over SPLIT_KV programs): give the launch's split_kv (max(SMs // (batch x KV heads) "
             "* 2, 1)), its key count n_k and whether it has a block mask"
         )
-    if split_kv is not None and split_kv > 1 and block_mask and (n_k is None or n_k > bn):
+    if split_kv is not None and split_kv > 1 and block_mask and (n_k is None or n_k > SPARSE_BLOCK):
         raise ValueError(
-            f"n_k, block_mask: a block mask over {n_k} keys deals its {bn}-key tiles to {split_kv} splits, one of "
-            "Inductor's short-sequence configs whose combine of several splits is not reproduced (the document-mask "
-            "launches at 100 keys): modelled are launches where one split holds every key (no block mask, a block "
-            f"mask over at most {bn} keys, or split_kv 1)"
+            f"n_k, block_mask: a block mask over {n_k} keys in Inductor's decoding template, one of its "
+            "short-sequence configs whose dealing of the keys to the splits is modelled for one sparse block of "
+            f"the mask: give the launch's key count, at most {SPARSE_BLOCK} with a block mask"
+        )
+    if short and mask_loads and block_mask and bm != 128:
+        raise ValueError(
+            f"mask_loads: a mask_mod that loads from a tensor, in {bm}-row tiles of Inductor's decoding template "
+            "(one of its short-sequence configs): the layout Triton gives its scores is modelled for 128-row tiles"
         )
     if delta_num_warps is None:
         if delta_xblock not in DELTA_WARPS:
@@ -121,19 +129,22 @@ def flex_policy(
 
     if not short or split_kv is None:  # the regular template; or a 16-row tile as one split
         return pol
-    return _decoding(pol, head_dim, split_kv)
+    return _decoding(pol, head_dim, split_kv, block_mask, mask_loads)
 
 
-def _decoding(pol: Policy, head_dim: int, splits: int) -> Policy:
+def _decoding(pol: Policy, head_dim: int, splits: int, block_mask: bool, mask_loads: bool) -> Policy:
     """``pol`` as Inductor's decoding template runs it (2 warps, mma.sync): row sums by the warps' layout (on rows
-    where the tile has at least as many rows as head-dim columns, else on columns), the subtract never fused (the
-    template's bounds-check select in every block: its query count is never whole tiles), and with several splits
-    each split's accumulator and row max left to Inductor's combine (`gpu.policies.flex_decoding`)."""
+    where the tile has at least as many rows as head-dim columns, else on columns; in Triton's blocked layout, one
+    column a lane, where a block mask's mask_mod loads from a tensor), the subtract never fused (the template's
+    bounds-check select in every block: its query count is never whole tiles), and with several splits each
+    split's accumulator and row max left to Inductor's combine (`gpu.policies.flex_decoding`)."""
     bm = pol.tiling.block_m
     order = "mma_sync_rows" if bm >= head_dim else "mma_sync_cols"
+    if block_mask and mask_loads:
+        order = "blocked_cols"
     pol = dataclasses.replace(
         pol,
-        name=f"{pol.name}_split{splits}",
+        name=f"{pol.name}_split{splits}" + ("_loads" if block_mask and mask_loads else ""),
         note=f"{pol.note}; Inductor's decoding template, K/V over {splits} splits and its combine",
         row_sum=dataclasses.replace(pol.row_sum, order=order),
         subtract=Op(FP32),
@@ -145,7 +156,7 @@ def _decoding(pol: Policy, head_dim: int, splits: int) -> Policy:
         normalize=Norm("divide", "flex_decoding_acc", FP32),
         lse=dataclasses.replace(pol.lse, form="flex_decoding_max"),
         tiling=dataclasses.replace(pol.tiling, kv_splits=splits),
-        combine=Combine(method="flex_decoding"),
+        combine=Combine(method="flex_decoding_blocks" if block_mask else "flex_decoding"),
     )
 
 

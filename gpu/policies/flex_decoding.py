@@ -1,13 +1,15 @@
 """Inductor's flex_decoding template, which FlexAttention runs for fewer than 128 queries, and the reductions Inductor
-generates after it: the K/V split (`FlexDecodingCombine`, registered as the combine method 'flex_decoding'), what
-each split leaves for the combine (the unnormalised accumulator, 'flex_decoding_acc'; the row max, 'flex_decoding_max')
-and the row sums of its mma.sync tiles on 2 warps ('mma_sync_rows', 'mma_sync_cols').
+generates after it: the K/V split (`FlexDecodingCombine`, registered as the combine methods 'flex_decoding', without
+a block mask, and 'flex_decoding_blocks', with one), what each split leaves for the combine (the unnormalised
+accumulator, 'flex_decoding_acc'; the row max, 'flex_decoding_max') and the row sums of its tiles on 2 warps: as the
+mma.sync warps hold them ('mma_sync_rows', 'mma_sync_cols'), or one column a lane where Triton moves a block mask's
+scores into a blocked layout ('blocked_cols').
 
 Read from the kernels Inductor generated on the H200 (torch 2.11, Triton 3.6; `studies.device.flex_short_tiles`):
-the template stores each split's row max M (base 2), row sum L and accumulator in FP32; one persistent reduction
-takes max_s M_s, alpha_s = ex2.approx.ftz(M_s - max) (0 where every M_s is -inf) and L = sum_s L_s * alpha_s, a second
-one O = (sum_s acc_s * alpha_s) div.full L (L = 1 where every M_s is -inf), and the LSE is log2 L + max, times ln 2
-after it."""
+the template stores each split's row max M (base 2), row sum L and accumulator in FP32 (a split without a key of a
+row: M = -inf, L = 0, acc = 0); one persistent reduction takes max_s M_s, alpha_s = ex2.approx.ftz(M_s - max) (0
+where every M_s is -inf) and L = sum_s L_s * alpha_s, a second one O = (sum_s acc_s * alpha_s) div.full L (L = 1
+where every M_s is -inf), and the LSE is log2 L + max, times ln 2 after it."""
 
 from __future__ import annotations
 
@@ -22,6 +24,9 @@ from flashsim.orders import COMBINES, DIVISIONS, LSE_FORMS, ROW_SUMS, CombineMet
 from flashsim.specs import Func, Op
 
 LN2 = math.log(2.0)
+#: keys of a block mask's sparse block (create_block_mask's default), and Inductor's span without a block mask
+SPARSE_BLOCK = 128
+NO_MASK_SPAN = 1 << 30
 
 
 def split_kv(batch_heads: int, sm_count: int) -> int:
@@ -63,6 +68,26 @@ class MmaSyncColumns(MmaSyncRows):
     on_columns = True
 
 
+class BlockedColumns(arith.BlockSumOrder):
+    """``tl.sum(p, 1)`` where Triton holds the scores in the blocked layout sizePerThread [1, 1], threadsPerWarp
+    [1, 32], warpsPerCTA [1, 2]: column c in lane c % 32 of warp c // 32; each warp's shuffle-xor butterfly
+    (offsets 16 to 1), then the two warps' partials added.  Triton takes this layout for the partial blocks of a
+    mask_mod that loads from a tensor (a document-id lookup), whose loads it keeps in that layout."""
+
+    name = "blocked_cols"
+    doc = "tl.sum over a 64-column tile in Triton's blocked layout on 2 warps: one column a lane, 32-lane butterflies"
+
+    def block_sum(self, p, spec, tile, trace, label):
+        if tile[1] != 64:
+            raise ValueError(
+                f"blocked_cols: modelled for 64-column tiles (one column a lane of 2 warps), got {tile[1]}"
+            )
+        tree = ReductionTree.from_nested(
+            [butterfly(list(range(w, w + 32))) for w in (0, 32)], name="blocked columns BN64"
+        )
+        return arith.tree_rowsum(arith.padded(p, tree.n_leaves), tree, spec, trace, label)
+
+
 class KeepAcc(Division):
     """A split's accumulator as the template stores it: not divided (the combine divides)."""
 
@@ -95,15 +120,38 @@ class KernelRowMax(RowMax):
 
 
 class FlexDecodingCombine(CombineMethod):
-    """flex_decoding's split of K/V and Inductor's combine.  The keys: all in the first split, as the template
-    deals them without a block mask (one sparse block of 2^30 keys) and with one 64-key tile; a block mask over
-    more tiles deals them to several splits, which `gpu.policies.flex_policy` refuses."""
+    """flex_decoding's split of K/V and Inductor's combine.
+
+    The keys: a split takes TILE_KV keys from ``off_t * TILE_KV``, TILE_KV = cdiv(cdiv(span, SPLIT_KV), BLOCK_N) *
+    BLOCK_N.  Without a block mask the span is the 2^30 keys of the one sparse block Inductor makes, so the first
+    split holds every key and the others none.  With one (``block_mask``), the span is the key count, and the
+    template deals the tiles of its partial blocks in that order; a decoding launch has no full block (its
+    128-query mask tile reaches past its last query), so that is every tile.  Modelled for one sparse block (at
+    most `SPARSE_BLOCK` keys), where the list of partial tiles is the keys in order.
+
+    The combine's sums over the splits run as Triton's persistent reduction lays them out (lanes, then warps), in
+    O's with the products contracted into FMAs; where at most two adjacent splits hold keys, as here, every such
+    order gives the sum of the two rounded products, which `_weighted_sum` computes."""
 
     name = "flex_decoding"
-    doc = "FlexAttention's decoding template (split K/V) and Inductor's combine"
+    doc = "FlexAttention's decoding template without a block mask (every key in the first split) and Inductor's combine"
+    block_mask = False
 
     def ranges(self, n, block_n, splits):
-        return [range(0, n)] + [range(n, n)] * (splits - 1)
+        span = n if self.block_mask else NO_MASK_SPAN
+        if self.block_mask and n > SPARSE_BLOCK:
+            raise ValueError(
+                f"flex_decoding_blocks: a block mask over {n} keys spans several sparse blocks, whose tiles the "
+                f"template deals by its block lists: modelled for one sparse block (at most {SPARSE_BLOCK} keys)"
+            )
+        tile = math.ceil(math.ceil(span / splits) / block_n) * block_n  # TILE_KV
+        keys = [range(min(t * tile, n), min((t + 1) * tile, n)) for t in range(splits)]
+        if len(keys) > 2 and len(keys[2]):
+            raise ValueError(
+                f"{self.name}: {n} keys in tiles of {block_n} reach a third split, whose place in the combine's "
+                "reduction over the splits is not modelled (at most two adjacent splits hold keys)"
+            )
+        return keys
 
     def combine(self, results, policy, trace):
         f32 = Op(FP32)
@@ -132,8 +180,8 @@ class FlexDecodingCombine(CombineMethod):
 
     @staticmethod
     def _weighted_sum(values, weights, trace):
-        """sum_s values_s * weights_s, each product rounded, added in split order (exact here: one split holds
-        keys, the others add +0)."""
+        """sum_s values_s * weights_s, each product rounded, added in split order: the reductions' own order where
+        at most two adjacent splits hold keys (the others add +0)."""
         f32 = Op(FP32)
         total = arith.binary("mul", values[0], weights[0], f32, trace, "combine")
         for v, w in zip(values[1:], weights[1:], strict=True):
@@ -141,11 +189,21 @@ class FlexDecodingCombine(CombineMethod):
         return np.asarray(total, np.float32)
 
 
+class FlexDecodingBlocks(FlexDecodingCombine):
+    """`FlexDecodingCombine` of a launch with a block mask: the key count's tiles dealt to the splits in order."""
+
+    name = "flex_decoding_blocks"
+    doc = "FlexAttention's decoding template with a block mask (its tiles dealt to the splits) and Inductor's combine"
+    block_mask = True
+
+
 ROW_SUMS.register(MmaSyncRows())
 ROW_SUMS.register(MmaSyncColumns())
+ROW_SUMS.register(BlockedColumns())
 DIVISIONS.register(KeepAcc())
 LSE_FORMS.register(RowMax())
 LSE_FORMS.register(KernelRowMax())
 COMBINES.register(FlexDecodingCombine())
+COMBINES.register(FlexDecodingBlocks())
 
-__all__ = ["FlexDecodingCombine", "mma_sync_tree", "split_kv"]
+__all__ = ["SPARSE_BLOCK", "FlexDecodingBlocks", "FlexDecodingCombine", "mma_sync_tree", "split_kv"]

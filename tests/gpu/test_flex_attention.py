@@ -122,13 +122,16 @@ def test_without_the_split_fusion_or_the_block_order_flex_is_lost():
 
 def _policy_of(case: dict, decoding: bool = True):
     """The case's policy from the tiles it reports; below 128 queries (Inductor's decoding template, unless not
-    ``decoding``) with its SPLIT_KV, key count and whether a block mask ran."""
+    ``decoding``) with its SPLIT_KV, key count, whether a block mask ran and whether its mask_mod loads from a tensor
+    (the document ids: `gpu.crosscheck.kernels.flex_config` reads it from the template's arguments, which these
+    launches' records predate)."""
     info = case["kernel_info"]
     tiles = (info["BLOCK_M"], info["BLOCK_N"], info["num_warps"])
     kw = {}
     if decoding and case["n"] < 128:
         sms = FRESH["launch_common"]["sm_count"]
         kw = {"split_kv": split_kv(case["heads"], sms), "n_k": case["n"], "block_mask": case["mask"] != "none"}
+        kw["mask_loads"] = case["mask"] == "document"
     return flex_policy(case["dtype"], case["d"], *tiles, **kw)
 
 
@@ -136,9 +139,9 @@ def test_fresh_launches_through_kernel_run_are_identical_or_refused():
     """106 fresh launches (`python -m studies.device.flex_check`: kernel_run, the policy from the tiles Inductor
     chose, masks as matrices, crosscheck on the device): every one the policy modelled then is bit-identical in O
     and LSE and is attention; the others are exactly the short-sequence configs (2 warps: Inductor's decoding
-    template) the policy refused then.  Of those, every launch where one split holds every key is modelled now and
-    re-derived from its seed (`test_short_sequence_launches_are_rederived`); the document masks at 100 keys (two
-    64-key tiles in two splits) are still refused."""
+    template) the policy refused then.  All of those are modelled now and re-derived from their seeds
+    (`test_short_sequence_launches_are_rederived`), the document masks at 100 keys (two 64-key tiles in two splits)
+    among them."""
     assert FRESH["launch_common"]["device"] == "NVIDIA H200" and FRESH["launch_common"]["triton"] == "3.6.0"
     modelled = [c for c in FRESH["cases"] if "identical" in c["check"]]
     assert len(modelled) >= 75 and len(FRESH["cases"]) >= 100
@@ -149,24 +152,15 @@ def test_fresh_launches_through_kernel_run_are_identical_or_refused():
         _policy_of(c)
     refused = [c for c in FRESH["cases"] if "error" in c["check"]]
     assert {c["kernel_info"]["num_warps"] for c in refused} == {2} and max(c["n"] for c in refused) < 128
-    assert len(SHORT) == 25 and len(STILL_REFUSED) == 3 and len(SHORT) + len(STILL_REFUSED) == len(refused)
-    for c in STILL_REFUSED:
-        assert (c["mask"], c["n"], c["kernel_info"]["BLOCK_M"]) == ("document", 100, 128)
-        with pytest.raises(ValueError, match="short-sequence configs whose combine of several splits"):
-            _policy_of(c)
+    assert len(SHORT) == len(refused) == 28
+    assert sum((c["mask"], c["n"], c["kernel_info"]["BLOCK_M"]) == ("document", 100, 128) for c in SHORT) == 3
     for c in refused:  # 64 or 128 rows on 2 warps: the decoding template needs the launch's split
         if c["kernel_info"]["BLOCK_M"] != 16:
             with pytest.raises(ValueError, match="split_kv: .* short-sequence configs"):
                 _policy_of(c, decoding=False)
 
 
-def _one_split(case: dict) -> bool:
-    """Whether one split of Inductor's decoding template holds every key: no block mask, or one 64-key tile."""
-    return case["mask"] == "none" or case["n"] <= case["kernel_info"]["BLOCK_N"]
-
-
-SHORT = [c for c in FRESH["cases"] if "error" in c["check"] and _one_split(c)]
-STILL_REFUSED = [c for c in FRESH["cases"] if "error" in c["check"] and not _one_split(c)]
+SHORT = [c for c in FRESH["cases"] if "error" in c["check"]]
 
 
 def _short_id(c: dict) -> str:
@@ -179,7 +173,8 @@ def test_short_sequence_launches_are_rederived(case):
     combine), O and LSE bit for bit; the 16-row ones also as one split with the regular template's row sums."""
     want = {name: case["digests"][name] for name in ("o", "lse")}
     pol = _policy_of(case)
-    assert pol.tiling.kv_splits == split_kv(case["heads"], 132) > 1 and pol.combine.method == "flex_decoding"
+    method = "flex_decoding" if case["mask"] == "none" else "flex_decoding_blocks"
+    assert pol.tiling.kv_splits == split_kv(case["heads"], 132) > 1 and pol.combine.method == method
     assert _emulated(case, pol) == want
     if case["kernel_info"]["BLOCK_M"] == 16:
         assert _emulated(case, _policy_of(case, decoding=False)) == want
@@ -210,7 +205,8 @@ def test_without_the_decoding_layout_or_the_unfused_subtract_short_launches_are_
 
 def test_the_decoding_launch_reaches_the_policy_through_kernel_run():
     """policy_for: below 128 queries the launch's SPLIT_KV (from the generated source, else its heads and SMs), its
-    keys and whether a block mask ran reach the policy; a block mask over two 64-key tiles is refused."""
+    keys, whether a block mask ran and whether its mask_mod loads from a tensor reach the policy; a block mask over
+    more than one sparse block (128 keys) is refused."""
     from gpu.crosscheck.kernels import flex_attention
 
     info = {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 2, "num_stages": 1}
@@ -220,8 +216,15 @@ def test_the_decoding_launch_reaches_the_policy_through_kernel_run():
     assert ref.resolve().tiling.kv_splits == 8
     assert flex_attention().policy_for(launch | {"kernel_info": info | {"SPLIT_KV": 3}}).kwargs["split_kv"] == 3
     masked = flex_attention(lambda b, h, q, kv: q >= kv).policy_for(launch | {"kernel_info": info})
-    with pytest.raises(ValueError, match="combine of several splits is not reproduced"):
-        masked.resolve()
+    assert masked.kwargs["block_mask"] is True and masked.kwargs["mask_loads"] is False
+    assert masked.resolve().combine.method == "flex_decoding_blocks"
+    loads = flex_attention(lambda b, h, q, kv: q >= kv).policy_for(
+        launch | {"kernel_info": info | {"mask_loads": True}}
+    )
+    assert loads.resolve().row_sum.order == "blocked_cols"
+    long = flex_attention(lambda b, h, q, kv: q >= kv).policy_for(launch | {"n_k": 200, "kernel_info": info})
+    with pytest.raises(ValueError, match="modelled for one sparse block"):
+        long.resolve()
 
 
 SMALL_FRESH = [c for c in FRESH["cases"] if "identical" in c["check"] and c["heads"] * c["n"] ** 2 <= 2**20]

@@ -61,11 +61,19 @@ def test_delta_picks_the_launches_reported_are_all_seen():
 
 def test_the_refused_launches_are_the_short_sequence_tiles_not_modelled():
     """Refused as the model of the time said: the first recording's before the short-query template was modelled,
-    the later ones' the document masks whose keys the template deals to several splits."""
+    the later ones' the document masks whose keys the template deals to several splits.  Those are modelled now,
+    their policy no longer refused (O and LSE of launches of that kind: tests/gpu/test_flex_short_tiles.py; their
+    own outputs and the backward's were not recorded)."""
+    from gpu.policies import flex_policy
+
     refused = REC["refused"]
     assert refused and all("one of Inductor's short-sequence configs" in c["error"] for c in refused)
     later = [c for name, rec in FILES.items() if name != "flex_check_bwd.json" for c in rec["refused"]]
     assert later and all(c["mask"] == "document" and "deals its 64-key tiles to 8 splits" in c["error"] for c in later)
+    for c in later:
+        assert (c["n"], c["heads"]) == (100, 32)
+        pol = flex_policy(c["dtype"], c["d"], 128, 64, 2, split_kv=8, n_k=100, block_mask=True, mask_loads=True)
+        assert pol.combine.method == "flex_decoding_blocks" and pol.row_sum.order == "blocked_cols"
 
 
 def _emulated(case: dict) -> dict[str, str]:

@@ -309,7 +309,7 @@ def kv_steps(
         )
     lsum = arith.RowSumState(r, pol.row_sum, BlockPlace(bm, bn, *head, len(qrows), place_rows), trace)
     acc = arith.cast(np.zeros((r, vc.shape[-1])), acc_fmt)
-    fast = fused.applies(pipe, False, (bm, bn))
+    one_call = fused.for_pipeline(pipe, False)  # a block kernel for the unmasked blocks
     for cols, masked in blocks:
         j0, past = cols.start, max(0, cols.stop - n)  # keys past the last read as zeros (TMA's fill)
         kb, vb = kt[..., j0 : cols.stop], vc[..., j0 : cols.stop, :]
@@ -324,7 +324,7 @@ def kv_steps(
         if visible is not None and heads:
             visible = np.tile(visible, (heads, 1))
         kernel_masks = masked if schedule.marks_mask else visible is not None
-        one_kernel = fast and visible is None and fused.softmax_step(pipe, s, m, lsum, acc)
+        one_kernel = one_call is not None and visible is None and one_call.step(pipe, s, m, lsum, acc)
         if one_kernel:  # the steps below as one kernel, the same bits
             p, pl, m, alpha, acc = one_kernel
         else:

@@ -1,172 +1,35 @@
-"""The softmax part of one K/V block as one Numba kernel, for policies shaped like Triton's on the H100.
+"""Block kernels: the softmax steps of one K/V block as one call, for the policies a kernel says it computes.
 
-`flashsim.attention.Pipeline.softmax_block()` and the steps after it in
-[`flashsim.attention.kv_steps()`][flashsim.attention.kv_steps] (row max, m = max * c, x = fma(S, c, -m), P =
-ex2(x), alpha, the ``tl.sum`` row sum and l = fma(l, alpha, sum), P cast to BF16, acc * alpha) are a dozen
-calls of emufloat kernels and numpy on (rows, BLOCK_N) arrays.  Where the policy computes them all in FP32
-rounding to nearest even with the H100's ``ex2.approx.ftz`` and its recorded ``tl.sum`` tree, `softmax_step()`
-runs them as one kernel, a row at a time: the same bits (tests/flashsim/test_fused_step.py), for untraced
-blocks without a mask.  Every FP32 rounding is emufloat's: the exact result in float64 (products of FP32
-values are exact; sums as a double-double) rounded by the fast path's ``fast_round_dd``, or by the general
-routine where that declines.  The row sum's adds are float32 adds: P is zero or a normal number (ex2 flushes
-subnormal results), so no operand or sum is subnormal and the float32 add is the correctly rounded one.
+`flashsim.attention.kv_steps()` runs a block's steps (max, subtract, exp, the row sum and its update, the P cast,
+the rescale) one emufloat call at a time.  A `BlockKernel` computes them all at once for pipelines its
+``applies`` accepts, with the same bits; device modules register theirs (`flashsim.devices.h100_softmax`).
 """
 
 from __future__ import annotations
 
-import numba as nb
-import numpy as np
-
-from emufloat import BF16, FP32, _core, _fastpath
-from emufloat._accum_kernels import _round_dd
-from emufloat.hw import h100
-from emufloat.hw.h100.ex2 import _ex2_one, ex2_tables
-from emufloat.rounding import RNE
-
-from .arith import RNE as RNE_SPEC
-from .softmax import StandardSoftmax, sums_cast_p
-
-_NAN32 = np.float32(np.nan)  # emufloat's canonical quiet NaN, 0x7fc00000
-ROWS = 64  # rows a parallel work item
+from collections.abc import Callable
+from typing import NamedTuple
 
 
-@nb.njit(cache=True)
-def _rne32(s, t, plan):
-    """The double-double s + t rounded to nearest even into FP32 (as emufloat rounds it), as a float32."""
-    ok, enc = _fastpath.fast_round_dd(s, t, plan, RNE, 0)
-    if ok:
-        return np.uint32(enc).view(np.float32)
-    r = _round_dd(s, t, _core.FP32_PARAMS, RNE)
-    return _NAN32 if np.isnan(r) else np.float32(r)
+class BlockKernel(NamedTuple):
+    """``applies(pipe, masks)``: whether it computes an untraced block of this `flashsim.attention.Pipeline`
+    (``masks``: the kernel applies a mask in it); ``step(pipe, s, m_old, lsum, acc)``: (P as the exp step returned
+    it, P as cast, m, alpha, acc rescaled), with ``lsum.l`` and ``pipe.max_input`` updated, or None (nothing
+    changed) where it declines the operands."""
+
+    name: str
+    applies: Callable
+    step: Callable
 
 
-@nb.njit(cache=True)
-def _fma32(a, b, c, plan):
-    """fma(a, b, c) of FP32 values, rounded once (a * b is exact in float64)."""
-    s, t = _core.two_sum(np.float64(a) * np.float64(b), np.float64(c))
-    return _rne32(s, t, plan)
+KERNELS: list[BlockKernel] = []
 
 
-@nb.njit(cache=True)
-def _ex2(x, tneg, tpos):
-    """The H100's ex2.approx.ftz.f32 of float32 ``x``, as a float32."""
-    return np.uint32(_ex2_one(np.uint32(_core.f32_bits(x)), True, tneg, tpos)).view(np.float32)
+def register(kernel: BlockKernel) -> None:
+    """Add a block kernel (one of a name)."""
+    KERNELS[:] = [k for k in KERNELS if k.name != kernel.name] + [kernel]
 
 
-@nb.njit(cache=True)
-def _bf16_bits(x):
-    """BF16 encoding of float32 ``x`` rounded to nearest even (NaN: the canonical 0x7fc0)."""
-    if np.isnan(x):
-        return np.uint16(0x7FC0)
-    b = np.uint32(_core.f32_bits(x))
-    return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-
-@nb.njit(cache=True)
-def _step_rows(
-    s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
-):
-    """Rows ``lo:hi`` of `_step_kernel()`, serially."""
-    n = s.shape[1]
-    plan = _fastpath.fast_plan(_core.FP64_PARAMS, _core.FP32_PARAMS, RNE, 0)
-    neg_inf = np.float32(-np.inf)
-    buf = np.zeros(n_leaves + prog.shape[0], np.float32)  # leaves past n stay +0, as the kernel's masked ones
-    for r in range(lo, hi):  # m, and x = fma(S, c, -m) in p_exp
-        top = neg_inf  # the row max, NaN if any score is
-        nan = False
-        for j in range(n):
-            v = s[r, j]
-            nan |= np.isnan(v)
-            top = max(top, v)
-        mb = _NAN32 if nan else _rne32(np.float64(top) * np.float64(c), 0.0, plan)
-        mo = m_old[r]
-        mn = _NAN32 if np.isnan(mo) or np.isnan(mb) else (mo if mo > mb else mb)  # np.maximum: a tie gives mb
-        m_new[r] = mn
-        msub = np.float32(0.0) if mn == neg_inf else mn  # FA2's guard: m = -inf shifts by 0
-        for j in range(n):
-            p_exp[r, j] = _fma32(s[r, j], c, -msub, plan)
-        ds, dt = _core.two_sum(np.float64(mo), -np.float64(msub))
-        alpha[r] = _rne32(ds, dt, plan)
-    for r in range(lo, hi):  # ex2 in loops of their own: the table reads of many rows overlap
-        for j in range(n):
-            p_exp[r, j] = _ex2(p_exp[r, j], tneg, tpos)
-        alpha[r] = _ex2(alpha[r], tneg, tpos)
-    for r in range(lo, hi):
-        af = alpha[r]
-        for j in range(n):
-            p = p_exp[r, j]
-            p_bits[r, j] = _bf16_bits(p)
-            buf[j] = p
-        for k in range(prog.shape[0]):
-            v = buf[prog[k, 0]] + buf[prog[k, 1]]
-            buf[n_leaves + k] = _NAN32 if np.isnan(v) else v
-        l_new[r] = _fma32(l_old[r], af, buf[buf.size - 1], plan)
-        for j in range(acc.shape[1]):
-            acc_out[r, j] = _rne32(np.float64(acc[r, j]) * np.float64(af), 0.0, plan)
-
-
-@nb.njit(parallel=True, cache=True)
-def _step_kernel(s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out):
-    """One K/V block's softmax steps for every row (see the module): ``s`` raw scores (rows, n), ``c`` the scale
-    in log2 units; outputs P as ex2 returned it, P's BF16 encodings, m, alpha, l and acc * alpha.  Blocks of
-    `ROWS` rows in parallel."""
-    rows = s.shape[0]
-    for blk in nb.prange((rows + ROWS - 1) // ROWS):
-        lo = np.int64(blk) * ROWS
-        hi = min(lo + ROWS, rows)
-        _step_rows(
-            s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
-        )
-
-
-def _fp32_rne(spec) -> bool:
-    return spec.fmt == FP32 and spec.compute in (None, FP32) and spec.rounding == RNE_SPEC
-
-
-def applies(pipe, masks: bool, tile: tuple[int, int]) -> bool:
-    """Whether `softmax_step()` computes a block of this pipeline: untraced, standard softmax, no mask applied,
-    and the policy's steps those of the module (FP32 to nearest even, ``h100_ex2``, ``h100_tl_sum`` fused, P in
-    BF16, the scale applied at the max and the subtract one FMA)."""
-    pol = pipe.pol
-    return (
-        pipe.trace is None
-        and not masks
-        and type(pipe.softmax) is StandardSoftmax
-        and not sums_cast_p(pipe.softmax, pol.row_sum.fmt)
-        and pol.scale.where == "max"
-        and not pol.scale.split
-        and pol.subtract.fused_in(False, pipe.ragged)
-        and all(_fp32_rne(x) for x in (pol.scale, pol.max, pol.subtract, pol.rescale, pol.row_sum))
-        and pol.exp.function == "h100_ex2"
-        and pol.exp.fmt == FP32
-        and pol.row_sum.order == "h100_tl_sum"
-        and pol.row_sum.fused
-        and pol.row_sum.floor is None
-        and pol.p_cast.fmt == BF16
-        and pol.p_cast.rounding == RNE_SPEC
-    )
-
-
-def softmax_step(pipe, s: np.ndarray, m_old: np.ndarray, lsum, acc: np.ndarray):
-    """(P as ex2 returned it, P in BF16, m, alpha, acc * alpha) of one block whose pipeline `applies()`, and
-    ``lsum.l`` updated; None where the operands are not what the kernel takes (it then leaves them as they are):
-    float32 arrays, a block no wider than the row sum's tree, scores without -0 (whose max numpy picks by
-    position)."""
-    tree = h100.tl_sum(lsum.tile[0], lsum.tile[1], pipe.pol.row_sum.num_warps)
-    arrays = (s, m_old, lsum.l, acc)
-    if any(x.dtype != np.float32 for x in arrays) or lsum.l.ndim != 1 or s.shape[-1] > tree.n_leaves:
-        return None
-    s = np.ascontiguousarray(s)
-    if (s.view(np.uint32) == 0x80000000).any():
-        return None
-    rows, n = s.shape
-    p_exp, p_bits = np.empty((rows, n), np.float32), np.empty((rows, n), np.uint16)
-    m_new, alpha, l_new = (np.empty(rows, np.float32) for _ in range(3))
-    acc_out = np.empty(acc.shape, np.float32)
-    tneg, tpos = ex2_tables()
-    c = np.float32(pipe.c)
-    args = (s, m_old, lsum.l, np.ascontiguousarray(acc), c, tree.program, tree.n_leaves, tneg, tpos)
-    _step_kernel(*args, p_exp, p_bits, m_new, alpha, l_new, acc_out)
-    lsum.l = l_new
-    pipe.max_input = (s, 1.0 / pipe.sm_scale)
-    return p_exp, p_bits.view(BF16.dtype), m_new, alpha, acc_out
+def for_pipeline(pipe, masks: bool) -> BlockKernel | None:
+    """The first registered kernel that computes the pipeline's blocks, or None."""
+    return next((k for k in KERNELS if k.applies(pipe, masks)), None)

@@ -115,4 +115,6 @@ for _model in (
 ):
     register_function(_model)
 
+from . import h100_softmax  # noqa: E402, F401  (registers its block kernel)
+
 __all__ = ["DivFull", "RcpApprox", "TlSum", "TlSumDelta"]

@@ -1,4 +1,4 @@
-"""flashsim.fused: the softmax steps of a block as one kernel give the bits of the step-by-step path."""
+"""flashsim.devices.h100_softmax: the softmax steps of a block as one kernel give the bits of the step-by-step path."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import emufloat as ef
 import flashsim as fs
 from flashsim import fused
+from flashsim.devices import h100_softmax
 
 
 def _inputs(kind: str, m: int, n: int, d: int = 64, heads: tuple[int, ...] = ()):
@@ -29,7 +30,7 @@ def _inputs(kind: str, m: int, n: int, d: int = 64, heads: tuple[int, ...] = ())
 def _both(monkeypatch, *args, **kw):
     one = fs.flash_forward(*args, **kw)
     with monkeypatch.context() as mp:
-        mp.setattr(fused, "applies", lambda *a: False)
+        mp.setattr(fused, "KERNELS", [])
         steps = fs.flash_forward(*args, **kw)
     return one, steps
 
@@ -53,7 +54,7 @@ def test_fused_step_stepper_states(monkeypatch):
     q, k, v = _inputs("random", 128, 256)
     fast = fs.step_rows(q, k, v, "triton_h100", rows=range(0, 128), trace=False).run()
     with monkeypatch.context() as mp:
-        mp.setattr(fused, "applies", lambda *a: False)
+        mp.setattr(fused, "KERNELS", [])
         slow = fs.step_rows(q, k, v, "triton_h100", rows=range(0, 128), trace=False).run()
     for a, b in zip(fast.steps, slow.steps, strict=True):
         for f in ("m", "alpha", "p_exp", "p", "l", "acc", "s_max"):
@@ -67,6 +68,6 @@ def test_fused_step_not_for_other_policies():
 
     for pol, softmax in (("fa2", "standard"), ("qiu_yao", "standard"), ("triton_h100", "robust")):
         pipe = Pipeline(get_policy(pol), 0.125, get_softmax(softmax), None)
-        assert not fused.applies(pipe, False, (128, 64))
+        assert fused.for_pipeline(pipe, False) is None
     pipe = Pipeline(get_policy("triton_h100"), 0.125, get_softmax("standard"), None)
-    assert fused.applies(pipe, False, (128, 64)) and not fused.applies(pipe, True, (128, 64))
+    assert h100_softmax.applies(pipe, False) and not h100_softmax.applies(pipe, True)

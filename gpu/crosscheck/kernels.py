@@ -32,7 +32,7 @@ from flashsim.softmax import SoftmaxVariant, get_softmax
 from ..policies import H100_SM_COUNT
 from ..policies.flex_decoding import split_kv as decoding_split_kv
 from ..versions import CalibrationWarning, calibration_mismatch, installed_versions
-from .live import bits_of, on_device
+from .live import bits_of, launch_record, on_device
 
 #: kernel(q, k, v, causal, sm_scale) -> (O, LSE or None[, info]), torch tensors (1, H, N, d) and (1, H, N)
 Kernel = Callable[..., tuple]
@@ -256,36 +256,6 @@ def flex_attention(mask_mod: Callable | None = None, name: str = "flex_attention
     return kernel
 
 
-def launch_record(torch, device: str, x: dict, dtype: str, causal: bool, kernel: Kernel) -> dict:
-    """What a run records about its launch, before the kernel runs: the kernel, the shapes (batch x heads,
-    lengths, head dim), dtype and causality, torch's deterministic flag, the versions (torch, CUDA, cuDNN,
-    Triton) and, on a GPU, the card's name, SM count and compute capability."""
-    _, h, n_q, d = x["q"].shape
-    launch = {
-        "kernel": getattr(kernel, "__name__", type(kernel).__name__),
-        "dtype": dtype,
-        "causal": bool(causal),
-        "batch_heads": int(h),
-        "n_q": int(n_q),
-        "n_k": int(x["k"].shape[2]),
-        "head_dim": int(d),
-        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "triton": installed_versions()["triton"],
-    }
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        props = torch.cuda.get_device_properties(dev)
-        launch |= {
-            "device": props.name,
-            "sm_count": int(props.multi_processor_count),
-            "capability": f"{props.major}.{props.minor}",
-            "cudnn": torch.backends.cudnn.version(),
-        }
-    return launch
-
-
 def kernel_run(
     kernel: Kernel,
     q: np.ndarray,
@@ -464,7 +434,6 @@ __all__ = [
     "flex_attention",
     "flex_config",
     "kernel_run",
-    "launch_record",
     "sdpa",
     "sdpa_policy",
 ]

@@ -11,6 +11,7 @@ from flashsim.crosscheck import KernelRun
 
 from ..configs import Config
 from ..policies import kernel_policy_ref, kernel_variant
+from ..versions import installed_versions
 from .cases import Case, backward_cases, forward_cases
 
 
@@ -43,6 +44,36 @@ def on_device(arrays: dict[str, np.ndarray], dtype, device: str) -> tuple[dict, 
     return x, {n: t[0].float().cpu().numpy() for n, t in x.items()}
 
 
+def launch_record(torch, device: str, x: dict, dtype: str, causal: bool, kernel: object) -> dict:
+    """What a run records about its launch, before the kernel runs: the kernel, the shapes (batch x heads,
+    lengths, head dim), dtype and causality, torch's deterministic flag, the versions (torch, CUDA, cuDNN,
+    Triton) and, on a GPU, the card's name, SM count and compute capability."""
+    _, h, n_q, d = x["q"].shape
+    launch = {
+        "kernel": getattr(kernel, "__name__", type(kernel).__name__),
+        "dtype": dtype,
+        "causal": bool(causal),
+        "batch_heads": int(h),
+        "n_q": int(n_q),
+        "n_k": int(x["k"].shape[2]),
+        "head_dim": int(d),
+        "deterministic": bool(torch.are_deterministic_algorithms_enabled()),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "triton": installed_versions()["triton"],
+    }
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        launch |= {
+            "device": props.name,
+            "sm_count": int(props.multi_processor_count),
+            "capability": f"{props.major}.{props.minor}",
+            "cudnn": torch.backends.cudnn.version(),
+        }
+    return launch
+
+
 def live_run(
     q: np.ndarray,
     k: np.ndarray,
@@ -71,7 +102,6 @@ def live_run(
 
     from .. import flash
     from ..configs import BWD_CONFIGS, fwd_config
-    from .kernels import launch_record
 
     dt = {n: t for n, t in flash.TORCH_DTYPES.items() if n != "e4m3" or do is None}
     if dtype not in dt:
@@ -115,4 +145,4 @@ def live_cases(max_len: int = 512) -> list[Case]:
     return [c for c in forward_cases() + backward_cases() if max(c.n_q, c.n_k) <= max_len]
 
 
-__all__ = ["bits_of", "live_cases", "live_run", "on_device", "same_bits"]
+__all__ = ["bits_of", "launch_record", "live_cases", "live_run", "on_device", "same_bits"]

@@ -51,8 +51,8 @@ def _launches(x: dict, dtype: str, causal: bool, launches: int) -> tuple[dict, l
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from gpu.crosscheck.kernels import launch_record, sdpa
-    from gpu.crosscheck.live import bits_of
+    from gpu.crosscheck.kernels import sdpa
+    from gpu.crosscheck.live import bits_of, launch_record
 
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
     t = {name: torch.from_numpy(a).to(tdt).cuda()[None] for name, a in x.items()}

@@ -3,7 +3,7 @@ terms.
 
 `matmul_kernel()` runs the Sequential, Pairwise and Exact models element by element, `block_kernel()` the
 FusedBlock chains term by term (and traces their steps); `block_matmul()` is the untraced FusedBlock fast path
-on exact float64 terms, tiles of output columns at a time.  The last two agree bit for bit
+on exact float terms (`Lanes`), tiles of output columns at a time.  The last two agree bit for bit
 (tests/emufloat/test_accum.py).  A model reaches them as a `ModelParams` record, which
 [`emufloat.accum.FusedBlock.params`][emufloat.accum.FusedBlock.params] (and the other models' ``params``) builds.
 """
@@ -228,9 +228,26 @@ def _block_chain(arow, brow, ea, eb, c0, have_c, mp, params, acc_params, mode, s
     return acc
 
 
-# ---- FusedBlock fast path (untraced): float64 terms, tiles of output columns ---------------------
-_ZERO_EXP = -(1 << 28)  # exponent of a zero operand when zeros do not count in the maximum
-_MIN_EXP_FLOOR = -(1 << 27)  # below every real e_a + e_b, above every sum involving _ZERO_EXP
+# ---- FusedBlock fast path (untraced): exact float terms, tiles of output columns -----------------
+class Lanes(NamedTuple):
+    """How the fast path holds a product's operands and terms: value, exponent and term-sum dtypes and the
+    constants that go with them.  `WIDE` takes any FP32 values (float64 products, exact for 24-bit
+    significands); `NARROW` operands whose significands have 24 bits between them (BF16, FP16, TF32, FP8) and
+    whose exponents lie within ``lim``: their products are exact in float32, cut terms are int32 and the
+    vector lanes twice as many (operands beyond ``lim`` take the general path)."""
+
+    value: type  # operand values and the products' scale
+    exp: type  # operands' exponents and their sums
+    term: type  # a step's sum of cut products, in units of 2**cut
+    zero_exp: int  # exponent of a zero operand when zeros do not count in the maximum
+    neg: int  # a step's maximum before any term counts: at or below every sum involving zero_exp
+    floor: int  # below every real e_a + e_b, above every sum involving zero_exp
+    lim: int  # largest |exponent| of a non-zero operand the lanes take
+    scale_exp: int  # largest |exponent| of the products' scale 2**-cut
+
+
+WIDE = Lanes(np.float64, np.int32, np.float64, -(1 << 28), -(1 << 30), -(1 << 27), 1 << 20, 1022)
+NARROW = Lanes(np.float32, np.int16, np.int32, -(1 << 14), -(1 << 15), -16000, 50, 126)
 _ALL_EXP = -(1 << 12)  # a min_exp at or below this drops no product: every real e_a + e_b lies above it
 _TILE_I = 16  # output rows per tile
 _TILE_J = 64  # output columns per tile: the inner loops run along them
@@ -239,35 +256,35 @@ _CHUNK = 16  # terms a step's inner loops take at a time (each step's terms padd
 
 
 @nb.njit(inline="always", cache=True)
-def _split_one(xv, emin, zeros_in_max):
+def _split_one(xv, emin, zeros_in_max, zero_exp, lim):
     """(value, xe, bad) of one operand (an FP32 value in float64) for `_split()`, branch-free: the value the fast
-    path multiplies (0 where ``bad``), its exponent in the maximum (`_lead_exp()`, or _ZERO_EXP for a zero that
-    does not count in it), and whether it needs the general path (an infinity or a NaN)."""
+    path multiplies (0 where ``bad``), its exponent in the maximum (`_lead_exp()`, or ``zero_exp`` for a zero
+    that does not count in it), and whether it needs the general path (an infinity, a NaN, or a non-zero
+    exponent beyond ``lim``)."""
     ef = (_core.f64_bits(xv) >> 52) & 0x7FF  # 0 only for zeros: FP32 values are normal float64 numbers
-    special = ef == 0x7FF
-    zero_exp = np.int64(emin) if zeros_in_max else np.int64(_ZERO_EXP)
-    xe = max(ef - 1023, np.int64(emin)) if ef != 0 else zero_exp
-    return (0.0 if special else xv), (np.int64(_ZERO_EXP) if special else xe), special
+    xe = max(ef - 1023, np.int64(emin)) if ef != 0 else (np.int64(emin) if zeros_in_max else np.int64(zero_exp))
+    bad = (ef == 0x7FF) | ((ef != 0) & (abs(xe) > lim))
+    return (0.0 if bad else xv), (np.int64(zero_exp) if bad else xe), bad
 
 
 @nb.njit(parallel=True, cache=True)
-def _split(x, emin, zeros_in_max, width, wpad, val, xe, bad):
-    """Each row's values as the fast path reads them: ``val`` (x, or 0 for an infinity or NaN) and exponents
-    ``xe`` for the step's maximum (`_split_one()`), term k of step s at ``s * wpad + k % width`` (each step's
-    ``width`` terms padded to ``wpad``; the padding is left as it is).  ``bad[r]``: row r holds an infinity or
-    NaN, for the general path."""
+def _split(x, emin, zeros_in_max, zero_exp, lim, width, wpad, val, xe, bad):
+    """Each row's values as the fast path reads them: ``val`` (x, or 0 where the general path takes it) and
+    exponents ``xe`` for the step's maximum (`_split_one()`), in the dtypes of the arrays, term k of step s at
+    ``s * wpad + k % width`` (each step's ``width`` terms padded to ``wpad``; the padding is left as it is).
+    ``bad[r]``: row r needs the general path."""
     rows, kk = x.shape
     for r in nb.prange(rows):
         b = False
         for k in range(kk):
             kp = k // width * wpad + k % width
-            val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max)
+            val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max, zero_exp, lim)
             b |= bk
         bad[r] = b
 
 
 @nb.njit(parallel=True, cache=True)
-def _split_tiles(x, emin, zeros_in_max, n, width, wpad, val, xe, bad):
+def _split_tiles(x, emin, zeros_in_max, zero_exp, lim, n, width, wpad, val, xe, bad):
     """`_split()` of b's columns (the rows of ``x``, ``n`` a batch) written tile-major as `_block_kernel()` reads
     them: column j of batch g at ``val[g * tiles + j // tj, :, j % tj]`` (``tiles`` a batch, ``tj`` columns a
     tile), ``bad`` at ``g * tiles * tj + j``; the padding columns and terms are left as they are.  A tile's
@@ -282,7 +299,8 @@ def _split_tiles(x, emin, zeros_in_max, n, width, wpad, val, xe, bad):
         for k in range(kk):
             kp = k // width * wpad + k % width
             for col in range(cols):
-                val[t, kp, col], xe[t, kp, col], bk = _split_one(x[g * n + j0 + col, k], emin, zeros_in_max)
+                v, e, bk = _split_one(x[g * n + j0 + col, k], emin, zeros_in_max, zero_exp, lim)
+                val[t, kp, col], xe[t, kp, col] = v, e
                 if bk:
                     bad[t * tj + col] = True
 
@@ -296,6 +314,35 @@ def _step_finish(c, total, cut, c_in, early_c, acc_params, final_mode, inf_on_ov
     if use_c and early_c:
         total += _c_term(c, cut)
     return _step_round(total, cut, c, use_c, early_c, acc_params, final_mode, inf_on_overflow)
+
+
+@nb.njit(cache=True)
+def _step_plan(params, mode) -> tuple:
+    """What `_round_in_f64()` needs to round a float64 into the format ``params`` in ``mode`` (not SR): the
+    mask of the bits it keeps, the increments (constant, by the kept last bit, for + and - values), the bit a
+    round to odd sets, and the format's smallest normal and largest finite numbers."""
+    _eb, mb, _bias, _sp, _sn, _ov = params
+    plan = _fastpath.fast_plan(_core.FP64_PARAMS, params, mode, 0)
+    dplan = _fastpath.decode_plan(params)
+    shift = np.int64(52) - mb
+    low = (np.int64(1) << shift) - 1
+    lo_ok, lo = _fastpath.fast_decode(plan.min_normal, dplan)
+    hi_ok, hi = _fastpath.fast_decode(plan.max_finite, dplan)
+    odd = (np.int64(1) << shift) * plan.to_odd
+    return ~low, plan.inc_const, shift * plan.inc_lsb, plan.inc_pos, plan.inc_neg, odd, lo, hi
+
+
+@nb.njit(inline="always", cache=True)
+def _round_in_f64(x, splan) -> tuple:
+    """(ok, x rounded) as `_step_plan()` says, on x's float64 bits, branch-free: the same bits as ``fast_round``
+    and ``fast_decode`` where ok (a result that is zero or normal in the format and finite; x finite)."""
+    keep, inc_const, lsb, inc_pos, inc_neg, odd, lo, hi = splan
+    bits = _core.f64_bits(x)
+    neg = np.int64(x < 0.0)
+    inc = inc_const + (((bits >> lsb) & 1) if lsb else np.int64(0)) + inc_pos * (1 - neg) + inc_neg * neg
+    rb = ((bits + inc) & keep) | (odd if bits & ~keep else np.int64(0))
+    r = _core.bits_f64(rb)
+    return np.int64(r == 0.0) | (np.int64(abs(r) >= lo) & np.int64(abs(r) <= hi)), r
 
 
 @nb.njit(parallel=True, cache=True)
@@ -317,8 +364,11 @@ def _block_kernel(
     bt,
     ea,
     eb,
+    lanes,
     work_f,
+    work_v,
     work_e,
+    work_t,
     work_i,
     no_steps,
     tiles,
@@ -327,15 +377,17 @@ def _block_kernel(
 
     ``va``/``xa`` (m, K'): a split by `_split()`; ``vb``/``xb`` (column tiles, K', columns per tile): b's columns
     likewise, zero-padded to whole tiles; K' pads each step's terms to whole chunks of `_CHUNK` (zero values,
-    _ZERO_EXP exponents), so that the inner loops over a chunk's terms have a fixed length and unroll.  A
-    step's largest exponent is a maximum of ``xa + xb`` (int32); with ``s = 2**-cut``, a product cut to a
-    multiple of 2**cut is ``trunc(a * b * s)``, exact in float64 (the product has at most 48 bits, ``s`` a power
-    of two, the result below 2**(align_bits + 2)), and so is the sum of a step's terms (below 2**53).  Each
-    tile of ``ti`` rows and ``tj`` columns runs its chains step by step, every inner loop along the columns
+    zero exponents), so that the inner loops over a chunk's terms have a fixed length and unroll.  Values,
+    exponents and term sums are in the dtypes of a `Lanes` (``lanes``: its constants ``neg, floor,
+    scale_exp``; ``work_v``, ``work_e``, ``work_t`` in its dtypes).  A step's largest exponent is a maximum of
+    ``xa + xb``; with ``s = 2**-cut``, a product cut to a multiple of 2**cut is ``trunc(a * b * s)``, exact
+    (the product has at most 48 bits in float64, 24 in float32, ``s`` a power of two, the result below
+    2**(align_bits + 2)), and so is the sum of a step's terms (below 2**53, or 2**31 in int32).  Each tile
+    of ``ti`` rows and ``tj`` columns runs its chains step by step, every inner loop along the columns
     (vectorized); a step's rounding takes the branch-free ``fast_round`` of the exact float64
     ``total * 2**cut`` and falls back to `_step_finish()` where that declines (subnormal or overflowing
     results, a step without terms, late C, special C, stochastic rounding).  Elements whose row of a or
-    column of b holds an infinity or NaN are recomputed by `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``
+    column of b needs the general path are recomputed by `_block_chain()` from ``a``, ``bt``, ``ea``, ``eb``
     (the unnormalised exponents: empty when no element is).
 
     ``tiles`` (T, 4): each tile's rows ``[i0, i1)``, its column tile of ``vb`` and its batch.  A batched
@@ -350,27 +402,28 @@ def _block_kernel(
     early_c = mp.early_c != 0
     width = mp.width
     align = mp.align_bits
-    min_exp = np.int32(max(mp.min_exp, _MIN_EXP_FLOOR))
+    neg_e, floor, scale_exp = lanes
+    etype, vtype, ttype = xa.dtype.type, va.dtype.type, work_t.dtype.type
+    min_exp = etype(max(mp.min_exp, floor))
     drops = mp.min_exp > _ALL_EXP  # some real product may lie below min_exp
     chunk = mp.chunk
     inf_ovf = mp.inf_on_overflow != 0
     nsteps = (kk + width - 1) // width
     wpad = va.shape[1] // max(nsteps, 1)  # a step's terms, padded to whole chunks
-    rplan = _fastpath.fast_plan(_core.FP64_PARAMS, acc_params, mode, 0)
-    dplan = _fastpath.decode_plan(acc_params)
+    splan = _step_plan(acc_params, mode)
     mode_ok = np.int64(mode != SR)
     _eb, _mb, acc_bias, _sp, _sn, _ov = acc_params
     c_emin = np.int64(1) - acc_bias
-    neg32 = np.int32(_NEG)
+    neg = etype(neg_e)
     for t in nb.prange(tiles.shape[0]):
         i0, i1, jb, g = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3]
         j0 = jb * tj - g * npad  # the tile's first column within its batch
         acc = work_f[t, 0]
         promoted = work_f[t, 1]
         fres = work_f[t, 2]
-        tot = work_f[t, 3]  # the step's sum of cut products, in units of 2**cut
-        cterm = work_f[t, 4]  # C's term (early C), likewise
-        scale = work_f[t, 5]  # 2**-cut
+        cterm = work_f[t, 3]  # C's term (early C), in units of 2**cut
+        tot = work_t[t]  # the step's sum of cut products, in units of 2**cut
+        scale = work_v[t]  # 2**-cut
         emax = work_e[t]  # the step's largest exponent
         cuts = work_i[t, 0]
         okv = work_i[t, 1]
@@ -383,15 +436,15 @@ def _block_kernel(
             for s in range(nsteps):
                 k1 = min((s + 1) * width, kk)
                 for jj in range(tj):
-                    emax[jj] = neg32
+                    emax[jj] = neg
                 for kc in range(s * wpad, (s + 1) * wpad, _CHUNK):  # a chunk at a time: the k loops unroll
                     ya = xa[i, kc : kc + _CHUNK]
                     xbc = xb[jb, kc : kc + _CHUNK]
                     for jj in range(tj):
                         em = emax[jj]
                         for kq in range(_CHUNK):
-                            e = np.int32(ya[kq] + xbc[kq, jj])
-                            em = max(em, e if not drops or e >= min_exp else neg32)
+                            e = etype(ya[kq] + xbc[kq, jj])
+                            em = max(em, e if not drops or e >= min_exp else neg)
                         emax[jj] = em
                 early_in = c_in and early_c
                 for jj in range(tj):
@@ -402,10 +455,11 @@ def _block_kernel(
                         e_ref = max(e_ref, cf - 1023 if 0 < cf < 0x7FF else _core.ilogb(cj), c_emin)
                     cut = e_ref - align
                     cuts[jj] = cut
-                    scale[jj] = _core.pow2(min(max(-cut, -1022), 1022))
+                    sc = _core.pow2(min(max(-cut, -1022), 1022))
+                    scale[jj] = vtype(_core.pow2(min(max(-cut, -scale_exp), scale_exp)))
                     # C's term: cj truncated to a multiple of 2**cut (a subnormal C takes the general path)
-                    cterm[jj] = np.trunc(cj * scale[jj]) if early_in and cf != 0 else 0.0
-                    tot[jj] = 0.0
+                    cterm[jj] = np.trunc(cj * sc) if early_in and cf != 0 else 0.0
+                    tot[jj] = 0
                 for kc in range(s * wpad, (s + 1) * wpad, _CHUNK):
                     vac = va[i, kc : kc + _CHUNK]
                     vbc = vb[jb, kc : kc + _CHUNK]
@@ -415,30 +469,31 @@ def _block_kernel(
                         tt = tot[jj]
                         sc = scale[jj]
                         for kq in range(_CHUNK):
-                            q = np.trunc(vac[kq] * vbc[kq, jj] * sc)
-                            tt += q if not drops or ya[kq] + xbc[kq, jj] >= min_exp else 0.0
+                            q = ttype(np.trunc(vac[kq] * vbc[kq, jj] * sc))
+                            tt += q if not drops or ya[kq] + xbc[kq, jj] >= min_exp else ttype(0)
                         tot[jj] = tt
                 late_in = c_in and not early_c
+                declined = 0
                 for jj in range(tj):  # branch-free for normal results: fast_round on the exact float64
                     cj = acc[jj]
                     cf = (_core.f64_bits(cj) >> 52) & 0x7FF
                     cut = cuts[jj]
-                    total = tot[jj] + cterm[jj]
+                    total = np.float64(tot[jj]) + cterm[jj]
                     x = total * _core.pow2(min(max(cut, -1022), 960))  # exact where ok
-                    ok, enc = _fastpath.fast_round(_core.f64_bits(x), rplan, 0)
-                    ok2, r = _fastpath.fast_decode(enc, dplan)
+                    ok, r = _round_in_f64(x, splan)
                     fres[jj] = r
-                    ok &= ok2 & np.int64(cut >= -1022) & np.int64(cut <= 960) & np.int64(abs(total) < 2.0**53)
+                    ok &= np.int64(cut >= -1022) & np.int64(cut <= 960) & np.int64(abs(total) < 2.0**53)
                     ok &= np.int64(cf != 0x7FF)  # C finite (the step returns C itself otherwise)
                     ok &= np.int64(cf != 0 or cj == 0.0) & np.int64(not (late_in and cj != 0.0))
                     okv[jj] = ok & mode_ok
-                for jj in range(tj):
-                    if okv[jj]:
-                        acc[jj] = fres[jj]
-                    else:  # the products' sum alone (C's term is _step_finish's); 0 for a step without terms
-                        acc[jj] = _step_finish(
-                            acc[jj], np.int64(tot[jj]), cuts[jj], c_in, early_c, acc_params, mode, inf_ovf
-                        )
+                    declined += 1 - okv[jj]
+                if declined:
+                    for jj in range(tj):
+                        if not okv[jj]:  # the products' sum alone (C's term is _step_finish's); 0 without terms
+                            fres[jj] = _step_finish(
+                                acc[jj], np.int64(tot[jj]), cuts[jj], c_in, early_c, acc_params, mode, inf_ovf
+                            )
+                acc[:] = fres
                 c_in = True
                 if chunk and k1 % chunk == 0 and k1 < kk:  # promotion to a plain FP32 add
                     for jj in range(tj):
@@ -469,14 +524,22 @@ def _block_kernel(
                     out[i, j] = acc[jj]
 
 
-def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
-    """Untraced FusedBlock matmul: split the operands, then run `_block_kernel()`.  ``emins``: the
-    operands' formats' emin (their subnormals' exponent); ``batch``: ``av`` and ``bt`` stack that many products'
-    rows (of a and of b transposed), ``cv`` and ``out`` their rows of the result."""
+def lanes_for(mp: ModelParams, precisions: tuple[int, int]) -> Lanes:
+    """`NARROW` where the operands' products are exact in float32 and a step's cut terms sum in int32 (each
+    below 2**(align_bits + 2)), else `WIDE`."""
+    fits = mp.width * ((1 << (mp.align_bits + 2)) - 1) < 1 << 31
+    return NARROW if sum(precisions) <= 24 and fits else WIDE
+
+
+def block_matmul(av, bt, fmts, cv, have_c, out, mp, params, mode, acc_params, zeros_in_max, batch=1):
+    """Untraced FusedBlock matmul: split the operands, then run `_block_kernel()`.  ``fmts``: the operands'
+    formats' (emin, precision) (emin: their subnormals' exponent); ``batch``: ``av`` and ``bt`` stack that many
+    products' rows (of a and of b transposed), ``cv`` and ``out`` their rows of the result."""
     m, kk = av.shape[0] // batch, av.shape[1]
     n = bt.shape[0] // batch
     if m == 0 or n == 0:
         return
+    ln = lanes_for(mp, (fmts[0][1], fmts[1][1]))
     tj = min(_TILE_J, -(-n // 8) * 8)
     nj = -(-n // tj)
     npad = nj * tj
@@ -485,21 +548,21 @@ def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, z
     wpad = -(-mp.width // _CHUNK) * _CHUNK
     kp = -(-kk // mp.width) * wpad  # each step's terms padded to whole chunks
     if kp == kk:  # whole chunks: every entry written
-        va, xa = np.empty((batch * m, kp)), np.empty((batch * m, kp), np.int32)
+        va, xa = np.empty((batch * m, kp), ln.value), np.empty((batch * m, kp), ln.exp)
     else:
-        va, xa = np.zeros((batch * m, kp)), np.full((batch * m, kp), _ZERO_EXP, np.int32)
+        va, xa = np.zeros((batch * m, kp), ln.value), np.full((batch * m, kp), ln.zero_exp, ln.exp)
     bad_a = np.empty(batch * m, np.bool_)
-    _split(av, emins[0], zeros_in_max, mp.width, wpad, va, xa, bad_a)
+    _split(av, fmts[0][0], zeros_in_max, ln.zero_exp, ln.lim, mp.width, wpad, va, xa, bad_a)
     # b tile-major (column tile, k, column in tile): each tile's panel of b is one contiguous block
     if npad == n and kp == kk:  # whole tiles and chunks: every entry written
-        vb, xb = np.empty((batch * nj, kp, tj)), np.empty((batch * nj, kp, tj), np.int32)
+        vb, xb = np.empty((batch * nj, kp, tj), ln.value), np.empty((batch * nj, kp, tj), ln.exp)
         bad_b = np.empty(batch * npad, np.bool_)
     else:
-        vb, xb = np.zeros((batch * nj, kp, tj)), np.full((batch * nj, kp, tj), _ZERO_EXP, np.int32)
+        vb, xb = np.zeros((batch * nj, kp, tj), ln.value), np.full((batch * nj, kp, tj), ln.zero_exp, ln.exp)
         bad_b = np.zeros(batch * npad, np.bool_)
-    _split_tiles(bt, emins[1], zeros_in_max, n, mp.width, wpad, vb, xb, bad_b)
+    _split_tiles(bt, fmts[1][0], zeros_in_max, ln.zero_exp, ln.lim, n, mp.width, wpad, vb, xb, bad_b)
     if bad_a.any() or bad_b.any():  # the general path's exponents, for the elements it recomputes
-        ea, eb = lead_exps(av, emins[0]), lead_exps(bt, emins[1])
+        ea, eb = lead_exps(av, fmts[0][0]), lead_exps(bt, fmts[1][0])
     else:
         ea, eb = np.empty((0, 0), np.int64), np.empty((0, 0), np.int64)
     starts = np.arange(0, m, ti)
@@ -525,8 +588,11 @@ def block_matmul(av, bt, emins, cv, have_c, out, mp, params, mode, acc_params, z
         bt,
         ea,
         eb,
-        np.empty((ntiles, 6, tj)),
-        np.empty((ntiles, tj), np.int32),
+        (np.int64(ln.neg), np.int64(ln.floor), np.int64(ln.scale_exp)),
+        np.empty((ntiles, 4, tj)),
+        np.empty((ntiles, tj), ln.value),
+        np.empty((ntiles, tj), ln.exp),
+        np.empty((ntiles, tj), ln.term),
         np.empty((ntiles, 2, tj), np.int64),
         np.zeros((0, 0, 4)),
         np.ascontiguousarray(tiles, np.int64),

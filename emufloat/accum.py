@@ -310,8 +310,9 @@ def matmul(
     record two events per output element and step: ``align`` (exact
     step sum -> the sum of the cut terms: the bits lost in alignment) and
     ``dot_step`` (that aligned sum -> the step's rounded result).  Untraced
-    FusedBlock calls compute on exact float64 terms
-    (`emufloat._accum_kernels.block_matmul()`), traced ones term by term
+    FusedBlock calls compute on exact float terms (float32 ones for operands
+    of BF16, FP16, TF32 or FP8 arrays: `emufloat._accum_kernels.block_matmul()`),
+    traced ones term by term
     (`emufloat._accum_kernels.block_kernel()`); the two agree bit for bit.
     A `TiledK` model runs its step's chains from C = 0 and takes neither ``c`` nor a trace.
     """
@@ -343,9 +344,9 @@ def matmul(
     bt = np.ascontiguousarray(bv.T)
     mp = model.params
     if block and not tracing:
-        emins = (afmt.emin, bfmt.emin)
+        fmts = ((afmt.emin, afmt.precision), (bfmt.emin, bfmt.precision))
         with _arrays.threads_for(m * n * av.shape[1]):
-            block_matmul(av, bt, emins, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
+            block_matmul(av, bt, fmts, cv, have_c, out, mp, fmt.params, mode.code, acc_fmt.params, model.zeros_in_max)
     elif block:
         ea, eb = lead_exps(av, afmt.emin), lead_exps(bt, bfmt.emin)
         args = (av, bt, cv, have_c, out, mp, ea, eb, fmt.params, mode.code, acc_fmt.params, steps, tracing)
@@ -428,7 +429,7 @@ def _batched(a, b, model, c, trace, label) -> np.ndarray:
         block_matmul(
             av.reshape(batch * m, kk),
             bt.reshape(batch * n, kk),
-            (afmt.emin, bfmt.emin),
+            ((afmt.emin, afmt.precision), (bfmt.emin, bfmt.precision)),
             c2,
             have_c,
             out,

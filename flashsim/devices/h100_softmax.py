@@ -8,9 +8,11 @@ calls of emufloat kernels and numpy on (rows, BLOCK_N) arrays.  Where the policy
 rounding to nearest even with the H100's ``ex2.approx.ftz`` and its recorded ``tl.sum`` tree, `softmax_step()`
 runs them as one kernel, a row at a time: the same bits (tests/flashsim/test_fused_step.py), for untraced
 blocks without a mask.  Every FP32 rounding is emufloat's: the exact result in float64 (products of FP32
-values are exact; sums as a double-double) rounded by the fast path's ``fast_round_dd``, or by the general
-routine where that declines.  The row sum's adds are float32 adds: P is zero or a normal number (ex2 flushes
-subnormal results), so no operand or sum is subnormal and the float32 add is the correctly rounded one.
+values are exact; sums as a double-double) converted to float32 by the hardware, or rounded by emufloat's
+general routine where the double-double's tail could change that (`_rne32()`).  The row sum's adds are
+float32 adds: P is zero or a normal number (ex2 flushes subnormal results), so no operand or sum is subnormal
+and the float32 add is the correctly rounded one.  ex2 reads the packed tables
+(`emufloat.hw.h100.ex2_packed`): 4 MiB instead of 64, so a P costs a cache hit, not a miss.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from emufloat import BF16, FP32, _core, _fastpath
+from emufloat import BF16, FP32, _core
 from emufloat._accum_kernels import _round_dd
 from emufloat.hw import h100
-from emufloat.hw.h100.ex2 import _ex2_one, ex2_tables
+from emufloat.hw.h100.ex2_packed import ex2_ftz_bits, packed_tables
 from emufloat.rounding import RNE
 
 from .. import fused
@@ -33,26 +35,29 @@ ROWS = 64  # rows a parallel work item
 
 
 @nb.njit(cache=True)
-def _rne32(s, t, plan):
-    """The double-double s + t rounded to nearest even into FP32 (as emufloat rounds it), as a float32."""
-    ok, enc = _fastpath.fast_round_dd(s, t, plan, RNE, 0)
-    if ok:
-        return np.uint32(enc).view(np.float32)
-    r = _round_dd(s, t, _core.FP32_PARAMS, RNE)
-    return _NAN32 if np.isnan(r) else np.float32(r)
+def _rne32(s, t):
+    """The double-double s + t (|t| <= ulp(s) / 2) rounded to nearest even into FP32, as emufloat rounds it, as a
+    float32: the hardware's float64 -> float32 conversion of s, which t cannot move unless s lies halfway
+    between two FP32 numbers or in their subnormal range (there emufloat's ``_round_dd``)."""
+    if np.isnan(s):
+        return _NAN32
+    tie = (_core.f64_bits(s) & 0x1FFFFFFF) == 0x10000000
+    if t != 0.0 and (tie or abs(s) < 2.0**-126):
+        return np.float32(_round_dd(s, t, _core.FP32_PARAMS, RNE))
+    return np.float32(s)
 
 
 @nb.njit(cache=True)
-def _fma32(a, b, c, plan):
+def _fma32(a, b, c):
     """fma(a, b, c) of FP32 values, rounded once (a * b is exact in float64)."""
     s, t = _core.two_sum(np.float64(a) * np.float64(b), np.float64(c))
-    return _rne32(s, t, plan)
+    return _rne32(s, t)
 
 
 @nb.njit(cache=True)
-def _ex2(x, tneg, tpos):
+def _ex2(x, base, corr):
     """The H100's ex2.approx.ftz.f32 of float32 ``x``, as a float32."""
-    return np.uint32(_ex2_one(np.uint32(_core.f32_bits(x)), True, tneg, tpos)).view(np.float32)
+    return np.uint32(ex2_ftz_bits(np.uint32(_core.f32_bits(x)), base, corr)).view(np.float32)
 
 
 @nb.njit(cache=True)
@@ -66,11 +71,10 @@ def _bf16_bits(x):
 
 @nb.njit(cache=True)
 def _step_rows(
-    s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
+    s, m_old, l_old, acc, c, prog, n_leaves, base, corr, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
 ):
     """Rows ``lo:hi`` of `_step_kernel()`, serially."""
     n = s.shape[1]
-    plan = _fastpath.fast_plan(_core.FP64_PARAMS, _core.FP32_PARAMS, RNE, 0)
     neg_inf = np.float32(-np.inf)
     buf = np.zeros(n_leaves + prog.shape[0], np.float32)  # leaves past n stay +0, as the kernel's masked ones
     for r in range(lo, hi):  # m, and x = fma(S, c, -m) in p_exp
@@ -80,19 +84,19 @@ def _step_rows(
             v = s[r, j]
             nan |= np.isnan(v)
             top = max(top, v)
-        mb = _NAN32 if nan else _rne32(np.float64(top) * np.float64(c), 0.0, plan)
+        mb = _NAN32 if nan else _rne32(np.float64(top) * np.float64(c), 0.0)
         mo = m_old[r]
         mn = _NAN32 if np.isnan(mo) or np.isnan(mb) else (mo if mo > mb else mb)  # np.maximum: a tie gives mb
         m_new[r] = mn
         msub = np.float32(0.0) if mn == neg_inf else mn  # FA2's guard: m = -inf shifts by 0
         for j in range(n):
-            p_exp[r, j] = _fma32(s[r, j], c, -msub, plan)
+            p_exp[r, j] = _fma32(s[r, j], c, -msub)
         ds, dt = _core.two_sum(np.float64(mo), -np.float64(msub))
-        alpha[r] = _rne32(ds, dt, plan)
+        alpha[r] = _rne32(ds, dt)
     for r in range(lo, hi):  # ex2 in loops of their own: the table reads of many rows overlap
         for j in range(n):
-            p_exp[r, j] = _ex2(p_exp[r, j], tneg, tpos)
-        alpha[r] = _ex2(alpha[r], tneg, tpos)
+            p_exp[r, j] = _ex2(p_exp[r, j], base, corr)
+        alpha[r] = _ex2(alpha[r], base, corr)
     for r in range(lo, hi):
         af = alpha[r]
         for j in range(n):
@@ -102,13 +106,13 @@ def _step_rows(
         for k in range(prog.shape[0]):
             v = buf[prog[k, 0]] + buf[prog[k, 1]]
             buf[n_leaves + k] = _NAN32 if np.isnan(v) else v
-        l_new[r] = _fma32(l_old[r], af, buf[buf.size - 1], plan)
+        l_new[r] = _fma32(l_old[r], af, buf[buf.size - 1])
         for j in range(acc.shape[1]):
-            acc_out[r, j] = _rne32(np.float64(acc[r, j]) * np.float64(af), 0.0, plan)
+            acc_out[r, j] = _rne32(np.float64(acc[r, j]) * np.float64(af), 0.0)
 
 
 @nb.njit(parallel=True, cache=True)
-def _step_kernel(s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out):
+def _step_kernel(s, m_old, l_old, acc, c, prog, n_leaves, base, corr, p_exp, p_bits, m_new, alpha, l_new, acc_out):
     """One K/V block's softmax steps for every row (see the module): ``s`` raw scores (rows, n), ``c`` the scale
     in log2 units; outputs P as ex2 returned it, P's BF16 encodings, m, alpha, l and acc * alpha.  Blocks of
     `ROWS` rows in parallel."""
@@ -117,7 +121,7 @@ def _step_kernel(s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_b
         lo = np.int64(blk) * ROWS
         hi = min(lo + ROWS, rows)
         _step_rows(
-            s, m_old, l_old, acc, c, prog, n_leaves, tneg, tpos, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
+            s, m_old, l_old, acc, c, prog, n_leaves, base, corr, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
         )
 
 
@@ -165,9 +169,9 @@ def softmax_step(pipe, s: np.ndarray, m_old: np.ndarray, lsum, acc: np.ndarray):
     p_exp, p_bits = np.empty((rows, n), np.float32), np.empty((rows, n), np.uint16)
     m_new, alpha, l_new = (np.empty(rows, np.float32) for _ in range(3))
     acc_out = np.empty(acc.shape, np.float32)
-    tneg, tpos = ex2_tables()
+    base, corr = packed_tables()
     c = np.float32(pipe.c)
-    args = (s, m_old, lsum.l, np.ascontiguousarray(acc), c, tree.program, tree.n_leaves, tneg, tpos)
+    args = (s, m_old, lsum.l, np.ascontiguousarray(acc), c, tree.program, tree.n_leaves, base, corr)
     _step_kernel(*args, p_exp, p_bits, m_new, alpha, l_new, acc_out)
     lsum.l = l_new
     pipe.max_input = (s, 1.0 / pipe.sm_scale)

@@ -78,8 +78,9 @@ def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 
 
 @nb.njit(inline="always", cache=True)
-def _ex2_core(zb, tneg, tpos):
-    """Unrounded model value (float64, exact) of ex2 for float32 bits ``zb`` (not NaN)."""
+def grid_place(zb):
+    """(i, f) of float32 bits ``zb`` (not NaN): |z|, clamped to 256, truncated to a multiple of 2**-23 is
+    i + f 2**-23; ex2 is then ``T[f] * 2**(+-i)`` with T the table of z's sign."""
     za = bits_f64(np.int64(0))
     mag = zb & np.uint32(0x7FFFFFFF)
     if mag >= np.uint32(0x43800000):  # |z| >= 256, inf included: clamped to 256
@@ -87,8 +88,13 @@ def _ex2_core(zb, tneg, tpos):
     else:
         za = np.float64(np.uint32(mag).view(np.float32))
         q = np.int64(za * NGRID)  # truncation toward zero: za * 2**23 is exact
-    i = q >> GRID_BITS
-    f = q & (NGRID - 1)
+    return q >> GRID_BITS, q & (NGRID - 1)
+
+
+@nb.njit(inline="always", cache=True)
+def _ex2_core(zb, tneg, tpos):
+    """Unrounded model value (float64, exact) of ex2 for float32 bits ``zb`` (not NaN)."""
+    i, f = grid_place(zb)
     if zb >> np.uint32(31):
         return np.float64(tneg[f]) * pow2(-i)
     return np.float64(tpos[f]) * pow2(i)

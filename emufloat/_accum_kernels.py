@@ -246,7 +246,7 @@ class Lanes(NamedTuple):
     scale_exp: int  # largest |exponent| of the products' scale 2**-cut
 
 
-WIDE = Lanes(np.float64, np.int32, np.float64, -(1 << 28), -(1 << 30), -(1 << 27), 1 << 20, 1022)
+WIDE = Lanes(np.float64, np.int32, np.int64, -(1 << 28), -(1 << 30), -(1 << 27), 1 << 20, 1022)
 NARROW = Lanes(np.float32, np.int16, np.int32, -(1 << 14), -(1 << 15), -16000, 50, 126)
 _ALL_EXP = -(1 << 12)  # a min_exp at or below this drops no product: every real e_a + e_b lies above it
 _TILE_I = 16  # output rows per tile
@@ -276,10 +276,11 @@ def _split(x, emin, zeros_in_max, zero_exp, lim, width, wpad, val, xe, bad):
     rows, kk = x.shape
     for r in nb.prange(rows):
         b = False
-        for k in range(kk):
-            kp = k // width * wpad + k % width
-            val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max, zero_exp, lim)
-            b |= bk
+        for s in range((kk + width - 1) // width):  # a step's terms at a time: no division per term
+            for k in range(s * width, min(s * width + width, kk)):
+                kp = k + s * (wpad - width)
+                val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max, zero_exp, lim)
+                b |= bk
         bad[r] = b
 
 
@@ -447,18 +448,16 @@ def _block_kernel(
                             em = max(em, e if not drops or e >= min_exp else neg)
                         emax[jj] = em
                 early_in = c_in and early_c
-                for jj in range(tj):
+                for jj in range(tj):  # branch-free: C's exponent is its float64 one (FP32 values are normal there)
                     cj = acc[jj]
                     cf = (_core.f64_bits(cj) >> 52) & 0x7FF
-                    e_ref = np.int64(emax[jj])
-                    if early_in and cj != 0.0:
-                        e_ref = max(e_ref, cf - 1023 if 0 < cf < 0x7FF else _core.ilogb(cj), c_emin)
-                    cut = e_ref - align
+                    c_aligns = early_in & (cf != 0)  # (an infinite or NaN C's step is declined below)
+                    e_c = max(cf - 1023, c_emin) if c_aligns else np.int64(neg_e)
+                    cut = max(np.int64(emax[jj]), e_c) - align
                     cuts[jj] = cut
                     sc = _core.pow2(min(max(-cut, -1022), 1022))
                     scale[jj] = vtype(_core.pow2(min(max(-cut, -scale_exp), scale_exp)))
-                    # C's term: cj truncated to a multiple of 2**cut (a subnormal C takes the general path)
-                    cterm[jj] = np.trunc(cj * sc) if early_in and cf != 0 else 0.0
+                    cterm[jj] = np.trunc(cj * sc) if c_aligns else 0.0  # C cut to a multiple of 2**cut
                     tot[jj] = 0
                 for kc in range(s * wpad, (s + 1) * wpad, _CHUNK):
                     vac = va[i, kc : kc + _CHUNK]
@@ -469,7 +468,7 @@ def _block_kernel(
                         tt = tot[jj]
                         sc = scale[jj]
                         for kq in range(_CHUNK):
-                            q = ttype(np.trunc(vac[kq] * vbc[kq, jj] * sc))
+                            q = ttype(vac[kq] * vbc[kq, jj] * sc)  # truncated toward zero
                             tt += q if not drops or ya[kq] + xbc[kq, jj] >= min_exp else ttype(0)
                         tot[jj] = tt
                 late_in = c_in and not early_c

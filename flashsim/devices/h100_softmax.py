@@ -34,15 +34,22 @@ _NAN32 = np.float32(np.nan)  # emufloat's canonical quiet NaN, 0x7fc00000
 ROWS = 64  # rows a parallel work item
 
 
+@nb.njit(inline="always", cache=True)
+def _settled(s, t):
+    """Whether the hardware's float64 -> float32 conversion of s is the FP32 rounding to nearest even of the
+    double-double s + t (|t| <= ulp(s) / 2, s not NaN): t cannot move it unless s lies halfway between two
+    FP32 numbers or in their subnormal range."""
+    tie = (_core.f64_bits(s) & 0x1FFFFFFF) == 0x10000000
+    return (t == 0.0) | ~(tie | (abs(s) < 2.0**-126))
+
+
 @nb.njit(cache=True)
 def _rne32(s, t):
-    """The double-double s + t (|t| <= ulp(s) / 2) rounded to nearest even into FP32, as emufloat rounds it, as a
-    float32: the hardware's float64 -> float32 conversion of s, which t cannot move unless s lies halfway
-    between two FP32 numbers or in their subnormal range (there emufloat's ``_round_dd``)."""
+    """The double-double s + t rounded to nearest even into FP32, as emufloat rounds it, as a float32: the
+    hardware's conversion of s where `_settled()`, else emufloat's ``_round_dd``."""
     if np.isnan(s):
         return _NAN32
-    tie = (_core.f64_bits(s) & 0x1FFFFFFF) == 0x10000000
-    if t != 0.0 and (tie or abs(s) < 2.0**-126):
+    if not _settled(s, t):
         return np.float32(_round_dd(s, t, _core.FP32_PARAMS, RNE))
     return np.float32(s)
 
@@ -73,10 +80,11 @@ def _bf16_bits(x):
 def _step_rows(
     s, m_old, l_old, acc, c, prog, n_leaves, base, corr, p_exp, p_bits, m_new, alpha, l_new, acc_out, lo, hi
 ):
-    """Rows ``lo:hi`` of `_step_kernel()`, serially."""
+    """Rows ``lo:hi`` (at most `ROWS`) of `_step_kernel()`, serially.  Each loop runs along a row without
+    branches, so that it vectorizes; the row sums' trees run across the rows, one tree node a vector add."""
     n = s.shape[1]
     neg_inf = np.float32(-np.inf)
-    buf = np.zeros(n_leaves + prog.shape[0], np.float32)  # leaves past n stay +0, as the kernel's masked ones
+    c64 = np.float64(c)
     for r in range(lo, hi):  # m, and x = fma(S, c, -m) in p_exp
         top = neg_inf  # the row max, NaN if any score is
         nan = False
@@ -84,31 +92,41 @@ def _step_rows(
             v = s[r, j]
             nan |= np.isnan(v)
             top = max(top, v)
-        mb = _NAN32 if nan else _rne32(np.float64(top) * np.float64(c), 0.0)
+        mb = _NAN32 if nan else _rne32(np.float64(top) * c64, 0.0)
         mo = m_old[r]
         mn = _NAN32 if np.isnan(mo) or np.isnan(mb) else (mo if mo > mb else mb)  # np.maximum: a tie gives mb
         m_new[r] = mn
         msub = np.float32(0.0) if mn == neg_inf else mn  # FA2's guard: m = -inf shifts by 0
+        settled = True  # (a NaN x may keep any payload: ex2 maps every NaN to one)
         for j in range(n):
-            p_exp[r, j] = _fma32(s[r, j], c, -msub)
+            xs, xt = _core.two_sum(np.float64(s[r, j]) * c64, -np.float64(msub))
+            p_exp[r, j] = np.float32(xs)
+            settled &= np.isnan(xs) | _settled(xs, xt)
+        if not settled:
+            for j in range(n):
+                p_exp[r, j] = _fma32(s[r, j], c, -msub)
         ds, dt = _core.two_sum(np.float64(mo), -np.float64(msub))
         alpha[r] = _rne32(ds, dt)
-    for r in range(lo, hi):  # ex2 in loops of their own: the table reads of many rows overlap
+    for r in range(lo, hi):
         for j in range(n):
             p_exp[r, j] = _ex2(p_exp[r, j], base, corr)
         alpha[r] = _ex2(alpha[r], base, corr)
+    buf = np.zeros((n_leaves + prog.shape[0], ROWS), np.float32)  # leaves past n stay +0, as the kernel's masked
     for r in range(lo, hi):
-        af = alpha[r]
         for j in range(n):
             p = p_exp[r, j]
             p_bits[r, j] = _bf16_bits(p)
-            buf[j] = p
-        for k in range(prog.shape[0]):
-            v = buf[prog[k, 0]] + buf[prog[k, 1]]
-            buf[n_leaves + k] = _NAN32 if np.isnan(v) else v
-        l_new[r] = _fma32(l_old[r], af, buf[buf.size - 1])
-        for j in range(acc.shape[1]):
-            acc_out[r, j] = _rne32(np.float64(acc[r, j]) * np.float64(af), 0.0)
+            buf[j, r - lo] = p
+    for k in range(prog.shape[0]):  # a NaN sum's payload is the fma's to settle
+        left, right, node = buf[prog[k, 0]], buf[prog[k, 1]], buf[n_leaves + k]
+        for q in range(ROWS):
+            node[q] = left[q] + right[q]
+    for r in range(lo, hi):
+        af = alpha[r]
+        l_new[r] = _fma32(l_old[r], af, buf[buf.shape[0] - 1, r - lo])
+        for j in range(acc.shape[1]):  # an exact product: the conversion rounds it
+            v = np.float32(np.float64(acc[r, j]) * np.float64(af))
+            acc_out[r, j] = v if not np.isnan(v) else _NAN32
 
 
 @nb.njit(parallel=True, cache=True)

@@ -19,7 +19,7 @@ import numpy as np
 
 from ...formats import FP32
 from ...functions import exp2
-from ...lowlevel import BLOCK, bits_f64, exact_events, fp32_bits, pow2, record_vs_exact, run_blocks
+from ...lowlevel import BLOCK, exact_events, fp32_bits, pow2, record_vs_exact, run_blocks
 from ...ops import mul
 from ...trace import Trace
 from ..calibration import check_digest, rebuilt
@@ -79,15 +79,11 @@ def ex2_tables(path: str | None = None) -> tuple[np.ndarray, np.ndarray]:
 
 @nb.njit(inline="always", cache=True)
 def grid_place(zb):
-    """(i, f) of float32 bits ``zb`` (not NaN): |z|, clamped to 256, truncated to a multiple of 2**-23 is
-    i + f 2**-23; ex2 is then ``T[f] * 2**(+-i)`` with T the table of z's sign."""
-    za = bits_f64(np.int64(0))
-    mag = zb & np.uint32(0x7FFFFFFF)
-    if mag >= np.uint32(0x43800000):  # |z| >= 256, inf included: clamped to 256
-        q = np.int64(256) << GRID_BITS
-    else:
-        za = np.float64(np.uint32(mag).view(np.float32))
-        q = np.int64(za * NGRID)  # truncation toward zero: za * 2**23 is exact
+    """(i, f) of float32 bits ``zb``, branch-free (a NaN reads as 256): |z|, clamped to 256, truncated to a
+    multiple of 2**-23 is i + f 2**-23; ex2 is then ``T[f] * 2**(+-i)`` with T the table of z's sign."""
+    mag = min(zb & np.uint32(0x7FFFFFFF), np.uint32(0x43800000))  # |z| >= 256, inf and NaN: clamped to 256
+    za = np.float64(np.uint32(mag).view(np.float32))
+    q = np.int64(za * NGRID)  # truncation toward zero: za * 2**23 is exact
     return q >> GRID_BITS, q & (NGRID - 1)
 
 

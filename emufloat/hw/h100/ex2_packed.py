@@ -45,13 +45,12 @@ def _entry(f, side, base, corr):
 @nb.njit(inline="always", cache=True)
 def ex2_ftz_bits(zb, base, corr):
     """float32 bits of ``ex2.approx.ftz.f32`` of float32 bits ``zb``, from `packed_tables()`."""
-    if (zb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
-        return CANONICAL_NAN
-    i, f = grid_place(zb)
+    i, f = grid_place(zb)  # branch-free, so that a loop of calls vectorizes
     neg = zb >> np.uint32(31)
     r = np.float32(_entry(f, np.int64(1 - neg), base, corr) * pow2(-i if neg else i))
     kept = r >= np.float32(1.1754943508222875e-38)  # result flushed: subnormal outputs become +0
-    return r.view(np.uint32) if kept else np.uint32(0)
+    out = r.view(np.uint32) if kept else np.uint32(0)
+    return CANONICAL_NAN if (zb & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000) else out
 
 
 @nb.njit(cache=True)

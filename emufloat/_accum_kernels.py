@@ -10,6 +10,7 @@ on exact float terms (`Lanes`), tiles of output columns at a time.  The last two
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import numba as nb
@@ -564,10 +565,7 @@ def block_matmul(av, bt, fmts, cv, have_c, out, mp, params, mode, acc_params, ze
         ea, eb = lead_exps(av, fmts[0][0]), lead_exps(bt, fmts[1][0])
     else:
         ea, eb = np.empty((0, 0), np.int64), np.empty((0, 0), np.int64)
-    starts = np.arange(0, m, ti)
-    g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
-    i0 = g * m + r
-    tiles = np.stack([i0, np.minimum(i0 + ti, (g + 1) * m), g * nj + jl, g], axis=-1).reshape(-1, 4)
+    tiles = _tiles(batch, m, ti, nj)
     ntiles = tiles.shape[0]
     _block_kernel(
         va,
@@ -594,8 +592,21 @@ def block_matmul(av, bt, fmts, cv, have_c, out, mp, params, mode, acc_params, ze
         np.empty((ntiles, tj), ln.term),
         np.empty((ntiles, 2, tj), np.int64),
         np.zeros((0, 0, 4)),
-        np.ascontiguousarray(tiles, np.int64),
+        tiles,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _tiles(batch: int, m: int, ti: int, nj: int) -> np.ndarray:
+    """`_block_kernel()`'s tiles (T, 4) of ``batch`` products of ``m`` rows, ``ti`` rows and one of ``nj`` column
+    tiles each (cached, read-only: a flashsim loop makes the same products again and again)."""
+    starts = np.arange(0, m, ti)
+    g, r, jl = np.meshgrid(np.arange(batch), starts, np.arange(nj), indexing="ij")
+    i0 = g * m + r
+    tiles = np.stack([i0, np.minimum(i0 + ti, (g + 1) * m), g * nj + jl, g], axis=-1).reshape(-1, 4)
+    tiles = np.ascontiguousarray(tiles, np.int64)
+    tiles.flags.writeable = False
+    return tiles
 
 
 @nb.njit(cache=True)

@@ -276,13 +276,16 @@ def _split(x, emin, zeros_in_max, zero_exp, lim, width, wpad, val, xe, bad):
     ``bad[r]``: row r needs the general path."""
     rows, kk = x.shape
     for r in nb.prange(rows):
-        b = False
-        for s in range((kk + width - 1) // width):  # a step's terms at a time: no division per term
-            for k in range(s * width, min(s * width + width, kk)):
-                kp = k + s * (wpad - width)
-                val[r, kp], xe[r, kp], bk = _split_one(x[r, k], emin, zeros_in_max, zero_exp, lim)
-                b |= bk
-        bad[r] = b
+        nbad = 0
+        for s in range((kk + width - 1) // width):  # a step's terms at a time, on contiguous slices: vectorized
+            k0, k1 = s * width, min(s * width + width, kk)
+            xs, vs, es = x[r, k0:k1], val[r, s * wpad : s * wpad + k1 - k0], xe[r, s * wpad : s * wpad + k1 - k0]
+            for k in range(k1 - k0):
+                v, e, bk = _split_one(xs[k], emin, zeros_in_max, zero_exp, lim)
+                vs[k] = v
+                es[k] = e
+                nbad += bk
+        bad[r] = nbad != 0
 
 
 @nb.njit(parallel=True, cache=True)

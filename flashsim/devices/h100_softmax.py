@@ -85,11 +85,12 @@ def _step_rows(
     n = s.shape[1]
     neg_inf = np.float32(-np.inf)
     c64 = np.float64(c)
-    for r in range(lo, hi):  # m, and x = fma(S, c, -m) in p_exp
+    for r in range(lo, hi):  # m, and x = fma(S, c, -m) in p_exp (rows as slices: contiguous, so vectorized)
+        sr, xr = s[r], p_exp[r]
         top = neg_inf  # the row max, NaN if any score is
         nan = False
         for j in range(n):
-            v = s[r, j]
+            v = sr[j]
             nan |= np.isnan(v)
             top = max(top, v)
         mb = _NAN32 if nan else _rne32(np.float64(top) * c64, 0.0)
@@ -99,23 +100,25 @@ def _step_rows(
         msub = np.float32(0.0) if mn == neg_inf else mn  # FA2's guard: m = -inf shifts by 0
         settled = True  # (a NaN x may keep any payload: ex2 maps every NaN to one)
         for j in range(n):
-            xs, xt = _core.two_sum(np.float64(s[r, j]) * c64, -np.float64(msub))
-            p_exp[r, j] = np.float32(xs)
+            xs, xt = _core.two_sum(np.float64(sr[j]) * c64, -np.float64(msub))
+            xr[j] = np.float32(xs)
             settled &= np.isnan(xs) | _settled(xs, xt)
         if not settled:
             for j in range(n):
-                p_exp[r, j] = _fma32(s[r, j], c, -msub)
+                xr[j] = _fma32(sr[j], c, -msub)
         ds, dt = _core.two_sum(np.float64(mo), -np.float64(msub))
         alpha[r] = _rne32(ds, dt)
     for r in range(lo, hi):
+        xr = p_exp[r]
         for j in range(n):
-            p_exp[r, j] = _ex2(p_exp[r, j], base, corr)
+            xr[j] = _ex2(xr[j], base, corr)
         alpha[r] = _ex2(alpha[r], base, corr)
     buf = np.zeros((n_leaves + prog.shape[0], ROWS), np.float32)  # leaves past n stay +0, as the kernel's masked
     for r in range(lo, hi):
+        xr, br = p_exp[r], p_bits[r]
         for j in range(n):
-            p = p_exp[r, j]
-            p_bits[r, j] = _bf16_bits(p)
+            p = xr[j]
+            br[j] = _bf16_bits(p)
             buf[j, r - lo] = p
     for k in range(prog.shape[0]):  # a NaN sum's payload is the fma's to settle
         left, right, node = buf[prog[k, 0]], buf[prog[k, 1]], buf[n_leaves + k]
@@ -124,9 +127,10 @@ def _step_rows(
     for r in range(lo, hi):
         af = alpha[r]
         l_new[r] = _fma32(l_old[r], af, buf[buf.shape[0] - 1, r - lo])
-        for j in range(acc.shape[1]):  # an exact product: the conversion rounds it
-            v = np.float32(np.float64(acc[r, j]) * np.float64(af))
-            acc_out[r, j] = v if not np.isnan(v) else _NAN32
+        ar, outr = acc[r], acc_out[r]
+        for j in range(ar.size):  # an exact product: the conversion rounds it
+            v = np.float32(np.float64(ar[j]) * np.float64(af))
+            outr[j] = v if not np.isnan(v) else _NAN32
 
 
 @nb.njit(parallel=True, cache=True)

@@ -117,6 +117,21 @@ def _blocks(fig, variants: list[dict], blocks: list[tuple], where: str, save) ->
     save(fig, PLOT_FILES[1], bottom=0.2)
 
 
+def _label(ax, text: str, x: float, color: str) -> None:
+    """A step's small vertical label at the foot of its bar."""
+    ax.annotate(
+        text,
+        (x, 0),
+        xytext=(0, 2),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        rotation=90,
+        fontsize=6,
+        color=color,
+    )
+
+
 def _steps(fig, variants: list[dict], labels: list[str], where: str, save) -> None:
     """Mean signed error (ulps) and share rounded away per step, bars per variant."""
     ax1, ax2 = fig.subplots(2, 1, sharex=True)
@@ -145,29 +160,9 @@ def _steps(fig, variants: list[dict], labels: list[str], where: str, save) -> No
                     + (f"\n{st['expected_nonfinite']} -inf, expected" if st["expected_nonfinite"] else "")
                 )
             )
-            ax1.annotate(
-                text,
-                (x_, 0),
-                xytext=(0, 2),
-                textcoords="offset points",
-                ha="center",
-                va="bottom",
-                rotation=90,
-                fontsize=6,
-                color="grey" if st is None or not st["events"] else "black",
-            )
+            _label(ax1, text, x_, "grey" if st is None or not st["events"] else "black")
             if st is not None and st["events"] and not st["inexact"]:
-                ax2.annotate(
-                    "exact",
-                    (x_, 0),
-                    xytext=(0, 2),
-                    textcoords="offset points",
-                    ha="center",
-                    va="bottom",
-                    rotation=90,
-                    fontsize=6,
-                    color="grey",
-                )
+                _label(ax2, "exact", x_, "grey")
     ax1.axhline(0, color="k", lw=0.5)
     ax1.set(ylabel="mean signed error (ulps)", title=f"Rounding error per step, this row's events ({where})")
     ax2.axhline(0.5, color="k", lw=0.5, ls="--")

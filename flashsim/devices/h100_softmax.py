@@ -50,7 +50,7 @@ def _rne32(s, t):
     if np.isnan(s):
         return _NAN32
     if not _settled(s, t):
-        return np.float32(_round_dd(s, t, _core.FP32_PARAMS, RNE))
+        return np.float32(_round_dd(s, t, _core.FP32_PARAMS, np.int64(RNE)))  # typed: one shared copy
     return np.float32(s)
 
 

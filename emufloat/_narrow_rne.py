@@ -122,7 +122,15 @@ def _finish(a, b, r, zero_ok, half, exact_tiny=False):
         h = _half_bits(r)
         bad |= _and32(h, _U(0x7FFF)) >= _U(0x7C00)
         return np.uint16(h), bad
-    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)), bad
+    return bf16_rne_bits(u), bad
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
+def bf16_rne_bits(u):
+    """The bf16 encoding of the float32 whose bits are ``u``, rounded to nearest even: the upper half after adding
+    half an ulp less one, plus the kept half's last bit (ties to even).  Not for NaN, whose payload may carry into
+    infinity's code."""
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
@@ -423,4 +431,4 @@ def run(
     return np.flatnonzero(declined(code, a, b)) if bad else None
 
 
-__all__ = ["CODES", "CastPlan", "cast_plan", "run", "run_cast", "run_fma"]
+__all__ = ["CODES", "CastPlan", "bf16_rne_bits", "cast_plan", "run", "run_cast", "run_fma"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from emufloat import BF16, FP32, _core
 from emufloat._accum_kernels import _round_dd
+from emufloat._narrow_rne import bf16_rne_bits
 from emufloat.hw import h100
 from emufloat.hw.h100.ex2_packed import ex2_ftz_bits, packed_tables
 from emufloat.rounding import RNE
@@ -72,8 +73,7 @@ def _bf16_bits(x):
     """BF16 encoding of float32 ``x`` rounded to nearest even (NaN: the canonical 0x7fc0)."""
     if np.isnan(x):
         return np.uint16(0x7FC0)
-    b = np.uint32(_core.f32_bits(x))
-    return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+    return bf16_rne_bits(np.uint32(_core.f32_bits(x)))
 
 
 @nb.njit(cache=True)

@@ -265,15 +265,31 @@ def empty_operand(n: int, dtype: np.dtype | type) -> np.ndarray:
         return np.empty(n, dtype)
     with _pool_lock:
         for buf in _pool:
-            # free: no view refers to it (references: the list, this loop's name, getrefcount's argument)
-            if buf.nbytes == nbytes and sys.getrefcount(buf) <= 3:
+            if buf.nbytes == nbytes and _refs(buf) <= _FREE_REFS:  # free: no array refers to it any more
                 return buf.view(dtype)
         buf = np.empty(nbytes, np.uint8)
         _pool.append(buf)
         while sum(b.nbytes for b in _pool) > POOL_BYTES:
-            free = [b for b in _pool if sys.getrefcount(b) <= 3]
+            free = [b for b in _pool if _refs(b) <= _FREE_REFS]
             _pool.remove(free[0] if free else _pool[0])  # a buffer in use lives on in its arrays
         return buf.view(dtype)
+
+
+def _refs(buf: np.ndarray) -> int:
+    """``buf``'s reference count, called from a loop over a list that holds it.  Every view of a pooled buffer
+    holds it as its base, so the count says whether any array still uses it."""
+    return sys.getrefcount(buf)
+
+
+def _free_refs() -> int:
+    """The count `_refs()` gives a buffer nothing else refers to, measured as `empty_operand()` looks (a loop
+    over a list): what the list, the loop's name and the call add differs between Python versions."""
+    for buf in [np.empty(1, np.uint8)]:
+        return _refs(buf)
+    raise AssertionError("unreachable")
+
+
+_FREE_REFS = _free_refs()
 
 
 def operand_copy(x: np.ndarray) -> np.ndarray:

@@ -30,6 +30,7 @@ from emufloat.interop import to_numpy
 
 from . import arith, fused
 from .causal import Offset, causal_alignment, causal_offset, causal_visible, keys_from
+from .functions import get_function
 from .orders import COMBINES, KV_SCHEDULES, LSE_FORMS, BlockPlace
 from .policy import Policy, get_policy
 from .softmax import STANDARD, MaxContext, SoftmaxVariant, get_softmax, sums_cast_p
@@ -140,8 +141,8 @@ class Pipeline:
         """m (in the units the exp sees) + log l, in the base of the lse step's log."""
         pol, spec, tr = self.pol, self.pol.lse, self.trace
         log_l = arith.function(l, spec, tr, "lse")
-        if pol.scale.where == "exp":  # m is raw: FA2 stores m * softmax_scale + log(l)
-            k = self.sm_scale * (LOG2E if spec.base == "2" else 1.0)
+        if pol.scale.where == "exp":  # m is raw: FA2 stores m * softmax_scale + log(l), in the base of the log
+            k = self.sm_scale * (LOG2E if get_function(spec.function).base == "2" else 1.0)
         elif spec.base == pol.exp_base:
             k = None
         else:

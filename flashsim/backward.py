@@ -357,7 +357,8 @@ class _Head:
 def _converted_after_kernel(pol: Policy) -> bool:
     """Whether the LSE the policy returns is converted after the kernel (an `flashsim.orders.LseForm` with
     ``out_base``), so that the kernel's own buffer holds another value."""
-    return LSE_FORMS.get(pol.lse.form).out_base is not None
+    form = LSE_FORMS.get(pol.lse.form)
+    return form.out_base is not None and form.kernel_form != form.name
 
 
 def kernel_lse_base(pol: Policy) -> str:

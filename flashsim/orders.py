@@ -225,7 +225,7 @@ class LseForm:
     ``fusable``: the join may be one FMA (``Func.fused``).  ``out_base``: the base of the LSE the form returns
     when it is not the log's (an LSE converted after the kernel); the run's LSE is compared in it.
     ``kernel_form``: for such a form, the form that gives the LSE the kernel itself stores (what a backward
-    reads)."""
+    reads); the form's own name where the kernel converts it before storing it (FA4's natural LSE)."""
 
     name: str = ""
     doc: str = ""

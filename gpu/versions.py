@@ -31,6 +31,7 @@ CALIBRATED_ON: dict[str, dict[str, str]] = {
     "sdpa_cudnn": {"torch": "2.11.", "cuda": "13.0."},
     "qiu_yao": {"torch": "2.11.", "cuda": "13.0."},
     "flex_attention": {"torch": "2.11.", "triton": "3.6."},
+    "fa4": {"torch": "2.11.", "cuda": "13.0."},
 }
 #: policy name prefix -> the kernel it models and the policies that give it, as the warning names them
 MODELS: dict[str, str] = {
@@ -40,6 +41,7 @@ MODELS: dict[str, str] = {
     "sdpa_efficient": "PyTorch SDPA memory-efficient (sdpa_efficient_policy)",
     "flex_attention": "PyTorch FlexAttention compiled by Inductor (flex_policy)",
     "sdpa_cudnn": "PyTorch SDPA cuDNN (sdpa_cudnn_policy)",
+    "fa4": "FlashAttention-4 on Hopper (fa4_policy)",
     "qiu_yao": "Qiu & Yao's attention under torch's CUDA autocast (qiu_yao)",
 }
 _LABELS = {"torch": "torch", "triton": "Triton", "cuda": "CUDA"}

@@ -22,7 +22,8 @@ def quad_columns(p: np.ndarray) -> np.ndarray:
     return arith.padded(p, width)[:, cols]
 
 
-def _quad_total(l: np.ndarray, pairs, spec, trace, label) -> np.ndarray:
+def quad_total(l: np.ndarray, pairs, spec, trace, label) -> np.ndarray:
+    """The quad's four partial sums joined as ``pairs`` say: (l[i] + l[j]) + (l[i'] + l[j'])."""
     a, b = (arith.binary("add", l[:, i], l[:, j], spec, trace, label) for i, j in pairs)
     return arith.binary("add", a, b, spec, trace, label)
 
@@ -48,7 +49,7 @@ class Fa2Threads(RowSumOrder):
         return arith.store(s, spec, trace, label)
 
     def total(self, l, spec, trace, label):
-        return _quad_total(l, ((0, 2), (1, 3)), spec, trace, label)
+        return quad_total(l, ((0, 2), (1, 3)), spec, trace, label)
 
 
 class CudnnThreads(RowSumOrder):
@@ -74,7 +75,7 @@ class CudnnThreads(RowSumOrder):
         return arith.binary("add", arith.binary("mul", l, alpha, op, trace, label), s, spec, trace, label)
 
     def total(self, l, spec, trace, label):
-        return _quad_total(l, ((0, 1), (2, 3)), spec, trace, label)
+        return quad_total(l, ((0, 1), (2, 3)), spec, trace, label)
 
 
 class CutlassWarps(RowSumOrder):
@@ -154,4 +155,4 @@ for _order in (Fa2Threads(), CudnnThreads(), CutlassWarps()):
     ROW_SUMS.register(_order)
 DELTAS.register(Fa2DotDoO())
 
-__all__ = ["CudnnThreads", "CutlassWarps", "Fa2DotDoO", "Fa2Threads", "deal", "quad_columns"]
+__all__ = ["CudnnThreads", "CutlassWarps", "Fa2DotDoO", "Fa2Threads", "deal", "quad_columns", "quad_total"]

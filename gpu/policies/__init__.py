@@ -5,6 +5,7 @@ torch needed):
 - `.triton_tutorial`: Triton's fused-attention tutorial, `tutorial_policy` (and `tutorial_policy_for` a launch);
 - `.sdpa_flash`, `.sdpa_efficient`, `.sdpa_cudnn`: PyTorch SDPA's backends;
 - `.flex_attention`: PyTorch's FlexAttention compiled by Inductor, `flex_policy`;
+- `.flash_attn4`: FlashAttention-4 (`flash-attn-4`, CuTe DSL) on Hopper, `fa4_policy`;
 - `.qiu_yao`: Qiu & Yao's pure-PyTorch FlashAttention-2 under CUDA bf16 autocast, `qiu_yao`.
 
 Each names what it was calibrated on (`gpu.versions.CALIBRATED_ON`, which `import gpu` checks).  The
@@ -28,6 +29,7 @@ from ..configs import (
     kernel_variant,
 )
 from ..versions import CALIBRATED_ON, calibration_mismatch
+from .flash_attn4 import FA4_BWD_TILES, FA4_TILES, fa4_policy
 from .flex_attention import flex_policy
 from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
 from .qiu_yao import QIU_YAO, cublas_alignment, qiu_yao_policy
@@ -63,6 +65,7 @@ FUNCTIONS = (
     sdpa_efficient_policy,
     sdpa_cudnn_policy,
     flex_policy,
+    fa4_policy,
     qiu_yao_policy,
 )
 for _fn in FUNCTIONS:
@@ -74,6 +77,8 @@ __all__ = [
     "DEFAULT_SOFTMAX",
     "EFFICIENT_BWD_TILES",
     "EFFICIENT_TILES",
+    "FA4_BWD_TILES",
+    "FA4_TILES",
     "FA2_BWD_TILES",
     "FA2_TILES",
     "FUNCTIONS",
@@ -86,6 +91,7 @@ __all__ = [
     "default_promote_pv",
     "default_softmax",
     "efficient_key_splits",
+    "fa4_policy",
     "flex_policy",
     "qiu_yao_policy",
     "fa2_num_splits",

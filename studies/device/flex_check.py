@@ -80,9 +80,10 @@ def run(args) -> int:
     os.environ.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NUMBA_NUM_THREADS="1")
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     torch._dynamo.config.recompile_limit = 4096
+    only = {int(i) for i in args.only.split(",") if i.strip()} if args.only else set()
     t0, cases, futures, outputs = time.monotonic(), grid(args.cases), [], {}
     for i, case in enumerate(cases):
-        if i < args.start:
+        if i < args.start or (only and i not in only):
             continue
         if time.monotonic() - t0 > args.budget:
             break
@@ -134,7 +135,9 @@ def run(args) -> int:
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
         "command": f"PYTHONPATH=. python -m studies.device.flex_check --out $OUT --cases {args.cases} "
-        f"--start {args.start}" + (" --backward" if args.backward else ""),
+        f"--start {args.start}"
+        + (" --backward" if args.backward else "")
+        + (f" --only {args.only}" if args.only else ""),
         "bits_left_out": left,
         "window": WINDOW,
         "cases": done,
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--start", type=int, default=0, help="skip the grid's first cases (an earlier call's)")
     ap.add_argument("--deadline", type=float, default=540.0, help="seconds after which unfinished checks are dropped")
     ap.add_argument("--backward", action="store_true", help="record and check dQ, dK, dV too")
+    ap.add_argument("--only", default="", help="comma list of the grid's case indices to run (default: all)")
     ap.add_argument("--bits-cap", type=int, default=40, help="MiB of missed cases' bits kept at most (default 40)")
     args = ap.parse_args(argv)
     return run_command("flex_check", lambda: run(args))

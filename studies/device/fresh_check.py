@@ -8,12 +8,13 @@ the autotuner's tiles), every output checked by `flashsim.crosscheck` in worker 
 Kernels: ours (`gpu.flash` by `gpu.crosscheck.live.live_run`: bf16, fp16 and FP8 E4M3, cast_sum and the standard
 softmax), SDPA's flash, memory-efficient and cuDNN backends (their default, nondeterministic paths), Triton's tutorial
 (autotuned, fp16: its TMA forward does not compile for bf16; key counts whole 128-key tiles, as it requires; its
-backward only for causal runs, the only ones it computes) and Qiu & Yao's attention.py (bf16, fix off and on). Cases
-cycle through batch x heads 1 to 64 and key counts 1 to 8192 (FA2's split launches among them), head dims 64 and 128,
-causal and not, bf16 and fp16, inputs of every kind from seeds no other recording uses; the kernels take turns so that
-each gets its share of the budget. Writes `fresh_check.json`: per case its inputs (kinds, seed), the launch, the
-SHA-256 of every output's bits, and the cross-check: identical fractions, atomically summed outputs admitted by some
-order of their adds (`flashsim.atomics`), the attention line and the launch notes.
+backward only for causal runs, the only ones it computes), Qiu & Yao's attention.py (bf16, fix off and on) and
+FlashAttention-4 (`flash-attn-4`'s Hopper kernels, its backward deterministic in every other case). Cases cycle through
+batch x heads 1 to 64 and key counts 1 to 8192 (FA2's split launches among them), head dims 64 and 128, causal and not,
+bf16 and fp16, inputs of every kind from seeds no other recording uses; the kernels take turns so that each gets its
+share of the budget. Writes `fresh_check.json`: per case its inputs (kinds, seed), the launch, the SHA-256 of every
+output's bits, and the cross-check: identical fractions, atomically summed outputs admitted by some order of their adds
+(`flashsim.atomics`), the attention line and the launch notes.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from gpu.commands import require_gpu, sections
 
 SEED0 = 2_026_700_000  # fresh: no other recording draws from here
 SEED_CI = 2_026_900_000  # the CI grid's: small launches the CPU re-derives (tests/data/fresh_check)
-KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper", "ours")
+KERNELS = ("sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "tutorial", "paper", "ours", "fa4")
 #: (key count, batch x heads), cycled: heads x keys^2 at most 2^26, most far less (the emulator's time)
 SHAPES = (
     (8192, 1),
@@ -86,6 +87,7 @@ def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
             dtype = "bf16" if kernel == "paper" else "fp16"  # TMA forward does not compile for bf16
         if kernel == "ours":  # every dtype our kernels take (FP8: the forward, P V promoted by default)
             dtype = ("bf16", "fp16", "e4m3")[i % 3]
+        extra = {"deterministic": i % 2 == 0} if kernel == "fa4" else {}  # FA4's backward: both paths
         cases.append(
             {
                 "kernel": kernel,
@@ -98,6 +100,7 @@ def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
                 "seed": (SEED_CI if ci else SEED0) + 1_000_000 * k + 100 * i,
                 "first_kind": i,
             }
+            | extra
         )
     return cases
 
@@ -259,9 +262,12 @@ def save_bits(
 
 
 def _kernel(name: str, case: dict, tutorial, paper, paper_gemms: bool = False):
+    from gpu.crosscheck.flash_attn4 import fa4
     from gpu.crosscheck.kernels import sdpa
     from gpu.crosscheck.upstream import paper_kernel, tutorial_kernel
 
+    if name == "fa4":  # FlashAttention-4 (flash-attn-4): its backward deterministic or not, as the case says
+        return fa4(deterministic=case.get("deterministic", True))
     if name == "tutorial":
         return tutorial_kernel(tutorial)
     if name == "paper":  # cuBLAS's kernels profiled where a tile is off 8-key alignment (CUTLASS runs there)

@@ -1,0 +1,125 @@
+"""FlashAttention-4 (the `flash-attn-4` package: `flash_attn.cute`, kernels written in the CuTe DSL and compiled
+at the first call) as a kernel `kernel_run` checks: its Hopper forward and backward.
+
+The kernel takes SDPA's layout (1, H, N, d) and hands FA4 its own (1, N, H, d); O comes back in SDPA's layout and
+the LSE (natural log, float32) as (1, H, N).  What FA4's heuristics chose for the launch (`select_fwd_config`,
+`select_bwd_config`: the tiles, the MMA flags, the split count) is read as the call makes it and goes into the
+launch as `kernel_info`, with the package versions; `policy_for(launch)` builds `gpu.policies.fa4_policy` from it.
+torch and flash_attn are imported only when called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from importlib import metadata
+
+from flashsim.policy import PolicyRef
+
+from .kernels import Kernel
+
+#: what FA4's forward config says that the policy reads (the rest: scheduling, registers)
+FWD_FIELDS = ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap", "num_splits", "pack_gqa")
+#: the backward config's fields kept with the launch
+BWD_FIELDS = (
+    "tile_m",
+    "tile_n",
+    "SdP_swapAB",
+    "dKV_swapAB",
+    "dQ_swapAB",
+    "AtomLayoutMSdP",
+    "AtomLayoutNdKV",
+    "AtomLayoutMdQ",
+    "num_threads",
+    "dQ_single_wg",
+    "spt",
+)
+
+
+@contextlib.contextmanager
+def _capturing(module, name: str, seen: list):
+    """``module.name`` wrapped for the block so that each config it returns is appended to ``seen``."""
+    select = getattr(module, name)
+
+    def recording(*args, **kwargs):
+        config = select(*args, **kwargs)
+        seen.append(config)
+        return config
+
+    setattr(module, name, recording)
+    try:
+        yield
+    finally:
+        setattr(module, name, select)
+
+
+def _fields(config: object, names: tuple[str, ...], prefix: str) -> dict:
+    """The JSON values of ``config``'s fields among ``names`` (those it has), keys prefixed."""
+    values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else vars(config)
+    return {f"{prefix}{k}": values[k] for k in names if isinstance(values.get(k), bool | int | str)}
+
+
+def _versions() -> dict:
+    out = {}
+    for pkg in ("flash-attn-4", "nvidia-cutlass-dsl"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            out[pkg] = metadata.version(pkg)
+    return out
+
+
+def fa4(deterministic: bool = True) -> Kernel:
+    """FlashAttention-4's `flash_attn_func` as a kernel: O and the LSE of its forward; its `backward` the dQ, dK, dV
+    of FA4's backward (``deterministic``: FA4's flag, which fixes the order in which the K/V blocks' dQ parts are
+    added; without it they meet in the order the GPU runs them).  `policy_for(launch)` is
+    `gpu.policies.fa4_policy` for the tiles the launch ran."""
+
+    def kernel(q, k, v, causal: bool, sm_scale: float):
+        from flash_attn.cute import interface
+
+        seen: list = []
+        with _capturing(interface, "select_fwd_config", seen):
+            o, lse = interface.flash_attn_func(
+                *(t.transpose(1, 2).contiguous() for t in (q, k, v)),
+                softmax_scale=sm_scale,
+                causal=causal,
+                return_lse=True,
+            )
+        if not seen:
+            raise RuntimeError("fa4: flash_attn_func chose no forward config (select_fwd_config was not called)")
+        info = _fields(seen[-1], FWD_FIELDS, "") | _versions()
+        if tuple(lse.shape) != tuple(q.shape[:3]):  # (B, N, H) in some builds: SDPA's (B, H, N)
+            lse = lse.transpose(1, 2)
+        return o.transpose(1, 2).contiguous(), lse.float().contiguous(), info
+
+    def backward(q, k, v, do, causal: bool, sm_scale: float):
+        from flash_attn.cute import interface
+
+        qq, kk, vv = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
+        seen: list = []
+        with _capturing(interface, "select_bwd_config", seen):
+            args = {"softmax_scale": sm_scale, "causal": causal, "deterministic": deterministic}
+            o = interface.flash_attn_func(qq, kk, vv, **args)
+            o = o[0] if isinstance(o, tuple) else o
+            o.backward(do.transpose(1, 2).contiguous())
+        if not seen:
+            raise RuntimeError("fa4: the backward chose no config (select_bwd_config was not called)")
+        info = _fields(seen[-1], BWD_FIELDS, "bwd_") | {"deterministic": bool(deterministic)}
+        return (*(g.grad.transpose(1, 2).contiguous() for g in (qq, kk, vv)), info)
+
+    def policy_for(launch: dict) -> PolicyRef:
+        info = launch.get("kernel_info") or {}
+        args = {"dtype": launch["dtype"], "head_dim": launch["head_dim"], "causal": bool(launch.get("causal"))}
+        for key in ("tile_m", "tile_n", "bwd_tile_m", "bwd_tile_n"):
+            if key in info:
+                args[key] = info[key]
+        if "deterministic" in info:
+            args["deterministic"] = info["deterministic"]
+        return PolicyRef("gpu.policies:fa4_policy", args)
+
+    kernel.__name__ = "fa4"
+    kernel.backward = backward
+    kernel.policy_for = policy_for
+    return kernel
+
+
+__all__ = ["BWD_FIELDS", "FWD_FIELDS", "fa4"]

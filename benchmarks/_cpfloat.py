@@ -34,8 +34,9 @@ SHIM = r"""
 #include <omp.h>
 #include "cpfloat_binary32.h"
 
-/* One optstruct per target format, built once: round to nearest, ties to even, no bit flips. */
-void *shim_options(int precision, int emin, int emax, int subnormals, int infinity, int saturation) {
+/* One optstruct per target format, built once: round to nearest, ties to even (or, without `round`, no
+   rounding: the float32 result as computed), no bit flips. */
+void *shim_options(int precision, int emin, int emax, int subnormals, int infinity, int saturation, int round) {
   optstruct *o = init_optstruct();
   if (o == NULL) return NULL;
   strcpy(o->format, "custom");
@@ -46,7 +47,7 @@ void *shim_options(int precision, int emin, int emax, int subnormals, int infini
   o->subnormal = subnormals ? CPFLOAT_SUBN_USE : CPFLOAT_SUBN_RND;
   o->infinity = infinity ? CPFLOAT_INF_USE : CPFLOAT_INF_NO;
   o->saturation = saturation ? CPFLOAT_SAT_USE : CPFLOAT_SAT_NO;
-  o->round = CPFLOAT_RND_NE;
+  o->round = round ? CPFLOAT_RND_NE : CPFLOAT_NO_RND;
   o->flip = CPFLOAT_SOFTERR_NO;
   o->p = 0.0;
   return o;
@@ -82,6 +83,7 @@ class Target:
     subnormals: bool
     infinity: bool  # False: overflow and infinite inputs give NaN
     saturation: bool = False
+    rounds: bool = True  # False: CPFLOAT_NO_RND, the float32 result as computed
 
 
 # bfloat16 with subnormals, as ml_dtypes and emufloat have them (CPFloat's own "bf16" preset rounds
@@ -89,7 +91,9 @@ class Target:
 BF16 = Target("bf16", 8, -126, 127, subnormals=True, infinity=True)
 FP16 = Target("fp16", 11, -14, 15, subnormals=True, infinity=True)
 E5M2 = Target("e5m2", 3, -14, 15, subnormals=True, infinity=True)
-FP32 = Target("fp32", 24, -126, 127, subnormals=True, infinity=True)  # fmaf's result as it is
+# fmaf's result as it is.  Rounding to precision 24 is not the identity in CPFloat: its round-to-nearest adds the
+# last kept bit (ties to even) even when no bit is cut, so every odd float32 encoding moves up by one.
+FP32 = Target("fp32", 24, -126, 127, subnormals=True, infinity=True, rounds=False)
 # CPFloat's own E4M3 preset ("e4m3", "q43"): the exponent range of OCP's e4m3fn but no reserved NaN
 # pattern, so 480 is its largest value (e4m3fn: 448) and values at or above 496 become NaN.
 E4M3 = Target("e4m3", 4, -6, 8, subnormals=True, infinity=False)
@@ -208,7 +212,7 @@ class CPFloat:
         lib = ctypes.CDLL(str(lib_path))
         p, f = ctypes.c_void_p, ctypes.c_int
         lib.shim_options.restype = p
-        lib.shim_options.argtypes = [f] * 6
+        lib.shim_options.argtypes = [f] * 7
         lib.shim_validate.argtypes = [p]
         lib.shim_round.argtypes = [p, p, p, ctypes.c_size_t]
         lib.shim_add.argtypes = lib.shim_mul.argtypes = [p, p, p, p, ctypes.c_size_t]
@@ -230,7 +234,7 @@ class CPFloat:
     def _options(self, target: Target) -> int:
         if target not in self._opts:
             t = target
-            ptr = self._lib.shim_options(t.precision, t.emin, t.emax, t.subnormals, t.infinity, t.saturation)
+            ptr = self._lib.shim_options(t.precision, t.emin, t.emax, t.subnormals, t.infinity, t.saturation, t.rounds)
             code = self._lib.shim_validate(ptr) if ptr else None
             if code is None or code > 0:  # negative codes are warnings (e.g. the format string)
                 raise ValueError(f"CPFloat rejects target {target} (validation code {code})")

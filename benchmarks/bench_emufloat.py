@@ -255,17 +255,34 @@ def make_ops(n: int, seed: int, cpf: _cpfloat.CPFloat | None, torch_mod: object 
                 ops.append(Op(label, emu, 6, out, peers, ("limit", "torch", "CPFloat")))
     a, b = narrow["bf16"]
     a32, b32 = a.astype(np.float32), b.astype(np.float32)
-    peers = {
-        # bf16 * bf16 is exact in float32 (for these inputs), so this rounds once, as ef.fma
-        "ml_dtypes": Peer("numpy f32 a*b + c", lambda: a.astype(np.float32) * b.astype(np.float32) + c32, same_bits_any)
-    }
     if torch is not None:
         at, bt = (torch.from_numpy(v.view(np.int16)).view(torch.bfloat16) for v in (a, b))
-        ct = torch.from_numpy(c32)
-        peers["torch"] = Peer("addcmul", lambda: torch.addcmul(ct, at.float(), bt.float()), same_bits_any)
-    if cpf is not None:
-        peers["CPFloat"] = Peer("cpf_fmaf fp32", lambda: cpf.fma(a32, b32, c32, _cpfloat.FP32), same_bits_any)
-    ops.append(Op("fma bf16*bf16+f32 -> f32", lambda: ef.fma(a, b, c32, fmt="fp32"), 12, False, peers, ("CPFloat",)))
+        ct, tbuf32 = torch.from_numpy(c32), torch.from_numpy(f32_buf)
+    for out in (False, True):
+        # bf16 * bf16 is exact in float32 (for these inputs), so numpy and torch round once, as ef.fma
+        if out:
+            emu = lambda: ef.fma(a, b, c32, fmt="fp32", out=f32_buf)  # noqa: E731
+            wide = lambda: np.add(np.multiply(a.astype(np.float32), b.astype(np.float32)), c32, out=f32_buf)  # noqa: E731
+            peers = {"ml_dtypes": Peer("numpy f32 a*b + c, out=", wide)}
+        else:
+            emu = lambda: ef.fma(a, b, c32, fmt="fp32")  # noqa: E731
+            wide = lambda: a.astype(np.float32) * b.astype(np.float32) + c32  # noqa: E731
+            peers = {"ml_dtypes": Peer("numpy f32 a*b + c", wide, same_bits_any)}
+        if torch is not None:
+            if out:
+                tfn = lambda: torch.addcmul(ct, at.float(), bt.float(), out=tbuf32)  # noqa: E731
+                peers["torch"] = Peer("addcmul out=", tfn)
+            else:
+                peers["torch"] = Peer("addcmul", lambda: torch.addcmul(ct, at.float(), bt.float()), same_bits_any)
+        if cpf is not None:
+            if out:
+                cfn = lambda: cpf.fma(a32, b32, c32, _cpfloat.FP32, out=f32_buf)  # noqa: E731
+                peers["CPFloat"] = Peer("cpf_fmaf, out=", cfn)
+            else:
+                cfn = lambda: cpf.fma(a32, b32, c32, _cpfloat.FP32)  # noqa: E731
+                peers["CPFloat"] = Peer("cpf_fmaf", cfn, same_bits_any)
+        label = "fma bf16*bf16+f32 -> f32" + (", out=" if out else "")
+        ops.append(Op(label, emu, 12, out, peers, ("CPFloat",)))
     b_nz = np.where(b == 0, bf(1), b)  # division by zero is its own (slow) path in any implementation
     a_pos = np.abs(a)
     div_peers = {"ml_dtypes": Peer("ml_dtypes a / b", lambda: a / b_nz, same_bits_any)}

@@ -267,29 +267,40 @@ LANES = {False: _lane(False), True: _lane(True)}  # bf16, fp16
 
 
 @nb.njit(inline="always", cache=True, error_model="numpy")
+def _mag(v):
+    """The bits of the float32 ``v`` without its sign."""
+    return _and32(_bits(v), _U(0x7FFFFFFF))
+
+
+@nb.njit(inline="always", cache=True, error_model="numpy")
 def _fma_fill(a, b, c, out):
     """out = a * b + c rounded once to float32, for bf16 ``a``, ``b`` (encodings) and float32 ``c``: the product
     of two 8-bit significands is exact in float32, so the float32 sum is the one rounding; returns how many
-    chunks hold a declined element (a product or result below the normal range, where a flush could bend it, or a
-    product that may have underflowed, or a non-finite result), or-ed within a chunk as in `_fill`."""
+    chunks hold a declined element: an operand, addend or result below the normal range (where a flush could bend
+    it), a product of non-zero operands below it (inexact, flushed or underflowed to zero), or a non-finite result
+    (which a non-finite product makes).  The tests fold each chunk's magnitudes (sign-less bits) into minima and a
+    maximum, vector min and max instructions: booleans or-ed across the loop live in mask registers, which the
+    unrolled loop spilled to the stack, and took more instructions than the arithmetic."""
     n = a.size
     declined = 0
+    one, full = _U(1), _U(0xFFFFFFFF)
     for ch in nb.prange((n + CHUNK - 1) // CHUNK):
         lo = ch * CHUNK
         base = np.uint64(lo)
-        any_bad = False
+        tiny = full  # min of |v| - 1 over x, y, z and r (wrapping: zero the largest); below 0x7FFFFF: a subnormal
+        top = _U(0)  # max of |r|; from 0x7F800000 up: an infinity or a NaN
+        prod = full  # min of |p| where neither operand is zero; below 0x800000: below the normal range
         for k in range(min(CHUNK, n - lo)):
             i = base + np.uint64(k)
             x, y, z = _f32(a[i], False), _f32(b[i], False), c[i]
             p = x * y
             r = p + z
-            tiny = (p != 0) & (abs(p) < _MIN_NORMAL) | (z != 0) & (abs(z) < _MIN_NORMAL)
-            tiny |= (r != 0) & (abs(r) < _MIN_NORMAL)
-            small = (x != 0) & (abs(x) < _MIN_NORMAL) | (y != 0) & (abs(y) < _MIN_NORMAL)
-            underflow = (p == 0) & (x != 0) & (y != 0)
             out[i] = r
-            any_bad |= ~np.isfinite(r) | ~np.isfinite(p) | tiny | small | underflow
-        declined += any_bad
+            ux, uy, ur, up = _mag(x), _mag(y), _mag(r), _mag(p)
+            tiny = min(tiny, min(min(_sub32(ux, one), _sub32(uy, one)), min(_sub32(_mag(z), one), _sub32(ur, one))))
+            top = max(top, ur)
+            prod = min(prod, up if min(ux, uy) != _U(0) else full)
+        declined += (tiny < _U(0x7FFFFF)) | (top >= _U(0x7F800000)) | (prod < _U(0x800000))
     return declined
 
 

@@ -671,16 +671,20 @@ def fma(
 ) -> np.ndarray:
     """a * b + c with a single rounding to ``fmt``."""
     if (  # bf16 products into a float32 accumulator, rounded to nearest: float32 arithmetic (emufloat._narrow_rne)
-        _plain_rne(rounding, trace, out, a, b, c)
+        _plain_rne(rounding, trace, None, a, b, c)  # with or without ``out``
         and a.dtype == _BF16_DTYPE
         and b.dtype == _BF16_DTYPE
         and c.dtype == np.float32
         and (fmt is FP32 or fmt == "fp32")
     ):
-        res = np.empty(a.shape, np.float32)
+        into = _arrays.check_out(out, FP32, a.shape)
+        if into is None:
+            res = np.empty(a.shape, np.float32)
+        else:  # ``out`` itself, unless it overlaps an operand (which a declined call reads again)
+            res = _arrays.new_output(FP32, a.size, into, (a, b, c), narrow=True).view(np.float32)
         flat = [x.reshape(-1) for x in (a.view(np.uint16), b.view(np.uint16), c, res)]
         if _narrow_rne.run_fma(*flat):
-            return res
+            return res if into is None else _arrays.finish_output(res.view(np.uint32), FP32, a.shape, into)
     return _apply("fma", FMA, {"a": a, "b": b, "c": c}, fmt, rounding, trace, label, out=out)
 
 

@@ -40,6 +40,27 @@ def test_arithmetic_into_out_and_onto_an_operand(dtype):
     assert np.array_equal(ef.fma(a, b, c, fmt="fp32", out=c).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("n", [1000, 100_000])  # the serial and the parallel kernel
+def test_bf16_fma_into_float32_out(n):
+    """fma(bf16, bf16, f32) -> f32 with ``out``: the float32 lane writes into it, or into a new array copied there
+    when it overlaps an operand; with an element the lane declines, the general kernel's result lands there too."""
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal(n).astype(ml_dtypes.bfloat16) for _ in range(2))
+    c = rng.standard_normal(n).astype(np.float32)
+    for special in (False, True):
+        if special:
+            c[7] = np.nan
+        want = ef.fma(a, b, c, fmt="fp32")
+        out = np.full(n, 5.0, np.float32)
+        assert ef.fma(a, b, c, fmt="fp32", out=out) is out
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+        c2 = c.copy()
+        assert ef.fma(a, b, c2, fmt="fp32", out=c2) is c2
+        assert np.array_equal(c2.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="out: expected an array of dtype float32"):
+        ef.fma(a, b, c, fmt="fp32", out=np.empty(n, np.float64))
+
+
 def test_traced_call_into_out():
     a, b = _x(seed=4), _x(seed=5)
     t1, t2 = ef.Trace(), ef.Trace()

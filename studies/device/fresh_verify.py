@@ -63,6 +63,10 @@ def launch_policy(case: dict) -> dict | None:
         return None
     if case["kernel"] == "paper":
         return qiu_yao_policy_for(case["launch"]).to_json()
+    if case["kernel"] == "fa4":
+        from gpu.crosscheck.flash_attn4 import fa4
+
+        return fa4().policy_for(case["launch"]).to_json()
     if case["kernel"].startswith("sdpa_"):
         ref = sdpa(case["kernel"].removeprefix("sdpa_")).policy_for(case["launch"])
         return None if ref is None else ref.to_json()

@@ -1,0 +1,100 @@
+"""FlashAttention-4's Hopper policy (`gpu.policies.fa4_policy`) and the kernel wrapper's launch handling
+(`gpu.crosscheck.flash_attn4.fa4`), without a GPU: the arguments it refuses, the policy a recorded launch gives, and
+the two steps it adds (the quad's final order of the row sum, the LSE's form) against hand-computed float32."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from emufloat import FP32
+from flashsim.devices.sm80_quads import Fa2Threads
+from flashsim.orders import LSE_FORMS
+from flashsim.specs import Func, Op, RowSum
+from gpu.crosscheck.flash_attn4 import fa4
+from gpu.policies import FA4_BWD_TILES, FA4_TILES, fa4_policy
+from gpu.policies.flash_attn4 import Fa4Threads
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"dtype": "e4m3"}, "dtype"),
+        ({"head_dim": 96}, "head_dim"),
+        ({"tile_m": 0}, "tile_m"),
+        ({"bwd_tile_n": -128}, "bwd_tile_n"),
+        ({"deterministic": "yes"}, "deterministic"),
+        ({"causal": 2}, "causal"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(kwargs, names):
+    with pytest.raises(ValueError, match=names):
+        fa4_policy(**kwargs)
+
+
+def test_the_defaults_are_fa4s_hopper_tiles():
+    for d in (64, 128):
+        pol = fa4_policy("bf16", d)
+        assert (pol.tiling.block_m, pol.tiling.block_n) == FA4_TILES[d]
+        assert (pol.bwd_tiling.block_m, pol.bwd_tiling.block_n) == FA4_BWD_TILES[d]
+        assert pol.tiling.kv_order == "reverse"
+
+
+def test_the_launch_gives_the_policy_tiles_order_and_dq_path():
+    launch = {
+        "dtype": "fp16",
+        "head_dim": 128,
+        "causal": True,
+        "kernel_info": {"tile_m": 128, "tile_n": 128, "bwd_tile_m": 64, "bwd_tile_n": 128, "deterministic": False},
+    }
+    ref = fa4().policy_for(launch)
+    assert ref.target == "gpu.policies:fa4_policy"
+    pol = ref.resolve()
+    assert (pol.bwd_tiling.block_m, pol.bwd_tiling.block_n) == (64, 128)
+    assert pol.bwd_tiling.kv_order == "reverse"  # a causal launch's key blocks meet dQ last to first
+    assert pol.dq.atomic and not pol.dq.flush  # the default path: any order, subnormals kept
+    det = fa4().policy_for(launch | {"kernel_info": launch["kernel_info"] | {"deterministic": True}}).resolve()
+    assert not det.dq.atomic
+
+
+def test_the_quad_joins_its_partial_sums_from_the_nearest_lane():
+    """(t0 + t1) + (t2 + t3), where FA2 joins (t0 + t2) + (t1 + t3): partials chosen so that the two orders round
+    differently in float32."""
+    partials = np.array([[1.0, 2.0**-24, -1.0, 2.0**-24]], np.float32)
+    spec = RowSum(Fa4Threads.name, FP32)
+    got = Fa4Threads().total(partials, spec, None, "row_sum")
+    f = np.float32
+    nearest = (f(1.0) + f(2.0**-24)) + (f(-1.0) + f(2.0**-24))  # 1 + 2^-24 rounds to 1: 0 + (-1 + 2^-24)
+    across = (f(1.0) + f(-1.0)) + (f(2.0**-24) + f(2.0**-24))
+    assert nearest != across
+    assert got[0] == nearest
+    assert Fa2Threads().total(partials, RowSum(Fa2Threads.name, FP32), None, "row_sum")[0] == across
+
+
+def test_the_lse_is_one_fma_then_times_ln2():
+    """(m * c + log2 l) * ln 2 with the first as one FMA: values chosen so that m*c + log2 l is exact in float64
+    (their exponents close), so float32 of it is the FMA's one rounding, and so that the unfused form differs."""
+    form = LSE_FORMS.get("mul_add_natural")
+    spec = Func("h100_lg2", FP32, fused=True, form="mul_add_natural")
+    c = 0.125 * math.log2(math.e)
+    c32 = np.float32(c)
+    m = np.array([8.972989, -9.448818, -3.4053657, 7.25], np.float32)
+    log_l = np.array([1.6356757, 1.4729692, 0.7003611, 1.0000001], np.float32)
+    got = form.join(m, log_l, c, spec, None)
+    fma = np.float32(m.astype(np.float64) * np.float64(c32) + log_l.astype(np.float64))
+    want = (fma * np.float32(math.log(2.0))).astype(np.float32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    unfused = form.join(m, log_l, c, Func("h100_lg2", FP32, fused=False, form="mul_add_natural"), None)
+    split = ((m * c32).astype(np.float32) + log_l) * np.float32(math.log(2.0))
+    assert np.array_equal(unfused.view(np.uint32), split.astype(np.float32).view(np.uint32))
+    assert not np.array_equal(got, unfused)  # the values tell the two forms apart
+    assert spec.base == "e"  # compared with FA4's natural-log LSE
+
+
+def test_the_policy_reports_its_steps():
+    text = str(fa4_policy("bf16", 64))
+    assert "fa4_threads" in text and "(m*c + log2 l) * ln 2" in text and "192 x 128" in text
+    assert fa4_policy("bf16", 64).row_sum == RowSum(Fa4Threads.name, FP32, fused=True)
+    assert fa4_policy("fp16", 128).p_cast == Op(fa4_policy("fp16", 128).output.fmt)

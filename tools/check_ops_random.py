@@ -3,7 +3,8 @@
 Usage:
     python -m tools.check_ops_random [--per-combo 280000] [--chunk 35000] [--workers 2]
                                                   [--formats bf16,fp32] [--ops add,...] [--modes rne,...]
-    (--formats may also name fp16: its operand sets are rounded by gfloat from the exact results, as bf16's)
+    (--formats may also name fp16: its operand sets are rounded by gfloat from the exact results, as bf16's; and
+    bf16xf32: fma only, bf16 * bf16 + f32 -> f32, the mixed fma of a bf16 product into an f32 accumulator)
 
 Operands come from tools/hardcases.py (weighted to carries, exact ties,
 cancellation, exponent gaps, subnormals, overflow and specials; fma's third
@@ -17,6 +18,8 @@ Oracles:
   In RNE, numpy float32 is checked as well for add/sub/mul/div/sqrt.
 * BF16: SoftFloat binary64 round-to-odd of the exact result, then gfloat into
   BF16 in the mode (exact double rounding, see tools/oracles.py).
+* bf16xf32: SoftFloat f32_mulAdd of the operands widened to f32 (exactly) in the same mode; c is an FP32 hard case
+  or -(a*b) moved by a few ulps (cancellation).
 
 Work is spread over processes (one per core, one Numba thread each).  Prints
 a table (op, mode, format, oracle, pairs, mismatches) and the total time; exit
@@ -40,7 +43,20 @@ from tools.hardcases import CATEGORIES, hard_operands
 from tools.oracles import ARITY, MODES, gfloat_info, mismatch, op_oracle, rto64, sf_apply, sf_rto
 
 OPS = ("add", "sub", "mul", "div", "fma", "sqrt")
-FORMATS = ("bf16", "fp32", "fp16")
+MIXED = "bf16xf32"  # fma only: bf16 * bf16 + f32 -> f32
+FORMATS = ("bf16", "fp32", "fp16", MIXED)
+
+
+def mixed_operands(n: int, seed: int) -> dict[str, np.ndarray]:
+    """bf16 hard cases a, b and an FP32 c: an FP32 hard case or -(a*b) moved by -3..3 ulps (cancellation)."""
+    d = hard_operands("fma", "bf16", n, seed)
+    rng = np.random.default_rng(seed)
+    c_hard = hard_operands("fma", "fp32", n, seed + 1)["c"]
+    with np.errstate(all="ignore"):
+        prod = d["a"].astype(np.float32) * d["b"].astype(np.float32)
+        step = rng.integers(-3, 4, n).astype(np.float32) * np.spacing(np.abs(prod)).astype(np.float32)
+        c_cancel = -(prod + step)
+    return d | {"c": np.where(rng.random(n) < 0.5, c_hard, c_cancel).astype(np.float32)}
 
 
 def run_task(task: tuple) -> tuple:
@@ -48,14 +64,18 @@ def run_task(task: tuple) -> tuple:
     import emufloat as ef
 
     fmt, op, mode, n, seed, self_test = task
-    d = hard_operands(op, fmt, n, seed)
+    d = mixed_operands(n, seed) if fmt == MIXED else hard_operands(op, fmt, n, seed)
     cols = [d[k] for k in "abc"[: ARITY[op]]]
     fn = {"add": ef.add, "sub": ef.sub, "mul": ef.mul, "div": ef.div, "fma": ef.fma, "sqrt": ef.sqrt}[op]
     # --self-test asks emufloat for the neighbouring mode, to show that the check can fail
     ef_mode = MODES[(MODES.index(mode) + 1) % len(MODES)] if self_test else mode
-    got = np.asarray(fn(*cols, rounding=ef_mode)).astype(np.float64)
-    if fmt == "fp32":
-        want = sf_rto(op, 32, *cols) if mode == "rto" else sf_apply(op, 32, mode, *cols)[0]
+    if fmt == MIXED:
+        got = np.asarray(ef.fma(*cols, "fp32", rounding=ef_mode)).astype(np.float64)
+    else:
+        got = np.asarray(fn(*cols, rounding=ef_mode)).astype(np.float64)
+    if fmt in ("fp32", MIXED):
+        wide = [c.astype(np.float32) for c in cols]  # bf16 -> f32 is exact
+        want = sf_rto(op, 32, *wide) if mode == "rto" else sf_apply(op, 32, mode, *wide)[0]
     else:
         want = op_oracle(gfloat_info(ef.as_format(fmt)), mode, rto64(op, *cols))
     bad = mismatch(got, want, nan_sign=False)
@@ -107,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     tasks = []
     for fmt in formats:
         for op in ops:
+            if fmt == MIXED and op != "fma":
+                continue
             for mode in modes:
                 done = 0
                 k = 0
@@ -150,11 +172,13 @@ def main(argv: list[str] | None = None) -> int:
     totals: dict[str, int] = {}
     for fmt in formats:
         for op in ops:
+            if (fmt, op, modes[0]) not in results:
+                continue
             for mode in modes:
                 n, nbad, nnp, nnan = results[(fmt, op, mode)]
                 oracle = (
                     "SoftFloat f32" + (" (jam: RTO)" if mode == "rto" else "")
-                    if fmt == "fp32"
+                    if fmt in ("fp32", MIXED)
                     else "SoftFloat f64 RTO + gfloat"
                 )
                 if nnp or (fmt == "fp32" and mode == "rne" and op != "fma"):

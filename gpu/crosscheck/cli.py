@@ -8,6 +8,7 @@ or live on this machine's GPU.
     python -m gpu.crosscheck --live --kernel sdpa:flash                # SDPA flash, its policy from the launch
     python -m gpu.crosscheck --live --kernel sdpa:flash --policy fa2   # another kernel against a policy
     python -m gpu.crosscheck --live --kernel flex --causal             # FlexAttention, compiled, as it chose
+    python -m gpu.crosscheck --live --kernel fa4                       # FlashAttention-4 (flash-attn-4) on Hopper
     python -m gpu.crosscheck --live --kernel mykernels:attn --allow-import mykernels --policy fa2
 
 Each run is checked by `flashsim.crosscheck.crosscheck`; exit status 1 when some run is not
@@ -35,6 +36,7 @@ from flashsim.userdata import InputError, check_attention_shapes, load_named
 
 from ..commands import json_params, require_gpu
 from .cases import backward_cases, inputs
+from .flash_attn4 import fa4
 from .kernels import SDPA_BACKENDS, flex_attention, kernel_run, sdpa
 from .live import live_cases, live_run
 from .others import grid
@@ -61,13 +63,15 @@ def _allow_import(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _kernel(spec: str, allow: tuple[str, ...]):
-    """The callable a --kernel names: 'sdpa:BACKEND', 'flex' (FlexAttention, compiled; causal with --causal), or
-    'module:function' of a module `allow` names."""
+    """The callable a --kernel names: 'sdpa:BACKEND', 'flex' (FlexAttention, compiled; causal with --causal), 'fa4'
+    (FlashAttention-4, its backward deterministic), or 'module:function' of a module `allow` names."""
     if spec == "flex":
         return flex_attention()
+    if spec == "fa4":
+        return fa4()
     mod, _, attr = spec.partition(":")
     if not mod or not attr:
-        raise UsageError(f"--kernel: expected 'sdpa:BACKEND', 'flex' or 'module:function', got {spec!r}")
+        raise UsageError(f"--kernel: expected 'sdpa:BACKEND', 'flex', 'fa4' or 'module:function', got {spec!r}")
     if mod == "sdpa":
         if attr not in SDPA_BACKENDS:
             raise UsageError(f"--kernel: SDPA backends are {', '.join(SDPA_BACKENDS)}, got {attr!r}")
@@ -178,10 +182,11 @@ def _check_modes(args: argparse.Namespace) -> None:
             raise UsageError(f"{_flag(dest)}: only with --live{with_what} ({_WHERE[dest]})")
         if needs and needs not in given:
             raise UsageError(f"{_flag(dest)}: only with {_flag(needs)} ({_WHERE[dest]})")
-    if args.kernel and not args.policy and not (args.kernel.startswith("sdpa:") or args.kernel == "flex"):
+    if args.kernel and not args.policy and not (args.kernel.startswith("sdpa:") or args.kernel in ("flex", "fa4")):
         raise UsageError(
             "--kernel: give the --policy it is checked against (a registered name or module:function); only "
-            "SDPA's backends (sdpa:BACKEND) and FlexAttention (flex) have policies built from the launch that ran"
+            "SDPA's backends (sdpa:BACKEND), FlexAttention (flex) and FlashAttention-4 (fa4) have policies built from "
+            "the launch that ran"
         )
     if args.kernel == "sdpa:math" and not args.policy:
         raise UsageError("--kernel: sdpa:math has no model; give the --policy it is checked against")
@@ -301,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--kernel",
         metavar="SPEC",
-        help="live: another kernel instead of ours: 'sdpa:flash|efficient|cudnn|math', 'flex' or 'module:function' "
+        help="live: another kernel instead of ours: 'sdpa:flash|efficient|cudnn|math', 'flex', 'fa4' or "
+        "'module:function' "
         "(kernel(q, k, v, causal, sm_scale) -> (O, LSE or None), torch tensors (1, H, N, d)); inputs from --data "
         "or the fresh-input grid up to --max-len",
     )

@@ -109,7 +109,7 @@ def fa4_policy(
         dv=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
         dp=Dot(fmt, model),
         dk=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
-        dq=Grad(Dot(fmt, model), Op(FP32), Op(fmt), atomic=not deterministic, flush=False),
+        dq=Grad(Dot(fmt, model), Op(FP32), Op(fmt), atomic=not deterministic, flush=deterministic),
         bwd_tiling=BwdTiling(bbm, bbn, kv_order="reverse" if causal else "forward"),
     )
 

@@ -1,6 +1,7 @@
 """Other people's kernels on fresh launches (tests/data/fresh_check/fresh_*.json and tutorial_*.json, recorded on an
-H200 by `studies.device.fresh_check --grid fresh`): what each recording's check says, kernel by kernel, and a
-sample of its small launches re-derived here from their seeds (`studies.device.fresh_verify.verify`).
+H200 by `studies.device.fresh_check --grid fresh`; FlashAttention-4 in fresh_9 to fresh_12): what each recording's
+check says, kernel by kernel, and a sample of its small launches re-derived here from their seeds
+(`studies.device.fresh_verify.verify`).
 
 Kept as recorded: the device's check of SDPA's three backends and the tutorial, the CPU's check
 (`studies.device.fresh_verify`) of Qiu & Yao's pipeline and of the memory-efficient cases first checked under an
@@ -167,9 +168,38 @@ def test_our_kernels_are_identical_to_their_policy_on_every_fresh_launch():
     assert not [c for c in CASES if c["kernel"] == "ours" and "error" in c]
 
 
+def test_fa4_is_identical_to_its_policy_on_every_launch_judged():
+    """FlashAttention-4's Hopper kernels (flash-attn-4 through `gpu.crosscheck.flash_attn4.fa4`), forward and backward,
+    FA4's deterministic path and its default one: fresh_9 (every launch deterministic; the bits of its first 19
+    calibrated the policy) and fresh_10 checked on the CPU from their seeds under the policy their launch gives,
+    fresh_11 and fresh_12 on the device as recorded.  Unjudged, and said: the default path's dQ in the 10 launches
+    where it differed between two identical runs (the GPU added the key blocks in another order) and no bits were
+    kept to try the orders on."""
+    mine = _of("fa4")
+    from gpu.crosscheck.flash_attn4 import fa4
+    from gpu.policies import FA4_TILES
+
+    det = {id(c): c["launch"]["kernel_info"]["deterministic"] for c in mine}  # as the launch ran
+    judged = [c for c in mine if c["check"]["up_to_atomic_order"]]
+    assert len(judged) >= 250 and len([c for c in judged if not det[id(c)]]) >= 80
+    assert {c["d"] for c in judged} == {64, 128} and {c["causal"] for c in judged} == {False, True}
+    assert {c["dtype"] for c in judged} == {"bf16", "fp16"} and max(c["n"] for c in judged) == 8192
+    assert {1, 64} <= {c["heads"] for c in judged}
+    for c in mine:
+        info = c["launch"]["kernel_info"]
+        assert (info["tile_m"], info["tile_n"]) == FA4_TILES[c["d"]] and det[id(c)] == c.get("deterministic", True)
+        assert info["flash-attn-4"] == "4.0.0b40" and c["policy"] == fa4().policy_for(c["launch"]).to_json()
+        assert set(c["digests"]) == {"o", "lse", "dq", "dk", "dv"}
+        if not c["check"]["up_to_atomic_order"]:
+            assert c["check"]["unjudged"] == ["dq"] and c["varies"] == ["dq"] and not det[id(c)], _label(c)
+    repeated = [c for c in mine if "varies" in c]
+    assert repeated and not [c for c in repeated if det[id(c)] and c["varies"]]  # the flag holds
+    assert len([c for c in repeated if c["varies"]]) == 10
+
+
 SMALL = {
     kernel: [c for c in _of(kernel) if c["check"]["up_to_atomic_order"] and c["heads"] * c["n"] ** 2 <= 2**19][:3]
-    for kernel in ("sdpa_flash", "sdpa_efficient", "paper", "tutorial", "ours")
+    for kernel in ("sdpa_flash", "sdpa_efficient", "paper", "tutorial", "ours", "fa4")
 }
 
 

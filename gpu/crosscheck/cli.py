@@ -64,7 +64,7 @@ def _allow_import(args: argparse.Namespace) -> tuple[str, ...]:
 
 def _kernel(spec: str, allow: tuple[str, ...]):
     """The callable a --kernel names: 'sdpa:BACKEND', 'flex' (FlexAttention, compiled; causal with --causal), 'fa4'
-    (FlashAttention-4, its backward deterministic), or 'module:function' of a module `allow` names."""
+    (FlashAttention-4 with its defaults), or 'module:function' of a module `allow` names."""
     if spec == "flex":
         return flex_attention()
     if spec == "fa4":

@@ -67,18 +67,23 @@ def fa4_policy(
     tile_n: int | None = None,
     bwd_tile_m: int | None = None,
     bwd_tile_n: int | None = None,
-    deterministic: bool = True,
+    deterministic: bool = False,
     causal: bool = False,
 ) -> Policy:
     """FlashAttention-4's Hopper kernels for one launch, in `dtype` (bf16 or fp16): the tiles the launch ran
-    (`gpu.crosscheck.flash_attn4.fa4` records them; None: FA4's defaults for `head_dim`).
+    (`gpu.crosscheck.flash_attn4.fa4` records them; None: FA4's defaults for `head_dim`), whether its backward ran
+    `deterministic` and whether it was `causal` (the order of dQ's key blocks).
 
     * S by wgmma; K/V blocks last to first, the first one masked for the key count;
     * P = `ex2.approx.ftz`(fma(S, c, -m * c)), c = softmax_scale * log2 e;
-    * alpha = `ex2.approx.ftz`((m_old - m) * c); each of a row's four threads keeps l_t = l_t * alpha + its
-      columns left to right; (t0 + t1) + (t2 + t3) at the end (`Fa4Threads`);
+    * alpha = `ex2.approx.ftz`((m_old - m) * c); each of a row's four threads keeps l_t = fma(l_t, alpha, its
+      first column) + its other columns left to right; (t0 + t1) + (t2 + t3) at the end (`Fa4Threads`);
     * P cast RNE, O = O * alpha + P V by wgmma; O * `rcp.approx`(l);
-    * LSE = (m * c + `lg2.approx`(l)) * ln 2 (`MulAddNatural`).
+    * LSE = (m * c + `lg2.approx`(l)) * ln 2, the first as one FMA (`MulAddNatural`);
+    * backward: delta by d/8 threads of 8 columns (FMAs), a butterfly from the nearest lane; P recomputed from
+      rn(LSE * log2 e) by one FMA; dS = P (dP - delta); dK, dV over the Q blocks first to last; each key block's
+      dQ added into an FP32 buffer by a bulk reduction that keeps subnormals, in key order (causal: last to first)
+      when `deterministic`, else in the order the GPU chose; dQ and dK times softmax_scale at the end.
     """
     fmt = sdpa_format(dtype)
     if head_dim not in FA4_TILES:
@@ -109,6 +114,7 @@ def fa4_policy(
         dv=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
         dp=Dot(fmt, model),
         dk=Grad(Dot(fmt, model, into_acc=True), Op(FP32), Op(fmt)),
+        # the bulk reduction keeps subnormals (``flush`` speaks of atomic adds, the default path's only)
         dq=Grad(Dot(fmt, model), Op(FP32), Op(fmt), atomic=not deterministic, flush=deterministic),
         bwd_tiling=BwdTiling(bbm, bbn, kv_order="reverse" if causal else "forward"),
     )

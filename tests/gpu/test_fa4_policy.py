@@ -98,3 +98,42 @@ def test_the_policy_reports_its_steps():
     assert "fa4_threads" in text and "(m*c + log2 l) * ln 2" in text and "192 x 128" in text
     assert fa4_policy("bf16", 64).row_sum == RowSum(Fa4Threads.name, FP32, fused=True)
     assert fa4_policy("fp16", 128).p_cast == Op(fa4_policy("fp16", 128).output.fmt)
+
+
+def test_the_config_capture_restores_what_it_wraps():
+    """`_capturing` records each config the wrapped selector returns and puts the selector back, also on error."""
+    import types
+
+    from gpu.crosscheck.flash_attn4 import _capturing, _fields
+
+    calls = []
+    module = types.SimpleNamespace(select=lambda x: calls.append(x) or {"tile_m": x, "tile_n": 128, "regs": [1]})
+    original = module.select
+    seen: list = []
+    with _capturing(module, "select", seen):
+        module.select(192)
+    assert module.select is original and seen == [{"tile_m": 192, "tile_n": 128, "regs": [1]}]
+    with pytest.raises(RuntimeError), _capturing(module, "select", seen):
+        raise RuntimeError("the kernel failed")
+    assert module.select is original
+    assert _fields(types.SimpleNamespace(**seen[0]), ("tile_m", "regs", "absent"), "bwd_") == {"bwd_tile_m": 192}
+
+
+torch = pytest.importorskip("torch")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fa4_live_on_fresh_inputs_is_identical_to_its_policy():
+    """On a Hopper GPU with flash-attn-4 installed: two launches, forward and backward (deterministic and not),
+    every output bit for bit or, for the default path's dQ, up to the order of its adds."""
+    pytest.importorskip("flash_attn.cute")
+    from flashsim.crosscheck import crosscheck
+    from flashsim.inputs import make_heads
+    from gpu.crosscheck import kernel_run
+
+    launches = [(333, 64, "bf16", True, True), (200, 128, "fp16", False, False)]
+    for seed, (n, d, dtype, causal, det) in enumerate(launches):
+        x = make_heads(("repeated", "random"), 2, n, n, d, dtype, 2_034_000_000 + seed)
+        run = kernel_run(fa4(deterministic=det), x["q"], x["k"], x["v"], x["do"], dtype=dtype, causal=causal)
+        assert crosscheck(run).identical_up_to_atomic_order, (n, d, dtype, causal, det)

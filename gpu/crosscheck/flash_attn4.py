@@ -1,8 +1,8 @@
 """FlashAttention-4 (the `flash-attn-4` package: `flash_attn.cute`, kernels written in the CuTe DSL and compiled
 at the first call) as a kernel `kernel_run` checks: its Hopper forward and backward.
 
-The kernel takes SDPA's layout (1, H, N, d) and hands FA4 its own (1, N, H, d); O comes back in SDPA's layout and
-the LSE (natural log, float32) as (1, H, N).  What FA4's heuristics chose for the launch (`select_fwd_config`,
+The kernel takes SDPA's layout (1, H, N, d) and hands FA4 its own (1, N, H, d); O comes back in SDPA's layout, the
+LSE (natural log, float32) as FA4 gives it, (1, H, N).  What FA4's heuristics chose for the launch (`select_fwd_config`,
 `select_bwd_config`: the tiles, the MMA flags, the split count) is read as the call makes it and goes into the
 launch as `kernel_info`, with the package versions; `policy_for(launch)` builds `gpu.policies.fa4_policy` from it.
 torch and flash_attn are imported only when called.
@@ -71,8 +71,7 @@ def fa4(deterministic: bool = False) -> Kernel:
     """FlashAttention-4's `flash_attn_func` as a kernel: O and the LSE of its forward; its `backward` the dQ, dK, dV
     of FA4's backward (``deterministic``: FA4's flag, off by default as in FA4, which fixes the order in which the
     K/V blocks' dQ parts are added; without it they meet in the order the GPU runs them, and the cross-check admits
-    any order).  `policy_for(launch)` is
-    `gpu.policies.fa4_policy` for the tiles the launch ran."""
+    any order).  `policy_for(launch)` is `gpu.policies.fa4_policy` for the tiles the launch ran."""
 
     def kernel(q, k, v, causal: bool, sm_scale: float):
         from flash_attn.cute import interface
@@ -88,8 +87,6 @@ def fa4(deterministic: bool = False) -> Kernel:
         if not seen:
             raise RuntimeError("fa4: flash_attn_func chose no forward config (select_fwd_config was not called)")
         info = _fields(seen[-1], FWD_FIELDS, "") | _versions()
-        if tuple(lse.shape) != tuple(q.shape[:3]):  # (B, N, H) in some builds: SDPA's (B, H, N)
-            lse = lse.transpose(1, 2)
         return o.transpose(1, 2).contiguous(), lse.float().contiguous(), info
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):

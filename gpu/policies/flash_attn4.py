@@ -9,6 +9,7 @@ import dataclasses
 
 from emufloat import FP32
 from flashsim import arith
+from flashsim.attention import LN2
 from flashsim.devices.sm80_quads import Fa2DotDoO, Fa2Threads, quad_total
 from flashsim.orders import LSE_FORMS, ROW_SUMS, LseForm
 from flashsim.policy import Policy, get_policy
@@ -22,7 +23,6 @@ from .sdpa_flash import sdpa_format
 FA4_TILES = {64: (192, 128), 128: (128, 128)}
 #: its backward tiles (select_bwd_config on an SM90 card) per head dim
 FA4_BWD_TILES = {64: (128, 128), 128: (80, 128)}
-LN2 = 0.6931471805599453
 
 
 class Fa4Threads(Fa2Threads):

@@ -8,6 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from emufloat import FP32
 from flashsim.devices.sm80_quads import Fa2Threads
@@ -119,14 +121,13 @@ def test_the_config_capture_restores_what_it_wraps():
     assert _fields(types.SimpleNamespace(**seen[0]), ("tile_m", "regs", "absent"), "bwd_") == {"bwd_tile_m": 192}
 
 
-torch = pytest.importorskip("torch")
-
-
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fa4_live_on_fresh_inputs_is_identical_to_its_policy():
     """On a Hopper GPU with flash-attn-4 installed: two launches, forward and backward (deterministic and not),
     every output bit for bit or, for the default path's dQ, up to the order of its adds."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
     pytest.importorskip("flash_attn.cute")
     from flashsim.crosscheck import crosscheck
     from flashsim.inputs import make_heads
@@ -137,3 +138,28 @@ def test_fa4_live_on_fresh_inputs_is_identical_to_its_policy():
         x = make_heads(("repeated", "random"), 2, n, n, d, dtype, 2_034_000_000 + seed)
         run = kernel_run(fa4(deterministic=det), x["q"], x["k"], x["v"], x["do"], dtype=dtype, causal=causal)
         assert crosscheck(run).identical_up_to_atomic_order, (n, d, dtype, causal, det)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    n=st.integers(1, 300),
+    d=st.sampled_from([64, 128]),
+    dtype=st.sampled_from(["bf16", "fp16"]),
+    causal=st.booleans(),
+    kind=st.sampled_from(["random", "repeated", "sink", "large", "tiny"]),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_the_policy_computes_attention(n, d, dtype, causal, kind, seed):
+    """Whatever the launch, the policy's O and LSE lie within the bound its rounding allows of FP64 attention of the
+    same inputs (`flashsim.bounds.check_attention`): a model that summed the wrong keys or mixed up a step's units
+    would leave it."""
+    import flashsim as fs
+    from flashsim.bounds import check_attention
+    from flashsim.inputs import make_inputs
+
+    pol = fa4_policy(dtype, d)
+    x = make_inputs(kind, n, n, d, dtype, seed)
+    q, k, v = (x[name][None] for name in "qkv")
+    f = fs.flash_forward(q, k, v, pol, causal=causal)
+    c = check_attention(q, k, v, f.o.astype(np.float64), f.lse, pol, causal=causal)
+    assert c.attention, str(c)

@@ -73,7 +73,16 @@ def fa4(deterministic: bool = False) -> Kernel:
     K/V blocks' dQ parts are added; without it they meet in the order the GPU runs them, and the cross-check admits
     any order).  `policy_for(launch)` is `gpu.policies.fa4_policy` for the tiles the launch ran."""
 
+    def aligned(q, k, causal: bool) -> None:
+        if causal and q.shape[2] != k.shape[2]:
+            raise ValueError(
+                f"causal: FA4 aligns a causal mask bottom-right when the query and key counts differ ({q.shape[2]} "
+                f"and {k.shape[2]} here: the last query with the last key), while a run's causal flag means top-left; "
+                "run causal launches with equal lengths"
+            )
+
     def kernel(q, k, v, causal: bool, sm_scale: float):
+        aligned(q, k, causal)
         from flash_attn.cute import interface
 
         seen: list = []
@@ -90,6 +99,7 @@ def fa4(deterministic: bool = False) -> Kernel:
         return o.transpose(1, 2).contiguous(), lse.float().contiguous(), info
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
+        aligned(q, k, causal)
         from flash_attn.cute import interface
 
         qq, kk, vv = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))

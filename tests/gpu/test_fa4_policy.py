@@ -163,3 +163,14 @@ def test_the_policy_computes_attention(n, d, dtype, causal, kind, seed):
     f = fs.flash_forward(q, k, v, pol, causal=causal)
     c = check_attention(q, k, v, f.o.astype(np.float64), f.lse, pol, causal=causal)
     assert c.attention, str(c)
+
+
+def test_a_causal_launch_of_unequal_lengths_is_refused_before_fa4_is_imported():
+    """FA4 aligns causal masks bottom-right where the lengths differ; a run's causal flag means top-left."""
+    import types
+
+    q, k = types.SimpleNamespace(shape=(1, 2, 1, 64)), types.SimpleNamespace(shape=(1, 2, 100, 64))
+    with pytest.raises(ValueError, match="causal: FA4 aligns a causal mask bottom-right"):
+        fa4()(q, k, k, True, 0.125)
+    with pytest.raises(ValueError, match="causal"):
+        fa4().backward(q, k, k, q, True, 0.125)

@@ -6,9 +6,12 @@ cast (`x.to(torch.float8_e4m3fn)`, c10's conversion) and, on every 64th value, t
 
 Inside the tl forward kernel (`steps.weights`' l for FP8 cast_sum) the same asm gave NaN row sums on rows 0-7,
 16-23, 32-39, ... of every 64-row tile (the first row of each thread's pair in the MMA layout): see
-docs/performance.md, "The kernels as they are now".  So the kernels keep `e4m3_values`.
+docs/performance.md, "The kernels as they are now".  So the kernels keep `e4m3_values`.  `studies.fp8_unpack_sass`
+found why, without a GPU: ptxas merges the asm's first conversion with the identical one that packs P for P V, and
+the SASS then unpacks half the pairs from registers no pack wrote; `--form swapped` converts the pair the other way
+round (not merged; every unpack reads a pack).
 
-    PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT
+    PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT [--form packed|swapped]
 
 Writes `e4m3_widened.json`: the device, the versions, how many values were compared and how many differ (with the
 first few that do).
@@ -36,19 +39,9 @@ def run(args) -> int:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def e4m3_widened(p):
-        """Each two float32 values ($2, $3) rounded to E4M3 by one packed conversion, widened back through fp16
-        ($0, $1)."""
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 e, lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 e, $3, $2; cvt.rn.f16x2.e4m3x2 w, e;"
-            " mov.b32 {lo, hi}, w; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
-            "=r,=r,r,r",
-            [p],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=2,
-        )
+    from studies.fp8_unpack_sass import packed_widenings
+
+    e4m3_widened = packed_widenings()[args.form]
 
     @triton.jit
     def widen(X, Y, BLOCK: tl.constexpr):
@@ -85,7 +78,8 @@ def run(args) -> int:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "ml_dtypes": ml_dtypes.__version__,
-        "command": "PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT",
+        "command": f"PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT --form {args.form}",
+        "form": args.form,
         "compared_with_torch": compared,
         "compared_with_ml_dtypes": sampled,
         "differ": differ,
@@ -99,6 +93,12 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(prog="python -m studies.device.e4m3_widened", description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output folder")
+    ap.add_argument(
+        "--form",
+        choices=("packed", "swapped"),
+        default="packed",
+        help="the asm of studies.fp8_unpack_sass: the pair in order, or converted the other way round (default packed)",
+    )
     args = ap.parse_args(argv)
     return run_command("e4m3_widened", lambda: run(args))
 

@@ -21,7 +21,7 @@ import sys
 import warnings
 from importlib import metadata
 
-#: policy name prefix -> what was pinned ("torch", "triton", or "cuda": the CUDA version torch was built
+#: policy name prefix -> what was pinned ("torch", "triton", "flash-attn-4", or "cuda": the CUDA version torch was built
 #: for) -> the calibrated version's prefix, ending in "."
 CALIBRATED_ON: dict[str, dict[str, str]] = {
     "triton_h100": {"triton": "3.6."},
@@ -31,7 +31,7 @@ CALIBRATED_ON: dict[str, dict[str, str]] = {
     "sdpa_cudnn": {"torch": "2.11.", "cuda": "13.0."},
     "qiu_yao": {"torch": "2.11.", "cuda": "13.0."},
     "flex_attention": {"torch": "2.11.", "triton": "3.6."},
-    "fa4": {"torch": "2.11.", "cuda": "13.0."},
+    "fa4": {"torch": "2.11.", "cuda": "13.0.", "flash-attn-4": "4.0.0b40."},
 }
 #: policy name prefix -> the kernel it models and the policies that give it, as the warning names them
 MODELS: dict[str, str] = {
@@ -44,7 +44,7 @@ MODELS: dict[str, str] = {
     "fa4": "FlashAttention-4 on Hopper (fa4_policy)",
     "qiu_yao": "Qiu & Yao's attention under torch's CUDA autocast (qiu_yao)",
 }
-_LABELS = {"torch": "torch", "triton": "Triton", "cuda": "CUDA"}
+_LABELS = {"torch": "torch", "triton": "Triton", "cuda": "CUDA", "flash-attn-4": "flash-attn-4"}
 _CUDA_ASSIGNMENT = re.compile(r"^cuda\b[^=\n]*=\s*(?:None|['\"]([^'\"]*)['\"])", re.MULTILINE)
 _CUDA_LABEL = re.compile(r"\+cu(\d+)(\d)$")
 
@@ -88,9 +88,14 @@ def torch_cuda() -> str | None:
 
 
 def installed_versions() -> dict[str, str | None]:
-    """{"torch", "triton", "cuda"} -> the installed version (None: not installed, or torch's CPU build for
-    "cuda"), from package metadata; imports neither torch nor Triton."""
-    return {"torch": _version("torch"), "triton": _version("triton"), "cuda": torch_cuda()}
+    """{"torch", "triton", "cuda", "flash-attn-4"} -> the installed version (None: not installed, or torch's CPU
+    build for "cuda"), from package metadata; imports neither torch nor Triton."""
+    return {
+        "torch": _version("torch"),
+        "triton": _version("triton"),
+        "cuda": torch_cuda(),
+        "flash-attn-4": _version("flash-attn-4"),
+    }
 
 
 def _matches(installed: str, want: str) -> bool:

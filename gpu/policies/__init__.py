@@ -50,7 +50,9 @@ def launch_calibration(policy, launch: dict) -> str | None:
     """A run's launch against the versions its policy was calibrated on (`CALIBRATED_ON`): why the match may not
     carry over to other builds, or None; registered with flashsim.crosscheck, so that a saved run checked on any
     machine says so."""
-    return calibration_mismatch(policy.name, {pkg: launch.get(pkg) for pkg in ("torch", "triton", "cuda")})
+    versions = {pkg: launch.get(pkg) for pkg in ("torch", "triton", "cuda")}
+    versions["flash-attn-4"] = (launch.get("kernel_info") or {}).get("flash-attn-4")  # what fa4() records
+    return calibration_mismatch(policy.name, versions)
 
 
 register_launch_check(launch_calibration)

@@ -174,3 +174,14 @@ def test_a_causal_launch_of_unequal_lengths_is_refused_before_fa4_is_imported():
         fa4()(q, k, k, True, 0.125)
     with pytest.raises(ValueError, match="causal"):
         fa4().backward(q, k, k, q, True, 0.125)
+
+
+def test_a_run_of_another_fa4_build_says_so():
+    """The launch records flash-attn-4's version; a check of a run made with another says which and on what the
+    policy was calibrated (`gpu.policies.launch_calibration`), and says nothing for the calibrated one."""
+    from gpu.policies import launch_calibration
+
+    launch = {"torch": "2.11.0+cu130", "cuda": "13.0", "kernel_info": {"flash-attn-4": "4.0.0b41"}}
+    why = launch_calibration(fa4_policy(), launch)
+    assert why and "flash-attn-4 4.0.0b41" in why and "4.0.0b40" in why
+    assert launch_calibration(fa4_policy(), launch | {"kernel_info": {"flash-attn-4": "4.0.0b40"}}) is None

@@ -45,6 +45,8 @@ MODELS: dict[str, str] = {
     "qiu_yao": "Qiu & Yao's attention under torch's CUDA autocast (qiu_yao)",
 }
 _LABELS = {"torch": "torch", "triton": "Triton", "cuda": "CUDA", "flash-attn-4": "flash-attn-4"}
+#: the packages a calibration may pin (`CALIBRATED_ON`), as a launch names them
+PACKAGES = tuple(_LABELS)
 _CUDA_ASSIGNMENT = re.compile(r"^cuda\b[^=\n]*=\s*(?:None|['\"]([^'\"]*)['\"])", re.MULTILINE)
 _CUDA_LABEL = re.compile(r"\+cu(\d+)(\d)$")
 
@@ -56,7 +58,8 @@ class CalibrationWarning(UserWarning):
     category afterwards."""
 
 
-def _version(pkg: str) -> str | None:
+def package_version(pkg: str) -> str | None:
+    """The installed version of distribution ``pkg`` from its metadata (None: not installed); imports nothing."""
     try:
         return metadata.version(pkg)
     except metadata.PackageNotFoundError:
@@ -71,7 +74,7 @@ def torch_cuda() -> str | None:
     version = getattr(torch, "version", None)
     if version is not None and hasattr(version, "cuda"):
         return version.cuda
-    installed = _version("torch")
+    installed = package_version("torch")
     if installed is None:
         return None
     try:
@@ -91,10 +94,10 @@ def installed_versions() -> dict[str, str | None]:
     """{"torch", "triton", "cuda", "flash-attn-4"} -> the installed version (None: not installed, or torch's CPU
     build for "cuda"), from package metadata; imports neither torch nor Triton."""
     return {
-        "torch": _version("torch"),
-        "triton": _version("triton"),
+        "torch": package_version("torch"),
+        "triton": package_version("triton"),
         "cuda": torch_cuda(),
-        "flash-attn-4": _version("flash-attn-4"),
+        "flash-attn-4": package_version("flash-attn-4"),
     }
 
 
@@ -185,10 +188,12 @@ def warn_once(versions: dict[str, str | None] | None = None) -> str | None:
 __all__ = [
     "CALIBRATED_ON",
     "MODELS",
+    "PACKAGES",
     "CalibrationWarning",
     "calibration_mismatch",
     "environment_mismatch",
     "installed_versions",
+    "package_version",
     "torch_cuda",
     "warn_once",
 ]

@@ -10,13 +10,12 @@ torch and flash_attn are imported only when called.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from importlib import metadata
 
 from flashsim.policy import PolicyRef
 
-from .kernels import Kernel
+from ..versions import package_version
+from .kernels import Kernel, watching
 
 #: what FA4's forward config says that the policy reads (the rest: scheduling, registers)
 FWD_FIELDS = ("tile_m", "tile_n", "mma_pv_is_rs", "intra_wg_overlap", "num_splits", "pack_gqa")
@@ -36,35 +35,10 @@ BWD_FIELDS = (
 )
 
 
-@contextlib.contextmanager
-def _capturing(module, name: str, seen: list):
-    """``module.name`` wrapped for the block so that each config it returns is appended to ``seen``."""
-    select = getattr(module, name)
-
-    def recording(*args, **kwargs):
-        config = select(*args, **kwargs)
-        seen.append(config)
-        return config
-
-    setattr(module, name, recording)
-    try:
-        yield
-    finally:
-        setattr(module, name, select)
-
-
 def _fields(config: object, names: tuple[str, ...], prefix: str) -> dict:
     """The JSON values of ``config``'s fields among ``names`` (those it has), keys prefixed."""
     values = dataclasses.asdict(config) if dataclasses.is_dataclass(config) else vars(config)
     return {f"{prefix}{k}": values[k] for k in names if isinstance(values.get(k), bool | int | str)}
-
-
-def _versions() -> dict:
-    out = {}
-    for pkg in ("flash-attn-4", "nvidia-cutlass-dsl"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            out[pkg] = metadata.version(pkg)
-    return out
 
 
 def fa4(deterministic: bool = False) -> Kernel:
@@ -86,7 +60,7 @@ def fa4(deterministic: bool = False) -> Kernel:
         from flash_attn.cute import interface
 
         seen: list = []
-        with _capturing(interface, "select_fwd_config", seen):
+        with watching(interface, "select_fwd_config", lambda _args, config: seen.append(config)):
             o, lse = interface.flash_attn_func(
                 *(t.transpose(1, 2).contiguous() for t in (q, k, v)),
                 softmax_scale=sm_scale,
@@ -95,7 +69,8 @@ def fa4(deterministic: bool = False) -> Kernel:
             )
         if not seen:
             raise RuntimeError("fa4: flash_attn_func chose no forward config (select_fwd_config was not called)")
-        info = _fields(seen[-1], FWD_FIELDS, "") | _versions()
+        versions = {pkg: package_version(pkg) for pkg in ("flash-attn-4", "nvidia-cutlass-dsl")}
+        info = _fields(seen[-1], FWD_FIELDS, "") | {pkg: v for pkg, v in versions.items() if v is not None}
         return o.transpose(1, 2).contiguous(), lse.float().contiguous(), info
 
     def backward(q, k, v, do, causal: bool, sm_scale: float):
@@ -104,7 +79,7 @@ def fa4(deterministic: bool = False) -> Kernel:
 
         qq, kk, vv = (t.transpose(1, 2).contiguous().requires_grad_() for t in (q, k, v))
         seen: list = []
-        with _capturing(interface, "select_bwd_config", seen):
+        with watching(interface, "select_bwd_config", lambda _args, config: seen.append(config)):
             args = {"softmax_scale": sm_scale, "causal": causal, "deterministic": deterministic}
             o = interface.flash_attn_func(qq, kk, vv, **args)
             o = o[0] if isinstance(o, tuple) else o

@@ -16,6 +16,7 @@ chosen backend as such a kernel).  torch is imported only when called.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import re
@@ -131,26 +132,40 @@ def flex_config(sources: list[str]) -> dict:
     return config
 
 
+@contextlib.contextmanager
+def watching(owner: object, name: str, after: Callable[[tuple, object], None]):
+    """``owner.name`` (a function, or a method of a class) replaced for the block by one that calls it and then
+    ``after(args, result)``; put back afterwards, also on an error.  How a kernel's wrapper reads what a library
+    chose as the call made it (an autotuner's config, a heuristic's tiles)."""
+    fn = getattr(owner, name)
+
+    def call(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        after(args, out)
+        return out
+
+    setattr(owner, name, call)
+    try:
+        yield
+    finally:
+        setattr(owner, name, fn)
+
+
 def launched_configs(fn: Callable[[], object]) -> dict[str, dict]:
     """Run ``fn()`` and return, for each Inductor-generated Triton kernel it launched, the config its autotuner
     chose (the config's kwargs and num_warps), by kernel name."""
     from torch._inductor.runtime import triton_heuristics
 
     seen: dict[str, dict] = {}
-    run = triton_heuristics.CachingAutotuner.run
 
-    def recording(self, *args, **kwargs):
-        out = run(self, *args, **kwargs)
-        if len(self.launchers) == 1:
-            cfg = self.launchers[0].config
-            seen[self.fn.__name__] = dict(cfg.kwargs) | {"num_warps": cfg.num_warps}
-        return out
+    def record(args: tuple, _out: object) -> None:
+        tuner = args[0]  # the CachingAutotuner whose run was called
+        if len(tuner.launchers) == 1:
+            cfg = tuner.launchers[0].config
+            seen[tuner.fn.__name__] = dict(cfg.kwargs) | {"num_warps": cfg.num_warps}
 
-    triton_heuristics.CachingAutotuner.run = recording
-    try:
+    with watching(triton_heuristics.CachingAutotuner, "run", record):
         fn()
-    finally:
-        triton_heuristics.CachingAutotuner.run = run
     return seen
 
 
@@ -436,4 +451,5 @@ __all__ = [
     "kernel_run",
     "sdpa",
     "sdpa_policy",
+    "watching",
 ]

@@ -28,7 +28,7 @@ from ..configs import (
     kernel_output_format,
     kernel_variant,
 )
-from ..versions import CALIBRATED_ON, calibration_mismatch
+from ..versions import CALIBRATED_ON, PACKAGES, calibration_mismatch
 from .flash_attn4 import FA4_BWD_TILES, FA4_TILES, fa4_policy
 from .flex_attention import flex_policy
 from .our_kernels import TRITON_H100, kernel_policy, kernel_policy_args, kernel_policy_ref, triton_policy
@@ -50,9 +50,8 @@ def launch_calibration(policy, launch: dict) -> str | None:
     """A run's launch against the versions its policy was calibrated on (`CALIBRATED_ON`): why the match may not
     carry over to other builds, or None; registered with flashsim.crosscheck, so that a saved run checked on any
     machine says so."""
-    versions = {pkg: launch.get(pkg) for pkg in ("torch", "triton", "cuda")}
-    versions["flash-attn-4"] = (launch.get("kernel_info") or {}).get("flash-attn-4")  # what fa4() records
-    return calibration_mismatch(policy.name, versions)
+    info = launch.get("kernel_info") or {}  # a library a kernel brings says its version there (fa4: flash-attn-4)
+    return calibration_mismatch(policy.name, {pkg: launch.get(pkg, info.get(pkg)) for pkg in PACKAGES})
 
 
 register_launch_check(launch_calibration)

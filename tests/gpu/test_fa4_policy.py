@@ -103,22 +103,37 @@ def test_the_policy_reports_its_steps():
 
 
 def test_the_config_capture_restores_what_it_wraps():
-    """`_capturing` records each config the wrapped selector returns and puts the selector back, also on error."""
+    """`watching` records each config the wrapped selector returns and puts the selector back, also on error."""
     import types
 
-    from gpu.crosscheck.flash_attn4 import _capturing, _fields
+    from gpu.crosscheck.flash_attn4 import _fields
+    from gpu.crosscheck.kernels import watching
 
     calls = []
     module = types.SimpleNamespace(select=lambda x: calls.append(x) or {"tile_m": x, "tile_n": 128, "regs": [1]})
     original = module.select
     seen: list = []
-    with _capturing(module, "select", seen):
+    with watching(module, "select", lambda _args, config: seen.append(config)):
         module.select(192)
-    assert module.select is original and seen == [{"tile_m": 192, "tile_n": 128, "regs": [1]}]
-    with pytest.raises(RuntimeError), _capturing(module, "select", seen):
+    assert module.select is original and seen == [{"tile_m": 192, "tile_n": 128, "regs": [1]}] and calls == [192]
+    with pytest.raises(RuntimeError), watching(module, "select", lambda _args, config: seen.append(config)):
         raise RuntimeError("the kernel failed")
     assert module.select is original
     assert _fields(types.SimpleNamespace(**seen[0]), ("tile_m", "regs", "absent"), "bwd_") == {"bwd_tile_m": 192}
+
+
+def test_watching_a_method_sees_the_instance():
+    """A method of a class (Inductor's autotuner's run) is wrapped with the instance as the first argument."""
+    from gpu.crosscheck.kernels import watching
+
+    class Tuner:
+        def run(self, x):
+            return x + 1
+
+    tuner, seen = Tuner(), []
+    with watching(Tuner, "run", lambda args, out: seen.append((args[0], out))):
+        assert tuner.run(1) == 2
+    assert seen == [(tuner, 2)] and Tuner.run.__name__ == "run"
 
 
 @pytest.mark.gpu

@@ -5,7 +5,9 @@ the Hypothesis strategies ([`flashsim.testing`][flashsim.testing]).  Kinds: ``ra
 in groups of ``ties`` identical keys, q doubled: exact repeated maxima; V of mean -1.5); ``sink`` (key 0
 aligned with every query, large scores; V of mean -1); ``negative_v`` (V of mean -1.5); ``large`` (q, k of
 magnitude ~30 / d**0.25: sharp rows); ``tiny`` (q, k, v ~ 1e-3).  `make_inputs()` adds
-``near_repeated`` and rounds into a format.
+``near_repeated`` and rounds into a format.  ``subnormal`` is drawn only where named (`NAMED_KINDS`: the recorded
+launches' rotation over `ALL_KINDS` stays as it was): bf16 q, k whose products are subnormal in FP32 and V near and
+below FP32's smallest normal, where a kernel that flushes subnormals shows it (in fp16 every value rounds to zero).
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import numpy as np
 import emufloat as ef
 
 KINDS = ("random", "repeated", "sink", "negative_v", "large", "tiny")
-ALL_KINDS = (*KINDS, "near_repeated")  # the kinds of make_inputs
+ALL_KINDS = (*KINDS, "near_repeated")  # the kinds of make_inputs, in the rotation recorded launches draw from
+#: kinds drawn only where a caller names them
+NAMED_KINDS = ("subnormal",)
 
 
 def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, ties: int = 2) -> dict[str, np.ndarray]:
@@ -24,8 +28,8 @@ def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, t
     The draws come from ``rng`` in a fixed order (q, k, v, then the kind's extra draw, then dO), so a seed
     regenerates the same tensors the GPU recorded.
     """
-    if kind not in KINDS:
-        raise ValueError(f"kind: expected one of {KINDS}, got {kind!r}")
+    if kind not in KINDS + NAMED_KINDS:
+        raise ValueError(f"kind: expected one of {KINDS + NAMED_KINDS}, got {kind!r}")
     if isinstance(ties, bool) or not isinstance(ties, int) or ties < 1:
         raise ValueError(f"ties: expected a positive integer, got {ties!r}")
     q = rng.standard_normal((n_q, d))
@@ -46,6 +50,9 @@ def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, t
         k *= 30.0 / np.sqrt(d) ** 0.5
     elif kind == "tiny":
         q, k, v = q * 1e-3, k * 1e-3, v * 1e-3
+    elif kind == "subnormal":  # products q_i k_i from 2^-144 to 2^-122; V from 2^-134 (bf16's smallest) to 2^-119
+        e_qk, e_v = int(rng.integers(-72, -60)), int(rng.integers(-134, -118))
+        q, k, v = q * 2.0**e_qk, k * 2.0**e_qk, v * 2.0**e_v
     return {"q": q, "k": k, "v": v, "do": rng.standard_normal((n_q, d))}
 
 
@@ -56,8 +63,8 @@ def make_inputs(
     scaled by 2**scale_exp, rounded RNE into ``dtype`` (a format name: bf16, fp16, e4m3, ...).
     'near_repeated' is 'repeated' with the first key of each group of ``ties`` moved by one ulp of ``dtype``
     in one component."""
-    if kind not in ALL_KINDS:
-        raise ValueError(f"kind: expected one of {ALL_KINDS}, got {kind!r}")
+    if kind not in ALL_KINDS + NAMED_KINDS:
+        raise ValueError(f"kind: expected one of {ALL_KINDS + NAMED_KINDS}, got {kind!r}")
     try:
         fmt = ef.as_format(dtype)
     except (TypeError, ValueError) as exc:
@@ -79,4 +86,4 @@ def make_heads(kinds, heads: int, n_q: int, n_k: int, d: int, dtype: str, seed: 
     return {name: np.stack([p[name] for p in per]) for name in per[0]}
 
 
-__all__ = ["ALL_KINDS", "KINDS", "draw_head", "make_heads", "make_inputs"]
+__all__ = ["ALL_KINDS", "KINDS", "NAMED_KINDS", "draw_head", "make_heads", "make_inputs"]

@@ -44,7 +44,7 @@ from .crosscheck import (
     ulp_distance,
 )
 from .inputs import ALL_KINDS as KINDS
-from .inputs import make_inputs
+from .inputs import NAMED_KINDS, make_inputs
 from .policy import Policy, PolicyRef
 from .softmax import (
     SoftmaxVariant,
@@ -161,9 +161,9 @@ def _check_strategy_args(
     if not _positive_int(max_len):
         raise ValueError(f"max_len: expected an integer >= 1 (the longest N_q and N_k drawn), got {max_len!r}")
     if isinstance(kinds, (str, bytes)) or not isinstance(kinds, (tuple, list)):
-        raise ValueError(f"kinds: expected a non-empty tuple of kinds from {KINDS}, got {kinds!r}")
-    if not kinds or any(not isinstance(k, str) or k not in KINDS for k in kinds):
-        raise ValueError(f"kinds: expected a non-empty subset of {KINDS}, got {kinds!r}")
+        raise ValueError(f"kinds: expected a non-empty tuple of kinds from {KINDS + NAMED_KINDS}, got {kinds!r}")
+    if not kinds or any(not isinstance(k, str) or k not in KINDS + NAMED_KINDS for k in kinds):
+        raise ValueError(f"kinds: expected a non-empty subset of {KINDS + NAMED_KINDS}, got {kinds!r}")
     if causal is not None and not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal: expected None (drawn), True or False, got {causal!r}")
     return tuple(int(h) for h in head_dims), tuple(kinds)
@@ -176,10 +176,10 @@ def attention_inputs(
     kinds: tuple[str, ...] = KINDS,
     causal: bool | None = None,
 ) -> st.SearchStrategy[AttentionInputs]:
-    """One head of attention inputs: a kind from ``kinds``, ragged lengths up to ``max_len`` (block edges
-    weighted), a head dim from ``head_dims``, ``dtype`` a format name ('bf16' or 'fp16' drawn when None),
-    ``causal`` (drawn when None).  The arguments are checked here, before any draw: a ValueError names the
-    one that is wrong."""
+    """One head of attention inputs: a kind from ``kinds`` (`KINDS` by default; ``"subnormal"`` where named),
+    ragged lengths up to ``max_len`` (block edges weighted), a head dim from ``head_dims``, ``dtype`` a format
+    name ('bf16' or 'fp16' drawn when None), ``causal`` (drawn when None).  The arguments are checked here, before
+    any draw: a ValueError names the one that is wrong."""
     dims, kinds = _check_strategy_args(dtype, head_dims, max_len, kinds, causal)
     return _attention_inputs(dtype, dims, int(max_len), kinds, None if causal is None else bool(causal))
 

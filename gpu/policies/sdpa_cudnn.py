@@ -88,7 +88,9 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
     recorded cases: 128-key blocks in order; S * (scale * log2 e) rounded; P = `ex2.approx.ftz(s - m)`;
     each of the four threads that own a row sums its own columns of the block left to right, then updates
     its partial l_t = fma(l_t, alpha, s_t); l = (t0 + t1) + (t2 + t3) at the end; O * `rcp.approx` (1 / l);
-    LSE = fma(m, ln 2, `__logf(l)`).
+    LSE = fma(m, ln 2, `__logf(l)`).  Every one of those FP32 steps flushes a subnormal result to a zero of its
+    sign, as the backward's dS does: inferred, not yet probed on the GPU (the recorded inputs never make one; bf16
+    inputs whose products are subnormal in FP32 do, `flashsim.inputs` kind ``subnormal``).
 
     The backward, found on recorded gradients (rows whose P is one-hot make dS = P (dP - delta) the cancellation
     of two FP32 roundings of the same dot product, so each row's dQ shows which delta the GPU used):
@@ -115,10 +117,15 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
         flash,
         name=f"sdpa_cudnn_{dtype}_d{head_dim}",
         note=f"PyTorch SDPA cuDNN on the H100/H200, {dtype}, head dim {head_dim}: forward and backward exact",
-        scale=Scale("scores", FP32),
+        # the forward's FP32 arithmetic flushes subnormal results to zeros of their sign, as dS's does
+        scale=Scale("scores", FP32_FTZ),
+        max=Op(FP32_FTZ),
+        subtract=Op(FP32_FTZ),
         exp=Func("h100_ex2", FP32),
-        row_sum=RowSum("cudnn_threads", FP32, fused=True),
-        normalize=Norm("reciprocal", "rcp_approx", FP32),
+        row_sum=RowSum("cudnn_threads", FP32_FTZ, fused=True),
+        rescale=Op(FP32_FTZ),
+        normalize=Norm("reciprocal", "rcp_approx", FP32_FTZ),
+        lse=dataclasses.replace(flash.lse, fmt=FP32_FTZ),
         tiling=Tiling(128, 128, "forward"),
         # backward: delta by head_dim / 8 threads of 8 columns, pairs then left to right; P = ex2.approx.ftz(
         # fma(S, sm_scale, -LSE) * log2 e); dS = P (dP - delta) * sm_scale, FTZ; dK, dV over the Q blocks in

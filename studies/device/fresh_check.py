@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
+from flashsim.inputs import ALL_KINDS, NAMED_KINDS
 from flashsim.recording import sha256_of
 from gpu.commands import require_gpu, sections
 
@@ -69,9 +70,12 @@ SHAPES = (
 CI_SHAPES = ((1, 1), (7, 2), (33, 1), (64, 2), (77, 1), (100, 2), (128, 1), (129, 2), (200, 1), (256, 1), (250, 2))
 
 
-def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
+def grid(
+    kernel: str, count: int, ci: bool = False, kinds: tuple[str, ...] = (), dtype: str | None = None
+) -> list[dict]:
     """``count`` cases of `kernel`: seed SEED0 (SEED_CI for the CI grid) + 10^6 (kernel's index) + 100 i; head h
-    of case i draws kind ALL_KINDS[(i + h) mod 7] from seed + h."""
+    of case i draws kind ALL_KINDS[(i + h) mod 7] from seed + h, or ``kinds[h mod len(kinds)]`` where given
+    (`flashsim.inputs.NAMED_KINDS` among them); ``dtype`` (bf16 or fp16) for the kernels that take both."""
     k = KERNELS.index(kernel)
     shapes = CI_SHAPES if ci else SHAPES
     cases = []
@@ -79,22 +83,23 @@ def grid(kernel: str, count: int, ci: bool = False) -> list[dict]:
         n, heads = shapes[(i + 3 * k) % len(shapes)]
         if ci and kernel == "paper":
             n = max(8, -(-n // 8) * 8)  # whole 8-key rows: cuBLAS's other GEMMs at other widths are not modelled
-        dtype = ("bf16", "fp16")[(i // 2) % 2]
+        dt = dtype or ("bf16", "fp16")[(i // 2) % 2]
         if kernel == "tutorial":
             n = max(128, -(-n // 128) * 128)  # whole 128-key tiles: the tutorial asserts it
             heads = max(1, min(heads, (1 << 26) // (n * n)))
         if kernel in ("paper", "tutorial"):  # their own: Qiu & Yao's runs under bf16 autocast, the tutorial's
-            dtype = "bf16" if kernel == "paper" else "fp16"  # TMA forward does not compile for bf16
-        if kernel == "ours":  # every dtype our kernels take (FP8: the forward, P V promoted by default)
-            dtype = ("bf16", "fp16", "e4m3")[i % 3]
+            dt = "bf16" if kernel == "paper" else "fp16"  # TMA forward does not compile for bf16
+        if kernel == "ours" and dtype is None:  # every dtype our kernels take (FP8: the forward, P V promoted)
+            dt = ("bf16", "fp16", "e4m3")[i % 3]
         extra = {"deterministic": i % 2 == 0} if kernel == "fa4" else {}  # FA4's backward: both paths
+        extra |= {"kinds": list(kinds)} if kinds else {}
         cases.append(
             {
                 "kernel": kernel,
                 "n": n,
                 "heads": heads,
                 "d": (64, 128)[(i // len(shapes) + i) % 2],
-                "dtype": dtype,
+                "dtype": dt,
                 "causal": bool((i // 3) % 2),
                 "softmax": _softmax(kernel, i),
                 "seed": (SEED_CI if ci else SEED0) + 1_000_000 * k + 100 * i,
@@ -117,10 +122,13 @@ def _softmax(kernel: str, i: int) -> str:
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
     """q, k, v, do of the case as (heads, n, d) float32 arrays of its dtype's values."""
-    from flashsim.inputs import ALL_KINDS, make_heads
+    from flashsim.inputs import make_heads
 
-    first = case["first_kind"] % len(ALL_KINDS)
-    kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
+    if case.get("kinds"):
+        kinds = tuple(case["kinds"])
+    else:
+        first = case["first_kind"] % len(ALL_KINDS)
+        kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
     return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], case["dtype"], case["seed"])
 
 
@@ -301,6 +309,7 @@ def run(args) -> int:
             raise UsageError(f"--{name}: the file is needed for the {name} kernel, got {path}")
     keep = sections(args.keep_bits, KERNELS, "--keep-bits") if args.keep_bits else []
     checked = sections(args.check, KERNELS, "--check") if args.check else kernels
+    kinds = tuple(sections(args.kinds, ALL_KINDS + NAMED_KINDS, "--kinds")) if args.kinds else ()
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.fresh_check")
     import torch
@@ -317,7 +326,7 @@ def run(args) -> int:
     pool = None
     if args.workers:
         pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
-    per_kernel = {name: grid(name, args.cases, ci=args.grid == "ci") for name in kernels}
+    per_kernel = {name: grid(name, args.cases, args.grid == "ci", kinds, args.dtype) for name in kernels}
     order = [per_kernel[name][i] for i in range(args.start, args.cases) for name in kernels]  # the kernels take turns
     t0, futures, bits, atomic = time.monotonic(), [], {}, {}
     for j, case in enumerate(order):
@@ -374,7 +383,9 @@ def run(args) -> int:
         + (f" --check {args.check}" if args.check else "")
         + (" --repeat" if args.repeat else "")
         + (" --paper-gemms" if args.paper_gemms else "")
-        + (f" --keep-bits {args.keep_bits}" if args.keep_bits else ""),
+        + (f" --keep-bits {args.keep_bits}" if args.keep_bits else "")
+        + (f" --kinds {args.kinds}" if args.kinds else "")
+        + (f" --dtype {args.dtype}" if args.dtype else ""),
         "files_sha256": {
             name: sha256_of(np.frombuffer(Path(p).read_bytes(), np.uint8))
             for name, p in (("tutorial", args.tutorial), ("paper", args.paper))
@@ -409,6 +420,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep-bits", default="", help="kernels all of whose outputs' bits are kept (fresh_bits_<i>.npz)")
     ap.add_argument("--check", default="", help="kernels checked here as recorded (default: all; the rest by digest)")
     ap.add_argument("--bits-cap", type=int, default=56, help="MiB of bits kept at most (default 56)")
+    ap.add_argument(
+        "--kinds", default="", help="input kinds every case's heads draw in turn (default: the rotation of all kinds)"
+    )
+    ap.add_argument("--dtype", choices=("bf16", "fp16"), help="the dtype of every kernel that takes both")
     args = ap.parse_args(argv)
     return run_command("fresh_check", lambda: run(args))
 

@@ -29,3 +29,22 @@ def test_the_recorded_cases_are_still_the_grids():
                 want.pop("deterministic", None)
             assert {k: case[k] for k in want} == want, (path.name, case["kernel"], case["seed"])
     assert KERNELS[-2:] == ("ours", "fa4")  # added last: the others keep their index, hence their seeds
+
+
+def test_named_kinds_and_a_dtype_reach_every_kernel_that_takes_them():
+    from flashsim.inputs import NAMED_KINDS
+    from studies.device.fresh_check import case_inputs
+
+    for kernel in KERNELS:
+        plain = grid(kernel, 6)
+        named = grid(kernel, 6, kinds=NAMED_KINDS, dtype="bf16")
+        own = {"paper": "bf16", "tutorial": "fp16"}.get(kernel)
+        assert [c["dtype"] for c in named] == [own or "bf16"] * 6
+        assert all(c["kinds"] == list(NAMED_KINDS) for c in named) and not any("kinds" in c for c in plain)
+        strip = ("kinds", "dtype")
+        assert [{k: v for k, v in c.items() if k not in strip} for c in named] == [
+            {k: v for k, v in c.items() if k != "dtype"} for c in plain
+        ]  # the same launches, seeds and all
+    case = grid("sdpa_cudnn", 1, kinds=("subnormal",), dtype="bf16")[0]
+    q = case_inputs(case)["q"]
+    assert q.shape[0] == case["heads"] and 0 < abs(q).max() < 2.0**-50

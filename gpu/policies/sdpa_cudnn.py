@@ -17,7 +17,7 @@ from flashsim.specs import BwdTiling, Delta, Func, Grad, Norm, Op, Recompute, Ro
 
 from .sdpa_flash import FA2_BWD_TILES, sdpa_flash_policy
 
-#: FP32 with subnormal results flushed to zeros of their sign (cuDNN's backward arithmetic on dS)
+#: FP32 with subnormal results flushed to zeros of their sign (cuDNN's arithmetic outside the tensor cores)
 FP32_FTZ = Format(8, 23, subnormals=False, name="fp32_ftz")
 
 
@@ -97,8 +97,8 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
 
     * delta = rowsum(dO * O) by head dim / 8 threads of 8 columns each, a thread adding its products in pairs
       (k, k+1) and then the pair sums left to right, a butterfly (offsets threads/2, ..., 1) after
-      (`CudnnPairs`);
-    * P = `ex2.approx.ftz`(rn(rn(fma(S, sm_scale, -LSE)) * log2 e)) (`CudnnFmaNatural`);
+      (`CudnnPairs`; subnormal results flushed, as in the forward);
+    * P = `ex2.approx.ftz`(rn(rn(fma(S, sm_scale, -LSE)) * log2 e)) (`CudnnFmaNatural`; flushed likewise);
     * dP by wgmma; dS = P (dP - delta) * sm_scale with subnormal results flushed to zero (FTZ), then cast to the
       16-bit format;
     * dK, dV accumulated in registers over the Q blocks in order; dQ per 128-key block added in FP32 without
@@ -130,8 +130,8 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
         # backward: delta by head_dim / 8 threads of 8 columns, pairs then left to right; P = ex2.approx.ftz(
         # fma(S, sm_scale, -LSE) * log2 e); dS = P (dP - delta) * sm_scale, FTZ; dK, dV over the Q blocks in
         # order; dQ's key blocks added in FP32 (subnormals kept) last to first
-        delta=Delta(CudnnPairs.name, FP32, threads=head_dim // 8, chunk=8),
-        recompute=Recompute("h100_ex2", FP32, form=CudnnFmaNatural.name),
+        delta=Delta(CudnnPairs.name, FP32_FTZ, threads=head_dim // 8, chunk=8),
+        recompute=Recompute("h100_ex2", FP32_FTZ, form=CudnnFmaNatural.name),
         ds=SoftmaxGrad(FP32_FTZ, scale_at="ds"),
         dq=Grad(flash.dq.dot, Op(FP32), Op(fmt), atomic=True, flush=False),
         bwd_tiling=BwdTiling(128, 128, q_order="forward", kv_order="reverse"),

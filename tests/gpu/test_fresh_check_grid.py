@@ -4,6 +4,8 @@ kernel's seeds (the recordings in tests/data/fresh_check are regenerated from th
 import json
 from pathlib import Path
 
+import pytest
+
 from studies.device.fresh_check import KERNELS, grid, with_backward
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "fresh_check"
@@ -48,3 +50,23 @@ def test_named_kinds_and_a_dtype_reach_every_kernel_that_takes_them():
     case = grid("sdpa_cudnn", 1, kinds=("subnormal",), dtype="bf16")[0]
     q = case_inputs(case)["q"]
     assert q.shape[0] == case["heads"] and 0 < abs(q).max() < 2.0**-50
+
+
+def test_the_open_checks_script_passes_every_argument_check(tmp_path):
+    """studies/device/run_open_checks.sh on a machine without a GPU: each of its commands gets past its argument
+    checks and stops only at the GPU (a usage error there would cost a device call)."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("on a GPU machine the script would run the checks themselves")
+    script = Path(__file__).resolve().parents[2] / "studies" / "device" / "run_open_checks.sh"
+    env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
+    lines = [x for x in (res.stdout + res.stderr).splitlines() if x.strip()]
+    assert len(lines) == 3 and all("needs a CUDA GPU" in x for x in lines), lines

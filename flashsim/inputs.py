@@ -79,6 +79,15 @@ def make_inputs(
     return out
 
 
+def case_kinds(case: dict) -> tuple[str, ...]:
+    """The kinds a recorded case's heads draw in turn: its ``kinds`` where it names them, else `ALL_KINDS` from
+    index ``first_kind`` (mod 7) on, the rotation every recording of the device studies keeps."""
+    if case.get("kinds"):
+        return tuple(case["kinds"])
+    first = case["first_kind"] % len(ALL_KINDS)
+    return ALL_KINDS[first:] + ALL_KINDS[:first]
+
+
 def make_heads(kinds, heads: int, n_q: int, n_k: int, d: int, dtype: str, seed: int) -> dict[str, np.ndarray]:
     """`make_inputs()` for ``heads`` heads stacked as (heads, n, d): head h draws ``kinds[h mod len(kinds)]`` from
     seed + h (a launch of several heads, each reproducible on its own)."""
@@ -86,4 +95,4 @@ def make_heads(kinds, heads: int, n_q: int, n_k: int, d: int, dtype: str, seed: 
     return {name: np.stack([p[name] for p in per]) for name in per[0]}
 
 
-__all__ = ["ALL_KINDS", "KINDS", "NAMED_KINDS", "draw_head", "make_heads", "make_inputs"]
+__all__ = ["ALL_KINDS", "KINDS", "NAMED_KINDS", "case_kinds", "draw_head", "make_heads", "make_inputs"]

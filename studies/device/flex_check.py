@@ -3,7 +3,7 @@
 document masks as matrices), each run checked by `flashsim.crosscheck` in worker processes as it is recorded.
 
     PYTHONPATH=. python -m studies.device.flex_check --out $OUT [--budget 400] [--workers 15] [--start 0]
-        [--backward]
+        [--backward] [--kinds subnormal]
 
 Cases: heads 1 to 64, key counts 1 to 8192 (whole tiles and not), head dims 64 and 128, bf16 and fp16, masks
 none, causal, sliding window, documents; inputs of every kind from seeds no other recording uses.  Writes
@@ -23,8 +23,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from flashsim.console import ArgumentParser, run_command, writable_dir
+from flashsim.inputs import ALL_KINDS, NAMED_KINDS
 from flashsim.recording import sha256_of
-from gpu.commands import require_gpu
+from gpu.commands import require_gpu, sections
 from studies.device.flex_capture import WINDOW, case_inputs, document_ids, mask_mod
 from studies.device.fresh_check import check_run, gather_checks, save_bits
 
@@ -50,7 +51,9 @@ SHAPES = (  # (key count, heads): heads x keys^2 at most 2^26
 MASKS = ("none", "causal", "sliding", "document")
 
 
-def grid(count: int = 128) -> list[dict]:
+def grid(count: int = 128, kinds: tuple[str, ...] = ()) -> list[dict]:
+    """``count`` cases: shapes, head dims, dtypes and masks in turn; head h of case i draws `flashsim.inputs.ALL_KINDS`
+    [(i + h) mod 7], or ``kinds[h mod len(kinds)]`` where given (bf16 then, as a named kind may need)."""
     cases = []
     for i in range(count):
         n, heads = SHAPES[i % len(SHAPES)]
@@ -59,16 +62,18 @@ def grid(count: int = 128) -> list[dict]:
                 "n": n,
                 "heads": heads,
                 "d": (64, 128)[(i // len(SHAPES)) % 2],
-                "dtype": ("bf16", "fp16")[(i // 2) % 2],
+                "dtype": "bf16" if kinds else ("bf16", "fp16")[(i // 2) % 2],
                 "mask": MASKS[(i // 4) % 4 if i % 3 else i % 4],
                 "seed": SEED0 + 100 * i,
                 "first_kind": i,
             }
+            | ({"kinds": list(kinds)} if kinds else {})
         )
     return cases
 
 
 def run(args) -> int:
+    kinds = tuple(sections(args.kinds, ALL_KINDS + NAMED_KINDS, "--kinds")) if args.kinds else ()
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.flex_check")
     import torch
@@ -81,7 +86,7 @@ def run(args) -> int:
     pool = ProcessPoolExecutor(args.workers, mp_context=multiprocessing.get_context("spawn"))
     torch._dynamo.config.recompile_limit = 4096
     only = {int(i) for i in args.only.split(",") if i.strip()} if args.only else set()
-    t0, cases, futures, outputs = time.monotonic(), grid(args.cases), [], {}
+    t0, cases, futures, outputs = time.monotonic(), grid(args.cases, kinds), [], {}
     for i, case in enumerate(cases):
         if i < args.start or (only and i not in only):
             continue
@@ -137,7 +142,8 @@ def run(args) -> int:
         "command": f"PYTHONPATH=. python -m studies.device.flex_check --out $OUT --cases {args.cases} "
         f"--start {args.start}"
         + (" --backward" if args.backward else "")
-        + (f" --only {args.only}" if args.only else ""),
+        + (f" --only {args.only}" if args.only else "")
+        + (f" --kinds {args.kinds}" if args.kinds else ""),
         "bits_left_out": left,
         "window": WINDOW,
         "cases": done,
@@ -159,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backward", action="store_true", help="record and check dQ, dK, dV too")
     ap.add_argument("--only", default="", help="comma list of the grid's case indices to run (default: all)")
     ap.add_argument("--bits-cap", type=int, default=40, help="MiB of missed cases' bits kept at most (default 40)")
+    ap.add_argument("--kinds", default="", help="input kinds the heads draw in turn, in bf16 (default: all kinds)")
     args = ap.parse_args(argv)
     return run_command("flex_check", lambda: run(args))
 

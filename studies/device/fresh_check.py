@@ -122,14 +122,9 @@ def _softmax(kernel: str, i: int) -> str:
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
     """q, k, v, do of the case as (heads, n, d) float32 arrays of its dtype's values."""
-    from flashsim.inputs import make_heads
+    from flashsim.inputs import case_kinds, make_heads
 
-    if case.get("kinds"):
-        kinds = tuple(case["kinds"])
-    else:
-        first = case["first_kind"] % len(ALL_KINDS)
-        kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
-    return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], case["dtype"], case["seed"])
+    return make_heads(case_kinds(case), case["heads"], case["n"], case["n"], case["d"], case["dtype"], case["seed"])
 
 
 def case_softmax(case: dict):

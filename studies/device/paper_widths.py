@@ -53,11 +53,9 @@ def grid(count: int = 112) -> list[dict]:
 
 def case_inputs(case: dict) -> dict[str, np.ndarray]:
     """q, k, v, do of the case as (heads, n, d) float32 arrays of bf16 values."""
-    from flashsim.inputs import ALL_KINDS, make_heads
+    from flashsim.inputs import case_kinds, make_heads
 
-    first = case["first_kind"] % len(ALL_KINDS)
-    kinds = ALL_KINDS[first:] + ALL_KINDS[:first]
-    return make_heads(kinds, case["heads"], case["n"], case["n"], case["d"], "bf16", case["seed"])
+    return make_heads(case_kinds(case), case["heads"], case["n"], case["n"], case["d"], "bf16", case["seed"])
 
 
 def case_softmax(case: dict):

@@ -70,3 +70,16 @@ def test_the_open_checks_script_passes_every_argument_check(tmp_path):
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
     lines = [x for x in (res.stdout + res.stderr).splitlines() if x.strip()]
     assert len(lines) == 3 and all("needs a CUDA GPU" in x for x in lines), lines
+
+
+def test_every_device_study_draws_a_cases_kinds_the_same_way():
+    """flashsim.inputs.case_kinds: the rotation of the recordings, or the kinds a case names."""
+    from flashsim.inputs import ALL_KINDS, case_kinds
+    from studies.device import flex_check
+
+    assert case_kinds({"first_kind": 9}) == ALL_KINDS[2:] + ALL_KINDS[:2]
+    assert case_kinds({"first_kind": 9, "kinds": ["subnormal"]}) == ("subnormal",)
+    named = flex_check.grid(8, ("subnormal",))
+    plain = flex_check.grid(8)
+    assert all(c["kinds"] == ["subnormal"] and c["dtype"] == "bf16" for c in named)
+    assert [c["seed"] for c in named] == [c["seed"] for c in plain] and not any("kinds" in c for c in plain)

@@ -19,14 +19,16 @@ Inductor as users compile it, `torch.compile(flex_attention, fullgraph=True)` on
 first shape Dynamo recompiles it for dynamic shapes; causal by a block mask; the recompile limit raised and buffer
 donation off for the run: `_compiled_flex`). FP8 (float8_e4m3fn q, k, v, O in
 bf16): our forward only, each variant with P V promoted to FP32 (the default), and `ours_standard_fast` (the
-standard softmax on the FP8 tensor cores' own accumulation: the fast, leaning one); FP8 costs are against
-`ours_standard`. Needs a CUDA GPU (torch, Triton): `python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds
-480`. With ``--json`` the file is written again after every shape, so a run cut short keeps what it measured.
+standard softmax on the FP8 tensor cores' own accumulation: the fast, leaning one) and `ours_cast_sum_packed`
+(cast_sum with P's E4M3 values for l from packed conversions, `Config(e4m3_sum="packed")`: the same bits); FP8 costs
+are against `ours_standard`. Needs a CUDA GPU (torch, Triton): `python -m benchmarks.bench_gpu --json $OUT/bench.json
+--seconds 480`. With ``--json`` the file is written again after every shape, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import statistics
@@ -54,6 +56,7 @@ def implementations(d: int, n: int, causal: bool, dtype: str, flex: bool = True)
     import torch
 
     from gpu import flash
+    from gpu.configs import fwd_config
     from studies.device.run_attention import fwd_flops, rand, run_sdpa, sdpa_backends
 
     tdt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}[dtype]
@@ -68,6 +71,10 @@ def implementations(d: int, n: int, causal: bool, dtype: str, flex: bool = True)
             fwd[f"ours_{sm}"] = partial(flash.forward, q8, k8, v8, causal=causal, softmax=sm)
         fwd["ours_standard_fast"] = partial(
             flash.forward, q8, k8, v8, causal=causal, softmax="standard", promote_pv=False
+        )
+        packed = dataclasses.replace(fwd_config("e4m3", d, causal), e4m3_sum="packed")
+        fwd["ours_cast_sum_packed"] = partial(
+            flash.forward, q8, k8, v8, causal=causal, softmax="cast_sum", config=packed
         )
         return fwd, bwd, fwd_flops(B, H, n, d, causal)
     for sm in SOFTMAXES:
@@ -168,7 +175,7 @@ def table(rows: list[dict]) -> str:
     """Markdown: median TFLOP/s per implementation, the variants' paired costs (median [10%, 90%]) and the
     recommended softmax against the baselines."""
     names = sorted({n for r in rows for ms in r["ms"].values() for n in ms}, key=_order)
-    variants = [f"ours_{sm}" for sm in SOFTMAXES[1:]] + ["ours_standard_fast"]
+    variants = [f"ours_{sm}" for sm in SOFTMAXES[1:]] + ["ours_standard_fast", "ours_cast_sum_packed"]
     head = ["pass", "dtype", "d", "N", "B", "causal", *names, *(f"{v[5:]} cost" for v in variants)]
     head += [f"{RECOMMENDED}/{b.removeprefix('sdpa_')}" for b in BASELINES]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -28,14 +28,21 @@ def kernel_output_format(dtype: str) -> ef.Format:
     return BF16 if dtype == "e4m3" else kernel_format(dtype)
 
 
+#: how the FP8 forward's cast_sum reads P's E4M3 values for l: float32 arithmetic beside the cast, or packed conversions
+E4M3_SUMS = ("arith", "packed")
+
+
 @dataclass(frozen=True)
 class Config:
-    """Tiles and launch parameters of one kernel (the emulator needs the tiles to repeat it)."""
+    """Tiles and launch parameters of one kernel (the emulator needs the tiles to repeat it).  ``e4m3_sum``: how
+    the FP8 tl forward's cast_sum reads the E4M3 values of P that l sums (`E4M3_SUMS`; the same values either way,
+    a question of speed: `gpu.kernels.steps.e4m3_values`, `e4m3_widened`)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    e4m3_sum: str = "arith"
 
     def __post_init__(self) -> None:
         """Refuse tiles the kernels cannot run (tl.arange needs powers of two, tl.dot at least 16), rather than
@@ -47,6 +54,8 @@ class Config:
         x = self.num_stages
         if isinstance(x, bool) or not isinstance(x, int) or not 1 <= x <= 8:
             raise ValueError(f"Config.num_stages: expected an integer from 1 to 8, got {x!r}")
+        if self.e4m3_sum not in E4M3_SUMS:
+            raise ValueError(f"Config.e4m3_sum: expected one of {E4M3_SUMS}, got {self.e4m3_sum!r}")
 
 
 #: (head_dim, causal) -> forward config: at d=64 and 128 the fastest of eight tiles measured on the H100 at
@@ -157,6 +166,7 @@ __all__ = [
     "BWD_CONFIGS",
     "DEFAULT_PROMOTE_PV",
     "DEFAULT_SOFTMAX",
+    "E4M3_SUMS",
     "KERNEL_FORMATS",
     "default_promote_pv",
     "default_softmax",

@@ -284,8 +284,9 @@ def forward(
     same either way.  `promote_pv` (float8_e4m3fn only): P V's partial sums added to the FP32 accumulator
     every 32 keys (Triton's `max_num_imprecise_acc=32`) instead of accumulated by the FP8 tensor cores in 13
     truncated bits, which lean O on dense rows (docs/fix.md); None: the dtype's default
-    (`gpu.policies.DEFAULT_PROMOTE_PV`: on for FP8).  No keys (N_k = 0): O = 0 and LSE = -inf, SDPA's
-    convention (flashsim refuses empty inputs)."""
+    (`gpu.policies.DEFAULT_PROMOTE_PV`: on for FP8).  `config`: the tiles (`Config`; None: `fwd_config`'s), and
+    for FP8 how cast_sum reads P's E4M3 values (`Config.e4m3_sum`: the same bits).  No keys (N_k = 0): O = 0 and
+    LSE = -inf, SDPA's convention (flashsim refuses empty inputs)."""
     if kernel not in KERNELS:
         raise ValueError(f"kernel: expected one of {KERNELS}, got {kernel!r}")
     _check(q, k, v, fp8=True)
@@ -357,6 +358,10 @@ def _forward(
         and q.numel() > 0
         and k.numel() > 0
     )
+    packed = q.dtype == FP8 and cfg.e4m3_sum == "packed"
+    if kernel == "overlap" and packed:
+        raise ValueError("config: e4m3_sum 'packed' runs in the tl kernel (kernel='triton'), not the overlap kernel")
+    overlap_ok = overlap_ok and not packed
     if kernel == "overlap" and not overlap_ok:
         raise ValueError(
             "kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed, "
@@ -385,6 +390,7 @@ def _forward(
         STAGES=stages,
         V_T=v_t,
         PROMOTE_PV=promote,
+        E4M3_PACKED=packed,
     )
     for heads, (q_, k_, v_, o_, lse_, *dbg_) in _by_heads(b * h, q, k, v, o, lse, *ptrs):
         _FWD(

@@ -31,14 +31,15 @@ WIDENINGS = ("packed", "swapped", "arith")
 _INSTRUCTION = re.compile(r"/\*[0-9a-f]{4}\*/\s+(.*?)\s*;")
 
 
-def packed_widenings() -> dict:
-    """The two packed widenings as Triton functions (the asm text literal: a JIT function reads no closure)."""
+def packed_widening():
+    """The first packed widening tried, as a Triton function (the asm text literal: a JIT function reads no
+    closure): two float32 values ($2, $3) rounded to E4M3 by one packed conversion, in the order of P's own cast for
+    P V, widened back through fp16.  The kernels' own is the other order (`gpu.kernels.steps.e4m3_widened`)."""
     import triton
     import triton.language as tl
 
     @triton.jit
     def packed(p):
-        """Two float32 values ($2, $3) rounded to E4M3 by one packed conversion, widened back through fp16."""
         return tl.inline_asm_elementwise(
             "{ .reg .b16 e, lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 e, $3, $2; cvt.rn.f16x2.e4m3x2 w, e;"
             " mov.b32 {lo, hi}, w; cvt.f32.f16 $0, lo; cvt.f32.f16 $1, hi; }",
@@ -49,20 +50,7 @@ def packed_widenings() -> dict:
             pack=2,
         )
 
-    @triton.jit
-    def swapped(p):
-        """The same values: the pair converted in the other order, its halves read swapped."""
-        return tl.inline_asm_elementwise(
-            "{ .reg .b16 e, lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 e, $2, $3; cvt.rn.f16x2.e4m3x2 w, e;"
-            " mov.b32 {lo, hi}, w; cvt.f32.f16 $0, hi; cvt.f32.f16 $1, lo; }",
-            "=r,=r,r,r",
-            [p],
-            dtype=tl.float32,
-            is_pure=True,
-            pack=2,
-        )
-
-    return {"packed": packed, "swapped": swapped}
+    return packed
 
 
 def compile_fp8_forward(widen: str, head_dim: int) -> bytes:
@@ -77,8 +65,8 @@ def compile_fp8_forward(widen: str, head_dim: int) -> bytes:
 
     scope = steps.weights.fn.__globals__
     original = scope["e4m3_values"]
-    if widen != "arith":
-        scope["e4m3_values"] = packed_widenings()[widen]
+    if widen == "packed":
+        scope["e4m3_values"] = packed_widening()
     cfg = fwd_config("e4m3", head_dim, False)
     signature = {
         "Q": "*fp8e4nv",
@@ -103,6 +91,7 @@ def compile_fp8_forward(widen: str, head_dim: int) -> bytes:
         "STAGES": cfg.num_stages,
         "V_T": True,
         "PROMOTE_PV": True,
+        "E4M3_PACKED": widen == "swapped",  # the kernels' Config(e4m3_sum='packed')
     }
     signature |= dict.fromkeys(constexprs, "constexpr")
     try:

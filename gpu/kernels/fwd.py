@@ -65,6 +65,7 @@ def _kv_loop(
     STAGES: tl.constexpr,
     V_T: tl.constexpr,
     PROMOTE_PV: tl.constexpr,
+    E4M3_PACKED: tl.constexpr,
 ):
     """acc, l, m after the K/V blocks [start, stop): MASKED=False for full blocks with nothing masked (the
     pipelined loop), MASKED=True for the last few (ragged columns, causal diagonal), not pipelined.  K, V:
@@ -87,7 +88,7 @@ def _kv_loop(
             m_new, x = plain_block(qk, m_i, consts, SOFTMAX, FOLD)
         # P = exp2(x) and its cast to V's dtype, alpha = exp2(m_i - m_new), l = l * alpha + rowsum(P or the
         # cast P); acc = acc * alpha + P V with the cast P
-        p, p_cast, alpha, l_i = weights(x, m_i, m_new, l_i, V.dtype.element_ty, SOFTMAX)
+        p, p_cast, alpha, l_i = weights(x, m_i, m_new, l_i, V.dtype.element_ty, SOFTMAX, E4M3_PACKED)
         acc = rescale(acc, alpha)
         if V_T:
             vt_ptrs = V + v_base + offs_d[:, None] * N_VT + cols[None, :]
@@ -140,6 +141,7 @@ def attn_fwd(
     STAGES: tl.constexpr,
     V_T: tl.constexpr,
     PROMOTE_PV: tl.constexpr,
+    E4M3_PACKED: tl.constexpr = False,
 ):
     """O and LSE (base 2) of one BLOCK_M slice of queries of one (batch, head).
 
@@ -147,7 +149,8 @@ def attn_fwd(
     past N_K unread.  FP8 takes the transpose: e4m3 wgmma reads P V's B operand only with the keys
     contiguous, which Triton otherwise arranges by transposing every V tile in shared memory, outside the
     pipeline; the products and their order are the same either way.  PROMOTE_PV (FP8 only): P V's partial
-    sums promoted to FP32 every 32 keys.  DBG: `DebugOutputs`; consts:
+    sums promoted to FP32 every 32 keys.  E4M3_PACKED (FP8 cast_sum only): l reads P's E4M3 values from packed
+    conversions (`steps.e4m3_widened`), the same values.  DBG: `DebugOutputs`; consts:
     `gpu.kernels.steps.SoftmaxConstants`."""
     start_m, hz, lo, hi = program_blocks(N_Q, N_K, BLOCK_M, BLOCK_N, CAUSAL)
     off_hz = hz.to(tl.int64)
@@ -195,6 +198,7 @@ def attn_fwd(
         STAGES,
         V_T,
         PROMOTE_PV,
+        E4M3_PACKED,
     )
     acc, l_i, m_i = _kv_loop(
         acc,
@@ -227,6 +231,7 @@ def attn_fwd(
         1,
         V_T,
         PROMOTE_PV,
+        E4M3_PACKED,
     )
     # LSE = m + log2(l), O = acc / l
     lse = m_i + log2_fma(l_i)

@@ -294,6 +294,27 @@ def e4m3_values(p):
 
 
 @triton.jit
+def e4m3_widened(p):
+    """`e4m3_values` by packed conversions: each two values rounded by one `cvt.rn.satfinite.e4m3x2.f32` and widened
+    back through fp16 (`cvt.rn.f16x2.e4m3x2`, `cvt.f32.f16`), four instructions for two values.  The pair goes in
+    the other order than the cast that packs P for P V, its halves read swapped: the same values, but not the same
+    instruction, which ptxas would merge with that cast and then unpack half the pairs from registers no pack
+    wrote (`python -m studies.fp8_unpack_sass`).  Under Triton's CPU interpreter, which runs no PTX,
+    `e4m3_values`."""
+    if not PTX:
+        return e4m3_values(p)
+    return tl.inline_asm_elementwise(_E4M3_SWAPPED, "=r,=r,r,r", [p], dtype=tl.float32, is_pure=True, pack=2)
+
+
+#: two float32 values ($2, $3) rounded to E4M3 by one packed conversion, the pair in the order opposite to P's cast
+#: for P V, and widened back through fp16 ($0, $1)
+_E4M3_SWAPPED = tl.constexpr(
+    "{ .reg .b16 e, lo, hi; .reg .b32 w; cvt.rn.satfinite.e4m3x2.f32 e, $2, $3; cvt.rn.f16x2.e4m3x2 w, e;"
+    " mov.b32 {lo, hi}, w; cvt.f32.f16 $0, hi; cvt.f32.f16 $1, lo; }"
+)
+
+
+@triton.jit
 def cast_and_widened(p, P_DTYPE: tl.constexpr):
     """(P cast to P_DTYPE, RNE; those values back in float32, exactly) for bf16 and fp16 P: each two values rounded
     by one packed conversion (`cvt.rn.bf16x2.f32`, `cvt.rn.f16x2.f32`), and the widened values read from the
@@ -325,18 +346,21 @@ def _packed(p, ASM: tl.constexpr, P_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr):
+def weights(x, m_i, m_new, l_i, P_DTYPE: tl.constexpr, SOFTMAX: tl.constexpr, E4M3_PACKED: tl.constexpr = False):
     """(P, P cast, alpha, l): P = exp2(x), P cast to P_DTYPE (RNE) once, for the P V product,
     alpha = exp2(m_i - m_new), l = fma(l_i, alpha, rowsum): the block's update before the rescale acc * alpha
     and the P V product.  The row sum is of P as computed, or with `cast_sum` (SOFTMAX 3) of the cast P
-    (widened back, exactly; E4M3: the same values from `e4m3_values`), the weights P V is made with:
-    O = acc / l is then their weighted mean, and a rounding of P (an E4M3 P underflows on sharp rows) cannot
-    lean O through l (docs/fix.md)."""
+    (widened back, exactly; E4M3: the same values from `e4m3_values`, or with E4M3_PACKED `e4m3_widened`'s), the
+    weights P V is made with: O = acc / l is then their weighted mean, and a rounding of P (an E4M3 P underflows
+    on sharp rows) cannot lean O through l (docs/fix.md)."""
     p = tl.math.exp2(x)
     alpha = tl.math.exp2(m_i - m_new)
     if SOFTMAX == 3 and P_DTYPE == tl.float8e4nv:
         p_cast = p.to(P_DTYPE)
-        l_ij = tl.sum(e4m3_values(p), 1)
+        if E4M3_PACKED:
+            l_ij = tl.sum(e4m3_widened(p), 1)
+        else:
+            l_ij = tl.sum(e4m3_values(p), 1)
     elif SOFTMAX == 3:
         p_cast, wide = cast_and_widened(p, P_DTYPE)
         l_ij = tl.sum(wide, 1)

@@ -1,20 +1,22 @@
-"""A candidate for the FP8 kernel's cast_sum row sum, checked on its own: P rounded to E4M3 and widened back to
-float32 by packed conversions (`cvt.rn.satfinite.e4m3x2.f32`, `cvt.rn.f16x2.e4m3x2`, then `cvt.f32.f16`: four
-instructions for two values, where `gpu.kernels.steps.e4m3_values` takes about ten float32 and integer operations a
-value), against two casts it shares no code with: every float32 in [0, 1] (the range of P) equal to torch's CUDA
-cast (`x.to(torch.float8_e4m3fn)`, c10's conversion) and, on every 64th value, to ml_dtypes' on the CPU.
+"""A candidate for the FP8 kernel's cast_sum row sum, checked on its own and in the kernel: P rounded to E4M3 and
+widened back to float32 by packed conversions (`cvt.rn.satfinite.e4m3x2.f32`, `cvt.rn.f16x2.e4m3x2`, then
+`cvt.f32.f16`: four instructions for two values, where `gpu.kernels.steps.e4m3_values` takes about ten float32 and
+integer operations a value), against two casts it shares no code with: every float32 in [0, 1] (the range of P)
+equal to torch's CUDA cast (`x.to(torch.float8_e4m3fn)`, c10's conversion) and, on every 64th value, to ml_dtypes'
+on the CPU.
 
-Inside the tl forward kernel (`steps.weights`' l for FP8 cast_sum) the same asm gave NaN row sums on rows 0-7,
-16-23, 32-39, ... of every 64-row tile (the first row of each thread's pair in the MMA layout): see
-docs/performance.md, "The kernels as they are now".  So the kernels keep `e4m3_values`.  `studies.fp8_unpack_sass`
-found why, without a GPU: ptxas merges the asm's first conversion with the identical one that packs P for P V, and
-the SASS then unpacks half the pairs from registers no pack wrote; `--form swapped` converts the pair the other way
-round (not merged; every unpack reads a pack).
+`--form packed` (`studies.fp8_unpack_sass.packed_widening`) is the pair in the order of P's own cast for P V: inside
+the tl forward kernel it gave NaN row sums on rows 0-7, 16-23, 32-39, ... of every 64-row tile, because ptxas merges
+its first conversion with that cast and then unpacks half the pairs from registers no pack wrote
+(`python -m studies.fp8_unpack_sass`).  `--form swapped` is the kernels' own (`gpu.kernels.steps.e4m3_widened`, run
+by `Config(e4m3_sum="packed")`): the pair the other way round, not merged.  With it the study also runs the FP8
+cast_sum forward (`gpu.flash.forward`, P V promoted) with both `e4m3_sum` settings on the same inputs, d 64 and
+128, causal and not, 1 to 4096 keys, every input kind, and compares O's and the LSE's bits.
 
     PYTHONPATH=. python -m studies.device.e4m3_widened --out $OUT [--form packed|swapped]
 
 Writes `e4m3_widened.json`: the device, the versions, how many values were compared and how many differ (with the
-first few that do).
+first few that do), and with `swapped` the kernel launches compared and those whose bits differ.
 """
 
 from __future__ import annotations
@@ -39,9 +41,12 @@ def run(args) -> int:
     import triton
     import triton.language as tl
 
-    from studies.fp8_unpack_sass import packed_widenings
+    if args.form == "swapped":
+        from gpu.kernels.steps import e4m3_widened
+    else:
+        from studies.fp8_unpack_sass import packed_widening
 
-    e4m3_widened = packed_widenings()[args.form]
+        e4m3_widened = packed_widening()
 
     @triton.jit
     def widen(X, Y, BLOCK: tl.constexpr):
@@ -83,11 +88,50 @@ def run(args) -> int:
         "compared_with_torch": compared,
         "compared_with_ml_dtypes": sampled,
         "differ": differ,
-        "seconds": round(time.monotonic() - t0, 1),
     }
+    if args.form == "swapped":
+        res["kernel"] = kernel_bits()
+    res["seconds"] = round(time.monotonic() - t0, 1)
     (out / "e4m3_widened.json").write_text(json.dumps(res, indent=1) + "\n")
     print(f"e4m3_widened: {compared} values against torch, {sampled} against ml_dtypes, {len(differ)} differ")
-    return 1 if differ else 0
+    kernel = res.get("kernel", {})
+    if kernel:
+        print(f"e4m3_widened: {kernel['launches']} FP8 cast_sum launches, {len(kernel['differ'])} with other bits")
+    return 1 if differ or kernel.get("differ") else 0
+
+
+def kernel_bits() -> dict:
+    """The FP8 cast_sum forward with `Config.e4m3_sum` 'arith' and 'packed' on the same inputs (seeds from
+    SEED, `flashsim.inputs.make_heads`, every kind in turn): launches compared, and those whose O or LSE bits
+    differ."""
+    import dataclasses
+
+    import torch
+
+    from flashsim.inputs import ALL_KINDS, make_heads
+    from gpu import flash
+    from gpu.configs import fwd_config
+
+    launches, differ = 0, []
+    for i, (n, heads, d, causal) in enumerate(KERNEL_CASES):
+        x = make_heads(ALL_KINDS[i % 7 :] + ALL_KINDS[: i % 7], heads, n, n, d, "e4m3", SEED + 100 * i)
+        q, k, v = (torch.from_numpy(x[name]).cuda().to(flash.FP8)[None] for name in "qkv")
+        outs = []
+        for how in ("arith", "packed"):
+            cfg = dataclasses.replace(fwd_config("e4m3", d, causal), e4m3_sum=how)
+            o, lse, _ = flash.forward(q, k, v, causal=causal, softmax="cast_sum", config=cfg, kernel="triton")
+            outs.append((o.view(torch.int16).cpu(), lse.view(torch.int32).cpu()))
+        launches += 1
+        same = all(torch.equal(a, b) for a, b in zip(*outs, strict=True))
+        if not same:
+            differ.append({"n": n, "heads": heads, "d": d, "causal": causal, "seed": SEED + 100 * i})
+    return {"launches": launches, "differ": differ, "seed": SEED, "cases": [list(c) for c in KERNEL_CASES]}
+
+
+SEED = 2_026_120_400
+#: (keys, heads) and (keys, heads, head dim, causal) of the kernel comparison
+SHAPES = ((1, 4), (100, 8), (333, 4), (1000, 4), (4096, 2))
+KERNEL_CASES = tuple((n, h, d, c) for n, h in SHAPES for d in (64, 128) for c in (False, True))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -97,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         "--form",
         choices=("packed", "swapped"),
         default="packed",
-        help="the asm of studies.fp8_unpack_sass: the pair in order, or converted the other way round (default packed)",
+        help="the pair in the order of P's cast (the study's), or the other way round (the kernels'; default packed)",
     )
     args = ap.parse_args(argv)
     return run_command("e4m3_widened", lambda: run(args))

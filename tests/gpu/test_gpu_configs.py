@@ -68,3 +68,10 @@ def test_bad_tiles_are_refused(field, bad):
 def test_bad_stage_counts_are_refused(bad):
     with pytest.raises(ValueError, match="Config.num_stages: expected an integer from 1 to 8"):
         Config(64, 64, 4, bad)
+
+
+@pytest.mark.parametrize("bad", ["packed2", "", None, 1])
+def test_an_unknown_e4m3_sum_is_refused(bad):
+    with pytest.raises(ValueError, match=r"Config.e4m3_sum: expected one of \('arith', 'packed'\)"):
+        Config(64, 64, 4, 2, bad)
+    assert Config(64, 64, 4, 2).e4m3_sum == "arith" and Config(64, 64, 4, 2, "packed").e4m3_sum == "packed"

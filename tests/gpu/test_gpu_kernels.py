@@ -66,11 +66,11 @@ def _ptr(dtype: torch.dtype = torch.float32) -> torch.Tensor:
     return torch.empty(16, dtype=dtype)
 
 
-def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False, promote=None):
+def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False, promote=None, packed=False):
     """The tl forward kernel for tiles `key` = (d, causal) with N_Q = N_K = `n`, as gpu.flash launches it
     (`n = 1`: N_K and N_BLK made constants, N_Q not, as the kernel asks).  `dtype`: 'bf16' or 'fp8'
     (e4m3, O in bf16); `v_t`: V transposed, its rows a multiple of 16 keys (as gpu.flash passes FP8's V);
-    `promote`: PROMOTE_PV (None: gpu.flash's default for the dtype)."""
+    `promote`: PROMOTE_PV (None: gpu.flash's default for the dtype); `packed`: E4M3_PACKED."""
     d, causal = key
     cfg = fwd_config("e4m3" if dtype == "fp8" else dtype, d, causal)
     x = _ptr(DTYPES[dtype])
@@ -99,6 +99,7 @@ def _compile_forward(key, softmax, n=1000, dtype="bf16", v_t=False, promote=None
         STAGES=cfg.num_stages,
         V_T=v_t,
         PROMOTE_PV=_promote(dtype, promote),
+        E4M3_PACKED=packed,
     )
     return _compile(attn_fwd, args, const, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
@@ -366,6 +367,20 @@ def test_cast_sum_sums_the_cast_p(dtype, kernel):
     for op in _P_WIDENS[dtype]:
         assert op not in ptx[0] and op in ptx[3], op
     assert "cvt.rn.f16x2.e4m3x2" not in ptx[3]  # Triton's own widening of an E4M3 tensor: wrong there
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_fp8_cast_sum_packed_reads_l_from_conversions_of_its_own(d):
+    """`Config(e4m3_sum="packed")` (E4M3_PACKED): l's E4M3 values by packed conversions, the pair the other way round
+    from P's cast for P V (one more packed rounding of each two values, widened through fp16), and none of the
+    arithmetic path's integer rounding; P V's operand is cast as before.  Its SASS: tests/gpu/test_fp8_unpack_sass.py
+    (every unpack reads a pack)."""
+    ptx = {p: _compile_forward((d, False), 3, dtype="fp8", v_t=True, packed=p).asm["ptx"] for p in (False, True)}
+    packs = {p: len(re.findall(r"cvt\.rn\.satfinite\.e4m3x2\.f32", ptx[p])) for p in ptx}
+    assert packs[True] == 2 * packs[False] > 0
+    assert "cvt.rn.f16x2.e4m3x2" in ptx[True] and "cvt.rn.f16x2.e4m3x2" not in ptx[False]
+    standard = _compile_forward((d, False), 0, dtype="fp8", v_t=True, packed=True).asm["ptx"]
+    assert "cvt.rn.f16x2.e4m3x2" not in standard  # the standard softmax sums P itself: the flag changes nothing
 
 
 def _e4m3_wgmmas(ptx: str) -> tuple[int, int]:

@@ -45,3 +45,12 @@ def test_options_are_checked_before_any_gpu_work():
         bench_gpu.main(["--dtypes", "fp32"])
     with pytest.raises(SystemExit, match="--rounds at least 5"):
         bench_gpu.main(["--rounds", "3"])
+
+
+def test_fp8_rows_pair_the_packed_e4m3_sum_with_the_standard_softmax():
+    ms = {"ours_standard": [1.0, 1.0, 1.0], "ours_cast_sum": [1.2] * 3, "ours_cast_sum_packed": [1.05] * 3}
+    table = bench_gpu.table([_row(ms, "fp8")])
+    head = table.splitlines()[0].split(" | ")
+    assert "cast_sum_packed cost" in head
+    row = table.splitlines()[2].split(" | ")
+    assert row[head.index("cast_sum_packed cost")] == "+4.8% [+4.8, +4.8]"

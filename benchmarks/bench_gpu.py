@@ -224,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     dtypes = args.dtypes.split(",")
     if not set(dtypes) <= set(DTYPES) or args.rounds < 5:
         raise SystemExit(f"bench_gpu: --dtypes takes {', '.join(DTYPES)}; --rounds at least 5")
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        raise SystemExit("bench_gpu: needs torch with a CUDA GPU; torch is not installed") from None
     if not torch.cuda.is_available():
         raise SystemExit("bench_gpu: needs a CUDA GPU")
     from studies.device.run_attention import env, env_line

@@ -69,7 +69,7 @@ def test_the_open_checks_script_passes_every_argument_check(tmp_path):
     env = dict(os.environ, OUT=str(tmp_path), PYTHON=sys.executable, CUDA_VISIBLE_DEVICES="")
     res = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env, timeout=300)
     lines = [x for x in (res.stdout + res.stderr).splitlines() if x.strip()]
-    assert len(lines) == 4 and all("needs a CUDA GPU" in x for x in lines), lines
+    assert len(lines) == 4 and all(" needs " in x and "CUDA GPU" in x for x in lines), lines
 
 
 def test_every_device_study_draws_a_cases_kinds_the_same_way():

@@ -1,5 +1,5 @@
 """Forward and backward of our Triton attention, every softmax variant paired with the standard one, beside
-SDPA's backends and FlexAttention, in one run.
+SDPA's backends, FlexAttention and FlashAttention-4, in one run.
 
     python -m benchmarks.bench_gpu [--n 1024,4096,16384] [--d 64,128] [--dtypes bf16,fp16,fp8] [--rounds 7]
         [--json FILE] [--seconds S] [--no-flex]
@@ -11,18 +11,20 @@ paired: `benchmarks.fix_cost.paired_rounds`), so that neighbouring launches see 
 implementation: the median TFLOP/s over the rounds (backward: 2.5x the forward's FLOPs) with its 10-90%
 range; per softmax variant, its cost against the standard softmax as the median over the rounds of the paired
 1 - t_standard / t_variant, with its 10-90% range; and the recommended softmax (cast_sum) against cuDNN, SDPA
-flash and FlexAttention, from the medians.
+flash, FlexAttention and FA4, from the medians.
 
 Implementations: `ours_<softmax>` (`gpu.flash.attention`: the forward kernel "auto" picks, the backward of the tl
-kernels) for bf16 and fp16; SDPA's cuDNN, flash and memory-efficient backends; `flex` (FlexAttention compiled by
-Inductor as users compile it, `torch.compile(flex_attention, fullgraph=True)` once for the run, so that after the
-first shape Dynamo recompiles it for dynamic shapes; causal by a block mask; the recompile limit raised and buffer
-donation off for the run: `_compiled_flex`). FP8 (float8_e4m3fn q, k, v, O in
-bf16): our forward only, each variant with P V promoted to FP32 (the default), and `ours_standard_fast` (the
-standard softmax on the FP8 tensor cores' own accumulation: the fast, leaning one) and `ours_cast_sum_packed`
-(cast_sum with P's E4M3 values for l from packed conversions, `Config(e4m3_sum="packed")`: the same bits); FP8 costs
-are against `ours_standard`. Needs a CUDA GPU (torch, Triton): `python -m benchmarks.bench_gpu --json $OUT/bench.json
---seconds 480`. With ``--json`` the file is written again after every shape, so a run cut short keeps what it measured.
+kernels) for bf16 and fp16; SDPA's cuDNN, flash and memory-efficient backends; `fa4` (FlashAttention-4's
+`flash_attn_func` and its default, nondeterministic backward, where the flash-attn-4 package is installed:
+studies/device/fa4_install.sh); `flex` (FlexAttention compiled by Inductor as users compile it,
+`torch.compile(flex_attention, fullgraph=True)` once for the run, so that after the first shape Dynamo recompiles it
+for dynamic shapes; causal by a block mask; the recompile limit raised and buffer donation off for the run:
+`_compiled_flex`). FP8 (float8_e4m3fn q, k, v, O in bf16): our forward only, each variant with P V promoted to
+FP32 (the default), `ours_standard_fast` (the standard softmax on the FP8 tensor cores' own accumulation: the fast,
+leaning one) and `ours_cast_sum_packed` (cast_sum with P's E4M3 values for l from packed conversions,
+`Config(e4m3_sum="packed")`: the same bits); FP8 costs are against `ours_standard`. Needs a CUDA GPU (torch,
+Triton): `python -m benchmarks.bench_gpu --json $OUT/bench.json --seconds 480`. With ``--json`` the file is written
+again after every shape, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ TOKENS, H = 16384, 32
 DTYPES = ("bf16", "fp16", "fp8")
 SOFTMAXES = ("standard", "stabilised", "robust", "cast_sum")
 RECOMMENDED = "cast_sum"
-BASELINES = ("sdpa_cudnn", "sdpa_flash", "flex")
+BASELINES = ("sdpa_cudnn", "sdpa_flash", "flex", "fa4")
 
 
 def batch(n: int) -> int:
@@ -81,6 +83,9 @@ def implementations(d: int, n: int, causal: bool, dtype: str, flex: bool = True)
         fwd[f"ours_{sm}"], bwd[f"ours_{sm}"] = _with_backward(flash.attention, q, k, v, do, causal=causal, softmax=sm)
     for name, be in sdpa_backends().items():
         fwd[f"sdpa_{name}"], bwd[f"sdpa_{name}"] = _with_backward(run_sdpa, q, k, v, do, backend=be, causal=causal)
+    fa4 = _fa4(causal)
+    if fa4 is not None:  # its own layout (B, N, H, d), made once outside the timed calls
+        fwd["fa4"], bwd["fa4"] = _with_backward(fa4, *(x.transpose(1, 2).contiguous() for x in (q, k, v, do)))
     if not flex:
         return fwd, bwd, fwd_flops(B, H, n, d, causal)
     try:
@@ -88,6 +93,21 @@ def implementations(d: int, n: int, causal: bool, dtype: str, flex: bool = True)
     except Exception as exc:  # noqa: BLE001 - FlexAttention may not compile here; the table says why
         fwd["flex"] = bwd["flex"] = repr(exc)[:200]
     return fwd, bwd, fwd_flops(B, H, n, d, causal)
+
+
+def _fa4(causal: bool):
+    """FlashAttention-4's `flash_attn_func` (the flash-attn-4 package, where installed: studies/device/
+    fa4_install.sh) on tensors in its layout, returning O; None where the package is not there."""
+    try:
+        from flash_attn.cute import flash_attn_func
+    except ImportError:
+        return None
+
+    def call(q, k, v):
+        o = flash_attn_func(q, k, v, causal=causal)
+        return o[0] if isinstance(o, tuple) else o
+
+    return call
 
 
 @functools.cache

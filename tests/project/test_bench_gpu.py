@@ -49,8 +49,19 @@ def test_options_are_checked_before_any_gpu_work():
 
 def test_fp8_rows_pair_the_packed_e4m3_sum_with_the_standard_softmax():
     ms = {"ours_standard": [1.0, 1.0, 1.0], "ours_cast_sum": [1.2] * 3, "ours_cast_sum_packed": [1.05] * 3}
-    table = bench_gpu.table([_row(ms, "fp8")])
-    head = table.splitlines()[0].split(" | ")
-    assert "cast_sum_packed cost" in head
-    row = table.splitlines()[2].split(" | ")
+    head, _, row = (
+        [c.strip() for c in line.strip("|").split("|")] for line in bench_gpu.table([_row(ms, "fp8")]).splitlines()
+    )
     assert row[head.index("cast_sum_packed cost")] == "+4.8% [+4.8, +4.8]"
+
+
+def test_fa4_is_a_baseline_where_it_is_installed():
+    import importlib.util
+
+    ms = {"ours_standard": [1.0] * 5, "ours_cast_sum": [1.0] * 5, "fa4": [0.8] * 5}
+    head, _, row = (
+        [c.strip() for c in line.strip("|").split("|")] for line in bench_gpu.table([_row(ms)]).splitlines()
+    )
+    assert row[head.index("cast_sum/fa4")] == "0.80x" and row[head.index("cast_sum/cudnn")] == "—"
+    if importlib.util.find_spec("flash_attn") is None:
+        assert bench_gpu._fa4(causal=False) is None  # not installed: left out, not an error

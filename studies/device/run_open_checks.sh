@@ -5,7 +5,8 @@
 #
 # - subnormal/: every kernel that needs no upstream file, on bf16 inputs whose products are subnormal in FP32
 #   (`flashsim.inputs` kind 'subnormal'), checked on the device as recorded; cuDNN's bits kept (its forward's flush
-#   is inferred, not yet probed: sdpa_cudnn_policy);
+#   is inferred, not yet probed: sdpa_cudnn_policy; where its bits differ, `python -m studies.cudnn_flush_fit
+#   subnormal/fresh_check.json --bits subnormal/fresh_bits_*.npz` names the steps that flush);
 # - cudnn_dq/: cuDNN on fresh long launches, each launched twice with every output's bits kept, so that a dQ whose
 #   order the GPU chose is judged against every order of its adds, not left unjudged;
 # - e4m3/: the FP8 widening of `Config(e4m3_sum="packed")` (`--form swapped`): exact over [0, 1], and the FP8 cast_sum

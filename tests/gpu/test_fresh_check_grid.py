@@ -83,3 +83,21 @@ def test_every_device_study_draws_a_cases_kinds_the_same_way():
     plain = flex_check.grid(8)
     assert all(c["kinds"] == ["subnormal"] and c["dtype"] == "bf16" for c in named)
     assert [c["seed"] for c in named] == [c["seed"] for c in plain] and not any("kinds" in c for c in plain)
+
+
+def test_the_fa4_checks_script_names_only_what_exists():
+    """studies/device/run_fa4_checks.sh needs FA4's wheels on the device, so here only its text is checked: the
+    modules it runs exist, and their options are ones they take."""
+    import re
+
+    from benchmarks import bench_gpu
+    from studies.device import fresh_check
+
+    root = Path(__file__).resolve().parents[2]
+    text = (root / "studies" / "device" / "run_fa4_checks.sh").read_text()
+    assert "source studies/device/fa4_install.sh install || exit 1" in text
+    for module, mod in (("studies.device.fresh_check", fresh_check), ("benchmarks.bench_gpu", bench_gpu)):
+        call = text[text.index(module) :].split("2>&1")[0]
+        flags = set(re.findall(r"--[a-z-]+", call))
+        source = Path(mod.__file__).read_text()
+        assert flags and all(f'"{f}"' in source for f in flags), (module, flags)

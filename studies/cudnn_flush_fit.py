@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 from pathlib import Path
 
 import numpy as np
@@ -86,21 +85,13 @@ def fit(cases: list[dict], gpu: list[dict[str, np.ndarray]], search: str = "sing
 
 def recorded(path: Path, bits_paths: list[Path], max_keys: int) -> tuple[list[dict], list[dict[str, np.ndarray]]]:
     """The cuDNN cases of a fresh_check recording whose O and LSE bits were kept, up to ``max_keys`` keys."""
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"recording: cannot read a fresh_check recording from {path}: {exc}") from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("cases"), list):
-        raise UsageError(f"recording: {path} is not a fresh_check recording (an object with a 'cases' list)")
-    bits: dict[str, np.ndarray] = {}
-    for p in bits_paths:
-        if not p.is_file():
-            raise UsageError(f"--bits: no such file: {p}")
-        with np.load(p, allow_pickle=False) as z:
-            bits.update({k: z[k] for k in z.files})
+    from studies.device.fresh_verify import load_bits, load_recording
+
+    rec = load_recording(path)
+    bits = load_bits(bits_paths)
     cases, gpu = [], []
     for c in rec["cases"]:
-        if not isinstance(c, dict) or c.get("kernel") != "sdpa_cudnn" or "digests" not in c or c["n"] > max_keys:
+        if c["kernel"] != "sdpa_cudnn" or "digests" not in c or c["n"] > max_keys:
             continue
         keys = {k: f"sdpa_cudnn/{c['seed']}/{k}" for k in ("o", "lse")}
         if all(key in bits for key in keys.values()):

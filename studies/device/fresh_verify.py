@@ -81,7 +81,23 @@ def _verdict(check: dict) -> str:
     return "ERROR" if "error" in check else "DIFFERS"
 
 
-def _load_bits(paths: list[Path]) -> dict[str, np.ndarray]:
+def load_recording(path: Path) -> dict:
+    """A fresh_check recording, read and checked: a UsageError saying what it is not."""
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"recording: cannot read a fresh_check recording from {path}: {exc}") from None
+    cases = rec.get("cases") if isinstance(rec, dict) else None
+    if not isinstance(cases, list) or not all(isinstance(c, dict) and "kernel" in c for c in cases):
+        raise UsageError(f"recording: {path} is not a fresh_check recording (an object whose 'cases' list each case)")
+    return rec
+
+
+def load_bits(paths: list[Path]) -> dict[str, np.ndarray]:
+    """The outputs' bits a recording kept (fresh_bits_<i>.npz), by key; a UsageError naming a missing file."""
+    for p in paths:
+        if not Path(p).is_file():
+            raise UsageError(f"--bits: no such file: {p}")
     bits: dict[str, np.ndarray] = {}
     for p in paths:
         with np.load(p, allow_pickle=False) as z:
@@ -101,18 +117,10 @@ def _todo(cases: list[dict], kernels: list[str] | None, again: bool) -> list[int
 
 def run(args) -> int:
     path = Path(args.recording)
-    try:
-        rec = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"recording: cannot read a fresh_check recording from {path}: {exc}") from None
-    cases = rec.get("cases") if isinstance(rec, dict) else None
-    if not isinstance(cases, list) or not all(isinstance(c, dict) and "kernel" in c for c in cases):
-        raise UsageError(f"recording: {path} is not a fresh_check recording (an object whose 'cases' list each case)")
-    for p in args.bits:
-        if not Path(p).is_file():
-            raise UsageError(f"--bits: no such file: {p}")
+    rec = load_recording(path)
+    cases = rec["cases"]
     kernels = args.kernels.split(",") if args.kernels else None
-    bits = _load_bits([Path(p) for p in args.bits])
+    bits = load_bits([Path(p) for p in args.bits])
     out = Path(args.out) if args.out else path
     todo = _todo(cases, kernels, args.again)
     if args.launch_policy:  # the cases whose launch now gives another policy than the one they were checked under

@@ -20,6 +20,8 @@ KINDS = ("random", "repeated", "sink", "negative_v", "large", "tiny")
 ALL_KINDS = (*KINDS, "near_repeated")  # the kinds of make_inputs, in the rotation recorded launches draw from
 #: kinds drawn only where a caller names them
 NAMED_KINDS = ("subnormal",)
+#: every kind `make_inputs` draws
+EVERY_KIND = ALL_KINDS + NAMED_KINDS
 
 
 def draw_head(rng: np.random.Generator, kind: str, n_q: int, n_k: int, d: int, ties: int = 2) -> dict[str, np.ndarray]:
@@ -63,8 +65,8 @@ def make_inputs(
     scaled by 2**scale_exp, rounded RNE into ``dtype`` (a format name: bf16, fp16, e4m3, ...).
     'near_repeated' is 'repeated' with the first key of each group of ``ties`` moved by one ulp of ``dtype``
     in one component."""
-    if kind not in ALL_KINDS + NAMED_KINDS:
-        raise ValueError(f"kind: expected one of {ALL_KINDS + NAMED_KINDS}, got {kind!r}")
+    if kind not in EVERY_KIND:
+        raise ValueError(f"kind: expected one of {EVERY_KIND}, got {kind!r}")
     try:
         fmt = ef.as_format(dtype)
     except (TypeError, ValueError) as exc:
@@ -95,4 +97,4 @@ def make_heads(kinds, heads: int, n_q: int, n_k: int, d: int, dtype: str, seed: 
     return {name: np.stack([p[name] for p in per]) for name in per[0]}
 
 
-__all__ = ["ALL_KINDS", "KINDS", "NAMED_KINDS", "case_kinds", "draw_head", "make_heads", "make_inputs"]
+__all__ = ["ALL_KINDS", "EVERY_KIND", "KINDS", "NAMED_KINDS", "case_kinds", "draw_head", "make_heads", "make_inputs"]

@@ -44,7 +44,7 @@ from .crosscheck import (
     ulp_distance,
 )
 from .inputs import ALL_KINDS as KINDS
-from .inputs import NAMED_KINDS, make_inputs
+from .inputs import EVERY_KIND, make_inputs
 from .policy import Policy, PolicyRef
 from .softmax import (
     SoftmaxVariant,
@@ -161,9 +161,9 @@ def _check_strategy_args(
     if not _positive_int(max_len):
         raise ValueError(f"max_len: expected an integer >= 1 (the longest N_q and N_k drawn), got {max_len!r}")
     if isinstance(kinds, (str, bytes)) or not isinstance(kinds, (tuple, list)):
-        raise ValueError(f"kinds: expected a non-empty tuple of kinds from {KINDS + NAMED_KINDS}, got {kinds!r}")
-    if not kinds or any(not isinstance(k, str) or k not in KINDS + NAMED_KINDS for k in kinds):
-        raise ValueError(f"kinds: expected a non-empty subset of {KINDS + NAMED_KINDS}, got {kinds!r}")
+        raise ValueError(f"kinds: expected a non-empty tuple of kinds from {EVERY_KIND}, got {kinds!r}")
+    if not kinds or any(not isinstance(k, str) or k not in EVERY_KIND for k in kinds):
+        raise ValueError(f"kinds: expected a non-empty subset of {EVERY_KIND}, got {kinds!r}")
     if causal is not None and not isinstance(causal, (bool, np.bool_)):
         raise ValueError(f"causal: expected None (drawn), True or False, got {causal!r}")
     return tuple(int(h) for h in head_dims), tuple(kinds)

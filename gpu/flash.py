@@ -348,9 +348,10 @@ def _forward(
         ptrs = (dbg["m"], dbg["l"], dbg["p"], dbg["acc"])
     else:
         ptrs = (lse, lse, lse, lse)
+    packed = q.dtype == FP8 and cfg.e4m3_sum == "packed"  # the tl kernel's only
     overlap_ok = (
         not debug
-        and (q.dtype != FP8 or v_t)
+        and (q.dtype != FP8 or (v_t and not packed))
         and cfg.block_n == d
         and cfg.block_m in (64, 128)
         and _hopper(q)
@@ -358,14 +359,10 @@ def _forward(
         and q.numel() > 0
         and k.numel() > 0
     )
-    packed = q.dtype == FP8 and cfg.e4m3_sum == "packed"
-    if kernel == "overlap" and packed:
-        raise ValueError("config: e4m3_sum 'packed' runs in the tl kernel (kernel='triton'), not the overlap kernel")
-    overlap_ok = overlap_ok and not packed
     if kernel == "overlap" and not overlap_ok:
         raise ValueError(
-            "kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed, "
-            "block_n == head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA "
+            "kernel: 'overlap' needs a Hopper GPU with Gluon, debug=False, FP8's V transposed and its config's "
+            "e4m3_sum 'arith', block_n == head dim, block_m 64 or 128 and 16-byte aligned, non-empty tensors (TMA "
             "descriptors); kernel='triton' runs everything"
         )
     if n_k == 0:  # no keys: O = 0 and LSE = log2 0, as SDPA and FlashAttention return (the kernel would divide 0/0)

@@ -22,19 +22,16 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, run_command
+from gpu.policies.sdpa_cudnn import FORWARD_ALU_STEPS, flushing
 
 #: the forward's FP32 steps a compiled kernel can flush, as the fields of a Policy
-STEPS = ("scale", "max", "subtract", "row_sum", "rescale", "normalize", "lse")
+STEPS = FORWARD_ALU_STEPS
 
 
 def variant(policy, flushed: frozenset[str]):
-    """``policy`` with the forward steps in ``flushed`` in FP32_FTZ and the other `STEPS` in FP32."""
-    from emufloat import FP32
-    from gpu.policies.sdpa_cudnn import FP32_FTZ
-
-    changes = {s: dataclasses.replace(getattr(policy, s), fmt=FP32_FTZ if s in flushed else FP32) for s in STEPS}
+    """``policy`` with the forward steps in ``flushed`` in FP32_FTZ and the other `STEPS` in FP32, named so."""
     name = "ftz_" + ("_".join(s for s in STEPS if s in flushed) or "none")
-    return dataclasses.replace(policy, name=f"{policy.name}_{name}", **changes)
+    return dataclasses.replace(flushing(policy, flushed), name=f"{policy.name}_{name}")
 
 
 def variants(search: str) -> list[frozenset[str]]:

@@ -113,29 +113,39 @@ def sdpa_cudnn_policy(dtype: str = "bf16", head_dim: int = 64) -> Policy:
         raise ValueError(f"head_dim: the cuDNN model is calibrated for {sorted(FA2_BWD_TILES)}, got {head_dim!r}")
     flash = sdpa_flash_policy(dtype, head_dim)  # its steps but eight, no split
     fmt = flash.output.fmt
-    return dataclasses.replace(
+    cudnn = dataclasses.replace(
         flash,
         name=f"sdpa_cudnn_{dtype}_d{head_dim}",
         note=f"PyTorch SDPA cuDNN on the H100/H200, {dtype}, head dim {head_dim}: forward and backward exact",
-        # the forward's FP32 arithmetic flushes subnormal results to zeros of their sign, as dS's does
-        scale=Scale("scores", FP32_FTZ),
-        max=Op(FP32_FTZ),
-        subtract=Op(FP32_FTZ),
+        scale=Scale("scores", FP32),
         exp=Func("h100_ex2", FP32),
-        row_sum=RowSum("cudnn_threads", FP32_FTZ, fused=True),
-        rescale=Op(FP32_FTZ),
-        normalize=Norm("reciprocal", "rcp_approx", FP32_FTZ),
-        lse=dataclasses.replace(flash.lse, fmt=FP32_FTZ),
+        row_sum=RowSum("cudnn_threads", FP32, fused=True),
+        normalize=Norm("reciprocal", "rcp_approx", FP32),
         tiling=Tiling(128, 128, "forward"),
         # backward: delta by head_dim / 8 threads of 8 columns, pairs then left to right; P = ex2.approx.ftz(
-        # fma(S, sm_scale, -LSE) * log2 e); dS = P (dP - delta) * sm_scale, FTZ; dK, dV over the Q blocks in
-        # order; dQ's key blocks added in FP32 (subnormals kept) last to first
+        # fma(S, sm_scale, -LSE) * log2 e); dS = P (dP - delta) * sm_scale; dK, dV over the Q blocks in order;
+        # dQ's key blocks added in FP32 (subnormals kept) last to first; every ALU step in FP32 flushing subnormals
         delta=Delta(CudnnPairs.name, FP32_FTZ, threads=head_dim // 8, chunk=8),
         recompute=Recompute("h100_ex2", FP32_FTZ, form=CudnnFmaNatural.name),
         ds=SoftmaxGrad(FP32_FTZ, scale_at="ds"),
         dq=Grad(flash.dq.dot, Op(FP32), Op(fmt), atomic=True, flush=False),
         bwd_tiling=BwdTiling(128, 128, q_order="forward", kv_order="reverse"),
     )
+    return flushing(cudnn, FORWARD_ALU_STEPS)
 
 
-__all__ = ["FP32_FTZ", "CudnnFmaNatural", "CudnnPairs", "sdpa_cudnn_policy"]
+#: the forward's FP32 steps outside the tensor cores: a kernel built to flush subnormals rounds them in FP32_FTZ
+FORWARD_ALU_STEPS = ("scale", "max", "subtract", "row_sum", "rescale", "normalize", "lse")
+
+
+def flushing(policy: Policy, steps) -> Policy:
+    """``policy`` with its `FORWARD_ALU_STEPS` among ``steps`` rounded in `FP32_FTZ` and the others in FP32 (what
+    a kernel compiled with or without flushing computes there; `studies.cudnn_flush_fit` scores the choices)."""
+    unknown = set(steps) - set(FORWARD_ALU_STEPS)
+    if unknown:
+        raise ValueError(f"steps: expected names among {FORWARD_ALU_STEPS}, got {sorted(unknown)}")
+    fmts = {s: dataclasses.replace(getattr(policy, s), fmt=FP32_FTZ if s in steps else FP32) for s in FORWARD_ALU_STEPS}
+    return dataclasses.replace(policy, **fmts)
+
+
+__all__ = ["FORWARD_ALU_STEPS", "FP32_FTZ", "CudnnFmaNatural", "CudnnPairs", "flushing", "sdpa_cudnn_policy"]

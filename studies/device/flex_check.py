@@ -23,7 +23,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from flashsim.console import ArgumentParser, run_command, writable_dir
-from flashsim.inputs import ALL_KINDS, NAMED_KINDS
+from flashsim.inputs import EVERY_KIND
 from flashsim.recording import sha256_of
 from gpu.commands import require_gpu, sections
 from studies.device.flex_capture import WINDOW, case_inputs, document_ids, mask_mod
@@ -73,7 +73,7 @@ def grid(count: int = 128, kinds: tuple[str, ...] = ()) -> list[dict]:
 
 
 def run(args) -> int:
-    kinds = tuple(sections(args.kinds, ALL_KINDS + NAMED_KINDS, "--kinds")) if args.kinds else ()
+    kinds = tuple(sections(args.kinds, EVERY_KIND, "--kinds")) if args.kinds else ()
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.flex_check")
     import torch

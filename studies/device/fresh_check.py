@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from flashsim.console import ArgumentParser, UsageError, run_command, writable_dir
-from flashsim.inputs import ALL_KINDS, NAMED_KINDS
+from flashsim.inputs import EVERY_KIND
 from flashsim.recording import sha256_of
 from gpu.commands import require_gpu, sections
 
@@ -304,7 +304,7 @@ def run(args) -> int:
             raise UsageError(f"--{name}: the file is needed for the {name} kernel, got {path}")
     keep = sections(args.keep_bits, KERNELS, "--keep-bits") if args.keep_bits else []
     checked = sections(args.check, KERNELS, "--check") if args.check else kernels
-    kinds = tuple(sections(args.kinds, ALL_KINDS + NAMED_KINDS, "--kinds")) if args.kinds else ()
+    kinds = tuple(sections(args.kinds, EVERY_KIND, "--kinds")) if args.kinds else ()
     out = writable_dir(args.out, "--out")
     require_gpu("python -m studies.device.fresh_check")
     import torch
